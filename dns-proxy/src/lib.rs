@@ -1,1 +1,77 @@
 //! The agent's DNS proxy: answers mesh names from the NDS name table, forwards the rest.
+//!
+//! Behaviour follows Istio's agent DNS proxy (pkg/dns/client): the name table pushed over NDS is
+//! expanded into short names, namespace forms and search-domain CNAMEs, A/AAAA questions for known
+//! hosts are answered locally (TTL 30, NOERROR with an empty answer for the missing family) and
+//! everything else is forwarded to the resolv.conf nameservers over the protocol the query came
+//! in on. Beyond Istio: upstream answers are cached (TTL-honouring, bounded), the next server is
+//! tried on timeout, EDNS is advertised upstream and answers are truncated to the client's size
+//! with TC set, and concurrency is bounded.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), dns_proxy::Error> {
+//! use std::{collections::HashMap, path::Path, sync::Arc};
+//! let mut registry = prometheus_client::registry::Registry::default();
+//! let metrics = Arc::new(dns_proxy::Metrics::new(&mut registry));
+//! let config = dns_proxy::Config::from_env(&HashMap::new(), Path::new("/etc/resolv.conf"))?;
+//! let proxy = dns_proxy::DnsProxy::bind(config, metrics).await?;
+//! let table = proxy.table(); // feed NDS pushes: table.update(&name_table)
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! proxy.run(shutdown).await
+//! # }
+//! ```
+
+mod cache;
+mod config;
+mod forward;
+mod message;
+mod metrics;
+mod server;
+mod table;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use config::{Config, DEFAULT_FORWARD_TIMEOUT, DEFAULT_PROXY_ADDR, ISTIO_RESOLV_CONF, Inputs};
+pub use metrics::Metrics;
+pub use server::DnsProxy;
+pub use table::TableHandle;
+
+/// Errors of the DNS proxy.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[error("invalid {name}={value:?}: expected {expected}")]
+    InvalidEnv {
+        name: &'static str,
+        value: String,
+        expected: String,
+    },
+    #[error("cannot read resolv.conf {path:?}: {source}")]
+    ResolvConf {
+        path: PathBuf,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    #[error(
+        "cannot bind DNS {protocol} listener on {addr}: {source} (is another DNS proxy running?)"
+    )]
+    Bind {
+        protocol: &'static str,
+        addr: std::net::SocketAddr,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    #[error("DNS {protocol} listener on {addr} failed: {source}")]
+    Serve {
+        protocol: &'static str,
+        addr: std::net::SocketAddr,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+}
+
+/// Request-path entry points for the fuzz target; not part of the stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::server::fuzz_request;
+}

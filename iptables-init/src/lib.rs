@@ -1,1 +1,155 @@
 //! istio-iptables: programs a pod's traffic redirection with Istio's flags and rule sets.
+//!
+//! Entry points: [`run_cli`] (the binary and `pilot-agent istio-iptables` call it with the
+//! process arguments and environment) and [`run_cli_with`] (same, with injected host state).
+
+pub mod apply;
+pub mod builder;
+pub mod capture;
+pub mod config;
+pub mod dryrun;
+pub mod validation;
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::Write;
+
+pub use config::{Config, HostInputs};
+
+/// Runs `istio-iptables` with `args` (without the program name) and `env`, on the running
+/// host. Returns the process exit status: 0 on success, 1 on any error (nothing applied when
+/// the input is invalid), 126 when `--run-validation` fails.
+pub fn run_cli<I: IntoIterator<Item = OsString>>(args: I, env: &HashMap<String, String>) -> i32 {
+    run_cli_with(args, env, &HostInputs::system())
+}
+
+/// [`run_cli`] with injected host state (addresses, resolv.conf, user database).
+pub fn run_cli_with<I: IntoIterator<Item = OsString>>(
+    args: I,
+    env: &HashMap<String, String>,
+    host: &HostInputs,
+) -> i32 {
+    let mut cfg = match config::parse(args, env, host) {
+        Ok(config::Parsed::Help) => {
+            print!("{}", config::usage());
+            return 0;
+        }
+        Ok(config::Parsed::Run(cfg)) => cfg,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 1;
+        }
+    };
+    init_logging(&cfg);
+    if !cfg.network_namespace.is_empty() && !cfg.dry_run {
+        // Enter the namespace on a dedicated thread; children spawned from it inherit it and
+        // the caller's threads are left alone.
+        let ns = cfg.network_namespace.clone();
+        return std::thread::scope(|s| {
+            s.spawn(move || match enter_netns(&ns) {
+                Ok(()) => run_config(&mut cfg, host, env),
+                Err(e) => {
+                    tracing::error!("failed to enter network namespace {ns}: {e}");
+                    1
+                }
+            })
+            .join()
+            .unwrap_or(1)
+        });
+    }
+    run_config(&mut cfg, host, env)
+}
+
+fn enter_netns(path: &str) -> Result<(), String> {
+    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| e.to_string())
+}
+
+fn run_config(cfg: &mut Config, host: &HostInputs, env: &HashMap<String, String>) -> i32 {
+    if let Err(e) = cfg.detect_host(host) {
+        tracing::error!("{e}");
+        eprintln!("error: {e}");
+        return 1;
+    }
+    tracing::info!(config = ?cfg, "istio-iptables configuration");
+    if cfg.skip_rule_apply {
+        tracing::info!("--skip-rule-apply: not touching iptables");
+    } else {
+        let rules = capture::build(cfg);
+        if cfg.dry_run {
+            tracing::info!("running in dry-run mode, no rule changes will be made");
+            let stream = dryrun::stream(cfg, &rules);
+            if let Some(path) = &cfg.dry_run_file_path
+                && let Err(e) = std::fs::write(path, &stream)
+            {
+                tracing::error!(
+                    "unable to write dry run output file {}: {e}",
+                    path.display()
+                );
+                eprintln!(
+                    "error: unable to write dry run output file {}: {e}",
+                    path.display()
+                );
+                return 1;
+            }
+            print!("{stream}");
+            if std::io::stdout().flush().is_err() {
+                return 1;
+            }
+        } else {
+            let exec_env = apply::ExecEnv {
+                path: env.get("PATH").cloned(),
+                xtables_lockfile: (cfg.cni_mode && !cfg.network_namespace.is_empty())
+                    .then(|| cfg.network_namespace.clone()),
+            };
+            if let Err(e) = apply::run(cfg, &rules, &exec_env) {
+                tracing::error!("{e}");
+                eprintln!("error: {e}");
+                return 1;
+            }
+        }
+    }
+    if cfg.run_validation
+        && let Err(e) = validation::run(cfg)
+    {
+        tracing::error!("{e}");
+        eprintln!(
+            "error: iptables validation failed; workload is not ready for Istio: {e}\nWhen using Istio CNI, this can occur if a pod is scheduled before the node is ready."
+        );
+        return validation::VALIDATION_ERROR_CODE;
+    }
+    0
+}
+
+/// Maps Istio's `--log_output_level` (`default:debug`, `all:warn`, `info`) onto a tracing
+/// filter; logs go to stderr so stdout carries only the dry-run stream.
+fn init_logging(cfg: &Config) {
+    let level = cfg
+        .log_output_level
+        .split(',')
+        .filter_map(|part| match part.split_once(':') {
+            Some(("default" | "all", l)) => Some(l),
+            Some(_) => None,
+            None => Some(part),
+        })
+        .next_back()
+        .filter(|l| !l.is_empty())
+        .unwrap_or("info");
+    let level = match level {
+        "none" => "off",
+        "warning" => "warn",
+        "fatal" => "error",
+        other => other,
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    // A host process (pilot-agent) may already have a subscriber; keep it.
+    let _ = if cfg.log_as_json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}

@@ -1,0 +1,230 @@
+//! The iptables binaries for one address family, chosen like Istio does: the legacy variant if
+//! it already holds tables in this network namespace, else nft, else whatever `iptables` is;
+//! `--force-iptables-binary` overrides the choice.
+
+use std::fmt;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use super::{Error, ExecEnv};
+use crate::builder::Rule;
+use crate::config::ForcedBinary;
+
+/// Address family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        })
+    }
+}
+
+/// Which iptables implementation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    Legacy,
+    Nft,
+    /// The unsuffixed `iptables` binaries (whatever the distribution links them to).
+    Plain,
+}
+
+/// The chosen binaries for one family.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    pub family: Family,
+    pub variant: Variant,
+    env: ExecEnv,
+}
+
+/// Seconds to wait for the xtables lock.
+const LOCK_WAIT: &str = "--wait=30";
+
+impl Backend {
+    /// A backend without detection (for tests and callers that know).
+    pub fn new(family: Family, variant: Variant, env: ExecEnv) -> Self {
+        Self {
+            family,
+            variant,
+            env,
+        }
+    }
+
+    /// Chooses the binaries for `family`.
+    pub fn detect(
+        family: Family,
+        forced: Option<ForcedBinary>,
+        env: &ExecEnv,
+    ) -> Result<Backend, Error> {
+        let make = |variant| Backend::new(family, variant, env.clone());
+        let available = |variant| make(variant).in_path();
+        match forced {
+            Some(ForcedBinary::Legacy) | Some(ForcedBinary::Nft) => {
+                let variant = if forced == Some(ForcedBinary::Legacy) {
+                    Variant::Legacy
+                } else {
+                    Variant::Nft
+                };
+                if available(variant) {
+                    Ok(make(variant))
+                } else {
+                    Err(Error::NoBackend {
+                        family,
+                        detail: format!(
+                            "--force-iptables-binary asks for {} which is not in PATH",
+                            make(variant).bin("-restore")
+                        ),
+                    })
+                }
+            }
+            None => {
+                if legacy_tables_present(family) && available(Variant::Legacy) {
+                    tracing::debug!(%family, "legacy tables present; using iptables-legacy");
+                    return Ok(make(Variant::Legacy));
+                }
+                for v in [Variant::Nft, Variant::Legacy, Variant::Plain] {
+                    if available(v) {
+                        return Ok(make(v));
+                    }
+                }
+                Err(Error::NoBackend {
+                    family,
+                    detail: "none of the nft, legacy or plain iptables-restore binaries is in PATH"
+                        .to_string(),
+                })
+            }
+        }
+    }
+
+    /// Binary name: `tool` is `""`, `"-save"` or `"-restore"`.
+    pub fn bin(&self, tool: &str) -> String {
+        let prefix = match self.family {
+            Family::V4 => "iptables",
+            Family::V6 => "ip6tables",
+        };
+        let suffix = match self.variant {
+            Variant::Legacy => "-legacy",
+            Variant::Nft => "-nft",
+            Variant::Plain => "",
+        };
+        format!("{prefix}{suffix}{tool}")
+    }
+
+    fn in_path(&self) -> bool {
+        find_in_path(&self.bin("-restore"), self.env.path.as_deref())
+    }
+
+    fn command(&self, bin: &str) -> Command {
+        let mut c = Command::new(bin);
+        if let Some(p) = &self.env.path {
+            c.env("PATH", p);
+        }
+        if let (Variant::Legacy, Some(lock)) = (self.variant, &self.env.xtables_lockfile) {
+            c.env("XTABLES_LOCKFILE", lock);
+        }
+        c
+    }
+
+    /// `iptables-save` output.
+    pub fn save(&self) -> Result<String, Error> {
+        let bin = self.bin("-save");
+        run(self.command(&bin), &bin, &[], None)
+    }
+
+    /// Feeds `input` to `iptables-restore --noflush`. With `check_only` the input holds only
+    /// `-C` lines; legacy then runs with `--test` (nothing committed), nft evaluates the checks
+    /// in a batch that changes nothing.
+    pub fn restore(&self, input: &str, check_only: bool) -> Result<(), Error> {
+        if input.is_empty() {
+            return Ok(());
+        }
+        let bin = self.bin("-restore");
+        let mut args = vec!["--noflush", LOCK_WAIT];
+        if check_only && self.variant != Variant::Nft {
+            args.push("--test");
+        }
+        tracing::debug!(cmd = %bin, ?args, input, "running restore");
+        run(self.command(&bin), &bin, &args, Some(input)).map(|_| ())
+    }
+
+    /// Whether `rule` exists (`iptables -C`).
+    pub fn check(&self, rule: &Rule) -> bool {
+        let bin = self.bin("");
+        let mut args: Vec<String> = vec![LOCK_WAIT.into(), "-t".into(), rule.table.clone()];
+        args.extend(rule.check_params());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(self.command(&bin), &bin, &args, None).is_ok()
+    }
+}
+
+/// Whether legacy x_tables tables exist in this network namespace (what makes `iptables-legacy-save`
+/// print anything), read from procfs without spawning a process.
+fn legacy_tables_present(family: Family) -> bool {
+    let path = match family {
+        Family::V4 => "/proc/net/ip_tables_names",
+        Family::V6 => "/proc/net/ip6_tables_names",
+    };
+    std::fs::read_to_string(path).is_ok_and(|s| !s.trim().is_empty())
+}
+
+fn find_in_path(name: &str, path: Option<&str>) -> bool {
+    let path = match path {
+        Some(p) => p.to_string(),
+        None => std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
+    };
+    std::env::split_paths(&path).any(|d| is_executable(&d.join(name)))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+fn run(mut c: Command, bin: &str, args: &[&str], stdin: Option<&str>) -> Result<String, Error> {
+    let shown = if args.is_empty() {
+        bin.to_string()
+    } else {
+        format!("{bin} {}", args.join(" "))
+    };
+    c.args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+    let mut child = c.spawn().map_err(|e| Error::Spawn {
+        cmd: shown.clone(),
+        error: e.to_string(),
+    })?;
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        // A restore that exits early closes the pipe; its exit status tells why.
+        let _ = pipe.write_all(input.as_bytes());
+    }
+    let out = child.wait_with_output().map_err(|e| Error::Spawn {
+        cmd: shown.clone(),
+        error: e.to_string(),
+    })?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(Error::Command {
+            cmd: shown,
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+/// Runs `ip <args>` and returns its stdout.
+pub fn ip(args: &[&str]) -> Result<String, Error> {
+    run(Command::new("ip"), "ip", args, None)
+}

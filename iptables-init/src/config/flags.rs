@@ -1,0 +1,560 @@
+//! The flag table and a pflag-compatible command-line parser: `--name value`, `--name=value`,
+//! `-x value`, `-x=value`, `-xvalue`; boolean flags take no separate value (`--name` or
+//! `--name=false`); `--` ends the flags.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+
+use super::Error;
+
+/// Whether a flag takes a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagKind {
+    Bool,
+    Value,
+}
+
+/// One flag: long name, shorthand, environment twin(s) and default.
+#[derive(Debug, Clone, Copy)]
+pub struct FlagSpec {
+    pub long: &'static str,
+    pub short: Option<char>,
+    pub env: Option<&'static str>,
+    pub alt_env: Option<&'static str>,
+    pub kind: FlagKind,
+    pub default: &'static str,
+    pub help: &'static str,
+}
+
+const fn f(
+    long: &'static str,
+    short: Option<char>,
+    env: Option<&'static str>,
+    alt_env: Option<&'static str>,
+    kind: FlagKind,
+    default: &'static str,
+    help: &'static str,
+) -> FlagSpec {
+    FlagSpec {
+        long,
+        short,
+        env,
+        alt_env,
+        kind,
+        default,
+        help,
+    }
+}
+
+use FlagKind::{Bool, Value};
+
+/// Every flag of Istio's `istio-iptables` (plus pilot-agent's logging flags).
+pub const FLAGS: &[FlagSpec] = &[
+    f(
+        "envoy-port",
+        Some('p'),
+        None,
+        None,
+        Value,
+        "15001",
+        "Specify the envoy port to which redirect all TCP traffic.",
+    ),
+    f(
+        "inbound-capture-port",
+        Some('z'),
+        Some("INBOUND_CAPTURE_PORT"),
+        None,
+        Value,
+        "15006",
+        "Port to which all inbound TCP traffic to the pod/VM should be redirected to.",
+    ),
+    f(
+        "inbound-tunnel-port",
+        Some('e'),
+        Some("INBOUND_TUNNEL_PORT"),
+        None,
+        Value,
+        "15008",
+        "Specify the istio tunnel port for inbound tcp traffic.",
+    ),
+    f(
+        "proxy-uid",
+        Some('u'),
+        Some("PROXY_UID"),
+        None,
+        Value,
+        "",
+        "Specify the UID of the user for which the redirection is not applied.",
+    ),
+    f(
+        "proxy-gid",
+        Some('g'),
+        Some("PROXY_GID"),
+        None,
+        Value,
+        "",
+        "Specify the GID of the user for which the redirection is not applied (same default value as -u param).",
+    ),
+    f(
+        "istio-inbound-interception-mode",
+        Some('m'),
+        Some("ISTIO_INBOUND_INTERCEPTION_MODE"),
+        None,
+        Value,
+        "",
+        "The mode used to redirect inbound connections to Envoy, either \"REDIRECT\" or \"TPROXY\".",
+    ),
+    f(
+        "istio-inbound-ports",
+        Some('b'),
+        Some("ISTIO_INBOUND_PORTS"),
+        None,
+        Value,
+        "",
+        "Comma separated list of inbound ports for which traffic is to be redirected to Envoy; \"*\" = all.",
+    ),
+    f(
+        "istio-local-exclude-ports",
+        Some('d'),
+        Some("ISTIO_LOCAL_EXCLUDE_PORTS"),
+        None,
+        Value,
+        "",
+        "Comma separated list of inbound ports to be excluded from redirection to Envoy.",
+    ),
+    f(
+        "istio-exclude-interfaces",
+        Some('c'),
+        Some("ISTIO_EXCLUDE_INTERFACES"),
+        None,
+        Value,
+        "",
+        "Comma separated list of NIC. Neither inbound nor outbound traffic will be captured.",
+    ),
+    f(
+        "istio-service-cidr",
+        Some('i'),
+        Some("ISTIO_SERVICE_CIDR"),
+        None,
+        Value,
+        "",
+        "Comma separated list of IP ranges in CIDR form to redirect to envoy; \"*\" = all.",
+    ),
+    f(
+        "istio-service-exclude-cidr",
+        Some('x'),
+        Some("ISTIO_SERVICE_EXCLUDE_CIDR"),
+        None,
+        Value,
+        "",
+        "Comma separated list of IP ranges in CIDR form to be excluded from redirection.",
+    ),
+    f(
+        "istio-outbound-ports",
+        Some('q'),
+        Some("ISTIO_OUTBOUND_PORTS"),
+        None,
+        Value,
+        "",
+        "Comma separated list of outbound ports to be explicitly included for redirection to Envoy.",
+    ),
+    f(
+        "istio-local-outbound-ports-exclude",
+        Some('o'),
+        Some("ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE"),
+        None,
+        Value,
+        "",
+        "Comma separated list of outbound ports to be excluded from redirection to Envoy.",
+    ),
+    f(
+        "kube-virt-interfaces",
+        Some('k'),
+        Some("KUBE_VIRT_INTERFACES"),
+        None,
+        Value,
+        "",
+        "Comma separated list of virtual interfaces whose inbound traffic will be treated as outbound.",
+    ),
+    f(
+        "istio-inbound-tproxy-mark",
+        Some('t'),
+        Some("ISTIO_INBOUND_TPROXY_MARK"),
+        None,
+        Value,
+        "1337",
+        "TPROXY mark.",
+    ),
+    f(
+        "istio-inbound-tproxy-route-table",
+        Some('r'),
+        Some("ISTIO_INBOUND_TPROXY_ROUTE_TABLE"),
+        None,
+        Value,
+        "133",
+        "TPROXY route table.",
+    ),
+    f(
+        "dry-run",
+        Some('n'),
+        Some("DRY_RUN"),
+        None,
+        Bool,
+        "false",
+        "Do not call any external dependencies like iptables.",
+    ),
+    f(
+        "iptables-probe-port",
+        None,
+        Some("IPTABLES_PROBE_PORT"),
+        None,
+        Value,
+        "15002",
+        "Set listen port for failure detection.",
+    ),
+    f(
+        "probe-timeout",
+        None,
+        Some("PROBE_TIMEOUT"),
+        None,
+        Value,
+        "5s",
+        "Failure detection timeout.",
+    ),
+    f(
+        "skip-rule-apply",
+        None,
+        Some("SKIP_RULE_APPLY"),
+        None,
+        Bool,
+        "false",
+        "Skip iptables apply.",
+    ),
+    f(
+        "run-validation",
+        None,
+        Some("RUN_VALIDATION"),
+        None,
+        Bool,
+        "false",
+        "Validate iptables.",
+    ),
+    f(
+        "redirect-dns",
+        None,
+        Some("REDIRECT_DNS"),
+        Some("ISTIO_META_DNS_CAPTURE"),
+        Bool,
+        "false",
+        "Enable capture of dns traffic by istio-agent.",
+    ),
+    f(
+        "drop-invalid",
+        None,
+        Some("DROP_INVALID"),
+        Some("INVALID_DROP"),
+        Bool,
+        "false",
+        "Enable invalid drop in the iptables rules.",
+    ),
+    f(
+        "dual-stack",
+        None,
+        Some("DUAL_STACK"),
+        Some("ISTIO_DUAL_STACK"),
+        Bool,
+        "false",
+        "Enable ipv4/ipv6 redirects for dual-stack.",
+    ),
+    f(
+        "capture-all-dns",
+        None,
+        Some("CAPTURE_ALL_DNS"),
+        None,
+        Bool,
+        "false",
+        "Capture all DNS traffic at port 53, not only traffic to the resolv.conf servers.",
+    ),
+    f(
+        "network-namespace",
+        None,
+        Some("NETWORK_NAMESPACE"),
+        None,
+        Value,
+        "",
+        "The network namespace that iptables rules should be applied to.",
+    ),
+    f(
+        "cni-mode",
+        None,
+        Some("CNI_MODE"),
+        None,
+        Bool,
+        "false",
+        "Whether to run as CNI plugin.",
+    ),
+    f(
+        "reconcile",
+        None,
+        Some("RECONCILE"),
+        None,
+        Bool,
+        "false",
+        "Reconcile pre-existing and incompatible iptables rules instead of failing if drift is detected.",
+    ),
+    f(
+        "cleanup-only",
+        None,
+        Some("CLEANUP_ONLY"),
+        None,
+        Bool,
+        "false",
+        "Perform a forced cleanup without creating new iptables chains or rules.",
+    ),
+    f(
+        "force-apply",
+        None,
+        Some("FORCE_APPLY"),
+        None,
+        Bool,
+        "false",
+        "Apply iptables changes even if they appear to already be in place.",
+    ),
+    f(
+        "native-nftables",
+        None,
+        Some("NATIVE_NFTABLES"),
+        None,
+        Bool,
+        "false",
+        "Use native nftables instead of iptables rules (not supported).",
+    ),
+    f(
+        "force-iptables-binary",
+        None,
+        Some("FORCE_IPTABLES_BINARY"),
+        None,
+        Value,
+        "",
+        "Break glass option to choose which iptables binary to use: legacy or nft.",
+    ),
+    // pilot-agent logging flags (accepted; only the level and JSON switch are used).
+    f(
+        "log_output_level",
+        None,
+        None,
+        None,
+        Value,
+        "",
+        "Comma-separated minimum per-scope logging level, e.g. default:info.",
+    ),
+    f(
+        "log_as_json",
+        None,
+        None,
+        None,
+        Bool,
+        "false",
+        "Whether to format output as JSON.",
+    ),
+    f(
+        "log_caller",
+        None,
+        None,
+        None,
+        Value,
+        "",
+        "Scopes for which to include caller information (accepted, ignored).",
+    ),
+    f(
+        "log_stacktrace_level",
+        None,
+        None,
+        None,
+        Value,
+        "",
+        "Per-scope stack trace level (accepted, ignored).",
+    ),
+    f(
+        "log_target",
+        None,
+        None,
+        None,
+        Value,
+        "",
+        "Output paths for logs (accepted, ignored).",
+    ),
+    f(
+        "log_rotate",
+        None,
+        None,
+        None,
+        Value,
+        "",
+        "Rotated log file path (accepted, ignored).",
+    ),
+    f(
+        "log_rotate_max_age",
+        None,
+        None,
+        None,
+        Value,
+        "",
+        "Maximum log file age in days (accepted, ignored).",
+    ),
+    f(
+        "log_rotate_max_backups",
+        None,
+        None,
+        None,
+        Value,
+        "",
+        "Maximum number of log file backups (accepted, ignored).",
+    ),
+    f(
+        "log_rotate_max_size",
+        None,
+        None,
+        None,
+        Value,
+        "",
+        "Maximum log file size in megabytes (accepted, ignored).",
+    ),
+];
+
+fn by_long(name: &str) -> Option<&'static FlagSpec> {
+    FLAGS.iter().find(|f| f.long == name)
+}
+
+fn by_short(c: char) -> Option<&'static FlagSpec> {
+    FLAGS.iter().find(|f| f.short == Some(c))
+}
+
+/// Values given on the command line, keyed by long flag name. `None` means `--help`.
+pub(super) fn parse_args<I>(args: I) -> Result<Option<HashMap<&'static str, String>>, Error>
+where
+    I: IntoIterator<Item = OsString>,
+{
+    let mut out = HashMap::new();
+    let mut it = args.into_iter().map(|a| {
+        a.into_string()
+            .map_err(|a| Error::NotUtf8(a.to_string_lossy().into_owned()))
+    });
+    while let Some(arg) = it.next() {
+        let arg = arg?;
+        if arg == "--" {
+            if let Some(extra) = it.next() {
+                return Err(Error::Positional(extra?));
+            }
+            break;
+        }
+        if arg == "-h" || arg == "--help" {
+            return Ok(None);
+        }
+        let (spec, inline, shown) = if let Some(long) = arg.strip_prefix("--") {
+            let (name, inline) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (long, None),
+            };
+            let spec = by_long(name).ok_or_else(|| Error::UnknownFlag(format!("--{name}")))?;
+            (spec, inline, format!("--{name}"))
+        } else if let Some(short) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
+            let mut chars = short.chars();
+            let c = chars.next().unwrap_or('-');
+            let rest = chars.as_str();
+            let spec =
+                by_short(c).ok_or_else(|| Error::UnknownFlag(format!("-{c} (in {arg:?})")))?;
+            let inline = if let Some(v) = rest.strip_prefix('=') {
+                Some(v.to_string())
+            } else if rest.is_empty() {
+                None
+            } else if spec.kind == Bool {
+                return Err(Error::UnknownFlag(format!("-{rest} (in {arg:?})")));
+            } else {
+                Some(rest.to_string())
+            };
+            (spec, inline, format!("-{c}"))
+        } else {
+            return Err(Error::Positional(arg));
+        };
+        let value = match (spec.kind, inline) {
+            (_, Some(v)) => v,
+            (Bool, None) => "true".to_string(),
+            (Value, None) => match it.next() {
+                Some(v) => v?,
+                None => return Err(Error::MissingValue(shown)),
+            },
+        };
+        out.insert(spec.long, value);
+    }
+    Ok(Some(out))
+}
+
+fn env_value<'a>(
+    env: &'a HashMap<String, String>,
+    name: Option<&str>,
+) -> Option<(&'a str, String)> {
+    let name = name?;
+    let (k, v) = env.get_key_value(name)?;
+    (!v.is_empty()).then(|| (k.as_str(), v.clone()))
+}
+
+/// The effective value of a flag: command line, else environment (primary twin, then the
+/// alternate), else the default; `None` when all are empty.
+pub(super) fn resolve(
+    name: &str,
+    values: &HashMap<&'static str, String>,
+    env: &HashMap<String, String>,
+) -> Option<String> {
+    if let Some(v) = values.get(name) {
+        return Some(v.clone());
+    }
+    let spec = by_long(name)?;
+    if let Some((_, v)) = env_value(env, spec.env).or_else(|| env_value(env, spec.alt_env)) {
+        return Some(v);
+    }
+    (!spec.default.is_empty()).then(|| spec.default.to_string())
+}
+
+/// Where a flag's effective value came from, for error messages.
+pub(super) fn source_name(
+    name: &str,
+    values: &HashMap<&'static str, String>,
+    env: &HashMap<String, String>,
+) -> String {
+    if values.contains_key(name) {
+        return format!("--{name}");
+    }
+    if let Some(spec) = by_long(name)
+        && let Some((k, _)) = env_value(env, spec.env).or_else(|| env_value(env, spec.alt_env))
+    {
+        return format!("environment variable {k} (--{name})");
+    }
+    format!("--{name}")
+}
+
+/// Help text listing every flag.
+pub fn usage() -> String {
+    let mut s = String::from(
+        "istio-iptables is responsible for setting up port forwarding for Istio Sidecar.\n\nUsage:\n  istio-iptables [flags]\n\nFlags:\n",
+    );
+    for f in FLAGS {
+        let short = f.short.map(|c| format!("-{c}, ")).unwrap_or_default();
+        let env = match (f.env, f.alt_env) {
+            (Some(e), Some(a)) => format!(" [env {e}, {a}]"),
+            (Some(e), None) => format!(" [env {e}]"),
+            _ => String::new(),
+        };
+        let default = if f.default.is_empty() || f.default == "false" {
+            String::new()
+        } else {
+            format!(" (default {})", f.default)
+        };
+        s.push_str(&format!(
+            "  {short}--{}  {}{default}{env}\n",
+            f.long, f.help
+        ));
+    }
+    s.push_str("  -h, --help  help for istio-iptables\n");
+    s
+}

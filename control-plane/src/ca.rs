@@ -1,0 +1,411 @@
+//! The certificate authority: root material in `--ca-dir`, CSR signing, the serving certificate
+//! for the secure gRPC port, and the issuer key that `istiod-lite token` signs with.
+//!
+//! Files in the CA directory (Istio's plug-in `cacerts` names):
+//! - `ca-cert.pem`, `ca-key.pem`: the signing CA (the root itself when self-signed);
+//! - `cert-chain.pem`: the signing CA's chain up to the root;
+//! - `root-cert.pem`: the root workloads trust;
+//! - `issuer-key.pem`: the ES256 key tokens are signed with (this CA's stand-in for the
+//!   Kubernetes service-account issuer).
+//!
+//! When the four `cacerts` files are absent, a self-signed root (10 years) is created once and
+//! written as those same files with mode 0600, so a restart keeps the same root.
+
+mod service;
+mod token;
+
+pub use service::{CaMetrics, CaService};
+pub use token::{Claims, TokenError, TokenIssuer};
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
+    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+};
+
+/// Lifetime of the self-signed root.
+pub const ROOT_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// Longest workload certificate this CA issues.
+pub const MAX_WORKLOAD_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
+/// Workload certificate lifetime when the request asks for none.
+pub const DEFAULT_WORKLOAD_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Names always in the serving certificate of the secure gRPC port.
+pub const DEFAULT_SERVING_SANS: [&str; 3] = ["istiod.istio-system.svc", "istiod", "localhost"];
+
+pub const CA_CERT: &str = "ca-cert.pem";
+pub const CA_KEY: &str = "ca-key.pem";
+pub const CERT_CHAIN: &str = "cert-chain.pem";
+pub const ROOT_CERT: &str = "root-cert.pem";
+pub const ISSUER_KEY: &str = "issuer-key.pem";
+
+/// CA errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {reason}")]
+    BadFile { path: PathBuf, reason: String },
+    #[error(
+        "{dir}: plug-in cacerts are incomplete: {missing} is missing (need ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem, or none of them)"
+    )]
+    IncompletePlugin { dir: PathBuf, missing: &'static str },
+    #[error("unparsable CSR: {0}")]
+    Csr(String),
+    #[error("signing failed: {0}")]
+    Sign(String),
+    #[error("invalid identity {identity:?}: {reason}")]
+    Identity { identity: String, reason: String },
+}
+
+/// A workload identity: `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Identity {
+    pub trust_domain: String,
+    pub namespace: String,
+    pub service_account: String,
+}
+
+impl Identity {
+    pub fn new(trust_domain: &str, namespace: &str, service_account: &str) -> Self {
+        Identity {
+            trust_domain: trust_domain.to_string(),
+            namespace: namespace.to_string(),
+            service_account: service_account.to_string(),
+        }
+    }
+
+    /// Parses a SPIFFE URI.
+    pub fn parse_spiffe(uri: &str) -> Result<Self, Error> {
+        let bad = |reason: &str| Error::Identity {
+            identity: uri.to_string(),
+            reason: reason.to_string(),
+        };
+        let rest = uri
+            .strip_prefix("spiffe://")
+            .ok_or_else(|| bad("expected spiffe://<trust domain>/ns/<ns>/sa/<sa>"))?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        match parts.as_slice() {
+            [td, "ns", ns, "sa", sa] if !td.is_empty() && !ns.is_empty() && !sa.is_empty() => {
+                Ok(Identity::new(td, ns, sa))
+            }
+            _ => Err(bad("expected spiffe://<trust domain>/ns/<ns>/sa/<sa>")),
+        }
+    }
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "spiffe://{}/ns/{}/sa/{}",
+            self.trust_domain, self.namespace, self.service_account
+        )
+    }
+}
+
+/// The signing CA loaded from (or created in) the CA directory.
+pub struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    /// PEM of every certificate after the leaf: signing CA, intermediates, root (root last).
+    chain: Vec<String>,
+    root_pem: String,
+    dir: PathBuf,
+    plugin: bool,
+}
+
+impl std::fmt::Debug for Ca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ca")
+            .field("dir", &self.dir)
+            .field("plugin", &self.plugin)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A signed certificate and its key (for the serving certificate).
+pub struct IssuedKeyPair {
+    /// Leaf first, root last, PEM concatenated.
+    pub chain_pem: String,
+    pub key_pem: String,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes `contents` to a new file with mode 0600; fails if it exists.
+pub(crate) fn write_private(path: &Path, contents: &[u8]) -> Result<(), Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err(path))?;
+    f.write_all(contents).map_err(io_err(path))?;
+    f.sync_all().map_err(io_err(path))
+}
+
+/// Splits a PEM bundle into its `CERTIFICATE` blocks (each re-encoded as PEM with a trailing newline).
+pub fn split_pem_certs(bundle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut inside = false;
+    for line in bundle.lines() {
+        let line = line.trim();
+        if line == "-----BEGIN CERTIFICATE-----" {
+            inside = true;
+            cur.clear();
+        }
+        if inside {
+            cur.push_str(line);
+            cur.push('\n');
+        }
+        if line == "-----END CERTIFICATE-----" && inside {
+            inside = false;
+            out.push(std::mem::take(&mut cur));
+        }
+    }
+    out
+}
+
+fn pem_der(pem_str: &str) -> Option<Vec<u8>> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem_str.as_bytes()).ok()?;
+    Some(pem.contents)
+}
+
+fn random_serial() -> SerialNumber {
+    let mut bytes: [u8; 16] = rand::random();
+    bytes[0] &= 0x7f;
+    bytes[0] |= 0x01;
+    SerialNumber::from_slice(&bytes)
+}
+
+fn to_offset(t: SystemTime) -> time::OffsetDateTime {
+    time::OffsetDateTime::from(t)
+}
+
+impl Ca {
+    /// Loads the plug-in `cacerts` in `dir`, or creates a self-signed root there on first start.
+    pub fn load_or_create(dir: &Path) -> Result<Ca, Error> {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let names = [CA_CERT, CA_KEY, ROOT_CERT, CERT_CHAIN];
+        let present: Vec<bool> = names.iter().map(|n| dir.join(n).exists()).collect();
+        if present.iter().all(|p| !p) {
+            Self::create_self_signed(dir)?;
+            return Self::load(dir, false);
+        }
+        if let Some(i) = present.iter().position(|p| !p) {
+            return Err(Error::IncompletePlugin {
+                dir: dir.to_path_buf(),
+                missing: names[i],
+            });
+        }
+        let self_signed = std::fs::read_to_string(dir.join(CA_CERT)).ok()
+            == std::fs::read_to_string(dir.join(ROOT_CERT)).ok();
+        Self::load(dir, !self_signed)
+    }
+
+    fn create_self_signed(dir: &Path) -> Result<(), Error> {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .map_err(|e| Error::Sign(e.to_string()))?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "cluster.local");
+        dn.push(DnType::CommonName, "istiod-lite root CA");
+        params.distinguished_name = dn;
+        let now = SystemTime::now();
+        params.not_before = to_offset(now - Duration::from_secs(60));
+        params.not_after = to_offset(now + ROOT_TTL);
+        params.serial_number = Some(random_serial());
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params
+            .self_signed(&key)
+            .map_err(|e| Error::Sign(e.to_string()))?;
+        let cert_pem = cert.pem();
+        // Key first: a crash in between leaves an incomplete set that the next start reports.
+        write_private(&dir.join(CA_KEY), key.serialize_pem().as_bytes())?;
+        write_private(&dir.join(CA_CERT), cert_pem.as_bytes())?;
+        write_private(&dir.join(CERT_CHAIN), cert_pem.as_bytes())?;
+        write_private(&dir.join(ROOT_CERT), cert_pem.as_bytes())?;
+        tracing::info!(dir = %dir.display(), "created self-signed root CA");
+        Ok(())
+    }
+
+    fn load(dir: &Path, plugin: bool) -> Result<Ca, Error> {
+        let read = |name: &str| -> Result<String, Error> {
+            let p = dir.join(name);
+            std::fs::read_to_string(&p).map_err(io_err(&p))
+        };
+        let bad = |name: &str, reason: String| Error::BadFile {
+            path: dir.join(name),
+            reason,
+        };
+        let ca_cert = read(CA_CERT)?;
+        let ca_key = read(CA_KEY)?;
+        let root = read(ROOT_CERT)?;
+        let chain = read(CERT_CHAIN)?;
+        let key = KeyPair::from_pem(&ca_key)
+            .map_err(|e| bad(CA_KEY, format!("not a usable private key: {e}")))?;
+        let issuer = Issuer::from_ca_cert_pem(&ca_cert, key)
+            .map_err(|e| bad(CA_CERT, format!("not a usable CA certificate: {e}")))?;
+        let root_pem = split_pem_certs(&root)
+            .into_iter()
+            .next()
+            .ok_or_else(|| bad(ROOT_CERT, "holds no CERTIFICATE block".into()))?;
+        let ca_pem = split_pem_certs(&ca_cert)
+            .into_iter()
+            .next()
+            .ok_or_else(|| bad(CA_CERT, "holds no CERTIFICATE block".into()))?;
+        // Chain after the leaf: signing CA, then cert-chain.pem's entries, then the root; no
+        // duplicates, root last.
+        let mut ordered: Vec<String> = Vec::new();
+        let root_der = pem_der(&root_pem);
+        for pem in std::iter::once(ca_pem).chain(split_pem_certs(&chain)) {
+            let der = pem_der(&pem);
+            if der.is_none() {
+                return Err(bad(CERT_CHAIN, "holds an unparsable certificate".into()));
+            }
+            if der == root_der || ordered.iter().any(|p| pem_der(p) == der) {
+                continue;
+            }
+            ordered.push(pem);
+        }
+        ordered.push(root_pem.clone());
+        Ok(Ca {
+            issuer,
+            chain: ordered,
+            root_pem,
+            dir: dir.to_path_buf(),
+            plugin,
+        })
+    }
+
+    /// The root workloads trust (PEM).
+    pub fn root_pem(&self) -> &str {
+        &self.root_pem
+    }
+
+    /// True when the material came from plug-in `cacerts` rather than our own self-signed root.
+    pub fn is_plugin(&self) -> bool {
+        self.plugin
+    }
+
+    /// Signs a workload CSR for `identity`; the SAN comes from `identity`, never from the CSR.
+    /// Returns the chain leaf first, root last.
+    pub fn sign_workload(
+        &self,
+        csr_pem: &str,
+        identity: &Identity,
+        ttl: Duration,
+    ) -> Result<Vec<String>, Error> {
+        let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| Error::Csr(e.to_string()))?;
+        let uri = identity.to_string();
+        let san = rcgen::string::Ia5String::try_from(uri.clone()).map_err(|e| Error::Identity {
+            identity: uri.clone(),
+            reason: e.to_string(),
+        })?;
+        let ttl = ttl.min(MAX_WORKLOAD_TTL);
+        let now = SystemTime::now();
+        let mut params = CertificateParams::default();
+        params.distinguished_name = DistinguishedName::new();
+        params.subject_alt_names = vec![SanType::URI(san)];
+        params.not_before = to_offset(now - Duration::from_secs(60).min(ttl));
+        params.not_after = to_offset(now + ttl);
+        params.serial_number = Some(random_serial());
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        csr.params = params;
+        let cert = csr
+            .signed_by(&self.issuer)
+            .map_err(|e| Error::Sign(e.to_string()))?;
+        let mut out = vec![cert.pem()];
+        out.extend(self.chain.iter().cloned());
+        Ok(out)
+    }
+
+    /// Issues a serving certificate (P-256) for the given DNS names.
+    pub fn issue_serving(
+        &self,
+        dns_names: &[String],
+        ttl: Duration,
+    ) -> Result<IssuedKeyPair, Error> {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .map_err(|e| Error::Sign(e.to_string()))?;
+        let mut params =
+            CertificateParams::new(dns_names.to_vec()).map_err(|e| Error::Identity {
+                identity: dns_names.join(","),
+                reason: e.to_string(),
+            })?;
+        params.distinguished_name = DistinguishedName::new();
+        let now = SystemTime::now();
+        params.not_before = to_offset(now - Duration::from_secs(60));
+        params.not_after = to_offset(now + ttl);
+        params.serial_number = Some(random_serial());
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(|e| Error::Sign(e.to_string()))?;
+        let mut chain_pem = cert.pem();
+        for c in &self.chain {
+            chain_pem.push_str(c);
+        }
+        Ok(IssuedKeyPair {
+            chain_pem,
+            key_pem: key.serialize_pem(),
+        })
+    }
+}
+
+/// Reads the identity (URI SAN) from a DER certificate.
+pub fn identity_from_cert(der: &[u8]) -> Result<Identity, Error> {
+    let bad = |reason: String| Error::Identity {
+        identity: "<client certificate>".into(),
+        reason,
+    };
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| bad(format!("unparsable certificate: {e}")))?;
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|e| bad(format!("bad SAN extension: {e}")))?
+        .ok_or_else(|| bad("no SAN extension".into()))?;
+    for name in &san.value.general_names {
+        if let x509_parser::extensions::GeneralName::URI(uri) = name
+            && uri.starts_with("spiffe://")
+        {
+            return Identity::parse_spiffe(uri);
+        }
+    }
+    Err(bad("no spiffe:// URI SAN".into()))
+}
+
+#[cfg(test)]
+mod tests;

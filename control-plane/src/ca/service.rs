@@ -1,0 +1,176 @@
+//! `istio.v1.auth.IstioCertificateService/CreateCertificate`: authenticate the caller (JWT or
+//! mTLS client certificate), sign its CSR for its own identity.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use proto::istio::ca::istio_certificate_service_server::IstioCertificateService;
+use proto::istio::ca::{IstioCertificateRequest, IstioCertificateResponse, Roots};
+use tonic::{Request, Response, Status};
+
+use super::{Ca, DEFAULT_WORKLOAD_TTL, Identity, TokenIssuer, identity_from_cert};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    reason: &'static str,
+}
+
+/// CSR metrics (Istio's `citadel_server_*` names).
+#[derive(Clone)]
+pub struct CaMetrics {
+    csr: Counter,
+    issued: Counter,
+    errors: Family<ErrorLabels, Counter>,
+}
+
+impl CaMetrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = CaMetrics {
+            csr: Counter::default(),
+            issued: Counter::default(),
+            errors: Family::default(),
+        };
+        registry.register("citadel_server_csr_count", "CSRs received", m.csr.clone());
+        registry.register(
+            "citadel_server_success_cert_issuance_count",
+            "Certificates issued",
+            m.issued.clone(),
+        );
+        registry.register(
+            "citadel_server_csr_error_count",
+            "CSRs refused, by reason (authentication, csr, sign)",
+            m.errors.clone(),
+        );
+        m
+    }
+}
+
+/// The gRPC CA service.
+#[derive(Clone)]
+pub struct CaService {
+    ca: Arc<Ca>,
+    tokens: Arc<TokenIssuer>,
+    trust_domain: String,
+    audience: String,
+    metrics: CaMetrics,
+}
+
+impl CaService {
+    pub fn new(
+        ca: Arc<Ca>,
+        tokens: Arc<TokenIssuer>,
+        trust_domain: &str,
+        audience: &str,
+        metrics: CaMetrics,
+    ) -> Self {
+        CaService {
+            ca,
+            tokens,
+            trust_domain: trust_domain.to_string(),
+            audience: audience.to_string(),
+            metrics,
+        }
+    }
+
+    /// Authenticates the caller: a client certificate issued by this CA, else a bearer token.
+    fn authenticate<T>(&self, req: &Request<T>) -> Result<Identity, Status> {
+        if let Some(certs) = req.peer_certs()
+            && let Some(leaf) = certs.first()
+        {
+            let id = identity_from_cert(leaf.as_ref())
+                .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))?;
+            if id.trust_domain != self.trust_domain {
+                return Err(Status::permission_denied(format!(
+                    "client certificate identity {id} is outside trust domain {}",
+                    self.trust_domain
+                )));
+            }
+            return Ok(id);
+        }
+        let Some(auth) = req.metadata().get("authorization") else {
+            return Err(Status::unauthenticated(
+                "no credentials: send `authorization: Bearer <token>` or a client certificate issued by this CA",
+            ));
+        };
+        let auth = auth
+            .to_str()
+            .map_err(|_| Status::unauthenticated("authorization header is not ASCII"))?;
+        let token = auth
+            .strip_prefix("Bearer ")
+            .or_else(|| auth.strip_prefix("bearer "))
+            .ok_or_else(|| Status::unauthenticated("authorization header is not `Bearer <token>`"))?
+            .trim();
+        let (ns, sa) = self
+            .tokens
+            .verify(token, &self.audience)
+            .map_err(|e| Status::unauthenticated(format!("token rejected: {e}")))?;
+        Ok(Identity::new(&self.trust_domain, &ns, &sa))
+    }
+}
+
+#[tonic::async_trait]
+impl IstioCertificateService for CaService {
+    async fn create_certificate(
+        &self,
+        request: Request<IstioCertificateRequest>,
+    ) -> Result<Response<IstioCertificateResponse>, Status> {
+        self.metrics.csr.inc();
+        let identity = match self.authenticate(&request) {
+            Ok(id) => id,
+            Err(status) => {
+                self.metrics
+                    .errors
+                    .get_or_create(&ErrorLabels {
+                        reason: "authentication",
+                    })
+                    .inc();
+                tracing::warn!(error = %status.message(), "CSR refused: authentication");
+                return Err(status);
+            }
+        };
+        let req = request.into_inner();
+        let ttl = if req.validity_duration > 0 {
+            Duration::from_secs(req.validity_duration as u64)
+        } else {
+            DEFAULT_WORKLOAD_TTL
+        };
+        let ca = self.ca.clone();
+        let id = identity.clone();
+        // Signing with RSA or P-384 CAs takes milliseconds: keep it off the reactor.
+        let result = tokio::task::spawn_blocking(move || ca.sign_workload(&req.csr, &id, ttl))
+            .await
+            .map_err(|e| Status::internal(format!("signer task failed: {e}")))?;
+        match result {
+            Ok(chain) => {
+                self.metrics.issued.inc();
+                tracing::info!(identity = %identity, ttl_secs = ttl.as_secs(), "issued certificate");
+                Ok(Response::new(IstioCertificateResponse {
+                    cert_chain: chain,
+                    root_cert: Some(Roots {
+                        ca_cert: vec![self.ca.root_pem().to_string()],
+                    }),
+                }))
+            }
+            Err(e @ super::Error::Csr(_)) => {
+                self.metrics
+                    .errors
+                    .get_or_create(&ErrorLabels { reason: "csr" })
+                    .inc();
+                tracing::warn!(identity = %identity, error = %e, "CSR refused");
+                Err(Status::invalid_argument(e.to_string()))
+            }
+            Err(e) => {
+                self.metrics
+                    .errors
+                    .get_or_create(&ErrorLabels { reason: "sign" })
+                    .inc();
+                tracing::error!(identity = %identity, error = %e, "signing failed");
+                Err(Status::internal(e.to_string()))
+            }
+        }
+    }
+}

@@ -1,0 +1,626 @@
+//! Istio configuration from `*.yaml` files: parsing, validation, and the watched directory.
+//!
+//! Each file may hold several YAML documents. A document is
+//! `{apiVersion, kind, metadata: {name, namespace}, spec}`; the kinds are those in [`kinds`].
+//! A file with any bad document is rejected as a whole and its last good contents stay in force;
+//! every rejection names the file, the document index (0-based), the field and the reason.
+
+pub mod kinds;
+mod watch;
+
+pub use watch::{ConfigStatus, WatchError, Watcher, WatcherInputs};
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use kinds::*;
+
+/// One rejected document (or unreadable file).
+#[derive(Clone, Debug, PartialEq, Serialize, thiserror::Error)]
+#[error("{file}: document {doc}: {field}: {reason}")]
+pub struct ConfigError {
+    pub file: String,
+    pub doc: usize,
+    pub field: String,
+    pub reason: String,
+}
+
+/// Object metadata.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Meta {
+    pub name: String,
+    pub namespace: String,
+    pub labels: Labels,
+}
+
+/// One validated object.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", content = "spec")]
+pub enum Spec {
+    ServiceEntry(ServiceEntry),
+    WorkloadEntry(WorkloadEntry),
+    VirtualService(VirtualService),
+    DestinationRule(DestinationRule),
+    PeerAuthentication(PeerAuthentication),
+    Sidecar(Sidecar),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Object<T> {
+    pub meta: Meta,
+    pub spec: T,
+}
+
+/// The whole validated configuration, each kind sorted by (namespace, name).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Config {
+    pub service_entries: Vec<Object<ServiceEntry>>,
+    pub workload_entries: Vec<Object<WorkloadEntry>>,
+    pub virtual_services: Vec<Object<VirtualService>>,
+    pub destination_rules: Vec<Object<DestinationRule>>,
+    pub peer_authentications: Vec<Object<PeerAuthentication>>,
+    pub sidecars: Vec<Object<Sidecar>>,
+}
+
+impl Config {
+    /// Builds a config from objects (later duplicates of kind/namespace/name win).
+    pub fn from_objects(objects: impl IntoIterator<Item = (Meta, Spec)>) -> Config {
+        let mut c = Config::default();
+        for (meta, spec) in objects {
+            match spec {
+                Spec::ServiceEntry(s) => c.service_entries.push(Object { meta, spec: s }),
+                Spec::WorkloadEntry(s) => c.workload_entries.push(Object { meta, spec: s }),
+                Spec::VirtualService(s) => c.virtual_services.push(Object { meta, spec: s }),
+                Spec::DestinationRule(s) => c.destination_rules.push(Object { meta, spec: s }),
+                Spec::PeerAuthentication(s) => {
+                    c.peer_authentications.push(Object { meta, spec: s })
+                }
+                Spec::Sidecar(s) => c.sidecars.push(Object { meta, spec: s }),
+            }
+        }
+        fn norm<T>(v: &mut Vec<Object<T>>) {
+            // Stable sort then keep the last of each (namespace, name).
+            v.sort_by(|a, b| {
+                (&a.meta.namespace, &a.meta.name).cmp(&(&b.meta.namespace, &b.meta.name))
+            });
+            let mut out: Vec<Object<T>> = Vec::with_capacity(v.len());
+            for o in v.drain(..) {
+                if let Some(last) = out.last_mut()
+                    && last.meta.namespace == o.meta.namespace
+                    && last.meta.name == o.meta.name
+                {
+                    *last = o;
+                    continue;
+                }
+                out.push(o);
+            }
+            *v = out;
+        }
+        norm(&mut c.service_entries);
+        norm(&mut c.workload_entries);
+        norm(&mut c.virtual_services);
+        norm(&mut c.destination_rules);
+        norm(&mut c.peer_authentications);
+        norm(&mut c.sidecars);
+        c
+    }
+
+    /// Total number of objects.
+    pub fn len(&self) -> usize {
+        self.service_entries.len()
+            + self.workload_entries.len()
+            + self.virtual_services.len()
+            + self.destination_rules.len()
+            + self.peer_authentications.len()
+            + self.sidecars.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Parses one file's text; `file` is only used in errors. All documents or an error list.
+pub fn parse_file(file: &str, text: &str) -> Result<Vec<(Meta, Spec)>, Vec<ConfigError>> {
+    use serde::Deserialize;
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    for (doc, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let err = |field: &str, reason: String| ConfigError {
+            file: file.to_string(),
+            doc,
+            field: field.to_string(),
+            reason,
+        };
+        let value = match serde_yaml::Value::deserialize(de) {
+            Ok(v) => v,
+            Err(e) => {
+                errors.push(err("", format!("not YAML: {e}")));
+                // The stream cannot be resynchronised after a syntax error.
+                break;
+            }
+        };
+        if value.is_null() {
+            continue; // empty document (e.g. a trailing `---`)
+        }
+        match parse_doc(&value) {
+            Ok(obj) => out.push(obj),
+            Err((field, reason)) => errors.push(err(&field, reason)),
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
+}
+
+type DocError = (String, String);
+
+fn parse_doc(v: &serde_yaml::Value) -> Result<(Meta, Spec), DocError> {
+    let map = v
+        .as_mapping()
+        .ok_or_else(|| ("".to_string(), "document is not a mapping".to_string()))?;
+    let get_str =
+        |m: &serde_yaml::Mapping, k: &str| m.get(k).and_then(|x| x.as_str()).map(str::to_string);
+    let kind = get_str(map, "kind").ok_or_else(|| ("kind".to_string(), "missing".to_string()))?;
+    let meta_v = map
+        .get("metadata")
+        .and_then(|m| m.as_mapping())
+        .ok_or_else(|| {
+            (
+                "metadata".to_string(),
+                "missing or not a mapping".to_string(),
+            )
+        })?;
+    let name = get_str(meta_v, "name")
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ("metadata.name".to_string(), "missing".to_string()))?;
+    if !is_dns_label_path(&name) {
+        return Err((
+            "metadata.name".into(),
+            format!("{name:?} is not a DNS-1123 name"),
+        ));
+    }
+    let namespace = get_str(meta_v, "namespace").unwrap_or_else(|| "default".to_string());
+    let labels: Labels = match meta_v.get("labels") {
+        Some(l) => serde_yaml::from_value(l.clone())
+            .map_err(|e| ("metadata.labels".to_string(), e.to_string()))?,
+        None => Labels::new(),
+    };
+    let meta = Meta {
+        name,
+        namespace,
+        labels,
+    };
+    let spec_v = map
+        .get("spec")
+        .cloned()
+        .ok_or_else(|| ("spec".to_string(), "missing".to_string()))?;
+    let spec = match kind.as_str() {
+        "ServiceEntry" => Spec::ServiceEntry(typed(&spec_v)?),
+        "WorkloadEntry" => Spec::WorkloadEntry(typed(&spec_v)?),
+        "VirtualService" => Spec::VirtualService(typed(&spec_v)?),
+        "DestinationRule" => Spec::DestinationRule(typed(&spec_v)?),
+        "PeerAuthentication" => Spec::PeerAuthentication(typed(&spec_v)?),
+        "Sidecar" => Spec::Sidecar(typed(&spec_v)?),
+        other => {
+            return Err((
+                "kind".into(),
+                format!(
+                    "unsupported kind {other:?} (expected ServiceEntry, WorkloadEntry, VirtualService, DestinationRule, PeerAuthentication or Sidecar)"
+                ),
+            ));
+        }
+    };
+    validate(&spec).map_err(|(f, r)| (format!("spec.{f}"), r))?;
+    Ok((meta, spec))
+}
+
+/// Deserialises `spec` through a YAML string so that serde_yaml reports the field path.
+fn typed<T: serde::de::DeserializeOwned>(v: &serde_yaml::Value) -> Result<T, DocError> {
+    let text = serde_yaml::to_string(v).map_err(|e| ("spec".to_string(), e.to_string()))?;
+    serde_yaml::from_str(&text).map_err(|e| {
+        let msg = e.to_string();
+        // serde_yaml prints "path.to.field: reason at line N column M"; split the path off.
+        match msg.split_once(": ") {
+            Some((path, reason)) if !path.contains(' ') => {
+                (format!("spec.{path}"), reason.to_string())
+            }
+            _ => ("spec".to_string(), msg),
+        }
+    })
+}
+
+fn is_dns_label_path(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+fn is_host(s: &str) -> bool {
+    let s = s.strip_prefix("*.").unwrap_or(s);
+    s == "*"
+        || (!s.is_empty()
+            && s.split('.').all(|l| {
+                !l.is_empty()
+                    && l.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            }))
+}
+
+fn check_port(field: &str, n: u32) -> Result<(), DocError> {
+    if (1..=65535).contains(&n) {
+        Ok(())
+    } else {
+        Err((field.to_string(), format!("{n} is not a port (1-65535)")))
+    }
+}
+
+fn check_duration(field: &str, s: &Option<String>) -> Result<(), DocError> {
+    if let Some(s) = s {
+        parse_duration(s).map_err(|r| (field.to_string(), r))?;
+    }
+    Ok(())
+}
+
+/// Parses Istio durations: `1h`, `30s`, `250ms`, `1.5s`, `1m30s`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let mut total = 0f64;
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return Err(format!("{s:?} is not a duration (e.g. 1.5s, 250ms, 1h)"));
+    }
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("{s:?} is not a duration: missing unit (ms, s, m, h)"))?;
+        let (num, tail) = rest.split_at(num_len);
+        let value: f64 = num
+            .parse()
+            .map_err(|_| format!("{s:?} is not a duration (e.g. 1.5s, 250ms, 1h)"))?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_len);
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            "d" => 86400.0,
+            _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
+        };
+        total += value * scale;
+        rest = next;
+    }
+    Ok(std::time::Duration::from_secs_f64(total))
+}
+
+const PROTOCOLS: [&str; 10] = [
+    "HTTP", "HTTP2", "HTTPS", "GRPC", "TCP", "TLS", "MONGO", "MYSQL", "REDIS", "UDP",
+];
+
+fn validate(spec: &Spec) -> Result<(), DocError> {
+    match spec {
+        Spec::ServiceEntry(se) => {
+            if se.hosts.is_empty() {
+                return Err(("hosts".into(), "at least one host is required".into()));
+            }
+            for (i, h) in se.hosts.iter().enumerate() {
+                if !is_host(h) || h == "*" {
+                    return Err((format!("hosts[{i}]"), format!("{h:?} is not a host name")));
+                }
+            }
+            for (i, a) in se.addresses.iter().enumerate() {
+                let ip = a.split('/').next().unwrap_or(a);
+                if ip.parse::<IpAddr>().is_err() {
+                    return Err((
+                        format!("addresses[{i}]"),
+                        format!("{a:?} is not an IP or CIDR"),
+                    ));
+                }
+            }
+            if se.ports.is_empty() {
+                return Err(("ports".into(), "at least one port is required".into()));
+            }
+            for (i, p) in se.ports.iter().enumerate() {
+                check_port(&format!("ports[{i}].number"), p.number)?;
+                if let Some(t) = p.target_port {
+                    check_port(&format!("ports[{i}].targetPort"), t)?;
+                }
+                if let Some(proto) = &p.protocol
+                    && !PROTOCOLS.contains(&proto.to_ascii_uppercase().as_str())
+                {
+                    return Err((
+                        format!("ports[{i}].protocol"),
+                        format!("unknown protocol {proto:?} (expected one of {PROTOCOLS:?})"),
+                    ));
+                }
+            }
+            if se.workload_selector.is_some() && !se.endpoints.is_empty() {
+                return Err((
+                    "workloadSelector".into(),
+                    "cannot be combined with endpoints".into(),
+                ));
+            }
+            for (i, e) in se.endpoints.iter().enumerate() {
+                validate_we(e, se.resolution)
+                    .map_err(|(f, r)| (format!("endpoints[{i}].{f}"), r))?;
+            }
+            if matches!(se.resolution, Resolution::Static)
+                && se.endpoints.is_empty()
+                && se.workload_selector.is_none()
+            {
+                return Err((
+                    "endpoints".into(),
+                    "resolution STATIC needs endpoints or a workloadSelector".into(),
+                ));
+            }
+            Ok(())
+        }
+        Spec::WorkloadEntry(we) => {
+            if we.address.is_empty() {
+                return Err(("address".into(), "required".into()));
+            }
+            validate_we(we, Resolution::Static)
+        }
+        Spec::VirtualService(vs) => {
+            if vs.hosts.is_empty() {
+                return Err(("hosts".into(), "at least one host is required".into()));
+            }
+            for (i, h) in vs.hosts.iter().enumerate() {
+                if !is_host(h) {
+                    return Err((format!("hosts[{i}]"), format!("{h:?} is not a host name")));
+                }
+            }
+            for (i, r) in vs.http.iter().enumerate() {
+                if r.route.is_empty() {
+                    return Err((
+                        format!("http[{i}].route"),
+                        "at least one destination is required".into(),
+                    ));
+                }
+                for (j, d) in r.route.iter().enumerate() {
+                    if !is_host(&d.destination.host) {
+                        return Err((
+                            format!("http[{i}].route[{j}].destination.host"),
+                            format!("{:?} is not a host name", d.destination.host),
+                        ));
+                    }
+                    if let Some(p) = &d.destination.port {
+                        check_port(
+                            &format!("http[{i}].route[{j}].destination.port.number"),
+                            p.number,
+                        )?;
+                    }
+                }
+                if r.route.len() > 1
+                    && r.route.iter().map(|d| d.weight.unwrap_or(0)).sum::<u32>() == 0
+                {
+                    return Err((
+                        format!("http[{i}].route"),
+                        "weights are required with several destinations".into(),
+                    ));
+                }
+                check_duration(&format!("http[{i}].timeout"), &r.timeout)?;
+                if let Some(rt) = &r.retries {
+                    check_duration(
+                        &format!("http[{i}].retries.perTryTimeout"),
+                        &rt.per_try_timeout,
+                    )?;
+                }
+                for (j, m) in r.matches.iter().enumerate() {
+                    let check = |f: String, s: &StringMatch| -> Result<(), DocError> {
+                        let n = [&s.exact, &s.prefix, &s.regex]
+                            .iter()
+                            .filter(|x| x.is_some())
+                            .count();
+                        if n == 1 {
+                            Ok(())
+                        } else {
+                            Err((f, "exactly one of exact, prefix, regex is required".into()))
+                        }
+                    };
+                    if let Some(u) = &m.uri {
+                        check(format!("http[{i}].match[{j}].uri"), u)?;
+                    }
+                    for (h, s) in &m.headers {
+                        check(format!("http[{i}].match[{j}].headers.{h}"), s)?;
+                    }
+                }
+            }
+            Ok(())
+        }
+        Spec::DestinationRule(dr) => {
+            if !is_host(&dr.host) {
+                return Err(("host".into(), format!("{:?} is not a host name", dr.host)));
+            }
+            let check_tp = |f: &str, tp: &Option<TrafficPolicy>| -> Result<(), DocError> {
+                if let Some(tp) = tp
+                    && let Some(cp) = &tp.connection_pool
+                    && let Some(tcp) = &cp.tcp
+                {
+                    check_duration(
+                        &format!("{f}.connectionPool.tcp.connectTimeout"),
+                        &tcp.connect_timeout,
+                    )?;
+                }
+                Ok(())
+            };
+            check_tp("trafficPolicy", &dr.traffic_policy)?;
+            let mut names = std::collections::BTreeSet::new();
+            for (i, s) in dr.subsets.iter().enumerate() {
+                if !is_dns_label_path(&s.name) {
+                    return Err((
+                        format!("subsets[{i}].name"),
+                        format!("{:?} is not a DNS-1123 name", s.name),
+                    ));
+                }
+                if !names.insert(&s.name) {
+                    return Err((
+                        format!("subsets[{i}].name"),
+                        format!("duplicate subset {:?}", s.name),
+                    ));
+                }
+                check_tp(&format!("subsets[{i}].trafficPolicy"), &s.traffic_policy)?;
+            }
+            Ok(())
+        }
+        Spec::PeerAuthentication(pa) => {
+            for p in pa.port_level_mtls.keys() {
+                check_port(&format!("portLevelMtls.{p}"), *p)?;
+            }
+            if !pa.port_level_mtls.is_empty() && pa.selector.is_none() {
+                return Err(("portLevelMtls".into(), "requires a selector".into()));
+            }
+            Ok(())
+        }
+        Spec::Sidecar(sc) => {
+            for (i, e) in sc.egress.iter().enumerate() {
+                if e.hosts.is_empty() {
+                    return Err((
+                        format!("egress[{i}].hosts"),
+                        "at least one host is required".into(),
+                    ));
+                }
+                for (j, h) in e.hosts.iter().enumerate() {
+                    let ok = h
+                        .split_once('/')
+                        .is_some_and(|(ns, host)| !ns.is_empty() && is_host(host));
+                    if !ok {
+                        return Err((
+                            format!("egress[{i}].hosts[{j}]"),
+                            format!("{h:?} is not namespace/host"),
+                        ));
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn validate_we(we: &WorkloadEntry, resolution: Resolution) -> Result<(), DocError> {
+    let dns = matches!(resolution, Resolution::Dns | Resolution::DnsRoundRobin);
+    if !we.address.is_empty() && !dns && we.address.parse::<IpAddr>().is_err() {
+        return Err((
+            "address".into(),
+            format!("{:?} is not an IP address", we.address),
+        ));
+    }
+    for (name, p) in &we.ports {
+        check_port(&format!("ports.{name}"), *p)?;
+    }
+    if let Some(w) = we.weight
+        && w == 0
+    {
+        return Err(("weight".into(), "must be positive".into()));
+    }
+    Ok(())
+}
+
+/// Reads every `*.yaml`/`*.yml` file under `dir` (recursively), sorted by path.
+pub fn list_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let entry = entry?;
+            let path = entry.path();
+            let ft = entry.file_type()?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') {
+                continue; // editors' swap files, ..data links
+            }
+            if ft.is_dir() {
+                stack.push(path);
+            } else if name.ends_with(".yaml") || name.ends_with(".yml") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The config directory's state: the last good objects of each file and the current errors.
+#[derive(Default, Debug)]
+pub struct Store {
+    files: BTreeMap<PathBuf, Vec<(Meta, Spec)>>,
+    errors: Vec<ConfigError>,
+}
+
+impl Store {
+    /// Re-reads `dir`. Files that fail keep their last good contents; deleted files drop out.
+    pub fn reload(&mut self, dir: &Path) -> Config {
+        let mut errors = Vec::new();
+        let files = match list_files(dir) {
+            Ok(f) => f,
+            Err(e) => {
+                errors.push(ConfigError {
+                    file: dir.display().to_string(),
+                    doc: 0,
+                    field: "".into(),
+                    reason: format!("cannot list directory: {e}"),
+                });
+                self.errors = errors;
+                return self.config();
+            }
+        };
+        self.files.retain(|p, _| files.contains(p));
+        for path in files {
+            let shown = path.display().to_string();
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) => {
+                    errors.push(ConfigError {
+                        file: shown,
+                        doc: 0,
+                        field: "".into(),
+                        reason: format!("unreadable: {e}"),
+                    });
+                    continue;
+                }
+            };
+            match parse_file(&shown, &text) {
+                Ok(objs) => {
+                    self.files.insert(path, objs);
+                }
+                Err(errs) => {
+                    for e in &errs {
+                        tracing::warn!(file = %e.file, doc = e.doc, field = %e.field, reason = %e.reason,
+                            "config document rejected; the file's last good config stays in force");
+                    }
+                    errors.extend(errs);
+                }
+            }
+        }
+        self.errors = errors;
+        self.config()
+    }
+
+    pub fn config(&self) -> Config {
+        Config::from_objects(self.files.values().flatten().cloned())
+    }
+
+    pub fn errors(&self) -> &[ConfigError] {
+        &self.errors
+    }
+}
+
+#[cfg(test)]
+mod tests;

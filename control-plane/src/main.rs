@@ -1,0 +1,218 @@
+//! `istiod-lite`: serve (CA + ADS + monitoring), token, vm-bundle.
+//!
+//! Every flag can also come from the environment as `ISTIOD_LITE_<FLAG>` (upper case, `-` → `_`).
+//! `serve` logs (to stderr) one line per listener once it is bound, in this exact form:
+//! `listening name=<grpc|secure-grpc|monitoring> addr=<ip:port>`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use control_plane::{ca, server, vm_bundle};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "istiod-lite",
+    version,
+    about = "A minimal Istio CA and ADS server"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    control_plane::config::parse_duration(s)
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve the CA and ADS on the plaintext and TLS gRPC ports, plus monitoring.
+    Serve {
+        #[arg(long, env = "ISTIOD_LITE_CONFIG_DIR")]
+        config_dir: PathBuf,
+        #[arg(long, env = "ISTIOD_LITE_CA_DIR")]
+        ca_dir: PathBuf,
+        #[arg(
+            long,
+            env = "ISTIOD_LITE_TRUST_DOMAIN",
+            default_value = "cluster.local"
+        )]
+        trust_domain: String,
+        #[arg(long, env = "ISTIOD_LITE_GRPC_ADDR", default_value = "127.0.0.1:15010")]
+        grpc_addr: SocketAddr,
+        #[arg(
+            long,
+            env = "ISTIOD_LITE_SECURE_GRPC_ADDR",
+            default_value = "127.0.0.1:15012"
+        )]
+        secure_grpc_addr: SocketAddr,
+        #[arg(
+            long,
+            env = "ISTIOD_LITE_MONITORING_ADDR",
+            default_value = "127.0.0.1:15014"
+        )]
+        monitoring_addr: SocketAddr,
+        /// Extra DNS names for the secure port's serving certificate (repeatable; env: comma list).
+        #[arg(long = "san", env = "ISTIOD_LITE_SAN", value_delimiter = ',')]
+        sans: Vec<String>,
+        /// MeshConfig YAML (rootNamespace, trustDomain, outboundTrafficPolicy.mode).
+        #[arg(long, env = "ISTIOD_LITE_MESH")]
+        mesh: Option<PathBuf>,
+    },
+    /// Print a service-account token (JWT) that the CA accepts.
+    Token {
+        #[arg(long, env = "ISTIOD_LITE_CA_DIR")]
+        ca_dir: PathBuf,
+        #[arg(long, env = "ISTIOD_LITE_NAMESPACE")]
+        namespace: String,
+        #[arg(long, env = "ISTIOD_LITE_SERVICE_ACCOUNT")]
+        service_account: String,
+        #[arg(long, env = "ISTIOD_LITE_AUDIENCE", default_value = "istio-ca")]
+        audience: String,
+        #[arg(long, env = "ISTIOD_LITE_TTL", default_value = "12h", value_parser = parse_duration)]
+        ttl: Duration,
+    },
+    /// Write the VM onboarding files (cluster.env, mesh.yaml, hosts, root-cert.pem, istio-token).
+    VmBundle {
+        #[arg(long, env = "ISTIOD_LITE_CA_DIR")]
+        ca_dir: PathBuf,
+        #[arg(long, env = "ISTIOD_LITE_NAMESPACE")]
+        namespace: String,
+        #[arg(long, env = "ISTIOD_LITE_SERVICE_ACCOUNT")]
+        service_account: String,
+        #[arg(long, env = "ISTIOD_LITE_NAME")]
+        name: String,
+        #[arg(long, env = "ISTIOD_LITE_DISCOVERY_ADDRESS")]
+        discovery_address: String,
+        #[arg(long, env = "ISTIOD_LITE_OUTPUT")]
+        output: PathBuf,
+        #[arg(long, env = "ISTIOD_LITE_CLUSTER_ID", default_value = "Kubernetes")]
+        cluster_id: String,
+        #[arg(
+            long,
+            env = "ISTIOD_LITE_TRUST_DOMAIN",
+            default_value = "cluster.local"
+        )]
+        trust_domain: String,
+    },
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
+async fn shutdown_signal(cancel: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install signal handlers; stop with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+    cancel.cancel();
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve {
+            config_dir,
+            ca_dir,
+            trust_domain,
+            grpc_addr,
+            secure_grpc_addr,
+            monitoring_addr,
+            sans,
+            mesh,
+        } => {
+            init_logging();
+            let env: HashMap<String, String> = std::env::vars().collect();
+            let cancel = CancellationToken::new();
+            let running = server::serve(
+                server::ServeInputs {
+                    config_dir,
+                    ca_dir,
+                    trust_domain,
+                    grpc_addr,
+                    secure_grpc_addr,
+                    monitoring_addr,
+                    sans,
+                    mesh_file: mesh,
+                    env,
+                },
+                cancel.clone(),
+            )
+            .await
+            .context("istiod-lite serve")?;
+            tracing::info!("listening name=grpc addr={}", running.grpc_addr);
+            tracing::info!(
+                "listening name=secure-grpc addr={}",
+                running.secure_grpc_addr
+            );
+            tracing::info!("listening name=monitoring addr={}", running.monitoring_addr);
+            tokio::spawn(shutdown_signal(cancel));
+            running.wait().await;
+            Ok(())
+        }
+        Command::Token {
+            ca_dir,
+            namespace,
+            service_account,
+            audience,
+            ttl,
+        } => {
+            let issuer =
+                ca::TokenIssuer::load_or_create(&ca_dir).context("loading the issuer key")?;
+            println!(
+                "{}",
+                issuer.issue(&namespace, &service_account, &audience, ttl)
+            );
+            Ok(())
+        }
+        Command::VmBundle {
+            ca_dir,
+            namespace,
+            service_account,
+            name,
+            discovery_address,
+            output,
+            cluster_id,
+            trust_domain,
+        } => {
+            vm_bundle::write_bundle(&vm_bundle::BundleInputs {
+                ca_dir,
+                namespace,
+                service_account,
+                name,
+                discovery_address,
+                output: output.clone(),
+                cluster_id,
+                trust_domain,
+                token_ttl: Duration::from_secs(3600),
+            })
+            .context("writing the VM bundle")?;
+            eprintln!(
+                "wrote cluster.env, mesh.yaml, hosts, root-cert.pem, istio-token to {}",
+                output.display()
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! Composition root of `istiod-lite serve`: binds every listener first (so port 0 works and the
+//! bound addresses can be reported), then serves CA + ADS on the plaintext and TLS gRPC ports and
+//! the monitoring endpoints.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+use proto::istio::ca::istio_certificate_service_server::IstioCertificateServiceServer;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::server::{ServerTlsConfig, TcpIncoming};
+use tonic::transport::{Certificate, Identity as TlsIdentity, Server};
+
+use crate::ca::{self, Ca, CaMetrics, CaService, DEFAULT_SERVING_SANS, TokenIssuer};
+use crate::config::{Watcher, WatcherInputs};
+use crate::model::MeshSettings;
+use crate::xds::{AdsInputs, AdsServer, SyncTable, XdsMetrics};
+
+/// Errors starting the server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot bind {name} listener on {addr}: {source} (is the port in use?)")]
+    Bind {
+        name: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Ca(#[from] ca::Error),
+    #[error(transparent)]
+    Watch(#[from] crate::config::WatchError),
+    #[error("{var}={value:?}: {expected}")]
+    Env {
+        var: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("mesh config {path}: {reason}")]
+    Mesh { path: PathBuf, reason: String },
+    #[error("TLS setup for the secure gRPC port: {0}")]
+    Tls(String),
+}
+
+/// Everything `serve` needs.
+#[derive(Clone, Debug)]
+pub struct ServeInputs {
+    pub config_dir: PathBuf,
+    pub ca_dir: PathBuf,
+    pub trust_domain: String,
+    pub grpc_addr: SocketAddr,
+    pub secure_grpc_addr: SocketAddr,
+    pub monitoring_addr: SocketAddr,
+    /// Extra DNS names for the serving certificate.
+    pub sans: Vec<String>,
+    pub mesh_file: Option<PathBuf>,
+    /// Environment (PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, PILOT_PUSH_THROTTLE,
+    /// PILOT_ENABLE_IP_AUTOALLOCATE).
+    pub env: HashMap<String, String>,
+}
+
+/// Tunables read from the environment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tunables {
+    pub debounce_after: Duration,
+    pub debounce_max: Duration,
+    pub push_throttle: usize,
+    pub ip_autoallocate: bool,
+}
+
+impl Tunables {
+    pub fn from_env(env: &HashMap<String, String>) -> Result<Tunables, Error> {
+        let dur = |var: &'static str, default: Duration| -> Result<Duration, Error> {
+            match env.get(var) {
+                None => Ok(default),
+                Some(v) => crate::config::parse_duration(v).map_err(|_| Error::Env {
+                    var,
+                    value: v.clone(),
+                    expected: "a duration such as 100ms or 10s",
+                }),
+            }
+        };
+        let push_throttle = match env.get("PILOT_PUSH_THROTTLE") {
+            None => 100,
+            Some(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| Error::Env {
+                    var: "PILOT_PUSH_THROTTLE",
+                    value: v.clone(),
+                    expected: "a positive integer",
+                })?,
+        };
+        let ip_autoallocate = match env.get("PILOT_ENABLE_IP_AUTOALLOCATE").map(|s| s.as_str()) {
+            None => true,
+            Some("true" | "1") => true,
+            Some("false" | "0") => false,
+            Some(v) => {
+                return Err(Error::Env {
+                    var: "PILOT_ENABLE_IP_AUTOALLOCATE",
+                    value: v.to_string(),
+                    expected: "true or false",
+                });
+            }
+        };
+        Ok(Tunables {
+            debounce_after: dur("PILOT_DEBOUNCE_AFTER", Duration::from_millis(100))?,
+            debounce_max: dur("PILOT_DEBOUNCE_MAX", Duration::from_secs(10))?,
+            push_throttle,
+            ip_autoallocate,
+        })
+    }
+}
+
+/// Reads the few MeshConfig fields istiod-lite uses.
+fn load_mesh(
+    path: Option<&PathBuf>,
+    trust_domain: &str,
+    ip_autoallocate: bool,
+) -> Result<MeshSettings, Error> {
+    let mut mesh = MeshSettings {
+        trust_domain: trust_domain.to_string(),
+        ip_autoallocate,
+        ..Default::default()
+    };
+    let Some(path) = path else { return Ok(mesh) };
+    let bad = |reason: String| Error::Mesh {
+        path: path.clone(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let v: serde_yaml::Value = serde_yaml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    if let Some(ns) = v.get("rootNamespace").and_then(|x| x.as_str()) {
+        mesh.root_namespace = ns.to_string();
+    }
+    if let Some(td) = v.get("trustDomain").and_then(|x| x.as_str()) {
+        mesh.trust_domain = td.to_string();
+    }
+    if let Some(mode) = v
+        .get("outboundTrafficPolicy")
+        .and_then(|o| o.get("mode"))
+        .and_then(|m| m.as_str())
+    {
+        mesh.allow_any = match mode {
+            "ALLOW_ANY" => true,
+            "REGISTRY_ONLY" => false,
+            other => {
+                return Err(bad(format!(
+                    "outboundTrafficPolicy.mode {other:?}: expected ALLOW_ANY or REGISTRY_ONLY"
+                )));
+            }
+        };
+    }
+    Ok(mesh)
+}
+
+/// A running server.
+pub struct Running {
+    pub grpc_addr: SocketAddr,
+    pub secure_grpc_addr: SocketAddr,
+    pub monitoring_addr: SocketAddr,
+    tasks: JoinSet<()>,
+}
+
+impl Running {
+    /// Waits until every server task has stopped (after the cancellation token fired).
+    pub async fn wait(mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+async fn bind(name: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { name, addr, source })
+}
+
+/// Starts everything; returns once every listener is bound and serving.
+pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Running, Error> {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let tunables = Tunables::from_env(&inputs.env)?;
+    let mesh = load_mesh(
+        inputs.mesh_file.as_ref(),
+        &inputs.trust_domain,
+        tunables.ip_autoallocate,
+    )?;
+    tracing::info!(config_dir = %inputs.config_dir.display(), ca_dir = %inputs.ca_dir.display(),
+        trust_domain = %mesh.trust_domain, root_namespace = %mesh.root_namespace, allow_any = mesh.allow_any,
+        debounce_after = ?tunables.debounce_after, debounce_max = ?tunables.debounce_max,
+        push_throttle = tunables.push_throttle, "starting istiod-lite");
+
+    let ca = Arc::new(Ca::load_or_create(&inputs.ca_dir)?);
+    let tokens = Arc::new(TokenIssuer::load_or_create(&inputs.ca_dir)?);
+    let mut names: Vec<String> = DEFAULT_SERVING_SANS.iter().map(|s| s.to_string()).collect();
+    for s in &inputs.sans {
+        if !names.contains(s) {
+            names.push(s.clone());
+        }
+    }
+    let serving = ca.issue_serving(&names, Duration::from_secs(365 * 24 * 3600))?;
+
+    let grpc = bind("grpc", inputs.grpc_addr).await?;
+    let secure = bind("secure-grpc", inputs.secure_grpc_addr).await?;
+    let monitoring = bind("monitoring", inputs.monitoring_addr).await?;
+    let local = |l: &TcpListener, name: &'static str, addr: SocketAddr| {
+        l.local_addr()
+            .map_err(|source| Error::Bind { name, addr, source })
+    };
+    let grpc_addr = local(&grpc, "grpc", inputs.grpc_addr)?;
+    let secure_grpc_addr = local(&secure, "secure-grpc", inputs.secure_grpc_addr)?;
+    let monitoring_addr = local(&monitoring, "monitoring", inputs.monitoring_addr)?;
+
+    let mut registry = Registry::default();
+    let ca_metrics = CaMetrics::new(&mut registry);
+    let xds_metrics = XdsMetrics::new(&mut registry);
+    let watcher = Watcher::start(
+        WatcherInputs {
+            dir: inputs.config_dir.clone(),
+            debounce_after: tunables.debounce_after,
+            debounce_max: tunables.debounce_max,
+            mesh,
+        },
+        cancel.clone(),
+    )?;
+    let sync = SyncTable::default();
+    let ads = AdsServer::new(AdsInputs {
+        snapshots: watcher.snapshots.clone(),
+        push_throttle: tunables.push_throttle,
+        metrics: xds_metrics,
+        sync: sync.clone(),
+        cancel: cancel.clone(),
+    });
+    let ca_svc = CaService::new(
+        ca.clone(),
+        tokens,
+        &inputs.trust_domain,
+        "istio-ca",
+        ca_metrics,
+    );
+
+    let tls = ServerTlsConfig::new()
+        .identity(TlsIdentity::from_pem(&serving.chain_pem, &serving.key_pem))
+        .client_ca_root(Certificate::from_pem(ca.root_pem()))
+        .client_auth_optional(true);
+
+    let (ready_tx, ready_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = JoinSet::new();
+    {
+        let router = Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .add_service(IstioCertificateServiceServer::new(ca_svc.clone()))
+            .add_service(
+                AggregatedDiscoveryServiceServer::new(ads.clone())
+                    .max_decoding_message_size(64 << 20),
+            );
+        let c = cancel.clone();
+        tasks.spawn(async move {
+            if let Err(e) = router
+                .serve_with_incoming_shutdown(
+                    TcpIncoming::from(grpc).with_nodelay(Some(true)),
+                    c.cancelled(),
+                )
+                .await
+            {
+                tracing::error!(error = %e, "grpc server failed");
+            }
+        });
+    }
+    {
+        let router = Server::builder()
+            .tls_config(tls)
+            .map_err(|e| Error::Tls(e.to_string()))?
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .add_service(IstioCertificateServiceServer::new(ca_svc))
+            .add_service(
+                AggregatedDiscoveryServiceServer::new(ads).max_decoding_message_size(64 << 20),
+            );
+        let c = cancel.clone();
+        tasks.spawn(async move {
+            if let Err(e) = router
+                .serve_with_incoming_shutdown(
+                    TcpIncoming::from(secure).with_nodelay(Some(true)),
+                    c.cancelled(),
+                )
+                .await
+            {
+                tracing::error!(error = %e, "secure grpc server failed");
+            }
+        });
+    }
+    tasks.spawn(crate::monitoring::serve(
+        monitoring,
+        crate::monitoring::MonitoringInputs {
+            registry: Arc::new(registry),
+            sync,
+            config_status: watcher.status.clone(),
+            snapshots: watcher.snapshots.clone(),
+            ready: ready_rx,
+        },
+        cancel.clone(),
+    ));
+    // The listeners are bound and their accept loops spawned: connections queue until served.
+    let _ = ready_tx.send(true);
+    tasks.spawn(async move {
+        // Keep the readiness sender alive for the server's lifetime.
+        cancel.cancelled().await;
+        drop(ready_tx);
+    });
+    Ok(Running {
+        grpc_addr,
+        secure_grpc_addr,
+        monitoring_addr,
+        tasks,
+    })
+}

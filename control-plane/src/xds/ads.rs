@@ -1,0 +1,569 @@
+//! The ADS server: `StreamAggregatedResources` (SotW) and `DeltaAggregatedResources`.
+//!
+//! One task per stream owns the stream's state. Per type it tracks the nonce it sent and the
+//! nonce the proxy acknowledged; it never has more than one un-acked push per type (a change that
+//! arrives meanwhile is pushed after the ACK/NACK). A NACK is logged and the proxy keeps its last
+//! good config: nothing is re-sent until the proxy's view changes again. On a new snapshot the
+//! task regenerates the proxy's resources (shared across proxies with equal views) and pushes, in
+//! the order CDS, EDS, LDS, RDS, NDS, only the types whose content changed for this proxy; at
+//! most `PILOT_PUSH_THROTTLE` connections generate and send at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use futures::{Stream, StreamExt};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use proto::envoy::config::core::v3::Node;
+use proto::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+    Resource as DeltaResource, aggregated_discovery_service_server::AggregatedDiscoveryService,
+};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{SyncTable, XdsType};
+use crate::model::{Proxy, Snapshot};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TypeLabels {
+    r#type: &'static str,
+}
+
+/// xDS metrics (Istio's `pilot_*` names).
+#[derive(Clone)]
+pub struct XdsMetrics {
+    pushes: Family<TypeLabels, Counter>,
+    rejects: Family<TypeLabels, Counter>,
+    push_time: Family<TypeLabels, Histogram>,
+    convergence: Histogram,
+    connected: Gauge,
+}
+
+impl XdsMetrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = XdsMetrics {
+            pushes: Family::default(),
+            rejects: Family::default(),
+            push_time: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0001, 4.0, 10))
+            }),
+            convergence: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            connected: Gauge::default(),
+        };
+        registry.register("pilot_xds_pushes", "Pushes sent, by type", m.pushes.clone());
+        registry.register(
+            "pilot_total_xds_rejects",
+            "NACKs received, by type",
+            m.rejects.clone(),
+        );
+        registry.register(
+            "pilot_xds_push_time",
+            "Seconds to generate and send one push, by type",
+            m.push_time.clone(),
+        );
+        registry.register(
+            "pilot_proxy_convergence_time",
+            "Seconds from a config snapshot to the proxy's ACK of the push it caused",
+            m.convergence.clone(),
+        );
+        registry.register("pilot_xds", "Connected xDS streams", m.connected.clone());
+        m
+    }
+}
+
+/// Inputs of [`AdsServer::new`].
+pub struct AdsInputs {
+    pub snapshots: watch::Receiver<Arc<Snapshot>>,
+    /// `PILOT_PUSH_THROTTLE`: connections generating/sending at once.
+    pub push_throttle: usize,
+    pub metrics: XdsMetrics,
+    pub sync: SyncTable,
+    pub cancel: CancellationToken,
+}
+
+struct Inner {
+    snapshots: watch::Receiver<Arc<Snapshot>>,
+    throttle: Arc<Semaphore>,
+    metrics: XdsMetrics,
+    sync: SyncTable,
+    cancel: CancellationToken,
+    next_conn: AtomicU64,
+    next_nonce: AtomicU64,
+}
+
+/// The ADS service (clone it into each gRPC server).
+#[derive(Clone)]
+pub struct AdsServer {
+    inner: Arc<Inner>,
+}
+
+impl AdsServer {
+    pub fn new(inputs: AdsInputs) -> Self {
+        AdsServer {
+            inner: Arc::new(Inner {
+                snapshots: inputs.snapshots,
+                throttle: Arc::new(Semaphore::new(inputs.push_throttle.max(1))),
+                metrics: inputs.metrics,
+                sync: inputs.sync,
+                cancel: inputs.cancel,
+                next_conn: AtomicU64::new(1),
+                next_nonce: AtomicU64::new(1),
+            }),
+        }
+    }
+}
+
+/// A request of either protocol, normalised.
+struct Req {
+    node: Option<Node>,
+    type_url: String,
+    nonce: String,
+    error: Option<String>,
+    /// SotW: the complete name list.
+    names: Vec<String>,
+    /// Delta only.
+    subscribe: Vec<String>,
+    unsubscribe: Vec<String>,
+    initial_versions: BTreeMap<String, String>,
+}
+
+impl From<DiscoveryRequest> for Req {
+    fn from(r: DiscoveryRequest) -> Self {
+        Req {
+            node: r.node,
+            type_url: r.type_url,
+            nonce: r.response_nonce,
+            error: r
+                .error_detail
+                .map(|e| format!("code {}: {}", e.code, e.message)),
+            names: r.resource_names,
+            subscribe: Vec::new(),
+            unsubscribe: Vec::new(),
+            initial_versions: BTreeMap::new(),
+        }
+    }
+}
+
+impl From<DeltaDiscoveryRequest> for Req {
+    fn from(r: DeltaDiscoveryRequest) -> Self {
+        Req {
+            node: r.node,
+            type_url: r.type_url,
+            nonce: r.response_nonce,
+            error: r
+                .error_detail
+                .map(|e| format!("code {}: {}", e.code, e.message)),
+            names: Vec::new(),
+            subscribe: r.resource_names_subscribe,
+            unsubscribe: r.resource_names_unsubscribe,
+            initial_versions: r.initial_resource_versions.into_iter().collect(),
+        }
+    }
+}
+
+enum Out {
+    Sotw(mpsc::Sender<Result<DiscoveryResponse, Status>>),
+    Delta(mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>),
+}
+
+struct Pending {
+    /// When the snapshot that caused this push was created (for convergence time).
+    trigger: Option<Instant>,
+}
+
+#[derive(Default)]
+struct TypeState {
+    requested: bool,
+    wildcard: bool,
+    names: BTreeSet<String>,
+    /// What the proxy was last sent (name → hash).
+    sent: BTreeMap<String, u64>,
+    /// What the proxy last acknowledged (Delta resync after a NACK).
+    acked: BTreeMap<String, u64>,
+    last_nonce: String,
+    pending: Option<Pending>,
+    dirty: bool,
+}
+
+type ReqStream = Pin<Box<dyn Stream<Item = Result<Req, Status>> + Send>>;
+
+struct Conn {
+    inner: Arc<Inner>,
+    out: Out,
+    conn_id: String,
+    proxy: Option<Proxy>,
+    snap: Arc<Snapshot>,
+    types: BTreeMap<XdsType, TypeState>,
+}
+
+fn parse_hash(v: &str) -> u64 {
+    u64::from_str_radix(v, 16).unwrap_or(0)
+}
+
+impl Conn {
+    fn delta(&self) -> bool {
+        matches!(self.out, Out::Delta(_))
+    }
+
+    async fn run(mut self, mut requests: ReqStream) {
+        let mut snapshots = self.inner.snapshots.clone();
+        self.snap = snapshots.borrow_and_update().clone();
+        let cancel = self.inner.cancel.clone();
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                req = requests.next() => match req {
+                    Some(Ok(req)) => {
+                        if let Err(status) = self.on_request(req).await {
+                            tracing::warn!(conn = %self.conn_id, error = %status.message(), "closing xDS stream");
+                            self.send_error(status).await;
+                            break;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!(conn = %self.conn_id, error = %e, "xDS stream ended");
+                        break;
+                    }
+                    None => break,
+                },
+                changed = snapshots.changed() => {
+                    if changed.is_err() { break; }
+                    let snap = snapshots.borrow_and_update().clone();
+                    if self.proxy.is_some() && self.on_snapshot(snap).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        if self.proxy.is_some() {
+            self.inner.sync.disconnect(&self.conn_id);
+            self.inner.metrics.connected.dec();
+            tracing::info!(conn = %self.conn_id, "proxy disconnected");
+        }
+    }
+
+    async fn send_error(&self, status: Status) {
+        match &self.out {
+            Out::Sotw(tx) => {
+                let _ = tx.send(Err(status)).await;
+            }
+            Out::Delta(tx) => {
+                let _ = tx.send(Err(status)).await;
+            }
+        }
+    }
+
+    async fn on_snapshot(&mut self, snap: Arc<Snapshot>) -> Result<(), ()> {
+        self.snap = snap;
+        let _permit = self
+            .inner
+            .throttle
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ())?;
+        for ty in XdsType::ALL {
+            let Some(st) = self.types.get_mut(&ty) else {
+                continue;
+            };
+            if !st.requested {
+                continue;
+            }
+            if st.pending.is_some() {
+                st.dirty = true;
+                continue;
+            }
+            self.push(ty, false, Some(self.snap.created)).await?;
+        }
+        Ok(())
+    }
+
+    async fn on_request(&mut self, req: Req) -> Result<(), Status> {
+        if self.proxy.is_none() {
+            let proxy = Proxy::from_node(req.node.as_ref())
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            self.conn_id = format!(
+                "{}-{}",
+                proxy.id,
+                self.inner.next_conn.fetch_add(1, Ordering::Relaxed)
+            );
+            let stream = if self.delta() { "delta" } else { "sotw" };
+            self.inner.sync.connect(&self.conn_id, &proxy.id, stream);
+            self.inner.metrics.connected.inc();
+            tracing::info!(conn = %self.conn_id, namespace = %proxy.view.namespace, stream, "proxy connected");
+            self.proxy = Some(proxy);
+        }
+        let Some(ty) = XdsType::from_type_url(&req.type_url) else {
+            tracing::debug!(conn = %self.conn_id, type_url = %req.type_url, "ignoring request for an unserved type");
+            return Ok(());
+        };
+        if self.delta() {
+            self.on_delta_request(ty, req).await
+        } else {
+            self.on_sotw_request(ty, req).await
+        }
+        .map_err(|()| Status::unavailable("stream closed"))
+    }
+
+    /// ACK/NACK bookkeeping when `nonce` answers our latest push. Returns false for a stale nonce.
+    fn on_response(&mut self, ty: XdsType, nonce: &str, error: Option<String>) -> bool {
+        let conn_id = self.conn_id.clone();
+        let version = self.snap.version.clone();
+        let Some(st) = self.types.get_mut(&ty) else {
+            return false;
+        };
+        if nonce != st.last_nonce {
+            return false;
+        }
+        let pending = st.pending.take();
+        match error {
+            Some(err) => {
+                self.inner
+                    .metrics
+                    .rejects
+                    .get_or_create(&TypeLabels { r#type: ty.short() })
+                    .inc();
+                tracing::warn!(conn = %conn_id, r#type = ty.short(), nonce, error = %err,
+                    "proxy rejected push (NACK); it keeps its last good config");
+                // Delta: the proxy still has what it acknowledged last.
+                st.sent = st.acked.clone();
+                self.inner.sync.update(&conn_id, ty, |t| t.nack = Some(err));
+            }
+            None => {
+                st.acked = st.sent.clone();
+                if let Some(trigger) = pending.and_then(|p| p.trigger) {
+                    self.inner
+                        .metrics
+                        .convergence
+                        .observe(trigger.elapsed().as_secs_f64());
+                }
+                let nonce = nonce.to_string();
+                self.inner.sync.update(&conn_id, ty, |t| {
+                    t.acked_nonce = nonce;
+                    t.acked_version = if t.sent_version.is_empty() {
+                        version
+                    } else {
+                        t.sent_version.clone()
+                    };
+                    t.nack = None;
+                });
+            }
+        }
+        true
+    }
+
+    async fn on_sotw_request(&mut self, ty: XdsType, req: Req) -> Result<(), ()> {
+        let names: BTreeSet<String> = req.names.into_iter().collect();
+        if req.nonce.is_empty() {
+            // First request for the type on this stream (or Envoy re-subscribing).
+            let st = self.types.entry(ty).or_default();
+            st.requested = true;
+            st.wildcard = ty.is_wildcard() || names.contains("*");
+            st.names = names;
+            return self.push(ty, true, None).await;
+        }
+        if !self.on_response(ty, &req.nonce, req.error) {
+            tracing::debug!(conn = %self.conn_id, r#type = ty.short(), nonce = %req.nonce, "stale nonce ignored");
+            return Ok(());
+        }
+        let st = self.types.entry(ty).or_default();
+        let names_changed = !st.wildcard && st.names != names;
+        if names_changed {
+            st.names = names;
+        }
+        let dirty = std::mem::take(&mut st.dirty);
+        if names_changed || dirty {
+            self.push(ty, names_changed, None).await?;
+        }
+        Ok(())
+    }
+
+    async fn on_delta_request(&mut self, ty: XdsType, req: Req) -> Result<(), ()> {
+        let st = self.types.entry(ty).or_default();
+        let first = !st.requested;
+        let mut added = false;
+        if first {
+            st.requested = true;
+            st.wildcard = ty.is_wildcard()
+                && (req.subscribe.is_empty() || req.subscribe.iter().any(|n| n == "*"));
+            st.sent = req
+                .initial_versions
+                .iter()
+                .map(|(k, v)| (k.clone(), parse_hash(v)))
+                .collect();
+            st.acked = st.sent.clone();
+        }
+        for n in req.subscribe {
+            if n == "*" {
+                added |= !st.wildcard;
+                st.wildcard = true;
+            } else {
+                added |= st.names.insert(n);
+            }
+        }
+        for n in req.unsubscribe {
+            if n == "*" {
+                st.wildcard = false;
+            }
+            st.names.remove(&n);
+            st.sent.remove(&n);
+            st.acked.remove(&n);
+        }
+        if first {
+            return self.push(ty, true, None).await;
+        }
+        if !req.nonce.is_empty() && !self.on_response(ty, &req.nonce, req.error) {
+            tracing::debug!(conn = %self.conn_id, r#type = ty.short(), nonce = %req.nonce, "stale nonce");
+        }
+        let st = self.types.entry(ty).or_default();
+        if st.pending.is_some() {
+            st.dirty |= added;
+            return Ok(());
+        }
+        let dirty = std::mem::take(&mut st.dirty);
+        if added || dirty {
+            self.push(ty, false, None).await?;
+        }
+        Ok(())
+    }
+
+    /// Generates and sends `ty` if the proxy's view changed (or `force`). Err = stream closed.
+    async fn push(&mut self, ty: XdsType, force: bool, trigger: Option<Instant>) -> Result<(), ()> {
+        let Some(proxy) = &self.proxy else {
+            return Ok(());
+        };
+        let start = Instant::now();
+        let all = self.snap.resources(&proxy.view, ty);
+        let Some(st) = self.types.get_mut(&ty) else {
+            return Ok(());
+        };
+        let selected: Vec<&super::Resource> = all
+            .iter()
+            .filter(|r| st.wildcard || st.names.contains(&r.name))
+            .collect();
+        let new_map: BTreeMap<String, u64> =
+            selected.iter().map(|r| (r.name.clone(), r.hash)).collect();
+        let nonce = format!(
+            "{:x}",
+            self.inner.next_nonce.fetch_add(1, Ordering::Relaxed)
+        );
+        let version = self.snap.version.clone();
+        let count;
+        match &self.out {
+            Out::Sotw(tx) => {
+                if !force && new_map == st.sent {
+                    return Ok(());
+                }
+                count = selected.len();
+                let resp = DiscoveryResponse {
+                    version_info: version.clone(),
+                    resources: selected.iter().map(|r| r.any.clone()).collect(),
+                    type_url: ty.type_url().to_string(),
+                    nonce: nonce.clone(),
+                    ..Default::default()
+                };
+                tx.send(Ok(resp)).await.map_err(|_| ())?;
+            }
+            Out::Delta(tx) => {
+                let changed: Vec<&&super::Resource> = selected
+                    .iter()
+                    .filter(|r| st.sent.get(&r.name) != Some(&r.hash))
+                    .collect();
+                let removed: Vec<String> = st
+                    .sent
+                    .keys()
+                    .filter(|k| !new_map.contains_key(*k))
+                    .cloned()
+                    .collect();
+                if !force && changed.is_empty() && removed.is_empty() {
+                    return Ok(());
+                }
+                count = changed.len();
+                let resp = DeltaDiscoveryResponse {
+                    system_version_info: version.clone(),
+                    resources: changed
+                        .iter()
+                        .map(|r| DeltaResource {
+                            name: r.name.clone(),
+                            version: format!("{:x}", r.hash),
+                            resource: Some(r.any.clone()),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    removed_resources: removed,
+                    type_url: ty.type_url().to_string(),
+                    nonce: nonce.clone(),
+                    ..Default::default()
+                };
+                tx.send(Ok(resp)).await.map_err(|_| ())?;
+            }
+        }
+        st.sent = new_map;
+        st.last_nonce = nonce.clone();
+        st.pending = Some(Pending { trigger });
+        let labels = TypeLabels { r#type: ty.short() };
+        self.inner.metrics.pushes.get_or_create(&labels).inc();
+        self.inner
+            .metrics
+            .push_time
+            .get_or_create(&labels)
+            .observe(start.elapsed().as_secs_f64());
+        let v = version.clone();
+        self.inner.sync.update(&self.conn_id, ty, |t| {
+            t.sent_nonce = nonce;
+            t.sent_version = v;
+        });
+        tracing::debug!(conn = %self.conn_id, r#type = ty.short(), resources = count, version = %version, "pushed");
+        Ok(())
+    }
+}
+
+impl AdsServer {
+    fn spawn(&self, out: Out, requests: ReqStream) {
+        let conn = Conn {
+            inner: self.inner.clone(),
+            out,
+            conn_id: String::new(),
+            proxy: None,
+            snap: self.inner.snapshots.borrow().clone(),
+            types: BTreeMap::new(),
+        };
+        tokio::spawn(conn.run(requests));
+    }
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for AdsServer {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+    type DeltaAggregatedResourcesStream = ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let (tx, rx) = mpsc::channel(16);
+        let requests: ReqStream = Box::pin(request.into_inner().map(|r| r.map(Req::from)));
+        self.spawn(Out::Sotw(tx), requests);
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let (tx, rx) = mpsc::channel(16);
+        let requests: ReqStream = Box::pin(request.into_inner().map(|r| r.map(Req::from)));
+        self.spawn(Out::Delta(tx), requests);
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

@@ -1,0 +1,106 @@
+//! Per proxy, per type sync state for `/debug/syncz` (like `istioctl proxy-status`).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+use super::XdsType;
+
+/// One type's state on one connection.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TypeSync {
+    /// `SYNCED`, `STALE` or `NOT SENT`.
+    pub status: &'static str,
+    pub sent_nonce: String,
+    pub sent_version: String,
+    pub acked_nonce: String,
+    pub acked_version: String,
+    /// The error of the last NACK of the latest push, if any.
+    pub nack: Option<String>,
+}
+
+/// One connected proxy.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SyncStatus {
+    pub proxy: String,
+    pub connection_id: String,
+    /// `sotw` or `delta`.
+    pub stream: &'static str,
+    pub types: BTreeMap<&'static str, TypeSync>,
+}
+
+/// Shared table of connections; each connection task updates its own row.
+#[derive(Clone, Default)]
+pub struct SyncTable {
+    rows: Arc<Mutex<BTreeMap<String, SyncStatus>>>,
+}
+
+impl SyncTable {
+    pub(crate) fn connect(&self, conn_id: &str, proxy: &str, stream: &'static str) {
+        let types = XdsType::ALL
+            .iter()
+            .map(|t| {
+                (
+                    t.short(),
+                    TypeSync {
+                        status: "NOT SENT",
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect();
+        if let Ok(mut rows) = self.rows.lock() {
+            rows.insert(
+                conn_id.to_string(),
+                SyncStatus {
+                    proxy: proxy.to_string(),
+                    connection_id: conn_id.to_string(),
+                    stream,
+                    types,
+                },
+            );
+        }
+    }
+
+    pub(crate) fn disconnect(&self, conn_id: &str) {
+        if let Ok(mut rows) = self.rows.lock() {
+            rows.remove(conn_id);
+        }
+    }
+
+    pub(crate) fn update(&self, conn_id: &str, ty: XdsType, f: impl FnOnce(&mut TypeSync)) {
+        if let Ok(mut rows) = self.rows.lock()
+            && let Some(row) = rows.get_mut(conn_id)
+            && let Some(t) = row.types.get_mut(ty.short())
+        {
+            f(t);
+            t.status = if t.sent_nonce.is_empty() {
+                "NOT SENT"
+            } else if t.acked_nonce == t.sent_nonce && t.nack.is_none() {
+                "SYNCED"
+            } else {
+                "STALE"
+            };
+        }
+    }
+
+    /// Every connection's state, ordered by connection id.
+    pub fn rows(&self) -> Vec<SyncStatus> {
+        self.rows
+            .lock()
+            .map(|r| r.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Number of connected proxies.
+    pub fn len(&self) -> usize {
+        self.rows.lock().map(|r| r.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,1 +1,333 @@
-//! Request-path tests.
+//! Request-path tests against a bound proxy on loopback.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{Name, RData, RecordType};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::table::tests::sample;
+
+fn config(upstreams: Vec<SocketAddr>) -> Config {
+    Config {
+        listen_addrs: vec!["127.0.0.1:0".parse().unwrap()],
+        upstreams,
+        search_domains: vec!["ns1.svc.cluster.local".into()],
+        forward_timeout: Duration::from_millis(300),
+        forward_parallel: false,
+        cache_enabled: true,
+        cache_max_entries: 100,
+        namespace: "ns1".into(),
+        domain: "ns1.svc.cluster.local".into(),
+        respond_before_sync: false,
+        max_in_flight: 16,
+        max_tcp_connections: 4,
+        tcp_idle_timeout: Duration::from_secs(2),
+        upstream_udp_payload: 1232,
+        resolv_conf: "/dev/null".into(),
+    }
+}
+
+struct Running {
+    addr: SocketAddr,
+    table: TableHandle,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), Error>>,
+}
+
+async fn start(config: Config) -> Running {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Arc::new(Metrics::new(&mut registry));
+    let proxy = DnsProxy::bind(config, metrics.clone()).await.expect("bind");
+    let addr = proxy.local_addrs()[0];
+    let table = proxy.table();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(proxy.run(shutdown.clone()));
+    Running {
+        addr,
+        table,
+        metrics,
+        shutdown,
+        task,
+    }
+}
+
+fn query(name: &str, qtype: RecordType, edns: Option<u16>) -> Message {
+    let mut m = Message::new(0x1234, MessageType::Query, OpCode::Query);
+    m.metadata.recursion_desired = true;
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+    if let Some(size) = edns {
+        let mut e = Edns::new();
+        e.set_max_payload(size);
+        m.set_edns(e);
+    }
+    m
+}
+
+async fn udp_raw(addr: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
+    let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    sock.send_to(bytes, addr).await.unwrap();
+    let mut buf = vec![0u8; 65535];
+    match tokio::time::timeout(Duration::from_secs(2), sock.recv(&mut buf)).await {
+        Ok(Ok(n)) => Some(buf[..n].to_vec()),
+        _ => None,
+    }
+}
+
+async fn udp(addr: SocketAddr, q: &Message) -> (Message, usize) {
+    let raw = udp_raw(addr, &q.to_vec().unwrap()).await.expect("answer");
+    (Message::from_vec(&raw).expect("parse answer"), raw.len())
+}
+
+async fn tcp(addr: SocketAddr, q: &Message) -> Message {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let b = q.to_vec().unwrap();
+    s.write_all(&(b.len() as u16).to_be_bytes()).await.unwrap();
+    s.write_all(&b).await.unwrap();
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).await.unwrap();
+    let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];
+    s.read_exact(&mut buf).await.unwrap();
+    Message::from_vec(&buf).unwrap()
+}
+
+fn ips(m: &Message) -> Vec<String> {
+    m.answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(a.0.to_string()),
+            RData::AAAA(a) => Some(a.0.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn servfail_until_synced_then_local_answers() {
+    let p = start(config(vec![])).await;
+    let (m, _) = udp(p.addr, &query("productpage.", RecordType::A, None)).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
+    p.table.update(&sample());
+    let (m, _) = udp(p.addr, &query("ProductPage.", RecordType::A, None)).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+    assert!(m.metadata.authoritative);
+    assert_eq!(m.metadata.id, 0x1234);
+    assert_eq!(ips(&m), vec!["10.0.0.1"]);
+    assert_eq!(m.answers[0].ttl, 30);
+    assert_eq!(
+        m.queries[0].name().to_ascii(),
+        "ProductPage.",
+        "question echoed as sent"
+    );
+    assert!(m.edns.is_none(), "no OPT for a client without EDNS");
+    // Known name, missing family: NOERROR, empty.
+    let (m, _) = udp(p.addr, &query("productpage.", RecordType::AAAA, Some(1232))).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+    assert!(m.answers.is_empty());
+    assert!(m.edns.is_some(), "OPT echoed for an EDNS client");
+    assert!(p.metrics.requests.get() >= 3);
+    p.shutdown.cancel();
+    p.task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn truncation_follows_client_size() {
+    let p = start(config(vec![])).await;
+    let mut nt = sample();
+    let many: Vec<String> = (0..60).map(|i| format!("10.1.0.{i}")).collect();
+    nt.table.insert(
+        "many.example.com".into(),
+        crate::table::tests::plain(&many.iter().map(String::as_str).collect::<Vec<_>>()),
+    );
+    p.table.update(&nt);
+    let (m, len) = udp(p.addr, &query("many.example.com.", RecordType::A, None)).await;
+    assert!(m.metadata.truncation && len <= 512 && !m.answers.is_empty() && m.answers.len() < 60);
+    let (m, _) = udp(
+        p.addr,
+        &query("many.example.com.", RecordType::A, Some(4096)),
+    )
+    .await;
+    assert!(!m.metadata.truncation);
+    assert_eq!(m.answers.len(), 60);
+    let m = tcp(p.addr, &query("many.example.com.", RecordType::A, None)).await;
+    assert!(!m.metadata.truncation);
+    assert_eq!(m.answers.len(), 60);
+    // Shuffled: the order changes across answers.
+    let mut orders = std::collections::HashSet::new();
+    for _ in 0..5 {
+        orders.insert(ips(&tcp(
+            p.addr,
+            &query("many.example.com.", RecordType::A, None),
+        )
+        .await));
+    }
+    assert!(orders.len() > 1);
+    p.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn malformed_input_gets_formerr_or_is_dropped() {
+    let p = start(config(vec![])).await;
+    p.table.update(&sample());
+    // Header claims a question that is not there.
+    let raw = udp_raw(
+        p.addr,
+        &[0xab, 0xcd, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0xff, 0xff],
+    )
+    .await
+    .unwrap();
+    let m = Message::from_vec(&raw).unwrap();
+    assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
+    assert_eq!(m.metadata.id, 0xabcd);
+    // Too short, or a response: silence.
+    assert!(udp_raw(p.addr, &[1, 2, 3]).await.is_none());
+    let mut resp = query("productpage.", RecordType::A, None);
+    resp.metadata.message_type = MessageType::Response;
+    assert!(udp_raw(p.addr, &resp.to_vec().unwrap()).await.is_none());
+    // EDNS version 1: BADVERS.
+    let mut q = query("productpage.", RecordType::A, Some(1232));
+    q.edns.as_mut().unwrap().set_version(1);
+    let (m, _) = udp(p.addr, &q).await;
+    // 16 is BADVERS in an answer carrying OPT (hickory names it BADSIG when decoding).
+    assert_eq!(u16::from(m.metadata.response_code), 16);
+    assert!(m.edns.is_some());
+    // Two questions: FORMERR.
+    let mut q = query("productpage.", RecordType::A, None);
+    q.add_query(Query::query(Name::from_ascii("b.").unwrap(), RecordType::A));
+    let (m, _) = udp(p.addr, &q).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
+    // Still serving.
+    let (m, _) = udp(p.addr, &query("productpage.", RecordType::A, None)).await;
+    assert_eq!(ips(&m), vec!["10.0.0.1"]);
+    p.shutdown.cancel();
+}
+
+/// A fake upstream answering every A question with 192.0.2.1 (TTL 60), counting queries.
+async fn fake_upstream() -> (
+    SocketAddr,
+    Arc<std::sync::atomic::AtomicUsize>,
+    CancellationToken,
+) {
+    let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = sock.local_addr().unwrap();
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stop = CancellationToken::new();
+    let (c, s) = (count.clone(), stop.clone());
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let (n, from) = tokio::select! {
+                _ = s.cancelled() => return,
+                r = sock.recv_from(&mut buf) => r.unwrap(),
+            };
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let req = Message::from_vec(&buf[..n]).unwrap();
+            let mut resp = req.clone();
+            resp.metadata.message_type = MessageType::Response;
+            let name = req.queries[0].name().clone();
+            resp.add_answer(hickory_proto::rr::Record::from_rdata(
+                name,
+                60,
+                RData::A(hickory_proto::rr::rdata::A("192.0.2.1".parse().unwrap())),
+            ));
+            let _ = sock.send_to(&resp.to_vec().unwrap(), from).await;
+        }
+    });
+    (addr, count, stop)
+}
+
+#[tokio::test]
+async fn forwards_caches_and_strips_opt() {
+    let (up, count, stop) = fake_upstream().await;
+    let p = start(config(vec![up])).await;
+    p.table.update(&sample());
+    let (m, _) = udp(p.addr, &query("external.test.", RecordType::A, None)).await;
+    assert_eq!(ips(&m), vec!["192.0.2.1"]);
+    assert!(
+        m.edns.is_none(),
+        "upstream OPT not passed to a non-EDNS client"
+    );
+    assert_eq!(m.metadata.id, 0x1234);
+    // Known host, other type: forwarded.
+    let (m, _) = udp(p.addr, &query("www.example.com.", RecordType::TXT, None)).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 2);
+    stop.cancel();
+    let (m, _) = udp(p.addr, &query("EXTERNAL.test.", RecordType::A, None)).await;
+    assert_eq!(ips(&m), vec!["192.0.2.1"], "served from cache");
+    assert!(m.answers[0].ttl <= 60);
+    assert_eq!(p.metrics.cache_hits.get(), 1);
+    assert_eq!(p.metrics.upstream_requests.get(), 2);
+    // Uncached while the upstream is down: SERVFAIL after the timeout.
+    let m = tcp(p.addr, &query("other.test.", RecordType::A, None)).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
+    assert_eq!(p.metrics.upstream_failures.get(), 1);
+    p.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn respond_before_sync_forwards() {
+    let (up, _count, _stop) = fake_upstream().await;
+    let mut c = config(vec![up]);
+    c.respond_before_sync = true;
+    let p = start(c).await;
+    let (m, _) = udp(p.addr, &query("external.test.", RecordType::A, None)).await;
+    assert_eq!(ips(&m), vec!["192.0.2.1"]);
+    p.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn overload_gets_servfail_not_a_crash() {
+    // An upstream that never answers, and room for one forward at a time.
+    let black_hole = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut c = config(vec![black_hole.local_addr().unwrap()]);
+    c.max_in_flight = 1;
+    c.forward_timeout = Duration::from_secs(2);
+    let p = start(c).await;
+    p.table.update(&sample());
+    let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    for i in 0..3u16 {
+        let mut q = query("slow.test.", RecordType::A, None);
+        q.metadata.id = i;
+        sock.send_to(&q.to_vec().unwrap(), p.addr).await.unwrap();
+    }
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(1), sock.recv(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    let m = Message::from_vec(&buf[..n]).unwrap();
+    assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
+    assert!(m.metadata.id > 0, "an excess query was refused at once");
+    // Local answers are unaffected.
+    let (m, _) = udp(p.addr, &query("productpage.", RecordType::A, None)).await;
+    assert_eq!(ips(&m), vec!["10.0.0.1"]);
+    p.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(1), p.task)
+        .await
+        .expect("shutdown is prompt")
+        .unwrap()
+        .unwrap();
+}
+
+#[test]
+fn fuzz_entry_point_survives_samples() {
+    let q = query("svc.ns1.svc.cluster.local.", RecordType::A, Some(1232))
+        .to_vec()
+        .unwrap();
+    fuzz_request(&q);
+    let q = query("x.test.", RecordType::A, None).to_vec().unwrap();
+    fuzz_request(&q);
+    for i in 0..q.len() {
+        fuzz_request(&q[..i]);
+        let mut flipped = q.clone();
+        flipped[i] ^= 0xff;
+        fuzz_request(&flipped);
+    }
+}

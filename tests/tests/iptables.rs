@@ -612,3 +612,60 @@ fn run_validation_passes_with_rules_and_fails_126_without() {
     args.push("--probe-timeout=5s".into());
     apply(&ns, &args);
 }
+
+fn save_with(ns: &Netns, bin: &str) -> String {
+    String::from_utf8_lossy(&ns.cmd(bin).output().expect("save").stdout).into_owned()
+}
+
+#[test]
+fn backend_prefers_legacy_when_it_holds_rules_and_honours_force() {
+    if !prerequisites() || !require_bin("iptables-legacy-save") || !require_bin("iptables-nft-save")
+    {
+        return;
+    }
+    // Fresh namespace: nft.
+    let ns = Netns::new("nft");
+    ns.add_lo_addr("198.18.0.240/32");
+    let args = injection_args("REDIRECT", &[]);
+    apply(&ns, &args);
+    assert!(save_with(&ns, "iptables-nft-save").contains("ISTIO_OUTPUT"));
+    assert!(!save_with(&ns, "iptables-legacy-save").contains("ISTIO_OUTPUT"));
+
+    // Legacy already holds rules: legacy is used.
+    let ns = Netns::new("legacy");
+    ns.add_lo_addr("198.18.0.240/32");
+    harness::netns::sh(ns.cmd("iptables-legacy").args([
+        "-t",
+        "filter",
+        "-A",
+        "INPUT",
+        "-s",
+        "198.18.3.3/32",
+        "-j",
+        "ACCEPT",
+    ]));
+    apply(&ns, &args);
+    assert!(save_with(&ns, "iptables-legacy-save").contains("ISTIO_OUTPUT"));
+    assert!(!save_with(&ns, "iptables-nft-save").contains("ISTIO_OUTPUT"));
+    // Idempotent on legacy too.
+    let before = strip_comments(&save_with(&ns, "iptables-legacy-save"));
+    apply(&ns, &args);
+    assert_eq!(
+        before,
+        strip_comments(&save_with(&ns, "iptables-legacy-save"))
+    );
+    // Cleanup on legacy leaves the foreign rule.
+    let mut cleanup = args.clone();
+    cleanup.push("--cleanup-only".into());
+    apply(&ns, &cleanup);
+    let after = save_with(&ns, "iptables-legacy-save");
+    assert!(!after.contains("ISTIO_"), "{after}");
+    assert!(after.contains("-s 198.18.3.3/32 -j ACCEPT"), "{after}");
+
+    // --force-iptables-binary=nft overrides the legacy preference.
+    let mut forced = args.clone();
+    forced.push("--force-iptables-binary=nft".into());
+    apply(&ns, &forced);
+    assert!(save_with(&ns, "iptables-nft-save").contains("ISTIO_OUTPUT"));
+    assert!(!save_with(&ns, "iptables-legacy-save").contains("ISTIO_"));
+}

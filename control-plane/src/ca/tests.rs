@@ -1,1 +1,346 @@
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rcgen::{CertificateParams, KeyPair, PKCS_ECDSA_P256_SHA256};
+
+use super::*;
+
+/// An Istio-style CSR: empty subject, one URI SAN.
+pub(crate) fn csr_for(uri: &str, key: &KeyPair) -> String {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    params.subject_alt_names = vec![SanType::URI(
+        rcgen::string::Ia5String::try_from(uri.to_string()).expect("ia5"),
+    )];
+    params
+        .serialize_request(key)
+        .expect("csr")
+        .pem()
+        .expect("pem")
+}
+
+fn parse(pem: &str) -> Vec<u8> {
+    pem_der(pem).expect("pem")
+}
+
+fn leaf_uri_sans(pem: &str) -> Vec<String> {
+    let der = parse(pem);
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).expect("x509");
+    cert.subject_alternative_name()
+        .expect("san ext")
+        .expect("san")
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::URI(u) => Some(u.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn validity_secs(pem: &str) -> i64 {
+    let der = parse(pem);
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).expect("x509");
+    cert.validity().not_after.timestamp() - cert.validity().not_before.timestamp()
+}
+
+#[test]
+fn self_signed_root_is_created_once_with_private_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("create");
+    assert!(!ca.is_plugin());
+    for f in [CA_CERT, CA_KEY, CERT_CHAIN, ROOT_CERT] {
+        let mode = std::fs::metadata(dir.path().join(f))
+            .expect(f)
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{f} mode");
+    }
+    let root1 = ca.root_pem().to_string();
+    let again = Ca::load_or_create(dir.path()).expect("reload");
+    assert_eq!(again.root_pem(), root1, "restart keeps the same root");
+    let der = parse(&root1);
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).expect("x509");
+    assert!(cert.is_ca());
+    let years = (cert.validity().not_after.timestamp() - cert.validity().not_before.timestamp())
+        / (365 * 24 * 3600);
+    assert_eq!(years, 10);
+}
+
+#[test]
+fn san_comes_from_identity_not_csr_and_chain_ends_with_root() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("create");
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let csr = csr_for("spiffe://cluster.local/ns/admin/sa/root", &key);
+    let id = Identity::new("cluster.local", "app", "web");
+    let chain = ca
+        .sign_workload(&csr, &id, Duration::from_secs(3600))
+        .expect("sign");
+    assert_eq!(chain.len(), 2, "leaf + root");
+    assert_eq!(
+        leaf_uri_sans(&chain[0]),
+        vec!["spiffe://cluster.local/ns/app/sa/web"]
+    );
+    assert_eq!(chain.last().map(String::as_str), Some(ca.root_pem()));
+    // 60 s of backdating for clock skew.
+    assert_eq!(validity_secs(&chain[0]), 3600 + 60);
+    // The leaf's public key is the CSR's.
+    let der = parse(&chain[0]);
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).expect("x509");
+    assert_eq!(
+        cert.public_key().subject_public_key.data.as_ref(),
+        key.public_key_raw()
+    );
+}
+
+#[test]
+fn ttl_is_capped_at_90_days() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("create");
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let csr = csr_for("spiffe://cluster.local/ns/a/sa/b", &key);
+    let chain = ca
+        .sign_workload(
+            &csr,
+            &Identity::new("cluster.local", "a", "b"),
+            Duration::from_secs(365 * 86400),
+        )
+        .expect("sign");
+    assert_eq!(
+        validity_secs(&chain[0]),
+        MAX_WORKLOAD_TTL.as_secs() as i64 + 60
+    );
+}
+
+#[test]
+fn rsa_csr_is_signed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("create");
+    let key = KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).expect("rsa key");
+    let csr = csr_for("spiffe://cluster.local/ns/a/sa/b", &key);
+    let chain = ca
+        .sign_workload(
+            &csr,
+            &Identity::new("cluster.local", "a", "b"),
+            DEFAULT_WORKLOAD_TTL,
+        )
+        .expect("sign rsa");
+    assert_eq!(
+        leaf_uri_sans(&chain[0]),
+        vec!["spiffe://cluster.local/ns/a/sa/b"]
+    );
+}
+
+#[test]
+fn garbage_csr_is_a_csr_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("create");
+    let err = ca
+        .sign_workload(
+            "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
+            &Identity::new("td", "a", "b"),
+            DEFAULT_WORKLOAD_TTL,
+        )
+        .expect_err("garbage");
+    assert!(matches!(err, Error::Csr(_)), "{err}");
+    assert!(matches!(
+        ca.sign_workload(
+            "not pem",
+            &Identity::new("td", "a", "b"),
+            DEFAULT_WORKLOAD_TTL
+        ),
+        Err(Error::Csr(_))
+    ));
+}
+
+/// Writes plug-in cacerts: a root and an intermediate signed by it. Returns (root pem, intermediate pem).
+pub(crate) fn write_plugin_cacerts(dir: &std::path::Path) -> (String, String) {
+    let root_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut root_params = CertificateParams::default();
+    root_params.distinguished_name = DistinguishedName::new();
+    root_params
+        .distinguished_name
+        .push(DnType::CommonName, "plug-in root");
+    root_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    root_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let root = root_params.self_signed(&root_key).expect("root");
+    let root_issuer = Issuer::new(root_params, root_key);
+    let int_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut int_params = CertificateParams::default();
+    int_params.distinguished_name = DistinguishedName::new();
+    int_params
+        .distinguished_name
+        .push(DnType::CommonName, "plug-in intermediate");
+    int_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    int_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let int = int_params
+        .signed_by(&int_key, &root_issuer)
+        .expect("intermediate");
+    std::fs::create_dir_all(dir).expect("mkdir");
+    std::fs::write(dir.join(CA_CERT), int.pem()).expect("write");
+    std::fs::write(dir.join(CA_KEY), int_key.serialize_pem()).expect("write");
+    std::fs::write(dir.join(ROOT_CERT), root.pem()).expect("write");
+    std::fs::write(dir.join(CERT_CHAIN), format!("{}{}", int.pem(), root.pem())).expect("write");
+    (root.pem(), int.pem())
+}
+
+#[test]
+fn plugin_cacerts_sign_as_intermediate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root, int) = write_plugin_cacerts(dir.path());
+    let ca = Ca::load_or_create(dir.path()).expect("plug-in");
+    assert!(ca.is_plugin());
+    assert_eq!(ca.root_pem(), root);
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let csr = csr_for("spiffe://cluster.local/ns/a/sa/b", &key);
+    let chain = ca
+        .sign_workload(
+            &csr,
+            &Identity::new("cluster.local", "a", "b"),
+            DEFAULT_WORKLOAD_TTL,
+        )
+        .expect("sign");
+    assert_eq!(
+        chain,
+        vec![chain[0].clone(), int.clone(), root.clone()],
+        "leaf, intermediate, root"
+    );
+    let leaf_der = parse(&chain[0]);
+    let int_der = parse(&int);
+    let (_, leaf) = x509_parser::parse_x509_certificate(&leaf_der).expect("leaf");
+    let (_, icert) = x509_parser::parse_x509_certificate(&int_der).expect("int");
+    assert_eq!(leaf.issuer(), icert.subject());
+    leaf.verify_signature(Some(icert.public_key()))
+        .expect("leaf signed by the intermediate");
+}
+
+#[test]
+fn incomplete_plugin_is_an_error_naming_the_missing_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_plugin_cacerts(dir.path());
+    std::fs::remove_file(dir.path().join(CERT_CHAIN)).expect("rm");
+    let err = Ca::load_or_create(dir.path()).expect_err("incomplete");
+    assert!(err.to_string().contains("cert-chain.pem"), "{err}");
+}
+
+#[test]
+fn serving_cert_has_dns_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("create");
+    let names = vec![
+        "istiod.istio-system.svc".to_string(),
+        "extra.example".to_string(),
+    ];
+    let kp = ca
+        .issue_serving(&names, Duration::from_secs(3600))
+        .expect("serving");
+    let certs = split_pem_certs(&kp.chain_pem);
+    assert_eq!(certs.len(), 2);
+    let der = parse(&certs[0]);
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).expect("x509");
+    let dns: Vec<String> = cert
+        .subject_alternative_name()
+        .expect("ext")
+        .expect("san")
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(dns, names);
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("time")
+        .as_secs()
+}
+
+#[test]
+fn tokens_verify_and_reject_with_reasons() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let issuer = TokenIssuer::load_or_create(dir.path()).expect("issuer");
+    let mode = std::fs::metadata(dir.path().join(ISSUER_KEY))
+        .expect("key")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let good = issuer.issue("ns1", "sa1", "istio-ca", Duration::from_secs(600));
+    assert_eq!(
+        issuer.verify(&good, "istio-ca"),
+        Ok(("ns1".into(), "sa1".into()))
+    );
+    // The same key is loaded again (the `token` command and `serve` agree).
+    let again = TokenIssuer::load_or_create(dir.path()).expect("reload");
+    assert!(again.verify(&good, "istio-ca").is_ok());
+
+    assert_eq!(
+        issuer.verify(&good, "other"),
+        Err(TokenError::WrongAudience {
+            expected: "other".into()
+        })
+    );
+    let claims = |exp: u64, nbf: u64, sub: &str| Claims {
+        iss: "istiod-lite".into(),
+        sub: sub.into(),
+        aud: vec!["istio-ca".into()],
+        exp,
+        nbf,
+        iat: nbf,
+    };
+    let expired = issuer.sign(&claims(
+        now() - 10,
+        now() - 100,
+        "system:serviceaccount:a:b",
+    ));
+    assert_eq!(
+        issuer.verify(&expired, "istio-ca"),
+        Err(TokenError::Expired)
+    );
+    let early = issuer.sign(&claims(
+        now() + 1000,
+        now() + 500,
+        "system:serviceaccount:a:b",
+    ));
+    assert_eq!(
+        issuer.verify(&early, "istio-ca"),
+        Err(TokenError::NotYetValid)
+    );
+    let bad_sub = issuer.sign(&claims(now() + 1000, now(), "alice"));
+    assert!(matches!(
+        issuer.verify(&bad_sub, "istio-ca"),
+        Err(TokenError::BadSubject(_))
+    ));
+
+    let other_dir = tempfile::tempdir().expect("tempdir");
+    let forger = TokenIssuer::load_or_create(other_dir.path()).expect("issuer");
+    let forged = forger.issue("ns1", "sa1", "istio-ca", Duration::from_secs(600));
+    assert_eq!(
+        issuer.verify(&forged, "istio-ca"),
+        Err(TokenError::BadSignature)
+    );
+    assert!(matches!(
+        issuer.verify("a.b.c", "istio-ca"),
+        Err(TokenError::Malformed(_))
+    ));
+}
+
+#[test]
+fn identity_round_trips_and_rejects_garbage() {
+    let id = Identity::parse_spiffe("spiffe://td/ns/a/sa/b").expect("parse");
+    assert_eq!(id, Identity::new("td", "a", "b"));
+    assert_eq!(id.to_string(), "spiffe://td/ns/a/sa/b");
+    for bad in [
+        "spiffe://td/ns/a",
+        "http://td/ns/a/sa/b",
+        "spiffe://td/ns//sa/b",
+    ] {
+        assert!(Identity::parse_spiffe(bad).is_err(), "{bad}");
+    }
+}

@@ -90,24 +90,28 @@ pub fn run(
     // input opens with the nat block, which declares chains that exist whenever an earlier run
     // left rules behind; then the restore fails before committing anything and the family goes
     // the careful way (snapshot, compare, reconcile).
-    let first: Vec<Result<(), Error>> = std::thread::scope(|s| {
-        let handles: Vec<_> = backends
-            .iter()
-            .zip(&plans)
-            .map(|(b, plan)| s.spawn(move || b.restore(&restore_text(plan), false)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::Spawn {
-                        cmd: "iptables-restore".into(),
-                        error: "thread panicked".into(),
+    let first: Vec<Result<(), Error>> = if backends.len() == 1 {
+        vec![backends[0].restore(&restore_text(plans[0]), false)]
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = backends
+                .iter()
+                .zip(&plans)
+                .map(|(b, plan)| s.spawn(move || b.restore(&restore_text(plan), false)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Spawn {
+                            cmd: "iptables-restore".into(),
+                            error: "thread panicked".into(),
+                        })
                     })
                 })
-            })
-            .collect()
-    });
+                .collect()
+        })
+    };
 
     let mut out = Vec::new();
     for ((backend, plan), result) in backends.iter().zip(&plans).zip(first) {

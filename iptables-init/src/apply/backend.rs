@@ -42,6 +42,8 @@ pub struct Backend {
     pub family: Family,
     pub variant: Variant,
     env: ExecEnv,
+    /// Directory holding the binaries, found once at detection (saves PATH walks per spawn).
+    dir: Option<std::path::PathBuf>,
 }
 
 /// Seconds to wait for the xtables lock.
@@ -50,11 +52,14 @@ const LOCK_WAIT: &str = "--wait=30";
 impl Backend {
     /// A backend without detection (for tests and callers that know).
     pub fn new(family: Family, variant: Variant, env: ExecEnv) -> Self {
-        Self {
+        let mut b = Self {
             family,
             variant,
             env,
-        }
+            dir: None,
+        };
+        b.dir = find_in_path(&b.bin("-restore"), b.env.path.as_deref());
+        b
     }
 
     /// Chooses the binaries for `family`.
@@ -64,7 +69,7 @@ impl Backend {
         env: &ExecEnv,
     ) -> Result<Backend, Error> {
         let make = |variant| Backend::new(family, variant, env.clone());
-        let available = |variant| make(variant).in_path();
+        let available = |variant| make(variant).dir.is_some();
         match forced {
             Some(ForcedBinary::Legacy) | Some(ForcedBinary::Nft) => {
                 let variant = if forced == Some(ForcedBinary::Legacy) {
@@ -117,12 +122,11 @@ impl Backend {
         format!("{prefix}{suffix}{tool}")
     }
 
-    fn in_path(&self) -> bool {
-        find_in_path(&self.bin("-restore"), self.env.path.as_deref())
-    }
-
     fn command(&self, bin: &str) -> Command {
-        let mut c = Command::new(bin);
+        let mut c = match &self.dir {
+            Some(d) => Command::new(d.join(bin)),
+            None => Command::new(bin),
+        };
         if let Some(p) = &self.env.path {
             c.env("PATH", p);
         }
@@ -174,12 +178,12 @@ fn legacy_tables_present(family: Family) -> bool {
     std::fs::read_to_string(path).is_ok_and(|s| !s.trim().is_empty())
 }
 
-fn find_in_path(name: &str, path: Option<&str>) -> bool {
+fn find_in_path(name: &str, path: Option<&str>) -> Option<std::path::PathBuf> {
     let path = match path {
         Some(p) => p.to_string(),
         None => std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
     };
-    std::env::split_paths(&path).any(|d| is_executable(&d.join(name)))
+    std::env::split_paths(&path).find(|d| is_executable(&d.join(name)))
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -193,22 +197,23 @@ fn run(mut c: Command, bin: &str, args: &[&str], stdin: Option<&str>) -> Result<
     } else {
         format!("{bin} {}", args.join(" "))
     };
+    // Restore input goes in as a memory file rather than a pipe: the restore reads it like
+    // `< file`, without waiting on us to write.
+    let input = match stdin {
+        Some(text) => Stdio::from(input_file(text).map_err(|e| Error::Spawn {
+            cmd: shown.clone(),
+            error: format!("preparing restore input: {e}"),
+        })?),
+        None => Stdio::null(),
+    };
     c.args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        });
-    let mut child = c.spawn().map_err(|e| Error::Spawn {
+        .stdin(input);
+    let child = c.spawn().map_err(|e| Error::Spawn {
         cmd: shown.clone(),
         error: e.to_string(),
     })?;
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        // A restore that exits early closes the pipe; its exit status tells why.
-        let _ = pipe.write_all(input.as_bytes());
-    }
     let out = child.wait_with_output().map_err(|e| Error::Spawn {
         cmd: shown.clone(),
         error: e.to_string(),
@@ -222,6 +227,17 @@ fn run(mut c: Command, bin: &str, args: &[&str], stdin: Option<&str>) -> Result<
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         })
     }
+}
+
+/// An anonymous in-memory file holding `text`, positioned at its start.
+fn input_file(text: &str) -> std::io::Result<std::fs::File> {
+    use nix::sys::memfd::{MFdFlags, memfd_create};
+    use std::io::{Seek, SeekFrom};
+    let fd = memfd_create(c"iptables-restore-input", MFdFlags::MFD_CLOEXEC)?;
+    let mut f = std::fs::File::from(fd);
+    f.write_all(text.as_bytes())?;
+    f.seek(SeekFrom::Start(0))?;
+    Ok(f)
 }
 
 /// Runs `ip <args>` and returns its stdout.

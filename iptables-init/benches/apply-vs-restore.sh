@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Apply time of istio-iptables (process start to exit) for Istio's default injection rule set,
+# next to iptables-restore --noflush run by hand on the same rule text, in a fresh network
+# namespace, for the nft and legacy backends. Prints medians and the ratio (target <= 1.2).
+#
+# Usage (as root): iptables-init/benches/apply-vs-restore.sh [path/to/istio-iptables] [runs]
+# Default binary: target/release/istio-iptables, else target/debug/istio-iptables.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${1:-}
+if [[ -z "$BIN" ]]; then
+  BIN=target/release/istio-iptables
+  [[ -x $BIN ]] || BIN=target/debug/istio-iptables
+fi
+BIN=$(realpath "$BIN")
+RUNS=${2:-40}
+[[ $(id -u) == 0 ]] || { echo "must run as root (network namespaces)" >&2; exit 1; }
+
+NS=bench-ipt-$$
+ip netns add "$NS"
+trap 'ip netns del "$NS"' EXIT
+ip -n "$NS" link set lo up
+ip -n "$NS" addr add 198.18.0.240/32 dev lo
+
+ARGS=(-p 15001 -z 15006 -u 1337 -m REDIRECT -i '*' -x '' -b '*' -d 15090,15021,15020)
+RULES=$(mktemp)
+trap 'ip netns del "$NS"; rm -f "$RULES"' EXIT
+# The restore input: the dry-run stream without the plain save commands.
+ip netns exec "$NS" "$BIN" --dry-run "${ARGS[@]}" 2>/dev/null | grep -v -- '-save$' > "$RULES"
+echo "rule set: $(grep -c '^-[AI]' "$RULES") rules; binary: $BIN; runs: $RUNS"
+
+for variant in nft legacy; do
+  ip netns exec "$NS" bash -s -- "$BIN" "$variant" "$RUNS" "$RULES" "${ARGS[@]}" <<'INNER'
+set -euo pipefail
+BIN=$1 VARIANT=$2 RUNS=$3 RULES=$4; shift 4
+reset() {
+  for t in nat mangle raw; do iptables-$VARIANT -t $t -F 2>/dev/null || true; iptables-$VARIANT -t $t -X 2>/dev/null || true; done
+}
+now_us() { local t=${EPOCHREALTIME/./}; echo "$t"; }
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+ours=(); hand=(); floor=()
+for ((i = 0; i < RUNS; i++)); do
+  s=$(now_us); /bin/true; e=$(now_us); floor+=($((e - s)))
+  reset
+  s=$(now_us); "$BIN" --force-iptables-binary="$VARIANT" "$@" 2>/dev/null; e=$(now_us); ours+=($((e - s)))
+  reset
+  s=$(now_us); iptables-$VARIANT-restore --noflush --wait=30 < "$RULES"; e=$(now_us); hand+=($((e - s)))
+done
+reset
+mo=$(printf '%s\n' "${ours[@]}" | median); mh=$(printf '%s\n' "${hand[@]}" | median)
+mf=$(printf '%s\n' "${floor[@]}" | median)
+awk -v v="$VARIANT" -v o="$mo" -v h="$mh" -v f="$mf" 'BEGIN { printf "%-6s istio-iptables %6.2f ms   iptables-restore by hand %6.2f ms   ratio %.2f   (spawn floor: /bin/true %.2f ms)\n", v, o/1000, h/1000, o/h, f/1000 }'
+INNER
+done

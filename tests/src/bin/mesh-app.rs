@@ -1,0 +1,58 @@
+//! A tiny HTTP/1.1 app for end-to-end tests and the demo: answers every request with
+//! `hello from <name>` followed by the request head it received (so a test can see, e.g., the
+//! headers Envoy added). Usage: `mesh-app <listen addr> <name>`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let (Some(addr), Some(name)) = (args.next(), args.next()) else {
+        eprintln!("usage: mesh-app <listen addr> <name>");
+        std::process::exit(2);
+    };
+    let listener = match TcpListener::bind(&addr) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("mesh-app: bind {addr}: {e}");
+            std::process::exit(1);
+        }
+    };
+    eprintln!("mesh-app {name} listening on {addr}");
+    for stream in listener.incoming().flatten() {
+        let name = name.clone();
+        std::thread::spawn(move || {
+            let peer = stream
+                .peer_addr()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
+            let mut reader = BufReader::new(match stream.try_clone() {
+                Ok(s) => s,
+                Err(_) => return,
+            });
+            let mut out = stream;
+            loop {
+                let mut head = String::new();
+                loop {
+                    let mut line = String::new();
+                    match reader.read_line(&mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                    if line == "\r\n" || line == "\n" {
+                        break;
+                    }
+                    head.push_str(&line);
+                }
+                let body = format!("hello from {name}\npeer: {peer}\n{head}");
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                if out.write_all(resp.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}

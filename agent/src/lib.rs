@@ -1,1 +1,20 @@
-//! pilot-agent: the istio-proxy container's process (xDS proxy, SDS, DNS, Envoy lifecycle, status port).
+//! pilot-agent: the istio-proxy container's process (xDS proxy, SDS, DNS, Envoy lifecycle,
+//! status port).
+//!
+//! - [`cli`]: Istio's command line (`proxy`, `wait`, `request`, `version`, `istio-iptables`,
+//!   `bootstrap`).
+//! - [`config`]: the typed configuration (flags, env map, ProxyConfig layers).
+//! - [`bootstrap`]: Envoy's bootstrap and node metadata; the gRPC xDS bootstrap.
+//! - [`envoy`]: Envoy's argv, process and drain sequence.
+//! - [`status`]: the status server on 15020.
+//! - [`lifecycle`]: the one shutdown signal and readiness guards.
+
+pub mod app;
+pub mod bootstrap;
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod envoy;
+pub mod lifecycle;
+pub mod status;
+pub mod xds_proxy;

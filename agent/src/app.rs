@@ -1,0 +1,418 @@
+//! The composition root: the only place that knows every component. [`App::bind`] binds every
+//! listener first (DNS, SDS, xDS, status) and reports the bound addresses; [`App::run`] runs
+//! them, runs Envoy, and shuts down in order.
+//!
+//! Shutdown order: the signal (SIGTERM/SIGINT/`/quitquitquit`) closes the status server at once
+//! (readiness fails), drains and stops Envoy; only then are the xDS proxy, SDS server and DNS
+//! proxy stopped, so the application keeps DNS and Envoy keeps its config and certs while it
+//! drains.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use prometheus_client::registry::Registry;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::bootstrap::{self, Ports};
+use crate::config::{AuthPolicy, Config, NodeType, split_host_port};
+use crate::envoy::{self, admin::Admin};
+use crate::lifecycle::{Readiness, Shutdown};
+use crate::status::{self, StatusServer, probe::Prober};
+use crate::xds_proxy::{self, XdsProxy};
+
+/// What [`App::bind`] needs.
+pub struct Inputs {
+    pub config: Config,
+    pub shutdown: Shutdown,
+    /// Where the status server listens; `None`: all interfaces on `statusPort`.
+    pub status_addr: Option<SocketAddr>,
+}
+
+/// The addresses the agent is serving on.
+#[derive(Debug, Clone)]
+pub struct Bound {
+    pub status: SocketAddr,
+    pub xds: PathBuf,
+    pub sds: Option<PathBuf>,
+    pub dns: Vec<SocketAddr>,
+}
+
+/// A bound, not yet running, agent.
+pub struct App {
+    config: Arc<Config>,
+    shutdown: Shutdown,
+    bound: Bound,
+    status: StatusServer,
+    xds: (XdsProxy, tokio::net::UnixListener),
+    sds: Option<sds::SdsServer>,
+    manager: sds::SecretManager,
+    dns: Option<dns_proxy::DnsProxy>,
+}
+
+/// The XDS root of trust, as Istio's `FindRootCAForXDS`.
+fn xds_root(config: &Config) -> anyhow::Result<sds::RootSource> {
+    if !config.xds_root_ca.is_empty() {
+        if config.xds_root_ca.eq_ignore_ascii_case("SYSTEM") {
+            return Ok(sds::RootSource::System);
+        }
+        return Ok(sds::RootSource::File(config.path(&config.xds_root_ca)));
+    }
+    let etc = config.path("./etc/certs/root-cert.pem");
+    if etc.exists() {
+        return Ok(sds::RootSource::File(etc));
+    }
+    if !config.prov_cert.is_empty() {
+        return Ok(sds::RootSource::File(
+            config.path(&config.prov_cert).join("root-cert.pem"),
+        ));
+    }
+    if config.pilot_cert_provider == "none" {
+        anyhow::bail!("PILOT_CERT_PROVIDER=none and no XDS_ROOT_CA: no root to verify istiod with");
+    }
+    Ok(sds::RootSource::File(
+        config.path("./var/run/secrets/istio/root-cert.pem"),
+    ))
+}
+
+/// The upstream connection to istiod: TLS per Istio's rules, plaintext for `:15010` or
+/// `controlPlaneAuthPolicy: NONE`; bearer token read for each stream.
+fn upstream(config: &Config) -> anyhow::Result<xds_proxy::Upstream> {
+    let addr = config.proxy.discovery_address.clone();
+    let plaintext =
+        config.proxy.control_plane_auth_policy == AuthPolicy::None || addr.ends_with(":15010");
+    let root = if plaintext {
+        sds::RootSource::System
+    } else {
+        xds_root(config)?
+    };
+    let server_name = if config.istiod_san.is_empty() {
+        split_host_port(&addr).map(|(h, _)| h).unwrap_or_default()
+    } else {
+        config.istiod_san.clone()
+    };
+    let client_identity = if config.prov_cert.is_empty() {
+        None
+    } else {
+        let dir = config.path(&config.prov_cert);
+        match (
+            std::fs::read(dir.join("cert-chain.pem")),
+            std::fs::read(dir.join("key.pem")),
+        ) {
+            (Ok(c), Ok(k)) => Some((c, k)),
+            _ => None,
+        }
+    };
+    let mut inputs = sds::ChannelInputs::new(addr, root, server_name);
+    inputs.plaintext = plaintext;
+    inputs.client_identity = client_identity;
+    let connect: xds_proxy::Connect = Arc::new(move || {
+        let inputs = inputs.clone();
+        Box::pin(async move { sds::grpc_channel(&inputs).map_err(|e| e.to_string()) })
+    });
+    let token_path = config.path("./var/run/secrets/tokens/istio-token");
+    let mut metadata = Vec::new();
+    if !config.cluster_id.is_empty() {
+        metadata.push(("ClusterID".to_string(), config.cluster_id.clone()));
+    }
+    metadata.extend(config.xds_headers.iter().cloned());
+    Ok(xds_proxy::Upstream {
+        connect,
+        metadata,
+        token: Arc::new(move || sds::read_token(&token_path)),
+    })
+}
+
+/// The host's private addresses: up, not loopback, not link-local.
+pub fn interface_ips() -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for a in addrs {
+        if !a.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP)
+            || a.flags
+                .contains(nix::net::if_::InterfaceFlags::IFF_LOOPBACK)
+        {
+            continue;
+        }
+        let Some(addr) = a.address else { continue };
+        let ip = if let Some(v4) = addr.as_sockaddr_in() {
+            IpAddr::V4(v4.ip())
+        } else if let Some(v6) = addr.as_sockaddr_in6() {
+            IpAddr::V6(v6.ip())
+        } else {
+            continue;
+        };
+        let link_local = match ip {
+            IpAddr::V4(v4) => v4.is_link_local(),
+            IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+        };
+        if !link_local && !ip.is_unspecified() && !ip.is_loopback() && !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    out
+}
+
+impl App {
+    /// Binds every listener; nothing is served yet.
+    pub async fn bind(inputs: Inputs) -> anyhow::Result<App> {
+        let config = Arc::new(inputs.config);
+        let shutdown = inputs.shutdown;
+        let mut registry = Registry::with_prefix("istio_agent");
+        let readiness = Readiness::default();
+
+        // 1. DNS proxy.
+        let mut dns = None;
+        if config.dns_enabled {
+            let metrics = Arc::new(dns_proxy::Metrics::new(&mut registry));
+            let dns_config =
+                dns_proxy::Config::from_env(&config.env, Path::new("/etc/resolv.conf"))
+                    .context("DNS proxy configuration")?;
+            dns = Some(
+                dns_proxy::DnsProxy::bind(dns_config, metrics)
+                    .await
+                    .context("starting the DNS proxy")?,
+            );
+        }
+        let table = dns.as_ref().map(dns_proxy::DnsProxy::table);
+
+        // 2. Secret manager and SDS server (not with DISABLE_ENVOY: certs go to OUTPUT_CERTS).
+        let mut sds_config =
+            sds::Config::from_env(&config.env, &config.base_dir).context("SDS configuration")?;
+        if !config.env.contains_key("CA_ADDR") {
+            let san = (!config.istiod_san.is_empty()).then_some(config.istiod_san.as_str());
+            sds_config.set_ca_addr(&config.proxy.discovery_address, san);
+        }
+        let sds_metrics = Arc::new(sds::Metrics::new(&mut registry));
+        let manager =
+            sds::SecretManager::new(Arc::new(sds_config), sds_metrics).context("secret manager")?;
+        let sds = if config.disable_envoy {
+            None
+        } else {
+            Some(
+                sds::SdsServer::bind(&config.sds_socket(), manager.clone())
+                    .await
+                    .context("binding the SDS socket")?,
+            )
+        };
+
+        // 3. xDS proxy.
+        let nds = table.clone().map(|table| {
+            let guard = readiness.register("dns");
+            let sink: xds_proxy::NdsSink = Arc::new(move |t| {
+                table.update(&t);
+                guard.ready();
+                Ok(())
+            });
+            sink
+        });
+        let xds_metrics = xds_proxy::Metrics::new(&mut registry);
+        let proxy = XdsProxy::new(xds_proxy::Inputs {
+            upstream: upstream(&config)?,
+            nds,
+            metrics: xds_metrics,
+            queue: 1,
+        });
+        let xds_path = config.xds_socket();
+        let xds_listener = xds_proxy::bind_uds(&xds_path)?;
+
+        // 4. Status server.
+        let status_metrics = status::Metrics::new(&mut registry);
+        let all_v6 = !config.ips.is_empty() && config.ips.iter().all(IpAddr::is_ipv6);
+        let status_addr = inputs.status_addr.unwrap_or_else(|| {
+            let ip: IpAddr = if all_v6 {
+                Ipv6Addr::UNSPECIFIED.into()
+            } else {
+                Ipv4Addr::UNSPECIFIED.into()
+            };
+            SocketAddr::new(ip, config.proxy.status_port)
+        });
+        let status_listener = tokio::net::TcpListener::bind(status_addr)
+            .await
+            .with_context(|| format!("binding the status server on {status_addr}"))?;
+        let status_bound = status_listener.local_addr()?;
+        let admin = (!config.disable_envoy).then(|| Admin {
+            addr: envoy::admin_addr(&config),
+        });
+        let localhost: IpAddr = if all_v6 {
+            Ipv6Addr::LOCALHOST.into()
+        } else {
+            Ipv4Addr::LOCALHOST.into()
+        };
+        let destination = if config.rewrite_probe_legacy_localhost {
+            localhost
+        } else {
+            config
+                .env
+                .get("INSTANCE_IP")
+                .and_then(|i| i.parse().ok())
+                .unwrap_or(localhost)
+        };
+        let ndsz: Option<status::NdszFn> = table.map(|t| {
+            let f: status::NdszFn =
+                Arc::new(move || t.is_synced().then(|| t.debug_json().to_string()));
+            f
+        });
+        let status = StatusServer::new(
+            status_listener,
+            status::Inputs {
+                node_type: config.node_type,
+                admin,
+                envoy_prometheus: (admin.is_some() && config.merge_envoy_stats)
+                    .then(|| SocketAddr::new(localhost, config.envoy_prometheus_port)),
+                app_metrics: if config.node_type == NodeType::Sidecar {
+                    config.prometheus_annotations.clone()
+                } else {
+                    None
+                },
+                metrics_localhost_only: config.metrics_localhost_only,
+                probers: config.app_probers.clone(),
+                prober: Prober { destination },
+                registry: Arc::new(registry),
+                metrics: status_metrics,
+                readiness,
+                shutdown: shutdown.clone(),
+                ndsz,
+            },
+        );
+
+        let bound = Bound {
+            status: status_bound,
+            xds: xds_path,
+            sds: sds.as_ref().map(|s| s.path().to_path_buf()),
+            dns: dns.as_ref().map(|d| d.local_addrs()).unwrap_or_default(),
+        };
+        tracing::info!(
+            status = %bound.status,
+            xds = %bound.xds.display(),
+            sds = ?bound.sds,
+            dns = ?bound.dns,
+            node = %config.node_id(),
+            discovery = %config.proxy.discovery_address,
+            "agent listeners bound"
+        );
+        Ok(App {
+            config,
+            shutdown,
+            bound,
+            status,
+            xds: (proxy, xds_listener),
+            sds,
+            manager,
+            dns,
+        })
+    }
+
+    pub fn bound(&self) -> &Bound {
+        &self.bound
+    }
+
+    /// Runs until Envoy exits or shutdown completes; returns the process exit code.
+    pub async fn run(self) -> anyhow::Result<i32> {
+        let App {
+            config,
+            shutdown,
+            bound,
+            status,
+            xds,
+            sds,
+            manager,
+            dns,
+        } = self;
+        // Stops the components that must outlive Envoy's drain.
+        let components = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async move {
+            status.run().await;
+        });
+        if let Some(dns) = dns {
+            let token = components.clone();
+            tasks.spawn(async move {
+                if let Err(e) = dns.run(token).await {
+                    tracing::error!(error = %e, "DNS proxy failed");
+                }
+            });
+        }
+        if let Some(sds) = sds {
+            manager.warm();
+            let token = components.clone();
+            tasks.spawn(async move {
+                if let Err(e) = sds.run(token).await {
+                    tracing::error!(error = %e, "SDS server failed");
+                }
+            });
+        } else {
+            // Proxyless: fetch and rotate certificates for OUTPUT_CERTS.
+            manager.warm();
+        }
+        {
+            let token = components.clone();
+            let (proxy, listener) = xds;
+            tasks.spawn(async move {
+                if let Err(e) = xds_proxy::serve(proxy, listener, token).await {
+                    tracing::error!(error = %e, "xDS proxy failed");
+                }
+            });
+        }
+        if let Err(e) = bootstrap::write_grpc_bootstrap(&config) {
+            tracing::warn!(error = %e, "writing the gRPC xDS bootstrap failed");
+        }
+
+        let code = if config.launches_envoy() {
+            let written = bootstrap::write(
+                &config,
+                Ports {
+                    status: bound.status.port(),
+                },
+                None,
+            )
+            .context("writing Envoy's bootstrap")?;
+            let outcome = envoy::run(&config, written, shutdown.clone()).await;
+            // Envoy is gone (exited or drained): everything else stops too.
+            shutdown.trigger();
+            match outcome {
+                Ok(o) => o.exit_code(),
+                Err(e) => {
+                    tracing::error!(error = %e, "Envoy failed");
+                    1
+                }
+            }
+        } else {
+            shutdown.token().cancelled().await;
+            0
+        };
+        components.cancel();
+        manager.shutdown();
+        let drained = tokio::time::timeout(Duration::from_secs(5), async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("components did not stop within 5s");
+        }
+        tracing::info!(code, "agent exiting");
+        Ok(code)
+    }
+}
+
+/// Loads the configuration for `proxy`/`bootstrap` from the process environment.
+pub fn load_config(
+    node_type: NodeType,
+    flags: crate::config::ProxyFlags,
+    env: &HashMap<String, String>,
+    base_dir: PathBuf,
+) -> Result<Config, crate::config::Error> {
+    Config::load(crate::config::Inputs {
+        node_type,
+        flags,
+        env,
+        base_dir,
+        interface_ips: interface_ips(),
+    })
+}

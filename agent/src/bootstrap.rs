@@ -1,0 +1,902 @@
+//! Envoy bootstrap (`<configPath>/envoy-rev.json`) and node metadata, equivalent to Istio's
+//! `envoy_bootstrap.json` template for the features the agent supports, and the gRPC xDS
+//! bootstrap for proxyless clients.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value, json};
+
+use crate::config::{AuthPolicy, Config, NodeType, parse_bool, split_host_port};
+
+/// Bootstrap errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid {var}: value {value:?} is not a JSON object")]
+    MetaJson { var: String, value: String },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read bootstrap template {path}: {source}")]
+    Template {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Ports only known after binding (the status server may use port 0 in tests).
+#[derive(Debug, Clone, Copy)]
+pub struct Ports {
+    pub status: u16,
+}
+
+/// The agent's version, reported as `ISTIO_VERSION` when the environment does not set one.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+struct Family {
+    localhost: &'static str,
+    wildcard: &'static str,
+    lookup: &'static str,
+}
+
+fn family(config: &Config) -> Family {
+    let all_v6 = config.ips.iter().all(IpAddr::is_ipv6);
+    let all_v4 = config.ips.iter().all(IpAddr::is_ipv4);
+    if all_v6 && !all_v4 {
+        Family {
+            localhost: "::1",
+            wildcard: "::",
+            lookup: "V6_ONLY",
+        }
+    } else if !all_v4 && config.dual_stack {
+        let first_v6 = config.ips.first().is_some_and(IpAddr::is_ipv6);
+        if first_v6 {
+            Family {
+                localhost: "::1",
+                wildcard: "::",
+                lookup: "ALL",
+            }
+        } else {
+            Family {
+                localhost: "127.0.0.1",
+                wildcard: "0.0.0.0",
+                lookup: "ALL",
+            }
+        }
+    } else {
+        Family {
+            localhost: "127.0.0.1",
+            wildcard: "0.0.0.0",
+            lookup: "V4_ONLY",
+        }
+    }
+}
+
+/// Envoy's `--local-address-ip-version`: v6 only if every node IP is v6.
+pub fn local_address_ip_version(config: &Config) -> &'static str {
+    if !config.ips.is_empty() && config.ips.iter().all(IpAddr::is_ipv6) {
+        "v6"
+    } else {
+        "v4"
+    }
+}
+
+/// `node.cluster`: the service cluster (`istio-proxy` becomes `<app>.<ns>`).
+pub fn service_cluster(config: &Config) -> String {
+    let sc = &config.proxy.service_cluster;
+    if sc != "istio-proxy" && !sc.is_empty() {
+        return sc.clone();
+    }
+    let ns = &config.pod_namespace;
+    if let Some(app) = config
+        .pod_labels
+        .get("app")
+        .or_else(|| config.pod_labels.get("app.kubernetes.io/name"))
+    {
+        return format!("{app}.{ns}");
+    }
+    if let Some(w) = config
+        .env
+        .get("ISTIO_META_WORKLOAD_NAME")
+        .filter(|w| !w.is_empty())
+    {
+        return format!("{w}.{ns}");
+    }
+    format!("istio-proxy.{ns}")
+}
+
+/// Node metadata: ProxyConfig `ISTIO_META_*`, env `ISTIO_META_*`, `ISTIO_METAJSON_*`, then the
+/// typed fields the agent owns.
+pub fn node_metadata(config: &Config) -> Result<Map<String, Value>, Error> {
+    let mut meta = Map::new();
+    for (k, v) in &config.proxy.proxy_metadata {
+        if let Some(key) = k.strip_prefix("ISTIO_META_").filter(|k| !k.is_empty()) {
+            meta.insert(key.to_string(), Value::String(v.clone()));
+        }
+    }
+    let mut env: Vec<(&String, &String)> = config.env.iter().collect();
+    env.sort();
+    for (k, v) in &env {
+        if let Some(key) = k.strip_prefix("ISTIO_META_").filter(|k| !k.is_empty()) {
+            meta.insert(key.to_string(), Value::String((*v).clone()));
+        }
+    }
+    let mut labels: BTreeMap<String, Value> = BTreeMap::new();
+    for (k, v) in &env {
+        let Some(key) = k.strip_prefix("ISTIO_METAJSON_").filter(|k| !k.is_empty()) else {
+            continue;
+        };
+        let parsed: Value = serde_json::from_str(v).map_err(|_| Error::MetaJson {
+            var: (*k).clone(),
+            value: (*v).clone(),
+        })?;
+        let Value::Object(obj) = parsed else {
+            return Err(Error::MetaJson {
+                var: (*k).clone(),
+                value: (*v).clone(),
+            });
+        };
+        if key == "LABELS" {
+            labels.extend(obj.clone());
+            meta.insert("STATIC_LABELS".into(), Value::Object(obj));
+        } else {
+            meta.insert(key.to_string(), Value::Object(obj));
+        }
+    }
+    if let Some(addr) = config.env.get("DNS_PROXY_ADDR") {
+        meta.insert("DNS_PROXY_ADDR".into(), Value::String(addr.clone()));
+    }
+    for (k, v) in &config.pod_labels {
+        if k == "pod-template-hash" {
+            continue;
+        }
+        let v = if k == "istio-locality" {
+            v.replace('.', "/")
+        } else {
+            v.clone()
+        };
+        labels.insert(k.clone(), Value::String(v));
+    }
+
+    // Typed fields win.
+    if !meta.contains_key("ISTIO_VERSION") {
+        meta.insert("ISTIO_VERSION".into(), Value::String(VERSION.into()));
+    }
+    let ips: Vec<String> = config.ips.iter().map(IpAddr::to_string).collect();
+    meta.insert("INSTANCE_IPS".into(), Value::String(ips.join(",")));
+    if config.flags.sts_port > 0 {
+        meta.insert(
+            "STS_PORT".into(),
+            Value::String(config.flags.sts_port.to_string()),
+        );
+    }
+    meta.insert("ENVOY_STATUS_PORT".into(), json!(config.envoy_status_port));
+    meta.insert(
+        "ENVOY_PROMETHEUS_PORT".into(),
+        json!(config.envoy_prometheus_port),
+    );
+    if config.exit_on_zero_active_connections {
+        meta.insert("EXIT_ON_ZERO_ACTIVE_CONNECTIONS".into(), json!("true"));
+    }
+    meta.insert(
+        "ENVOY_SKIP_DEPRECATED_LOGS".into(),
+        json!(config.skip_deprecated_logs.to_string()),
+    );
+    meta.insert(
+        "WORKLOAD_IDENTITY_SOCKET_FILE".into(),
+        json!(config.workload_identity_socket_file),
+    );
+    meta.insert("PROXY_CONFIG".into(), config.proxy.raw.clone());
+    meta.insert("NAME".into(), json!(config.pod_name));
+    meta.insert("NAMESPACE".into(), json!(config.pod_namespace));
+    if !config.service_account.is_empty() {
+        meta.insert("SERVICE_ACCOUNT".into(), json!(config.service_account));
+    }
+    if !labels.is_empty() {
+        meta.insert("LABELS".into(), json!(labels));
+    }
+    if !config.pod_annotations.is_empty() {
+        meta.insert("ANNOTATIONS".into(), json!(config.pod_annotations));
+    }
+    if config.proxy.control_plane_auth_policy == AuthPolicy::MutualTls
+        && let Some((host, _)) = split_host_port(&config.proxy.discovery_address)
+    {
+        let san = if host.contains("localhost") {
+            "istiod.istio-system.svc".to_string()
+        } else {
+            host
+        };
+        meta.insert("PILOT_SAN".into(), json!([san]));
+    }
+    if !config.flags.outlier_log_path.is_empty() {
+        meta.insert(
+            "OUTLIER_LOG_PATH".into(),
+            json!(config.flags.outlier_log_path),
+        );
+    }
+    Ok(meta)
+}
+
+fn runtime_flags(config: &Config) -> Map<String, Value> {
+    let mut flags = Map::new();
+    flags.insert("re2.max_program_size.error_level".into(), json!("32768"));
+    flags.insert(
+        "envoy.deprecated_features:envoy.config.listener.v3.Listener.hidden_envoy_deprecated_use_original_dst".into(),
+        json!(true),
+    );
+    flags.insert(
+        "envoy.reloadable_features.http_reject_path_with_fragment".into(),
+        json!(false),
+    );
+    flags.insert(
+        "envoy.reloadable_features.fixed_heap_use_allocated".into(),
+        json!(true),
+    );
+    flags.insert(
+        "envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update".into(),
+        json!(false),
+    );
+    for (k, v) in &config.proxy.runtime_values {
+        match v.as_str() {
+            "" => {
+                flags.remove(k);
+            }
+            "true" => {
+                flags.insert(k.clone(), json!(true));
+            }
+            "false" => {
+                flags.insert(k.clone(), json!(false));
+            }
+            other => {
+                flags.insert(k.clone(), json!(other));
+            }
+        }
+    }
+    flags
+}
+
+fn global_downstream_max_connections(config: &Config) -> u64 {
+    let parse = |v: Option<&String>| v.and_then(|v| v.parse::<u64>().ok());
+    parse(
+        config
+            .proxy
+            .proxy_metadata
+            .get("ISTIO_META_GLOBAL_DOWNSTREAM_MAX_CONNECTIONS"),
+    )
+    .or_else(|| {
+        parse(
+            config
+                .proxy
+                .runtime_values
+                .get("overload.global_downstream_max_connections"),
+        )
+    })
+    .unwrap_or(i32::MAX as u64)
+}
+
+fn h2_options() -> Value {
+    json!({
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": { "http2_protocol_options": {} }
+        }
+    })
+}
+
+fn static_cluster(name: &str, address: Value, timeout: &str) -> Value {
+    json!({
+        "name": name,
+        "alt_stat_name": format!("{name};"),
+        "type": "STATIC",
+        "connect_timeout": timeout,
+        "lb_policy": "ROUND_ROBIN",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{ "lb_endpoints": [{ "endpoint": { "address": address } }] }]
+        }
+    })
+}
+
+fn tcp(addr: &str, port: u16) -> Value {
+    json!({ "socket_address": { "protocol": "TCP", "address": addr, "port_value": port } })
+}
+
+fn route_listener(
+    name: String,
+    address: Value,
+    stat_prefix: &str,
+    prefix: &str,
+    cluster: &str,
+) -> Value {
+    json!({
+        "name": name,
+        "address": address,
+        "ignore_global_conn_limit": true,
+        "bypass_overload_manager": true,
+        "filter_chains": [{
+            "filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                    "codec_type": "AUTO",
+                    "stat_prefix": stat_prefix,
+                    "route_config": {
+                        "virtual_hosts": [{
+                            "name": "backend",
+                            "domains": ["*"],
+                            "routes": [{ "match": { "prefix": prefix }, "route": { "cluster": cluster } }]
+                        }]
+                    },
+                    "http_filters": [{
+                        "name": "envoy.filters.http.router",
+                        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" }
+                    }]
+                }
+            }]
+        }]
+    })
+}
+
+fn stats_tags() -> Value {
+    let tags: [(&str, &str); 19] = [
+        ("cluster_name", r"^cluster(\.(.+);)"),
+        (
+            "http_conn_manager_prefix",
+            r"^http\.(((?:[_.[:digit:]\w]*|[_\[\]aAbBcCdDeEfF[:digit:]\w\:]*));\.)",
+        ),
+        ("thread_name", r"^server(\.(.+))\.watchdog"),
+        ("tcp_prefix", r"^tcp\.((.*?)\.)\w+?$"),
+        ("response_code", r"_rq(_(\d{3}))$"),
+        ("response_code_class", r"_rq(_(\dxx))$"),
+        (
+            "http_conn_manager_listener_prefix",
+            r"^listener(?=\.).*?\.http\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)",
+        ),
+        (
+            "listener_address",
+            r"^listener\.(((?:[_.[:digit:]]*|[_\[\]aAbBcCdDeEfF[:digit:]]*))\.)",
+        ),
+        (
+            "mongo_prefix",
+            r"^mongo\.(.+?)\.(collection|cmd|cx_|op_|delays_|decoding_)(.*?)$",
+        ),
+        ("reporter", r"(reporter=\.=(.*?);\.;)"),
+        ("source_namespace", r"(source_namespace=\.=(.*?);\.;)"),
+        ("cache", r"(cache\.(.+?)\.)"),
+        ("component", r"(component\.(.+?)\.)"),
+        ("tag", r"(tag\.(.+?);\.)"),
+        ("wasm_filter", r"(wasm_filter\.(.+?)\.)"),
+        ("authz_enforce_result", r"rbac(\.(allowed|denied))"),
+        ("authz_dry_run_action", r"(\.istio_dry_run_(allow|deny)_)"),
+        ("authz_dry_run_result", r"(\.shadow_(allowed|denied))"),
+        ("destination_service", r"(destination_service=\.=(.*?);\.;)"),
+    ];
+    Value::Array(
+        tags.iter()
+            .map(|(name, re)| json!({ "tag_name": name, "regex": re }))
+            .collect(),
+    )
+}
+
+fn stats_matcher(config: &Config) -> Value {
+    let mut patterns = vec![json!({ "prefix": "reporter=" })];
+    for p in [
+        "cluster_manager",
+        "listener_manager",
+        "server",
+        "cluster.xds-grpc",
+        "wasm",
+    ] {
+        patterns.push(json!({ "prefix": p }));
+    }
+    let mut suffixes = vec![
+        "rbac.allowed",
+        "rbac.denied",
+        "shadow_allowed",
+        "shadow_denied",
+    ];
+    if config.exit_on_zero_active_connections {
+        suffixes.push("downstream_cx_active");
+    }
+    for s in suffixes {
+        patterns.push(json!({ "suffix": s }));
+    }
+    patterns.push(json!({ "safe_regex": { "regex": r"vhost\..*\.route\..*" } }));
+    patterns.push(json!({ "prefix": "component" }));
+    patterns.push(json!({ "prefix": "istio" }));
+    json!({ "inclusion_list": { "patterns": patterns } })
+}
+
+/// Renders the bootstrap as JSON.
+pub fn render(config: &Config, ports: Ports) -> Result<Value, Error> {
+    let fam = family(config);
+    let admin_port = config.proxy.proxy_admin_port;
+    let meta = node_metadata(config)?;
+    let mut locality = Map::new();
+    if let Some(loc) = config
+        .pod_labels
+        .get("topology.istio.io/locality")
+        .or_else(|| config.pod_labels.get("istio-locality"))
+    {
+        let parts: Vec<&str> = loc.split(['.', '/']).collect();
+        for (key, part) in ["region", "zone", "sub_zone"].iter().zip(parts) {
+            if !part.is_empty() {
+                locality.insert((*key).into(), json!(part));
+            }
+        }
+    }
+    let log_format = if config.flags.log_as_json {
+        json!({ "json_format": {
+            "time": "%Y-%m-%dT%T.%fZ", "level": "%l", "scope": "envoy %n",
+            "msg": "%j", "caller": "%g:%#", "thread": "%t"
+        }})
+    } else {
+        json!({ "text_format": "%Y-%m-%dT%T.%fZ\t%l\tenvoy %n %g:%#\t%v\tthread=%t" })
+    };
+    let xds_type = if config.delta_xds {
+        "DELTA_GRPC"
+    } else {
+        "GRPC"
+    };
+    let config_path = &config.proxy.config_path;
+
+    let mut sds = static_cluster(
+        "sds-grpc",
+        json!({ "pipe": { "path": format!("./var/run/secrets/workload-spiffe-uds/{}", config.workload_identity_socket_file) } }),
+        "1s",
+    );
+    sds["typed_extension_protocol_options"] = h2_options();
+    let mut xds = static_cluster(
+        "xds-grpc",
+        json!({ "pipe": { "path": format!("{config_path}/XDS") } }),
+        "1s",
+    );
+    let thresholds = |p: &str| json!({ "priority": p, "max_connections": 100000, "max_pending_requests": 100000, "max_requests": 100000 });
+    xds["circuit_breakers"] = json!({ "thresholds": [thresholds("DEFAULT"), thresholds("HIGH")] });
+    xds["upstream_connection_options"] = json!({ "tcp_keepalive": { "keepalive_time": 300 } });
+    xds["max_requests_per_connection"] = json!(1);
+    xds["typed_extension_protocol_options"] = h2_options();
+
+    let prom_addr = if config.metrics_localhost_only
+        || config
+            .proxy
+            .proxy_metadata
+            .get("METRICS_LOCALHOST_ACCESS_ONLY")
+            .and_then(|v| parse_bool(v))
+            .unwrap_or(false)
+    {
+        fam.localhost
+    } else {
+        fam.wildcard
+    };
+    let mut status_listener = route_listener(
+        format!("{}_{}", fam.wildcard, config.envoy_status_port),
+        tcp(fam.wildcard, config.envoy_status_port),
+        "agent",
+        "/healthz/ready",
+        "agent",
+    );
+    if config
+        .env
+        .get("ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL")
+        .and_then(|v| parse_bool(v))
+        .unwrap_or(false)
+    {
+        status_listener["listener_filters"] = json!([{
+            "name": "envoy.listener.proxy_protocol",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.listener.proxy_protocol.v3.ProxyProtocol",
+                "allow_requests_without_proxy_protocol": true
+            }
+        }]);
+    }
+
+    let mut bootstrap = json!({
+        "application_log_config": { "log_format": log_format },
+        "node": {
+            "id": config.node_id(),
+            "cluster": service_cluster(config),
+            "locality": locality,
+            "metadata": meta,
+        },
+        "layered_runtime": {
+            "layers": [
+                { "name": "global config", "static_layer": runtime_flags(config) },
+                { "name": "admin", "admin_layer": {} }
+            ]
+        },
+        "bootstrap_extensions": [{
+            "name": "envoy.bootstrap.internal_listener",
+            "typed_config": {
+                "@type": "type.googleapis.com/udpa.type.v1.TypedStruct",
+                "type_url": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener",
+                "value": { "buffer_size_kb": 64 }
+            }
+        }],
+        "stats_config": {
+            "use_all_default_tags": false,
+            "stats_tags": stats_tags(),
+            "stats_matcher": stats_matcher(config),
+        },
+        "admin": {
+            "access_log": [{
+                "name": "envoy.access_loggers.file",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                    "path": "/dev/null"
+                }
+            }],
+            "profile_path": "/var/lib/istio/data/envoy.prof",
+            "address": { "socket_address": { "address": fam.localhost, "port_value": admin_port } }
+        },
+        "dynamic_resources": {
+            "lds_config": { "ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3" },
+            "cds_config": { "ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3" },
+            "ads_config": {
+                "api_type": xds_type,
+                "set_node_on_first_message_only": true,
+                "transport_api_version": "V3",
+                "grpc_services": [{ "envoy_grpc": { "cluster_name": "xds-grpc" } }]
+            }
+        },
+        "static_resources": {
+            "clusters": [
+                static_cluster("prometheus_stats", tcp(fam.localhost, admin_port), "0.250s"),
+                static_cluster("agent", tcp(fam.localhost, ports.status), "0.250s"),
+                sds,
+                xds,
+            ],
+            "listeners": [
+                route_listener(
+                    format!("{prom_addr}_{}", config.envoy_prometheus_port),
+                    tcp(prom_addr, config.envoy_prometheus_port),
+                    "stats",
+                    "/stats/prometheus",
+                    "prometheus_stats",
+                ),
+                status_listener,
+            ]
+        },
+        "overload_manager": {
+            "resource_monitors": [{
+                "name": "envoy.resource_monitors.global_downstream_max_connections",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                    "max_active_downstream_connections": global_downstream_max_connections(config)
+                }
+            }]
+        },
+        "deferred_stat_options": { "enable_deferred_creation_stats": true }
+    });
+    if !config.flags.outlier_log_path.is_empty() {
+        bootstrap["cluster_manager"] = json!({
+            "outlier_detection": { "event_log_path": config.flags.outlier_log_path },
+            "enable_deferred_cluster_creation": true
+        });
+    }
+    Ok(bootstrap)
+}
+
+/// Template parameters a user template (`ISTIO_BOOTSTRAP`, `--templateFile`) may reference as
+/// `{{ .name }}` (Istio's Go templates; only plain substitutions are supported).
+fn template_params(config: &Config, ports: Ports) -> Result<BTreeMap<&'static str, String>, Error> {
+    let fam = family(config);
+    let meta = node_metadata(config)?;
+    let mut p = BTreeMap::new();
+    p.insert("nodeID", config.node_id());
+    p.insert("nodeType", config.node_type.as_str().to_string());
+    p.insert("cluster", service_cluster(config));
+    p.insert("meta_json_str", Value::Object(meta).to_string());
+    p.insert(
+        "runtime_flags",
+        Value::Object(runtime_flags(config)).to_string(),
+    );
+    p.insert("localhost", fam.localhost.into());
+    p.insert("wildcard", fam.wildcard.into());
+    p.insert("dns_lookup_family", fam.lookup.into());
+    p.insert(
+        "xds_type",
+        if config.delta_xds {
+            "DELTA_GRPC"
+        } else {
+            "GRPC"
+        }
+        .into(),
+    );
+    p.insert("envoy_status_port", config.envoy_status_port.to_string());
+    p.insert(
+        "envoy_prometheus_port",
+        config.envoy_prometheus_port.to_string(),
+    );
+    p.insert(
+        "config.ProxyAdminPort",
+        config.proxy.proxy_admin_port.to_string(),
+    );
+    p.insert("config.StatusPort", ports.status.to_string());
+    p.insert("config.ConfigPath", config.proxy.config_path.clone());
+    p.insert("discovery_address", config.proxy.discovery_address.clone());
+    p.insert(
+        "workload_identity_socket_file",
+        config.workload_identity_socket_file.clone(),
+    );
+    p.insert(
+        "global_downstream_max_connections",
+        global_downstream_max_connections(config).to_string(),
+    );
+    Ok(p)
+}
+
+/// Substitutes `{{ .name }}` placeholders; unknown names become empty (Go's `<no value>` is
+/// never useful in JSON).
+fn render_template(text: &str, params: &BTreeMap<&'static str, String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("}}") else {
+            out.push_str(&rest[start..]);
+            return out;
+        };
+        let key = after[..end]
+            .trim()
+            .trim_start_matches('-')
+            .trim_end_matches('-')
+            .trim();
+        if let Some(name) = key.strip_prefix('.')
+            && let Some(v) = params.get(name)
+        {
+            out.push_str(v);
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What Envoy is started with.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub path: PathBuf,
+    /// Whether the agent created the file (and so deletes it when Envoy exits).
+    pub generated: bool,
+}
+
+/// Writes the bootstrap for Envoy: `customConfigFile` as is, or a template (`ISTIO_BOOTSTRAP` >
+/// `--templateFile`), or the built-in bootstrap, into `<configPath>/envoy-rev.json`.
+pub fn write(config: &Config, ports: Ports, out: Option<&Path>) -> Result<Written, Error> {
+    if !config.proxy.custom_config_file.is_empty() && out.is_none() {
+        return Ok(Written {
+            path: config.path(&config.proxy.custom_config_file),
+            generated: false,
+        });
+    }
+    let template = if !config.istio_bootstrap.is_empty() {
+        Some(config.path(&config.istio_bootstrap))
+    } else if !config.flags.template_file.is_empty() {
+        Some(config.path(&config.flags.template_file))
+    } else if !config.proxy.proxy_bootstrap_template_path.is_empty() {
+        Some(config.path(&config.proxy.proxy_bootstrap_template_path))
+    } else {
+        None
+    };
+    let (text, ext) = match template {
+        Some(t) => {
+            let text = std::fs::read_to_string(&t).map_err(|source| Error::Template {
+                path: t.clone(),
+                source,
+            })?;
+            let name = t.to_string_lossy();
+            let ext = if name.ends_with(".yaml") || name.ends_with(".yaml.tmpl") {
+                "yaml"
+            } else {
+                "json"
+            };
+            (
+                render_template(&text, &template_params(config, ports)?),
+                ext,
+            )
+        }
+        None => {
+            let v = render(config, ports)?;
+            (serde_json::to_string_pretty(&v).unwrap_or_default(), "json")
+        }
+    };
+    let path = match out {
+        Some(p) => p.to_path_buf(),
+        None => config
+            .path(&config.proxy.config_path)
+            .join(format!("envoy-rev.{ext}")),
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Write {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    std::fs::write(&path, text).map_err(|source| Error::Write {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(Written {
+        path,
+        generated: true,
+    })
+}
+
+/// Writes the gRPC xDS bootstrap (`GRPC_XDS_BOOTSTRAP`) for proxyless clients.
+pub fn write_grpc_bootstrap(config: &Config) -> Result<PathBuf, Error> {
+    let mut meta = node_metadata(config)?;
+    meta.insert("GENERATOR".into(), json!("grpc"));
+    let xds = config.xds_socket();
+    let mut doc = json!({
+        "xds_servers": [{
+            "server_uri": format!("unix:///{}", xds.display().to_string().trim_start_matches('/')),
+            "channel_creds": [{ "type": "insecure" }],
+            "server_features": ["xds_v3"]
+        }],
+        "node": { "id": config.node_id(), "metadata": meta, "locality": {} },
+        "server_listener_resource_name_template": "xds.istio.io/grpc/lds/inbound/%s"
+    });
+    if !config.output_certs.is_empty() {
+        let dir = config.path(&config.output_certs);
+        doc["certificate_providers"] = json!({
+            "default": {
+                "plugin_name": "file_watcher",
+                "config": {
+                    "certificate_file": dir.join("cert-chain.pem"),
+                    "private_key_file": dir.join("key.pem"),
+                    "ca_certificate_file": dir.join("root-cert.pem"),
+                    "refresh_interval": "900s"
+                }
+            }
+        });
+    }
+    let path = config.path(&config.grpc_xds_bootstrap);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Write {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(&doc).unwrap_or_default())
+        .and_then(|_| std::fs::rename(&tmp, &path))
+        .map_err(|source| Error::Write {
+            path: path.clone(),
+            source,
+        })?;
+    Ok(path)
+}
+
+/// Whether this node type drains only inbound listeners.
+pub fn inbound_only(node_type: NodeType) -> bool {
+    node_type == NodeType::Sidecar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Inputs, ProxyFlags};
+    use std::collections::HashMap;
+
+    fn config(dir: &Path, pairs: &[(&str, &str)]) -> Config {
+        let env: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::load(Inputs {
+            node_type: NodeType::Sidecar,
+            flags: ProxyFlags {
+                domain: "ns1.svc.cluster.local".into(),
+                ..ProxyFlags::default()
+            },
+            env: &env,
+            base_dir: dir.to_path_buf(),
+            interface_ips: vec![],
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn bootstrap_has_istio_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = config(
+            dir.path(),
+            &[
+                ("POD_NAME", "p"),
+                ("POD_NAMESPACE", "ns1"),
+                ("INSTANCE_IP", "198.18.0.2"),
+                ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
+                ("ISTIO_METAJSON_LABELS", r#"{"app":"web"}"#),
+                ("SERVICE_ACCOUNT", "sa"),
+            ],
+        );
+        let b = render(&c, Ports { status: 15020 }).unwrap();
+        assert_eq!(
+            b["node"]["id"],
+            "sidecar~198.18.0.2~p.ns1~ns1.svc.cluster.local"
+        );
+        assert_eq!(b["node"]["cluster"], "istio-proxy.ns1");
+        let meta = &b["node"]["metadata"];
+        assert_eq!(meta["CLUSTER_ID"], "Kubernetes");
+        assert_eq!(meta["LABELS"]["app"], "web");
+        assert_eq!(meta["INSTANCE_IPS"], "198.18.0.2");
+        assert_eq!(meta["ENVOY_STATUS_PORT"], 15021);
+        assert_eq!(meta["PILOT_SAN"][0], "istiod.istio-system.svc");
+        assert_eq!(
+            b["dynamic_resources"]["ads_config"]["api_type"],
+            "DELTA_GRPC"
+        );
+        let clusters = b["static_resources"]["clusters"].as_array().unwrap();
+        let names: Vec<&str> = clusters
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["prometheus_stats", "agent", "sds-grpc", "xds-grpc"]);
+        assert_eq!(
+            clusters[3]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+                ["pipe"]["path"],
+            "./etc/istio/proxy/XDS"
+        );
+        let listeners = b["static_resources"]["listeners"].as_array().unwrap();
+        assert_eq!(listeners[0]["name"], "0.0.0.0_15090");
+        assert_eq!(listeners[1]["name"], "0.0.0.0_15021");
+        assert_eq!(b["admin"]["address"]["socket_address"]["port_value"], 15000);
+
+        let sotw = config(dir.path(), &[("ISTIO_DELTA_XDS", "false")]);
+        assert_eq!(
+            render(&sotw, Ports { status: 1 }).unwrap()["dynamic_resources"]["ads_config"]["api_type"],
+            "GRPC"
+        );
+    }
+
+    #[test]
+    fn bad_metajson_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = config(dir.path(), &[("ISTIO_METAJSON_FOO", "[1]")]);
+        let err = render(&c, Ports { status: 1 }).unwrap_err().to_string();
+        assert!(err.contains("ISTIO_METAJSON_FOO"), "{err}");
+    }
+
+    #[test]
+    fn template_and_custom_config() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("t.json"),
+            r#"{"id":"{{ .nodeID }}","p":{{ .config.StatusPort }},"x":"{{ .unknown }}"}"#,
+        )
+        .unwrap();
+        let c = config(
+            dir.path(),
+            &[("ISTIO_BOOTSTRAP", "t.json"), ("POD_NAMESPACE", "n")],
+        );
+        let w = write(&c, Ports { status: 123 }, None).unwrap();
+        assert!(w.generated);
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&w.path).unwrap()).unwrap();
+        assert_eq!(v["p"], 123);
+        assert_eq!(v["x"], "");
+        assert!(v["id"].as_str().unwrap().starts_with("sidecar~"));
+
+        let c = config(
+            dir.path(),
+            &[("PROXY_CONFIG", "customConfigFile: /x/custom.json")],
+        );
+        let w = write(&c, Ports { status: 1 }, None).unwrap();
+        assert_eq!(w.path, PathBuf::from("/x/custom.json"));
+        assert!(!w.generated);
+    }
+
+    #[test]
+    fn grpc_bootstrap_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = config(dir.path(), &[("OUTPUT_CERTS", "./out")]);
+        let p = write_grpc_bootstrap(&c).unwrap();
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        assert_eq!(v["node"]["metadata"]["GENERATOR"], "grpc");
+        assert!(v["certificate_providers"]["default"].is_object());
+    }
+}

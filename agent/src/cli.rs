@@ -1,0 +1,538 @@
+//! `pilot-agent` command line, parsed like Istio's cobra/pflag setup: long flags as `--f=v` or
+//! `--f v`, booleans as `--f` or `--f=false`, and unknown flags accepted and ignored (an unknown
+//! `--f v` consumes `v` when it does not start with `-`, as pflag does).
+
+use std::time::Duration;
+
+use crate::config::{NodeType, ProxyFlags, parse_bool};
+
+/// Command-line errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("flag --{0} needs a value")]
+    MissingValue(String),
+    #[error("invalid value {value:?} for --{flag}: expected {expected}")]
+    Value {
+        flag: String,
+        value: String,
+        expected: &'static str,
+    },
+    #[error(
+        "unknown command {0:?}: expected proxy, wait, request, version, istio-iptables or bootstrap"
+    )]
+    Command(String),
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// Logging flags shared by every command.
+#[derive(Debug, Clone)]
+pub struct LogFlags {
+    pub output_level: String,
+    pub as_json: bool,
+}
+
+impl Default for LogFlags {
+    fn default() -> Self {
+        LogFlags {
+            output_level: "default:info,grpc:none".into(),
+            as_json: false,
+        }
+    }
+}
+
+/// `pilot-agent wait`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WaitArgs {
+    pub timeout: Duration,
+    pub request_timeout: Duration,
+    pub period: Duration,
+    pub url: String,
+}
+
+/// `pilot-agent request`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestArgs {
+    pub debug_port: u16,
+    pub method: String,
+    pub path: String,
+    pub body: Option<String>,
+}
+
+/// A parsed command.
+#[derive(Debug, Clone)]
+pub enum Command {
+    Proxy {
+        node_type: NodeType,
+        flags: ProxyFlags,
+    },
+    /// Writes the bootstrap for an externally run Envoy and exits.
+    Bootstrap {
+        node_type: NodeType,
+        flags: ProxyFlags,
+        output: Option<String>,
+    },
+    Wait(WaitArgs),
+    Request(RequestArgs),
+    Version {
+        short: bool,
+        output: String,
+    },
+    /// Everything after `istio-iptables`, for iptables-init.
+    Iptables(Vec<String>),
+    Help,
+}
+
+/// A parsed command line.
+#[derive(Debug, Clone)]
+pub struct Cli {
+    pub log: LogFlags,
+    pub command: Command,
+}
+
+/// Flags a command knows: name → takes a value (false: boolean).
+struct Spec<'a> {
+    flags: &'a [(&'a str, bool)],
+    shorts: &'a [(char, &'a str)],
+}
+
+/// Splits args into known flag values and positionals.
+/// Known `(flag, value)` pairs and positionals.
+type Scanned = (Vec<(String, String)>, Vec<String>);
+
+fn scan(args: &[String], spec: &Spec<'_>) -> Result<Scanned, Error> {
+    let mut known = Vec::new();
+    let mut positional = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        i += 1;
+        if arg == "--" {
+            positional.extend(args[i..].iter().cloned());
+            break;
+        }
+        let (name, inline) = if let Some(long) = arg.strip_prefix("--") {
+            match long.split_once('=') {
+                Some((n, v)) => (n.to_string(), Some(v.to_string())),
+                None => (long.to_string(), None),
+            }
+        } else if let Some(short) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
+            let mut chars = short.chars();
+            let c = chars.next().unwrap_or_default();
+            let rest: String = chars.collect();
+            match spec.shorts.iter().find(|(s, _)| *s == c) {
+                Some((_, long)) => {
+                    let inline =
+                        rest.strip_prefix('=')
+                            .map(str::to_string)
+                            .or(if rest.is_empty() {
+                                None
+                            } else {
+                                Some(rest.clone())
+                            });
+                    (long.to_string(), inline)
+                }
+                None => {
+                    // Unknown shorthand: ignore it (and its value, as pflag would).
+                    if rest.is_empty() && i < args.len() && !args[i].starts_with('-') {
+                        i += 1;
+                    }
+                    continue;
+                }
+            }
+        } else {
+            positional.push(arg.clone());
+            continue;
+        };
+        match spec.flags.iter().find(|(n, _)| *n == name) {
+            Some((_, true)) => {
+                let value = match inline {
+                    Some(v) => v,
+                    None => {
+                        if i >= args.len() {
+                            return Err(Error::MissingValue(name));
+                        }
+                        i += 1;
+                        args[i - 1].clone()
+                    }
+                };
+                known.push((name, value));
+            }
+            Some((_, false)) => {
+                known.push((name, inline.unwrap_or_else(|| "true".into())));
+            }
+            None => {
+                tracing::debug!(flag = %name, "ignoring unknown flag");
+                if inline.is_none() && i < args.len() && !args[i].starts_with('-') {
+                    i += 1;
+                }
+            }
+        }
+    }
+    Ok((known, positional))
+}
+
+fn flag_bool(flag: &str, v: &str) -> Result<bool, Error> {
+    parse_bool(v).ok_or_else(|| Error::Value {
+        flag: flag.into(),
+        value: v.into(),
+        expected: "true or false",
+    })
+}
+
+fn flag_num<T: std::str::FromStr>(flag: &str, v: &str, expected: &'static str) -> Result<T, Error> {
+    v.parse().map_err(|_| Error::Value {
+        flag: flag.into(),
+        value: v.into(),
+        expected,
+    })
+}
+
+const LOG_FLAGS: [(&str, bool); 6] = [
+    ("log_target", true),
+    ("log_as_json", false),
+    ("log_output_level", true),
+    ("log_stacktrace_level", true),
+    ("log_caller", true),
+    ("vklog", true),
+];
+
+fn apply_log(log: &mut LogFlags, name: &str, value: &str) -> Result<bool, Error> {
+    match name {
+        "log_output_level" => log.output_level = value.to_string(),
+        "log_as_json" => log.as_json = flag_bool(name, value)?,
+        "log_target" | "log_stacktrace_level" | "log_caller" | "vklog" => {}
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+fn with_log<'a>(flags: &[(&'a str, bool)]) -> Vec<(&'a str, bool)> {
+    let mut all = LOG_FLAGS.to_vec();
+    all.extend_from_slice(flags);
+    all
+}
+
+fn proxy_flags(
+    args: &[String],
+    log: &mut LogFlags,
+) -> Result<(ProxyFlags, Vec<String>, Option<String>), Error> {
+    let flags = with_log(&[
+        ("domain", true),
+        ("meshConfig", true),
+        ("stsPort", true),
+        ("tokenManagerPlugin", true),
+        ("serviceCluster", true),
+        ("proxyLogLevel", true),
+        ("concurrency", true),
+        ("proxyComponentLogLevel", true),
+        ("templateFile", true),
+        ("outlierLogPath", true),
+        ("profiling", false),
+        ("external-envoy", false),
+        ("output", true),
+    ]);
+    let (known, positional) = scan(
+        args,
+        &Spec {
+            flags: &flags,
+            shorts: &[],
+        },
+    )?;
+    let mut p = ProxyFlags::default();
+    let mut output = None;
+    for (name, v) in known {
+        if apply_log(log, &name, &v)? {
+            if name == "log_as_json" {
+                p.log_as_json = log.as_json;
+            }
+            continue;
+        }
+        match name.as_str() {
+            "domain" => p.domain = v,
+            "meshConfig" => p.mesh_config = v,
+            "stsPort" => p.sts_port = flag_num(&name, &v, "a port 0-65535")?,
+            "serviceCluster" => p.service_cluster = v,
+            "proxyLogLevel" => p.proxy_log_level = v,
+            "concurrency" => p.concurrency = flag_num(&name, &v, "a non-negative integer")?,
+            "proxyComponentLogLevel" => p.proxy_component_log_level = v,
+            "templateFile" => p.template_file = v,
+            "outlierLogPath" => p.outlier_log_path = v,
+            "external-envoy" => p.external_envoy = flag_bool(&name, &v)?,
+            "profiling" => {
+                flag_bool(&name, &v)?;
+            }
+            "output" => output = Some(v),
+            _ => {}
+        }
+    }
+    Ok((p, positional, output))
+}
+
+fn node_type(positional: &[String]) -> Result<NodeType, Error> {
+    match positional.first() {
+        None => Ok(NodeType::Sidecar),
+        Some(t) => NodeType::parse(t).map_err(|e| Error::Usage(e.to_string())),
+    }
+}
+
+/// Parses `argv[1..]`.
+pub fn parse(args: &[String]) -> Result<Cli, Error> {
+    let mut log = LogFlags::default();
+    // The subcommand is the first argument that is not a (root) flag.
+    let Some(pos) = args.iter().position(|a| !a.starts_with('-')) else {
+        return Ok(Cli {
+            log,
+            command: Command::Help,
+        });
+    };
+    let root_flags = &args[..pos];
+    let (known, _) = scan(
+        root_flags,
+        &Spec {
+            flags: &LOG_FLAGS,
+            shorts: &[],
+        },
+    )?;
+    for (n, v) in known {
+        apply_log(&mut log, &n, &v)?;
+    }
+    let rest = &args[pos + 1..];
+    let command = match args[pos].as_str() {
+        "proxy" => {
+            let (flags, positional, _) = proxy_flags(rest, &mut log)?;
+            Command::Proxy {
+                node_type: node_type(&positional)?,
+                flags,
+            }
+        }
+        "bootstrap" => {
+            let (flags, positional, output) = proxy_flags(rest, &mut log)?;
+            Command::Bootstrap {
+                node_type: node_type(&positional)?,
+                flags,
+                output,
+            }
+        }
+        "wait" => {
+            let flags = with_log(&[
+                ("timeoutSeconds", true),
+                ("requestTimeoutMillis", true),
+                ("periodMillis", true),
+                ("url", true),
+            ]);
+            let (known, _) = scan(
+                rest,
+                &Spec {
+                    flags: &flags,
+                    shorts: &[],
+                },
+            )?;
+            let mut w = WaitArgs {
+                timeout: Duration::from_secs(60),
+                request_timeout: Duration::from_millis(500),
+                period: Duration::from_millis(500),
+                url: "http://localhost:15021/healthz/ready".into(),
+            };
+            for (n, v) in known {
+                if apply_log(&mut log, &n, &v)? {
+                    continue;
+                }
+                match n.as_str() {
+                    "timeoutSeconds" => {
+                        w.timeout = Duration::from_secs(flag_num(&n, &v, "seconds")?)
+                    }
+                    "requestTimeoutMillis" => {
+                        w.request_timeout = Duration::from_millis(flag_num(&n, &v, "milliseconds")?)
+                    }
+                    "periodMillis" => {
+                        w.period = Duration::from_millis(flag_num(&n, &v, "milliseconds")?)
+                    }
+                    "url" => w.url = v,
+                    _ => {}
+                }
+            }
+            Command::Wait(w)
+        }
+        "request" => {
+            let flags = with_log(&[("debug-port", true)]);
+            let (known, positional) = scan(
+                rest,
+                &Spec {
+                    flags: &flags,
+                    shorts: &[],
+                },
+            )?;
+            let mut debug_port = 15000u16;
+            for (n, v) in known {
+                if apply_log(&mut log, &n, &v)? {
+                    continue;
+                }
+                if n == "debug-port" {
+                    debug_port = flag_num(&n, &v, "one of 15000, 15020, 15021, 15004")?;
+                }
+            }
+            if ![15000, 15020, 15021, 15004].contains(&debug_port) {
+                return Err(Error::Value {
+                    flag: "debug-port".into(),
+                    value: debug_port.to_string(),
+                    expected: "one of 15000, 15020, 15021, 15004",
+                });
+            }
+            if positional.len() < 2 || positional.len() > 3 {
+                return Err(Error::Usage(
+                    "usage: pilot-agent request <method> <path> [<body>]".into(),
+                ));
+            }
+            Command::Request(RequestArgs {
+                debug_port,
+                method: positional[0].clone(),
+                path: positional[1].clone(),
+                body: positional.get(2).cloned(),
+            })
+        }
+        "version" => {
+            let flags = with_log(&[("short", false), ("output", true)]);
+            let (known, _) = scan(
+                rest,
+                &Spec {
+                    flags: &flags,
+                    shorts: &[('s', "short"), ('o', "output")],
+                },
+            )?;
+            let mut short = false;
+            let mut output = String::new();
+            for (n, v) in known {
+                match n.as_str() {
+                    "short" => short = flag_bool(&n, &v)?,
+                    "output" => output = v,
+                    _ => {
+                        apply_log(&mut log, &n, &v)?;
+                    }
+                }
+            }
+            Command::Version { short, output }
+        }
+        "istio-iptables" => Command::Iptables(rest.to_vec()),
+        "help" => Command::Help,
+        other => return Err(Error::Command(other.to_string())),
+    };
+    Ok(Cli { log, command })
+}
+
+/// Maps Istio's `--log_output_level` (`scope:level,...`) onto a tracing filter directive.
+/// The `default` scope sets the base level; other scopes are ignored (ours are not Istio's).
+pub fn log_filter(output_level: &str) -> String {
+    let mut base = "info".to_string();
+    for item in output_level.split(',') {
+        let (scope, level) = match item.split_once(':') {
+            Some((s, l)) => (s, l),
+            None => ("default", item),
+        };
+        if scope != "default" {
+            continue;
+        }
+        base = match level.trim() {
+            "none" => "off",
+            "fatal" => "error",
+            "warning" => "warn",
+            l @ ("debug" | "info" | "warn" | "error") => l,
+            _ => "info",
+        }
+        .to_string();
+    }
+    base
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn injection_argv_verbatim() {
+        let cli = parse(&argv(
+            "proxy sidecar --domain ns1.svc.cluster.local --proxyLogLevel=warning --proxyComponentLogLevel=misc:error --log_output_level=default:info",
+        ))
+        .unwrap();
+        let Command::Proxy { node_type, flags } = cli.command else {
+            panic!("not proxy")
+        };
+        assert_eq!(node_type, NodeType::Sidecar);
+        assert_eq!(flags.domain, "ns1.svc.cluster.local");
+        assert_eq!(flags.proxy_log_level, "warning");
+        assert_eq!(flags.proxy_component_log_level, "misc:error");
+        assert_eq!(cli.log.output_level, "default:info");
+    }
+
+    #[test]
+    fn unknown_flags_are_accepted() {
+        let cli = parse(&argv(
+            "proxy --unknownA=1 --unknownB value router --profiling --log_as_json --stsPort 15463",
+        ))
+        .unwrap();
+        let Command::Proxy { node_type, flags } = cli.command else {
+            panic!("not proxy")
+        };
+        assert_eq!(node_type, NodeType::Router);
+        assert!(flags.log_as_json);
+        assert_eq!(flags.sts_port, 15463);
+        assert!(parse(&argv("proxy gateway")).is_err());
+        assert!(
+            parse(&argv("proxy --concurrency=x"))
+                .unwrap_err()
+                .to_string()
+                .contains("concurrency")
+        );
+    }
+
+    #[test]
+    fn wait_request_version() {
+        let Command::Wait(w) = parse(&argv("wait --timeoutSeconds 3 --url=http://x/y"))
+            .unwrap()
+            .command
+        else {
+            panic!()
+        };
+        assert_eq!(w.timeout, Duration::from_secs(3));
+        assert_eq!(w.url, "http://x/y");
+        let Command::Request(r) = parse(&argv("request --debug-port=15020 POST drain"))
+            .unwrap()
+            .command
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (r.debug_port, r.method.as_str(), r.path.as_str()),
+            (15020, "POST", "drain")
+        );
+        assert!(parse(&argv("request --debug-port=1 GET x")).is_err());
+        assert!(parse(&argv("request GET")).is_err());
+        let Command::Version { short, output } =
+            parse(&argv("version -s -o json")).unwrap().command
+        else {
+            panic!()
+        };
+        assert!(short);
+        assert_eq!(output, "json");
+        let Command::Iptables(rest) = parse(&argv("istio-iptables -p 15001 --dry-run"))
+            .unwrap()
+            .command
+        else {
+            panic!()
+        };
+        assert_eq!(rest, argv("-p 15001 --dry-run"));
+        assert!(parse(&argv("frobnicate")).is_err());
+    }
+
+    #[test]
+    fn log_levels_map() {
+        assert_eq!(log_filter("default:info,grpc:none"), "info");
+        assert_eq!(log_filter("default:debug"), "debug");
+        assert_eq!(log_filter("default:none"), "off");
+        assert_eq!(log_filter("warning"), "warn");
+    }
+}

@@ -1,0 +1,447 @@
+//! Envoy's command line, process and drain sequence.
+//!
+//! Envoy runs until it exits by itself (the agent then exits with Envoy's status: non-zero when
+//! Envoy crashed, unlike Istio) or until shutdown: drain inbound listeners, wait
+//! `terminationDrainDuration` (or, with `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`, until no downstream
+//! connection is left, bounded by `drainDuration`), then stop Envoy.
+
+pub mod admin;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use crate::bootstrap::{self, Written, local_address_ip_version};
+use crate::config::{Config, NodeType};
+use crate::lifecycle::{DrainMode, Shutdown};
+use admin::Admin;
+
+/// Envoy process errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot start Envoy {binary}: {source} (is binaryPath right?)")]
+    Spawn {
+        binary: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("waiting for Envoy failed: {0}")]
+    Wait(std::io::Error),
+}
+
+/// How the Envoy run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Envoy exited by itself with this status.
+    Exited(Option<i32>),
+    /// Shutdown stopped Envoy (after a drain unless it was skipped).
+    Stopped,
+}
+
+impl Outcome {
+    /// The agent's exit code: 0 after a shutdown or a clean Envoy exit; Envoy's code, or
+    /// 128+signal, when Envoy died.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Outcome::Stopped => 0,
+            Outcome::Exited(code) => code.unwrap_or(1),
+        }
+    }
+}
+
+fn status_code(status: ExitStatus) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().or_else(|| status.signal().map(|s| 128 + s))
+}
+
+/// Splits `--proxyLogLevel` into Envoy's level and component levels.
+fn split_component_log(level: &str) -> (String, Vec<String>) {
+    let mut log_level = String::new();
+    let mut components = Vec::new();
+    for item in level.split(',') {
+        match item.split(':').count() {
+            1 => log_level = item.to_string(),
+            2 => components.push(item.to_string()),
+            _ => tracing::warn!(level = item, "dropping invalid log level"),
+        }
+    }
+    (log_level, components)
+}
+
+/// Reads `ISTIO_BOOTSTRAP_OVERRIDE` (YAML or JSON) as JSON, with `$(HOST_IP)` substituted.
+fn override_json(path: &Path, host_ip: &str) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let host = if host_ip.contains(':') {
+        format!("[{host_ip}]")
+    } else {
+        host_ip.to_string()
+    };
+    let text = text.replace("$(HOST_IP)", &host);
+    let v: serde_json::Value =
+        serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(v.to_string())
+}
+
+/// Istio's Envoy argv (after the binary).
+pub fn args(config: &Config, bootstrap_path: &Path) -> Vec<String> {
+    let flush = config
+        .proxy
+        .file_flush_interval
+        .map(|d| d.as_millis().to_string())
+        .unwrap_or_else(|| "1000".into());
+    let mut args = vec![
+        "-c".to_string(),
+        bootstrap_path.display().to_string(),
+        "--drain-time-s".into(),
+        config.proxy.drain_duration.as_secs().to_string(),
+        "--drain-strategy".into(),
+        "immediate".into(),
+        "--local-address-ip-version".into(),
+        local_address_ip_version(config).into(),
+        "--file-flush-interval-msec".into(),
+        flush,
+        "--disable-hot-restart".into(),
+        "--allow-unknown-static-fields".into(),
+    ];
+    if config.proxy.file_flush_min_size_kb > 0 {
+        args.push("--file-flush-min-size-kb".into());
+        args.push(config.proxy.file_flush_min_size_kb.to_string());
+    }
+    let (level, components) = split_component_log(&config.flags.proxy_log_level);
+    if !level.is_empty() {
+        args.push("-l".into());
+        args.push(level);
+    }
+    if !components.is_empty() {
+        args.push("--component-log-level".into());
+        args.push(components.join(","));
+    } else if !config.flags.proxy_component_log_level.is_empty() {
+        args.push("--component-log-level".into());
+        args.push(config.flags.proxy_component_log_level.clone());
+    }
+    if config.skip_deprecated_logs {
+        args.push("--skip-deprecated-logs".into());
+    }
+    if config.enable_core_dump {
+        args.push("--enable-core-dump".into());
+    }
+    if !config.bootstrap_override.is_empty() {
+        match override_json(&config.path(&config.bootstrap_override), &config.host_ip) {
+            Ok(json) => {
+                args.push("--config-yaml".into());
+                args.push(json);
+            }
+            Err(e) => tracing::warn!(error = %e, "failed to read bootstrap override"),
+        }
+    }
+    if config.concurrency() > 0 {
+        args.push("--concurrency".into());
+        args.push(config.concurrency().to_string());
+    }
+    args
+}
+
+/// The admin address Envoy listens on (per the bootstrap's localhost choice).
+pub fn admin_addr(config: &Config) -> SocketAddr {
+    let all_v6 = !config.ips.is_empty() && config.ips.iter().all(std::net::IpAddr::is_ipv6);
+    let ip: std::net::IpAddr = if all_v6 {
+        std::net::Ipv6Addr::LOCALHOST.into()
+    } else {
+        std::net::Ipv4Addr::LOCALHOST.into()
+    };
+    SocketAddr::new(ip, config.proxy.proxy_admin_port)
+}
+
+/// Sums `listener.*.downstream_cx_active` over the listeners that carry workload traffic;
+/// `None` when the stats hold no such listener.
+pub fn active_connections(stats: &[(String, String)], config: &Config) -> Option<u64> {
+    let skip = [
+        format!(
+            "listener.0.0.0.0_{}.downstream_cx_active",
+            config.envoy_status_port
+        ),
+        format!(
+            "listener.0.0.0.0_{}.downstream_cx_active",
+            config.envoy_prometheus_port
+        ),
+        format!(
+            "listener.[__]_{}.downstream_cx_active",
+            config.envoy_status_port
+        ),
+        format!(
+            "listener.[__]_{}.downstream_cx_active",
+            config.envoy_prometheus_port
+        ),
+        "listener.admin.downstream_cx_active".to_string(),
+        "listener.admin.main_thread.downstream_cx_active".to_string(),
+    ];
+    let mut seen = false;
+    let mut sum = 0u64;
+    for (name, value) in stats {
+        if !name.starts_with("listener.")
+            || !name.ends_with("downstream_cx_active")
+            || name.contains("worker_")
+            || name.starts_with("listener.envoy_internal_")
+            || skip.contains(name)
+        {
+            continue;
+        }
+        seen = true;
+        sum += value.parse::<u64>().unwrap_or(0);
+    }
+    seen.then_some(sum)
+}
+
+/// Runs Envoy until it exits or shutdown stops it.
+pub async fn run(
+    config: &Config,
+    bootstrap: Written,
+    shutdown: Shutdown,
+) -> Result<Outcome, Error> {
+    let binary = config.path(&config.proxy.binary_path);
+    let argv = args(config, &bootstrap.path);
+    tracing::info!(binary = %binary.display(), args = ?argv, "starting Envoy");
+    let mut cmd = Command::new(&binary);
+    cmd.args(&argv)
+        .env_clear()
+        .envs(&config.env)
+        .current_dir(&config.base_dir)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|source| Error::Spawn {
+        binary: binary.clone(),
+        source,
+    })?;
+    let admin = Admin {
+        addr: admin_addr(config),
+    };
+    let outcome = tokio::select! {
+        status = child.wait() => {
+            let status = status.map_err(Error::Wait)?;
+            if status.success() {
+                tracing::info!("Envoy exited");
+            } else {
+                tracing::error!(status = %status, "Envoy exited abnormally (it may have been OOM killed if it got SIGKILL)");
+            }
+            Outcome::Exited(status_code(status))
+        }
+        _ = shutdown.token().cancelled() => {
+            terminate(config, &mut child, &admin, shutdown.mode()).await?;
+            Outcome::Stopped
+        }
+    };
+    if bootstrap.generated {
+        let _ = std::fs::remove_file(&bootstrap.path);
+    }
+    Ok(outcome)
+}
+
+async fn terminate(
+    config: &Config,
+    child: &mut tokio::process::Child,
+    admin: &Admin,
+    mode: DrainMode,
+) -> Result<(), Error> {
+    if mode == DrainMode::Graceful {
+        let q = if bootstrap::inbound_only(config.node_type) {
+            "/drain_listeners?inboundonly&graceful"
+        } else {
+            "/drain_listeners?graceful"
+        };
+        match admin
+            .request(http::Method::POST, q, Duration::from_secs(5))
+            .await
+        {
+            Ok((status, _)) => tracing::info!(status, "Envoy draining listeners"),
+            Err(e) => tracing::warn!(error = %e, "draining Envoy's listeners failed"),
+        }
+        let wait = async {
+            if config.exit_on_zero_active_connections {
+                tokio::time::sleep(config.minimum_drain_duration).await;
+                wait_for_zero_connections(config, admin).await;
+            } else {
+                tokio::time::sleep(config.proxy.termination_drain_duration).await;
+            }
+        };
+        let bound = config
+            .minimum_drain_duration
+            .max(config.proxy.termination_drain_duration)
+            + config.proxy.drain_duration;
+        tokio::select! {
+            _ = tokio::time::timeout(bound, wait) => {}
+            status = child.wait() => {
+                tracing::info!(status = ?status.ok(), "Envoy exited during drain");
+                return Ok(());
+            }
+        }
+    }
+    stop(child).await
+}
+
+async fn wait_for_zero_connections(config: &Config, admin: &Admin) {
+    let mut errors = 0;
+    loop {
+        match admin
+            .stats("downstream_cx_active$", Duration::from_secs(2))
+            .await
+        {
+            Ok(stats) => {
+                errors = 0;
+                match active_connections(&stats, config) {
+                    None | Some(0) => {
+                        tracing::info!("no active downstream connections left");
+                        return;
+                    }
+                    Some(n) => tracing::info!(active = n, "waiting for connections to close"),
+                }
+            }
+            Err(e) => {
+                errors += 1;
+                tracing::warn!(error = %e, errors, "reading active connections failed");
+                if errors >= 5 {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// SIGTERM, then SIGKILL if Envoy has not exited within 5 s.
+async fn stop(child: &mut tokio::process::Child) -> Result<(), Error> {
+    if let Some(pid) = child.id() {
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        if let Ok(status) = tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
+            tracing::info!(status = ?status.ok(), "Envoy stopped");
+            return Ok(());
+        }
+    }
+    let _ = child.start_kill();
+    child.wait().await.map_err(Error::Wait)?;
+    Ok(())
+}
+
+/// Whether Envoy drains only inbound listeners for this node type.
+pub fn drains_inbound_only(node_type: NodeType) -> bool {
+    bootstrap::inbound_only(node_type)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Inputs, ProxyFlags};
+    use std::collections::HashMap;
+
+    fn config(pairs: &[(&str, &str)], flags: ProxyFlags) -> Config {
+        let env: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::load(Inputs {
+            node_type: NodeType::Sidecar,
+            flags,
+            env: &env,
+            base_dir: PathBuf::from("/nonexistent-base"),
+            interface_ips: vec!["198.18.0.2".parse().unwrap()],
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn default_argv_matches_istio() {
+        let c = config(
+            &[],
+            ProxyFlags {
+                proxy_component_log_level: "misc:error".into(),
+                ..ProxyFlags::default()
+            },
+        );
+        let a = args(&c, Path::new("/etc/istio/proxy/envoy-rev.json"));
+        assert_eq!(
+            a,
+            [
+                "-c",
+                "/etc/istio/proxy/envoy-rev.json",
+                "--drain-time-s",
+                "45",
+                "--drain-strategy",
+                "immediate",
+                "--local-address-ip-version",
+                "v4",
+                "--file-flush-interval-msec",
+                "1000",
+                "--disable-hot-restart",
+                "--allow-unknown-static-fields",
+                "-l",
+                "warning",
+                "--component-log-level",
+                "misc:error",
+                "--skip-deprecated-logs",
+            ]
+        );
+    }
+
+    #[test]
+    fn component_levels_in_proxy_log_level_win() {
+        let c = config(
+            &[
+                ("ISTIO_CPU_LIMIT", "2"),
+                ("ENVOY_SKIP_DEPRECATED_LOGS", "false"),
+            ],
+            ProxyFlags {
+                proxy_log_level: "debug,upstream:info,a:b:c".into(),
+                proxy_component_log_level: "misc:error".into(),
+                ..ProxyFlags::default()
+            },
+        );
+        let a = args(&c, Path::new("b.json"));
+        let tail: Vec<&str> = a[12..].iter().map(String::as_str).collect();
+        assert_eq!(
+            tail,
+            [
+                "-l",
+                "debug",
+                "--component-log-level",
+                "upstream:info",
+                "--concurrency",
+                "2"
+            ]
+        );
+    }
+
+    #[test]
+    fn bootstrap_override_substitutes_host_ip() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.yaml");
+        std::fs::write(&p, "admin:\n  address: \"$(HOST_IP)\"\n").unwrap();
+        assert_eq!(
+            override_json(&p, "198.18.0.1").unwrap(),
+            r#"{"admin":{"address":"198.18.0.1"}}"#
+        );
+        assert_eq!(
+            override_json(&p, "fd00::1").unwrap(),
+            r#"{"admin":{"address":"[fd00::1]"}}"#
+        );
+    }
+
+    #[test]
+    fn active_connections_skip_istio_listeners() {
+        let c = config(&[], ProxyFlags::default());
+        let stats: Vec<(String, String)> = [
+            ("listener.0.0.0.0_15006.downstream_cx_active", "2"),
+            ("listener.0.0.0.0_15006.worker_0.downstream_cx_active", "2"),
+            ("listener.0.0.0.0_15021.downstream_cx_active", "5"),
+            ("listener.admin.downstream_cx_active", "1"),
+            ("listener.198.18.0.2_8080.downstream_cx_active", "1"),
+        ]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        assert_eq!(active_connections(&stats, &c), Some(3));
+        assert_eq!(active_connections(&stats[2..4], &c), None);
+        assert_eq!(Outcome::Exited(Some(139)).exit_code(), 139);
+        assert_eq!(Outcome::Stopped.exit_code(), 0);
+    }
+}

@@ -1,0 +1,153 @@
+//! `pilot-agent`: Istio's sidecar agent.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+
+use agent::app::{self, App};
+use agent::cli::{self, Command};
+use agent::lifecycle::Shutdown;
+
+fn init_logging(log: &cli::LogFlags) {
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| cli::log_filter(&log.output_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr);
+    if log.as_json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+async fn run_proxy(config: agent::config::Config) -> anyhow::Result<i32> {
+    let shutdown = Shutdown::default();
+    let app = App::bind(app::Inputs {
+        config,
+        shutdown: shutdown.clone(),
+        status_addr: None,
+    })
+    .await?;
+    let signals = shutdown.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("received SIGTERM, shutting down"),
+            _ = int.recv() => tracing::info!("received SIGINT, shutting down"),
+        }
+        signals.trigger();
+    });
+    app.run().await
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let cli = match cli::parse(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            std::process::exit(1);
+        }
+    };
+    if !matches!(cli.command, Command::Iptables(_)) {
+        init_logging(&cli.log);
+    }
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let code = match run(cli.command, &env) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
+    let base_dir = std::env::current_dir()?;
+    match command {
+        Command::Help => {
+            println!(
+                "pilot-agent: Istio sidecar agent\n\nUsage: pilot-agent <command>\n\nCommands:\n  proxy [sidecar|router]  run the agent and Envoy\n  bootstrap [sidecar|router] [--output FILE]  write Envoy's bootstrap for --external-envoy\n  wait                    wait until Envoy is ready\n  request <method> <path> [<body>]  call a local debug port\n  version                 print the version\n  istio-iptables          program traffic capture"
+            );
+            Ok(0)
+        }
+        Command::Version { short, output } => {
+            let v = agent::bootstrap::VERSION;
+            match (short, output.as_str()) {
+                (true, _) => println!("{v}"),
+                (false, "json") => println!("{{\"clientVersion\":{{\"version\":\"{v}\"}}}}"),
+                (false, "yaml") => println!("clientVersion:\n  version: {v}"),
+                _ => println!("client version: {v}"),
+            }
+            Ok(0)
+        }
+        Command::Iptables(args) => Ok(iptables_init::run_cli(
+            args.into_iter().map(OsString::from),
+            env,
+        )),
+        Command::Wait(w) => {
+            let rt = runtime()?;
+            match rt.block_on(agent::client::wait(&w)) {
+                Ok(()) => {
+                    tracing::info!("Envoy is ready");
+                    Ok(0)
+                }
+                Err(e) => {
+                    eprintln!("Error: {e}");
+                    Ok(1)
+                }
+            }
+        }
+        Command::Request(r) => {
+            let rt = runtime()?;
+            match rt.block_on(agent::client::request(&r)) {
+                Ok(body) => {
+                    print!("{body}");
+                    Ok(0)
+                }
+                Err(e) => {
+                    eprintln!("Error: {e}");
+                    Ok(1)
+                }
+            }
+        }
+        Command::Bootstrap {
+            node_type,
+            flags,
+            output,
+        } => {
+            let config = app::load_config(node_type, flags, env, base_dir)?;
+            let out = output.map(|o| config.path(&o));
+            let written = agent::bootstrap::write(
+                &config,
+                agent::bootstrap::Ports {
+                    status: config.proxy.status_port,
+                },
+                out.as_deref(),
+            )?;
+            println!("{}", written.path.display());
+            Ok(0)
+        }
+        Command::Proxy { node_type, flags } => {
+            let config = app::load_config(node_type, flags, env, base_dir)?;
+            tracing::info!(?config.proxy, node = %config.node_id(), "effective proxy config");
+            let rt = runtime()?;
+            rt.block_on(run_proxy(config))
+        }
+    }
+}

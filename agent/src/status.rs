@@ -1,0 +1,344 @@
+//! The status server (`statusPort`, default 15020): `/healthz/ready`, merged
+//! `/stats/prometheus`, app probes, `/quitquitquit`, `/drain`, `/debug/ndsz`.
+
+pub mod grpc_health;
+pub mod probe;
+pub mod stats;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+use crate::config::NodeType;
+use crate::envoy::admin::Admin;
+use crate::lifecycle::{Readiness, Shutdown};
+use probe::{AppProbers, Prober, PrometheusAnnotations};
+
+/// Body type of every status response.
+pub type Body = BoxBody<bytes::Bytes, std::io::Error>;
+
+/// Returns the NDS table as JSON, or `None` before the first table.
+pub type NdszFn = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ScrapeFailureLabels {
+    r#type: &'static str,
+}
+
+/// Status-server metrics (Istio's `scrapes_total`, `scrape_failures_total{type}`).
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    scrapes: Counter,
+    scrape_failures: Family<ScrapeFailureLabels, Counter>,
+}
+
+impl Metrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Metrics::default();
+        registry.register(
+            "scrapes",
+            "Total scrapes of the merged metrics",
+            m.scrapes.clone(),
+        );
+        registry.register(
+            "scrape_failures",
+            "Failed parts of merged metrics scrapes, by type",
+            m.scrape_failures.clone(),
+        );
+        m
+    }
+    pub(crate) fn failure(&self, t: &'static str) {
+        self.scrape_failures
+            .get_or_create(&ScrapeFailureLabels { r#type: t })
+            .inc();
+    }
+}
+
+/// Everything the status server serves from.
+pub struct Inputs {
+    pub node_type: NodeType,
+    /// Envoy's admin API; `None` with `DISABLE_ENVOY`.
+    pub admin: Option<Admin>,
+    /// Envoy's prometheus listener (15090) when its stats are merged.
+    pub envoy_prometheus: Option<SocketAddr>,
+    pub app_metrics: Option<PrometheusAnnotations>,
+    pub metrics_localhost_only: bool,
+    pub probers: AppProbers,
+    pub prober: Prober,
+    pub registry: Arc<Registry>,
+    pub metrics: Metrics,
+    pub readiness: Readiness,
+    pub shutdown: Shutdown,
+    pub ndsz: Option<NdszFn>,
+}
+
+struct State {
+    inputs: Inputs,
+    config_received: AtomicBool,
+    envoy_live: AtomicBool,
+}
+
+/// The bound status server.
+pub struct StatusServer {
+    listener: TcpListener,
+    state: Arc<State>,
+}
+
+fn full(status: u16, body: impl Into<bytes::Bytes>) -> http::Response<Body> {
+    let mut resp = http::Response::new(
+        Full::new(body.into())
+            .map_err(|never: Infallible| match never {})
+            .boxed(),
+    );
+    *resp.status_mut() =
+        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    resp
+}
+
+impl StatusServer {
+    pub fn new(listener: TcpListener, inputs: Inputs) -> Self {
+        StatusServer {
+            listener,
+            state: Arc::new(State {
+                inputs,
+                config_received: AtomicBool::new(false),
+                envoy_live: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until shutdown starts; the listener closes at once then (as Istio: readiness
+    /// fails as soon as shutdown begins).
+    pub async fn run(self) {
+        let token = self.state.inputs.shutdown.token().clone();
+        loop {
+            let accepted = tokio::select! {
+                _ = token.cancelled() => break,
+                a = self.listener.accept() => a,
+            };
+            let (stream, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "status server accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let state = self.state.clone();
+            let token = token.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let state = state.clone();
+                    async move { Ok::<_, Infallible>(handle(state, peer, req).await) }
+                });
+                let builder = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                );
+                let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+                tokio::select! {
+                    _ = conn => {}
+                    _ = token.cancelled() => {}
+                }
+            });
+        }
+        tracing::info!("status server stopped");
+    }
+}
+
+async fn handle(
+    state: Arc<State>,
+    peer: SocketAddr,
+    req: http::Request<Incoming>,
+) -> http::Response<Body> {
+    let path = req.uri().path().to_string();
+    let loopback = peer.ip().is_loopback()
+        || matches!(peer.ip(), std::net::IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()));
+    match path.as_str() {
+        "/healthz/ready" => match ready(&state).await {
+            Ok(()) => full(200, ""),
+            Err(pending) => {
+                tracing::warn!(pending = %pending, "Envoy proxy is NOT ready");
+                full(503, pending)
+            }
+        },
+        "/stats/prometheus" | "/metrics" => {
+            if state.inputs.metrics_localhost_only && !loopback {
+                return full(403, "");
+            }
+            stats::merged(&state.inputs, req).await
+        }
+        "/quitquitquit" => {
+            if !loopback {
+                return full(403, "");
+            }
+            if req.method() != http::Method::POST {
+                return full(405, "");
+            }
+            tracing::info!("/quitquitquit: shutting down without drain");
+            state.inputs.shutdown.trigger_immediate();
+            full(200, "OK")
+        }
+        "/drain" => {
+            if !loopback {
+                return full(403, "");
+            }
+            if req.method() != http::Method::POST {
+                return full(405, "");
+            }
+            if let Some(admin) = state.inputs.admin {
+                let q = match state.inputs.node_type {
+                    NodeType::Sidecar => "/drain_listeners?inboundonly&graceful&skip_exit",
+                    NodeType::Router => "/drain_listeners?graceful&skip_exit",
+                };
+                if let Err(e) = admin
+                    .request(http::Method::POST, q, Duration::from_secs(5))
+                    .await
+                {
+                    tracing::warn!(error = %e, "drain failed");
+                    return full(500, e);
+                }
+            }
+            tracing::info!("/drain: listeners drained; the next shutdown exits at once");
+            state.inputs.shutdown.skip_drain();
+            full(200, "OK")
+        }
+        "/debug/ndsz" => {
+            if !loopback {
+                return full(403, "");
+            }
+            match state.inputs.ndsz.as_ref().and_then(|f| f()) {
+                Some(json) => {
+                    let mut r = full(200, json);
+                    r.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/json"),
+                    );
+                    r
+                }
+                None => full(404, "{}"),
+            }
+        }
+        p if p.starts_with("/app-health/") || p.starts_with("/app-lifecycle/") => {
+            let Some(probe) = state.inputs.probers.get(p) else {
+                return full(400, format!("app prober config does not exists for {p}"));
+            };
+            let r = state.inputs.prober.run(probe, req.headers()).await;
+            full(r.status, r.body)
+        }
+        _ => full(404, ""),
+    }
+}
+
+/// Runs every readiness check; the error lists what is pending.
+async fn ready(state: &State) -> Result<(), String> {
+    if state.inputs.shutdown.is_shutting_down() {
+        return Err("server is terminated: shutting down".into());
+    }
+    let mut pending = Vec::new();
+    if let Some(admin) = state.inputs.admin
+        && let Err(e) = envoy_ready(state, admin).await
+    {
+        pending.push(e);
+    }
+    for name in state.inputs.readiness.pending() {
+        pending.push(match name.as_str() {
+            "dns" => {
+                "istio DNS capture is turned ON and DNS lookup table is not ready yet".to_string()
+            }
+            other => format!("{other} is not ready"),
+        });
+    }
+    if pending.is_empty() {
+        Ok(())
+    } else {
+        Err(pending.join("; "))
+    }
+}
+
+async fn envoy_ready(state: &State, admin: Admin) -> Result<(), String> {
+    if !state.config_received.load(Ordering::Relaxed) {
+        let stats = admin
+            .stats(
+                r"^(cluster_manager\.cds|listener_manager\.lds)\.(update_success|update_rejected)$",
+                Duration::from_secs(1),
+            )
+            .await
+            .map_err(|e| format!("failed to get readiness stats: {e}"))?;
+        let get = |k: &str| -> u64 {
+            stats
+                .iter()
+                .find(|(n, _)| n == k)
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let (cds_ok, cds_rej) = (
+            get("cluster_manager.cds.update_success"),
+            get("cluster_manager.cds.update_rejected"),
+        );
+        let (lds_ok, lds_rej) = (
+            get("listener_manager.lds.update_success"),
+            get("listener_manager.lds.update_rejected"),
+        );
+        let detail = format!(
+            "cds updates: {cds_ok} successful, {cds_rej} rejected; lds updates: {lds_ok} successful, {lds_rej} rejected"
+        );
+        if cds_ok == 0 || lds_ok == 0 {
+            if cds_ok == 0 && lds_ok == 0 && cds_rej == 0 && lds_rej == 0 {
+                return Err(format!(
+                    "config not received from XDS server (is Istiod running?): {detail}"
+                ));
+            }
+            if cds_rej > 0 || lds_rej > 0 {
+                return Err(format!(
+                    "config received from XDS server, but was rejected: {detail}"
+                ));
+            }
+            return Err(format!(
+                "config not fully received from XDS server: {detail}"
+            ));
+        }
+        state.config_received.store(true, Ordering::Relaxed);
+    }
+    if !state.envoy_live.load(Ordering::Relaxed) {
+        let stats = admin
+            .stats(
+                r"^(server\.state|listener_manager\.workers_started)",
+                Duration::from_secs(3),
+            )
+            .await
+            .map_err(|e| format!("failed to get server state: {e}"))?;
+        for (name, value) in &stats {
+            match name.as_str() {
+                "server.state" if value != "0" => {
+                    let s = match value.as_str() {
+                        "1" => "DRAINING",
+                        "2" => "PRE_INITIALIZING",
+                        "3" => "INITIALIZING",
+                        _ => "UNKNOWN",
+                    };
+                    return Err(format!("server is not live, current state is: {s}"));
+                }
+                "listener_manager.workers_started" if value != "1" => {
+                    return Err("workers have not yet started".into());
+                }
+                _ => {}
+            }
+        }
+        state.envoy_live.store(true, Ordering::Relaxed);
+    }
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! Merged metrics: the agent's own registry, then Envoy's 15090 text (streamed, capped), then
+//! the application's targets (each capped, scraped in parallel). A failing part never fails the
+//! response; it counts in `scrape_failures_total{type}`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty, StreamBody};
+use hyper::body::{Frame, Incoming};
+use tokio::sync::mpsc;
+
+use super::{Body, Inputs};
+
+/// Each scraped target is capped at this size.
+pub const TARGET_CAP: usize = 10 << 20;
+const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Strips OpenMetrics' `# EOF` and makes sure the text ends with a newline.
+fn normalise(mut text: Vec<u8>) -> Vec<u8> {
+    if let Some(pos) = find_eof(&text) {
+        text.truncate(pos);
+    }
+    if !text.is_empty() && text.last() != Some(&b'\n') {
+        text.push(b'\n');
+    }
+    text
+}
+
+fn find_eof(text: &[u8]) -> Option<usize> {
+    let needle = b"# EOF";
+    let mut start = 0;
+    while let Some(i) = text[start..]
+        .windows(needle.len())
+        .position(|w| w == needle)
+    {
+        let at = start + i;
+        if at == 0 || text[at - 1] == b'\n' {
+            return Some(at);
+        }
+        start = at + 1;
+    }
+    None
+}
+
+/// Opens `GET http://addr/path[?query]` and returns the response.
+async fn get(
+    addr: SocketAddr,
+    path_and_query: &str,
+    headers: &http::HeaderMap,
+    timeout: Duration,
+) -> Result<http::Response<Incoming>, String> {
+    let fut = async {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut req = http::Request::builder()
+            .uri(path_and_query)
+            .header(http::header::HOST, addr.to_string())
+            .header(http::header::ACCEPT, "text/plain;version=0.0.4")
+            .body(Empty::<bytes::Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        for name in [
+            http::header::USER_AGENT.as_str(),
+            "x-prometheus-scrape-timeout-seconds",
+        ] {
+            if let Some(v) = headers.get(name) {
+                req.headers_mut().insert(
+                    http::HeaderName::from_static(if name == "user-agent" {
+                        "user-agent"
+                    } else {
+                        "x-prometheus-scrape-timeout-seconds"
+                    }),
+                    v.clone(),
+                );
+            }
+        }
+        sender.send_request(req).await.map_err(|e| e.to_string())
+    };
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| format!("{addr}{path_and_query}: timed out"))?
+}
+
+fn scrape_timeout(headers: &http::HeaderMap) -> Duration {
+    headers
+        .get("x-prometheus-scrape-timeout-seconds")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0 && *s < 3600.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or(Duration::from_secs(10))
+}
+
+/// Builds the merged response; the body is streamed through a bounded channel.
+pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Response<Body> {
+    inputs.metrics.scrapes.inc();
+    let headers = req.headers().clone();
+    let query = req
+        .uri()
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let timeout = scrape_timeout(&headers);
+
+    let mut agent_text = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut agent_text, &inputs.registry) {
+        tracing::warn!(error = %e, "encoding agent metrics failed");
+        inputs.metrics.failure("agent");
+    }
+    let agent = normalise(agent_text.into_bytes());
+
+    let (tx, rx) = mpsc::channel::<Result<Frame<bytes::Bytes>, std::io::Error>>(4);
+    let envoy = inputs.envoy_prometheus;
+    let apps: Vec<(u16, String)> = inputs
+        .app_metrics
+        .as_ref()
+        .map(|a| a.targets.clone())
+        .unwrap_or_default();
+    let metrics = inputs.metrics.clone();
+    tokio::spawn(async move {
+        // App targets start at once, in parallel with the Envoy stream.
+        let app_tasks: Vec<_> = apps
+            .into_iter()
+            .map(|(port, path)| {
+                let headers = headers.clone();
+                tokio::spawn(async move {
+                    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+                    let resp = get(addr, &path, &headers, timeout).await?;
+                    match super::probe::read_capped(resp.into_body(), TARGET_CAP).await? {
+                        Some(b) => Ok(normalise(b.to_vec())),
+                        None => Err(format!("{addr}{path}: body larger than {TARGET_CAP} bytes")),
+                    }
+                })
+            })
+            .collect();
+
+        if tx.send(Ok(Frame::data(agent.into()))).await.is_err() {
+            return;
+        }
+        if let Some(addr) = envoy {
+            match get(
+                addr,
+                &format!("/stats/prometheus{query}"),
+                &headers,
+                timeout,
+            )
+            .await
+            {
+                Ok(resp) => {
+                    let mut body = resp.into_body();
+                    let mut sent = 0usize;
+                    let mut last_newline = true;
+                    loop {
+                        match tokio::time::timeout(timeout, body.frame()).await {
+                            Ok(Some(Ok(frame))) => {
+                                let Ok(data) = frame.into_data() else {
+                                    continue;
+                                };
+                                if data.is_empty() {
+                                    continue;
+                                }
+                                sent += data.len();
+                                if sent > TARGET_CAP {
+                                    metrics.failure("envoy");
+                                    break;
+                                }
+                                last_newline = data.last() == Some(&b'\n');
+                                if tx.send(Ok(Frame::data(data))).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Ok(None) => break,
+                            Ok(Some(Err(e))) => {
+                                tracing::debug!(error = %e, "envoy stats stream failed");
+                                metrics.failure("envoy");
+                                break;
+                            }
+                            Err(_) => {
+                                metrics.failure("envoy");
+                                break;
+                            }
+                        }
+                    }
+                    if !last_newline
+                        && tx
+                            .send(Ok(Frame::data(bytes::Bytes::from_static(b"\n"))))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "scraping Envoy failed");
+                    metrics.failure("envoy");
+                }
+            }
+        }
+        for task in app_tasks {
+            match task.await {
+                Ok(Ok(body)) => {
+                    if tx.send(Ok(Frame::data(body.into()))).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "scraping the application failed");
+                    metrics.failure("application");
+                }
+                Err(_) => metrics.failure("application"),
+            }
+        }
+    });
+
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let mut resp = http::Response::new(StreamBody::new(stream).boxed());
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(TEXT),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eof_is_stripped_and_newline_added() {
+        assert_eq!(normalise(b"a 1\n# EOF\n".to_vec()), b"a 1\n");
+        assert_eq!(normalise(b"a 1".to_vec()), b"a 1\n");
+        assert_eq!(
+            normalise(b"x{l=\"# EOF\"} 1\n".to_vec()),
+            b"x{l=\"# EOF\"} 1\n"
+        );
+        assert_eq!(normalise(Vec::new()), b"");
+    }
+}

@@ -1,0 +1,218 @@
+//! The xDS proxy: Envoy's ADS stream (SotW and Delta) on the UDS `<configPath>/XDS`, relayed to
+//! istiod over one fresh upstream connection per Envoy stream.
+//!
+//! - Requests, ACKs, NACKs and responses pass verbatim and in order; the proxy never acks for
+//!   Envoy. Only NDS (the DNS name table) is the proxy's own: subscribed after Envoy's first LDS
+//!   request when DNS capture is on, acked or nacked by the proxy, never shown to Envoy.
+//! - Memory is bounded by construction: each direction is one bounded channel drained by its own
+//!   task, so a slow reader on either side pushes back (HTTP/2 flow control) on the writer
+//!   instead of queueing, and neither direction can block the other (no istio#39209 deadlock,
+//!   no istio#34097 unbounded queue).
+//! - When either side ends, the other is closed with the same status; Envoy's reconnect creates
+//!   a fresh upstream. The proxy never retries on its own.
+
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
+mod relay;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use proto::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use proto::istio::nds::NameTable;
+use tokio::net::UnixListener;
+use tokio_util::sync::CancellationToken;
+
+/// xDS proxy errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot create the xDS socket {path}: {source}")]
+    Bind {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("xDS server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Opens a new upstream channel to istiod (called once per Envoy stream).
+pub type Connect =
+    Arc<dyn Fn() -> BoxFuture<'static, Result<tonic::transport::Channel, String>> + Send + Sync>;
+
+/// Returns the bearer token for the next upstream stream, if any.
+pub type TokenFn = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// Receives each NDS table; an error becomes a NACK.
+pub type NdsSink = Arc<dyn Fn(NameTable) -> Result<(), String> + Send + Sync>;
+
+/// How to reach istiod.
+#[derive(Clone)]
+pub struct Upstream {
+    pub connect: Connect,
+    /// gRPC metadata on every upstream stream (`ClusterID`, `XDS_HEADER_*`).
+    pub metadata: Vec<(String, String)>,
+    pub token: TokenFn,
+}
+
+/// What the proxy needs.
+#[derive(Clone)]
+pub struct Inputs {
+    pub upstream: Upstream,
+    /// `Some` when DNS capture is on: the proxy subscribes to NDS and feeds this sink.
+    pub nds: Option<NdsSink>,
+    pub metrics: Metrics,
+    /// Capacity of each direction's queue (messages). Istio's is 1 downstream, unbounded
+    /// upstream; ours is bounded both ways.
+    pub queue: usize,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct TerminationLabels {
+    pub(crate) r#type: &'static str,
+}
+
+/// Istio's xDS proxy metrics.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    pub(crate) istiod_connection_failures: Counter,
+    pub(crate) istiod_connection_terminations: Family<TerminationLabels, Counter>,
+    pub(crate) envoy_connection_terminations: Family<TerminationLabels, Counter>,
+    pub(crate) requests: Counter,
+    pub(crate) responses: Counter,
+}
+
+impl Metrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Metrics::default();
+        registry.register(
+            "istiod_connection_failures",
+            "Failures to open an upstream stream to istiod",
+            m.istiod_connection_failures.clone(),
+        );
+        registry.register(
+            "istiod_connection_terminations",
+            "Upstream streams ended by istiod, by type",
+            m.istiod_connection_terminations.clone(),
+        );
+        registry.register(
+            "envoy_connection_terminations",
+            "Downstream streams ended by Envoy, by type",
+            m.envoy_connection_terminations.clone(),
+        );
+        registry.register(
+            "xds_proxy_requests",
+            "Requests relayed to istiod",
+            m.requests.clone(),
+        );
+        registry.register(
+            "xds_proxy_responses",
+            "Responses received from istiod",
+            m.responses.clone(),
+        );
+        m
+    }
+}
+
+/// The ADS service Envoy talks to.
+#[derive(Clone)]
+pub struct XdsProxy {
+    inputs: Arc<Inputs>,
+}
+
+impl XdsProxy {
+    pub fn new(inputs: Inputs) -> Self {
+        XdsProxy {
+            inputs: Arc::new(inputs),
+        }
+    }
+
+    /// The tonic service (also usable on other transports in tests).
+    pub fn service(&self) -> AggregatedDiscoveryServiceServer<XdsProxy> {
+        AggregatedDiscoveryServiceServer::new(self.clone())
+            .max_decoding_message_size(4 << 20)
+            .max_encoding_message_size(usize::MAX)
+    }
+}
+
+type RespStream<T> = tokio_stream::wrappers::ReceiverStream<Result<T, tonic::Status>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for XdsProxy {
+    type StreamAggregatedResourcesStream = RespStream<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = RespStream<DeltaDiscoveryResponse>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
+    ) -> Result<tonic::Response<Self::StreamAggregatedResourcesStream>, tonic::Status> {
+        Ok(tonic::Response::new(relay::start::<relay::Sotw>(
+            self.inputs.clone(),
+            request.into_inner(),
+        )))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: tonic::Request<tonic::Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<tonic::Response<Self::DeltaAggregatedResourcesStream>, tonic::Status> {
+        Ok(tonic::Response::new(relay::start::<relay::Delta>(
+            self.inputs.clone(),
+            request.into_inner(),
+        )))
+    }
+}
+
+/// Binds a Unix socket the way Istio does: stale file removed, parent created (0750), socket
+/// mode 0666.
+pub fn bind_uds(path: &Path) -> Result<UnixListener, Error> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let err = |source| Error::Bind {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(dir)
+            .map_err(err)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(err)?;
+    Ok(listener)
+}
+
+/// Serves the proxy on `listener` until `token` is cancelled.
+pub async fn serve(
+    proxy: XdsProxy,
+    listener: UnixListener,
+    token: CancellationToken,
+) -> Result<(), Error> {
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(100_000)
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+        .add_service(proxy.service())
+        .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,424 @@
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use proto::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
+};
+use proto::istio::nds::NameTable;
+use proto::istio::nds::name_table::NameInfo;
+use proto::type_url;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use super::fake::FakeAds;
+use super::*;
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    token: CancellationToken,
+    metrics: Metrics,
+    tables: Arc<std::sync::Mutex<Vec<NameTable>>>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+async fn proxy(connect: Connect, nds: bool) -> Harness {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("debug,h2=info,hyper=info,tower=info")
+        .with_test_writer()
+        .try_init();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("etc/istio/proxy/XDS");
+    let listener = bind_uds(&path).unwrap();
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let tables = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink_tables = tables.clone();
+    let sink: NdsSink = Arc::new(move |t: NameTable| {
+        if t.table.contains_key("reject.me") {
+            return Err("table rejected".into());
+        }
+        sink_tables.lock().unwrap().push(t);
+        Ok(())
+    });
+    let proxy = XdsProxy::new(Inputs {
+        upstream: Upstream {
+            connect,
+            metadata: vec![
+                ("ClusterID".into(), "Kubernetes".into()),
+                ("X-Extra".into(), "yes".into()),
+            ],
+            token: Arc::new(|| Some("tok123".into())),
+        },
+        nds: nds.then_some(sink),
+        metrics: metrics.clone(),
+        queue: 1,
+    });
+    let token = CancellationToken::new();
+    tokio::spawn(serve(proxy, listener, token.clone()));
+    Harness {
+        _dir: dir,
+        path,
+        token,
+        metrics,
+        tables,
+    }
+}
+
+async fn envoy_client(path: &Path) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {
+    let path = path.to_path_buf();
+    let channel = tonic::transport::Endpoint::from_static("http://xds")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .unwrap();
+    AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(usize::MAX)
+}
+
+fn req(t: &str, nonce: &str) -> DiscoveryRequest {
+    DiscoveryRequest {
+        type_url: t.into(),
+        response_nonce: nonce.into(),
+        ..Default::default()
+    }
+}
+
+fn resp(t: &str, nonce: &str) -> DiscoveryResponse {
+    DiscoveryResponse {
+        type_url: t.into(),
+        nonce: nonce.into(),
+        version_info: format!("v-{nonce}"),
+        ..Default::default()
+    }
+}
+
+fn table(host: &str) -> NameTable {
+    let mut t = NameTable::default();
+    t.table.insert(
+        host.into(),
+        NameInfo {
+            ips: vec!["198.18.0.10".into()],
+            registry: "Kubernetes".into(),
+            shortname: "svc".into(),
+            namespace: "ns".into(),
+            ..Default::default()
+        },
+    );
+    t
+}
+
+async fn next<T>(rx: &mut mpsc::Receiver<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("timed out")
+        .expect("channel closed")
+}
+
+#[tokio::test]
+async fn sotw_relays_verbatim_and_intercepts_nds() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), true).await;
+    let mut client = envoy_client(&h.path).await;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
+    let mut from_proxy = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.sotw).await;
+    assert_eq!(up.metadata.get("clusterid").unwrap(), "Kubernetes");
+    assert_eq!(up.metadata.get("x-extra").unwrap(), "yes");
+    assert_eq!(up.metadata.get("authorization").unwrap(), "Bearer tok123");
+    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
+
+    // The first LDS request is followed by the proxy's own NDS subscription.
+    tx.send(req(type_url::LISTENER, "")).await.unwrap();
+    assert_eq!(next(&mut up.requests).await, req(type_url::LISTENER, ""));
+    assert_eq!(next(&mut up.requests).await, req(type_url::NAME_TABLE, ""));
+
+    // Responses reach Envoy verbatim; Envoy's ACK reaches istiod verbatim.
+    let mut cds = resp(type_url::CLUSTER, "n1");
+    cds.resources.push(proto::pack(&table("ignored")));
+    up.responses.send(Ok(cds.clone())).await.unwrap();
+    assert_eq!(from_proxy.message().await.unwrap().unwrap(), cds);
+    let mut ack = req(type_url::CLUSTER, "n1");
+    ack.version_info = "v-n1".into();
+    tx.send(ack.clone()).await.unwrap();
+    assert_eq!(next(&mut up.requests).await, ack);
+
+    // NDS: consumed, fed to the sink, acked by the proxy, never shown to Envoy.
+    let mut nds = resp(type_url::NAME_TABLE, "nds1");
+    nds.resources
+        .push(proto::pack(&table("svc.ns.svc.cluster.local")));
+    up.responses.send(Ok(nds)).await.unwrap();
+    let nds_ack = next(&mut up.requests).await;
+    assert_eq!(nds_ack.type_url, type_url::NAME_TABLE);
+    assert_eq!(nds_ack.response_nonce, "nds1");
+    assert_eq!(nds_ack.version_info, "v-nds1");
+    assert!(nds_ack.error_detail.is_none());
+    assert_eq!(h.tables.lock().unwrap().len(), 1);
+
+    // A rejected table is NACKed.
+    let mut bad = resp(type_url::NAME_TABLE, "nds2");
+    bad.resources.push(proto::pack(&table("reject.me")));
+    up.responses.send(Ok(bad)).await.unwrap();
+    let nack = next(&mut up.requests).await;
+    assert_eq!(nack.response_nonce, "nds2");
+    assert_eq!(
+        nack.error_detail.unwrap().code,
+        tonic::Code::Internal as i32
+    );
+
+    // Unknown types are dropped; the next known response still arrives, in order.
+    up.responses
+        .send(Ok(resp("type.googleapis.com/foo.Bar", "x")))
+        .await
+        .unwrap();
+    let lds = resp(type_url::LISTENER, "n2");
+    up.responses.send(Ok(lds.clone())).await.unwrap();
+    assert_eq!(from_proxy.message().await.unwrap().unwrap(), lds);
+    // A second LDS request does not subscribe NDS again.
+    tx.send(req(type_url::LISTENER, "n2")).await.unwrap();
+    assert_eq!(next(&mut up.requests).await, req(type_url::LISTENER, "n2"));
+    assert_eq!(h.metrics.responses.get(), 5);
+    assert_eq!(h.metrics.requests.get(), 4);
+
+    // istiod ends the stream with an error: Envoy sees the same status.
+    up.responses
+        .send(Err(tonic::Status::permission_denied("no")))
+        .await
+        .unwrap();
+    let status = from_proxy.message().await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    assert_eq!(status.message(), "no");
+}
+
+#[tokio::test]
+async fn envoy_disconnect_closes_upstream_and_reconnect_gets_a_fresh_one() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), false).await;
+    let mut client = envoy_client(&h.path).await;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(req(type_url::LISTENER, "")).await.unwrap();
+    let stream = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.sotw).await;
+    // No NDS without DNS capture.
+    assert_eq!(next(&mut up.requests).await, req(type_url::LISTENER, ""));
+    drop(stream);
+    drop(tx);
+    // The upstream stream closes.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), up.requests.recv())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A new Envoy stream opens a new upstream stream.
+    let (tx2, rx2) = mpsc::channel(8);
+    tx2.send(req(type_url::CLUSTER, "")).await.unwrap();
+    let _s2 = client
+        .stream_aggregated_resources(ReceiverStream::new(rx2))
+        .await
+        .unwrap();
+    let mut up2 = next(&mut ads.sotw).await;
+    assert_eq!(next(&mut up2.requests).await, req(type_url::CLUSTER, ""));
+}
+
+#[tokio::test]
+async fn upstream_unreachable_fails_envoy_stream() {
+    let unreachable: Connect =
+        Arc::new(|| Box::pin(async { Err("connection refused".to_string()) }));
+    let h = proxy(unreachable, false).await;
+    let mut client = envoy_client(&h.path).await;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
+    let mut s = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let status = s.message().await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert_eq!(h.metrics.istiod_connection_failures.get(), 1);
+}
+
+#[tokio::test]
+async fn delta_relays_and_intercepts_nds() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), true).await;
+    let mut client = envoy_client(&h.path).await;
+    let (tx, rx) = mpsc::channel(8);
+    let lds = DeltaDiscoveryRequest {
+        type_url: type_url::LISTENER.into(),
+        resource_names_subscribe: vec!["*".into()],
+        ..Default::default()
+    };
+    tx.send(lds.clone()).await.unwrap();
+    let mut from_proxy = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.delta).await;
+    assert_eq!(next(&mut up.requests).await, lds);
+    let sub = next(&mut up.requests).await;
+    assert_eq!(sub.type_url, type_url::NAME_TABLE);
+
+    let nds = DeltaDiscoveryResponse {
+        type_url: type_url::NAME_TABLE.into(),
+        nonce: "d1".into(),
+        resources: vec![Resource {
+            resource: Some(proto::pack(&table("a.ns.svc.cluster.local"))),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    up.responses.send(Ok(nds)).await.unwrap();
+    let ack = next(&mut up.requests).await;
+    assert_eq!(ack.response_nonce, "d1");
+    assert!(ack.error_detail.is_none());
+    assert_eq!(h.tables.lock().unwrap().len(), 1);
+
+    let cds = DeltaDiscoveryResponse {
+        type_url: type_url::CLUSTER.into(),
+        nonce: "c1".into(),
+        removed_resources: vec!["old".into()],
+        ..Default::default()
+    };
+    up.responses.send(Ok(cds.clone())).await.unwrap();
+    assert_eq!(from_proxy.message().await.unwrap().unwrap(), cds);
+    // istiod closes gracefully: Envoy's stream ends without error.
+    drop(up.responses);
+    assert!(from_proxy.message().await.unwrap().is_none());
+}
+
+/// A slow reader on each side and a fast writer on the other: the writers are held back
+/// (memory stays bounded), nothing deadlocks, and everything arrives in order once the readers
+/// catch up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backpressure_bounds_memory_without_deadlock() {
+    const RESPONSES: usize = 2000;
+    const REQUESTS: usize = 1000;
+    const SIZE: usize = 64 * 1024;
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), false).await;
+    let mut client = envoy_client(&h.path).await;
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
+    let mut from_proxy = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.sotw).await;
+    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
+
+    // Fast writer upstream: istiod pushes 2000 × 64 KiB (125 MiB); Envoy is not reading.
+    let sent = Arc::new(AtomicUsize::new(0));
+    let sent_w = sent.clone();
+    let responses = up.responses.clone();
+    let pusher = tokio::spawn(async move {
+        for i in 0..RESPONSES {
+            let mut r = resp(type_url::CLUSTER, &i.to_string());
+            r.resources
+                .push(proto::envoy_types_crate::pb::google::protobuf::Any {
+                    type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+                    value: vec![7u8; SIZE],
+                });
+            if responses.send(Ok(r)).await.is_err() {
+                return;
+            }
+            sent_w.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    // Fast writer downstream: Envoy sends 1000 × 16 KiB requests; istiod is not reading.
+    let pushed_reqs = Arc::new(AtomicUsize::new(0));
+    let pushed_w = pushed_reqs.clone();
+    let writer = tokio::spawn(async move {
+        for i in 0..REQUESTS {
+            let mut r = req(type_url::LISTENER, &i.to_string());
+            r.resource_names = vec!["n".repeat(SIZE / 4)];
+            if tx.send(r).await.is_err() {
+                return;
+            }
+            pushed_w.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+
+    // Wait until both writers are stalled (their counters stop moving), bounded.
+    let mut last = (usize::MAX, usize::MAX);
+    let mut stable = 0;
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        let now = (
+            sent.load(Ordering::SeqCst),
+            pushed_reqs.load(Ordering::SeqCst),
+        );
+        if now == last {
+            stable += 1;
+            if stable >= 8 {
+                break;
+            }
+        } else {
+            stable = 0;
+            last = now;
+        }
+    }
+    let in_flight = sent.load(Ordering::SeqCst);
+    let reqs_in_flight = pushed_reqs.load(Ordering::SeqCst);
+    eprintln!("stalled with {in_flight} responses and {reqs_in_flight} requests in flight");
+    assert!(stable >= 8, "writers never stalled: {last:?}");
+    // Bounded: at most ~16 MiB of responses between istiod and the paused Envoy (queues of one
+    // message plus HTTP/2 windows), out of 125 MiB offered.
+    assert!(
+        in_flight * SIZE <= 16 << 20,
+        "{in_flight} responses buffered"
+    );
+    assert!(in_flight < RESPONSES);
+    assert!(
+        reqs_in_flight * SIZE / 4 <= 16 << 20,
+        "{reqs_in_flight} requests buffered"
+    );
+    assert!(reqs_in_flight < REQUESTS);
+
+    // Both readers catch up: everything arrives, in order; nothing deadlocked.
+    let reader = tokio::spawn(async move {
+        for i in 0..REQUESTS {
+            let r = next(&mut up.requests).await;
+            assert_eq!(r.response_nonce, i.to_string());
+        }
+    });
+    for i in 0..RESPONSES {
+        let r = tokio::time::timeout(Duration::from_secs(20), from_proxy.message())
+            .await
+            .expect("deadlock: no response")
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.nonce, i.to_string());
+    }
+    tokio::time::timeout(Duration::from_secs(20), reader)
+        .await
+        .unwrap()
+        .unwrap();
+    pusher.await.unwrap();
+    writer.await.unwrap();
+}

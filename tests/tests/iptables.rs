@@ -669,3 +669,91 @@ fn backend_prefers_legacy_when_it_holds_rules_and_honours_force() {
     assert!(save_with(&ns, "iptables-nft-save").contains("ISTIO_OUTPUT"));
     assert!(!save_with(&ns, "iptables-legacy-save").contains("ISTIO_"));
 }
+
+fn original_dst6(s: &TcpStream) -> SocketAddr {
+    use nix::sys::socket::{getsockopt, sockopt};
+    let sin6 = getsockopt(&s.as_fd(), sockopt::Ip6tOriginalDst).expect("IP6T_SO_ORIGINAL_DST");
+    SocketAddr::new(
+        std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr).into(),
+        u16::from_be(sin6.sin6_port),
+    )
+}
+
+#[test]
+fn dual_stack_captures_ipv6_too() {
+    if !prerequisites() {
+        return;
+    }
+    let pod = Netns::new("pod6");
+    let peer = Netns::new("peer6");
+    veth(
+        &pod,
+        &format!("{POD}/24,fd00::1/64"),
+        &peer,
+        &format!("{PEER}/24,fd00::2/64"),
+    );
+    let args = injection_args("REDIRECT", &["--dual-stack"]);
+    apply(&pod, &args);
+    let v6 = save_with(&pod, "ip6tables-save");
+    assert!(v6.contains("-A ISTIO_OUTPUT -j ISTIO_REDIRECT"), "{v6}");
+    let lo = String::from_utf8_lossy(
+        &pod.cmd("ip")
+            .args(["-6", "addr", "show", "dev", "lo"])
+            .output()
+            .expect("ip")
+            .stdout,
+    )
+    .into_owned();
+    assert!(lo.contains("::6/128"), "::6 not added to lo: {lo}");
+
+    let outbound: TcpListener = pod.run(|| {
+        let l = TcpListener::bind("[::]:15001").expect("bind [::]:15001");
+        l.set_nonblocking(true).expect("nonblocking");
+        l
+    });
+    let inbound: TcpListener = pod.run(|| {
+        let l = TcpListener::bind("[::]:15006").expect("bind [::]:15006");
+        l.set_nonblocking(true).expect("nonblocking");
+        l
+    });
+    let _c = as_user(&pod, APP_UID, || {
+        TcpStream::connect("[fd00::2]:8080").expect("app connect v6")
+    });
+    let s = accept(&outbound, "IPv6 outbound capture");
+    assert_eq!(
+        original_dst6(&s),
+        "[fd00::2]:8080".parse::<SocketAddr>().expect("addr")
+    );
+    let _c = peer.run(|| TcpStream::connect("[fd00::1]:8080").expect("peer connect v6"));
+    let s = accept(&inbound, "IPv6 inbound capture");
+    assert_eq!(
+        original_dst6(&s),
+        "[fd00::1]:8080".parse::<SocketAddr>().expect("addr")
+    );
+
+    let mut cleanup = args.clone();
+    cleanup.push("--cleanup-only".into());
+    apply(&pod, &cleanup);
+    assert_eq!(istio_lines(&pod), Vec::<String>::new());
+}
+
+#[test]
+fn force_apply_fails_when_chains_exist() {
+    if !prerequisites() {
+        return;
+    }
+    let ns = Netns::new("force");
+    ns.add_lo_addr("198.18.0.240/32");
+    let args = injection_args("REDIRECT", &[]);
+    apply(&ns, &args);
+    let before = strip_comments(&save_all(&ns));
+    let mut forced = args.clone();
+    forced.push("--force-apply".into());
+    let out = istio_iptables(&ns, &forced);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        before,
+        strip_comments(&save_all(&ns)),
+        "failed force-apply changed rules"
+    );
+}

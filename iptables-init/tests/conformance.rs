@@ -191,3 +191,112 @@ fn invalid_input_exits_non_zero_and_writes_nothing() {
     );
     assert!(!out.exists());
 }
+
+fn host_v4(tmp: &Path) -> HostInputs {
+    HostInputs {
+        addresses: Some(addresses(false)),
+        resolv_conf: tmp.join("none"),
+        users: Some(HashMap::new()),
+        groups: Some(HashMap::new()),
+    }
+}
+
+#[test]
+fn help_exits_zero() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    assert_eq!(
+        run_cli_with(
+            ["--help"].map(OsString::from),
+            &HashMap::new(),
+            &host_v4(tmp.path())
+        ),
+        0
+    );
+    assert_eq!(
+        run_cli_with(
+            ["-h"].map(OsString::from),
+            &HashMap::new(),
+            &host_v4(tmp.path())
+        ),
+        0
+    );
+}
+
+#[test]
+fn dry_run_cleanup_only_records_istio_style_cleanup_commands() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = tmp.path().join("s");
+    let env = HashMap::from([("DRY_RUN_FILE_PATH".to_string(), out.display().to_string())]);
+    let args = [
+        "-n",
+        "-u",
+        "1337",
+        "-g",
+        "1337",
+        "--cleanup-only",
+        "-c",
+        "eth9",
+    ]
+    .map(OsString::from);
+    assert_eq!(run_cli_with(args, &env, &host_v4(tmp.path())), 0);
+    let s = std::fs::read_to_string(&out).expect("stream");
+    let lines: Vec<&str> = s.lines().collect();
+    assert_eq!(lines.first(), Some(&"iptables-save"));
+    assert_eq!(lines.last(), Some(&"iptables-save"));
+    // Deletions in reverse order of creation; non-jump rules inside ISTIO_* chains are not
+    // deleted one by one (their chains are flushed); then every chain is flushed and deleted.
+    assert!(
+        lines.contains(&"iptables -t nat -D OUTPUT -j ISTIO_OUTPUT"),
+        "{s}"
+    );
+    assert!(
+        lines.contains(&"iptables -t nat -D PREROUTING -i eth9 -j RETURN"),
+        "{s}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("-D ISTIO_OUTPUT -m owner --uid-owner 1337 -j RETURN")),
+        "{s}"
+    );
+    let f = lines
+        .iter()
+        .position(|l| *l == "iptables -t nat -F ISTIO_OUTPUT")
+        .expect("flush");
+    let x = lines
+        .iter()
+        .position(|l| *l == "iptables -t nat -X ISTIO_OUTPUT")
+        .expect("delete");
+    let d = lines
+        .iter()
+        .position(|l| *l == "iptables -t nat -D OUTPUT -j ISTIO_OUTPUT")
+        .expect("jump delete");
+    assert!(d < f && f < x, "{s}");
+    assert!(!s.contains("-A "), "cleanup must not add rules: {s}");
+}
+
+#[test]
+fn dry_run_stdout_equals_file() {
+    // Checked end to end in tests/tests/iptables.rs (stdout of the real binary); here the
+    // stream for an IPv6 host ends with both final dumps.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = tmp.path().join("s");
+    let env = HashMap::from([("DRY_RUN_FILE_PATH".to_string(), out.display().to_string())]);
+    let host = HostInputs {
+        addresses: Some(addresses(true)),
+        ..host_v4(tmp.path())
+    };
+    assert_eq!(
+        run_cli_with(["-n", "-u", "1337"].map(OsString::from), &env, &host),
+        0
+    );
+    let s = std::fs::read_to_string(&out).expect("stream");
+    assert!(
+        s.ends_with("COMMIT\niptables-save\nip6tables-save\n"),
+        "{s}"
+    );
+    assert!(
+        s.contains("-A ISTIO_OUTPUT -o lo -s ::6/128 -j RETURN\n"),
+        "{s}"
+    );
+}

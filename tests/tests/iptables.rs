@@ -6,6 +6,7 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use harness::{
@@ -756,4 +757,37 @@ fn force_apply_fails_when_chains_exist() {
         strip_comments(&save_all(&ns)),
         "failed force-apply changed rules"
     );
+}
+
+#[test]
+fn network_namespace_flag_programs_that_namespace() {
+    if !prerequisites() {
+        return;
+    }
+    let ns = Netns::new("target");
+    ns.add_lo_addr("198.18.0.240/32");
+    let mut args = injection_args("REDIRECT", &[]);
+    args.push(format!("--network-namespace=/run/netns/{}", ns.name()));
+    // Run from the test's own namespace; the rules must land in `ns`.
+    let out = Command::new(workspace_bin("istio-iptables"))
+        .args(&args)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(save_with(&ns, "iptables-save").contains("ISTIO_OUTPUT"));
+    args.push("--cleanup-only".into());
+    let out = Command::new(workspace_bin("istio-iptables"))
+        .args(&args)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(istio_lines(&ns).is_empty());
 }

@@ -68,7 +68,6 @@ fn enter_netns(path: &str) -> Result<(), String> {
 fn run_config(cfg: &mut Config, host: &HostInputs, env: &HashMap<String, String>) -> i32 {
     if let Err(e) = cfg.detect_host(host) {
         tracing::error!("{e}");
-        eprintln!("error: {e}");
         return 1;
     }
     tracing::info!(config = ?cfg, "istio-iptables configuration");
@@ -86,10 +85,6 @@ fn run_config(cfg: &mut Config, host: &HostInputs, env: &HashMap<String, String>
                     "unable to write dry run output file {}: {e}",
                     path.display()
                 );
-                eprintln!(
-                    "error: unable to write dry run output file {}: {e}",
-                    path.display()
-                );
                 return 1;
             }
             print!("{stream}");
@@ -104,7 +99,6 @@ fn run_config(cfg: &mut Config, host: &HostInputs, env: &HashMap<String, String>
             };
             if let Err(e) = apply::run(cfg, &rules, &exec_env) {
                 tracing::error!("{e}");
-                eprintln!("error: {e}");
                 return 1;
             }
         }
@@ -112,9 +106,8 @@ fn run_config(cfg: &mut Config, host: &HostInputs, env: &HashMap<String, String>
     if cfg.run_validation
         && let Err(e) = validation::run(cfg)
     {
-        tracing::error!("{e}");
-        eprintln!(
-            "error: iptables validation failed; workload is not ready for Istio: {e}\nWhen using Istio CNI, this can occur if a pod is scheduled before the node is ready."
+        tracing::error!(
+            "iptables validation failed; workload is not ready for Istio: {e}. When using Istio CNI, this can occur if a pod is scheduled before the node is ready."
         );
         return validation::VALIDATION_ERROR_CODE;
     }

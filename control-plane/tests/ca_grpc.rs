@@ -1,0 +1,273 @@
+//! `IstioCertificateService` over real gRPC, on the plaintext and the TLS port of a running
+//! `server::serve`: token and client-certificate authentication, identity from the caller,
+//! rejections with precise codes and reasons, plug-in cacerts.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use control_plane::ca::{Claims, TokenIssuer};
+use control_plane::server::{Running, ServeInputs, serve};
+use proto::istio::ca::IstioCertificateRequest;
+use proto::istio::ca::istio_certificate_service_client::IstioCertificateServiceClient;
+use rcgen::{CertificateParams, DistinguishedName, KeyPair, PKCS_ECDSA_P256_SHA256, SanType};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use tonic::{Code, Request};
+
+async fn start(config: &Path, ca: &Path) -> (Running, CancellationToken) {
+    let cancel = CancellationToken::new();
+    let running = serve(
+        ServeInputs {
+            config_dir: config.to_path_buf(),
+            ca_dir: ca.to_path_buf(),
+            trust_domain: "cluster.local".into(),
+            grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+            secure_grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+            monitoring_addr: "127.0.0.1:0".parse().expect("addr"),
+            sans: vec!["cp.test".into()],
+            mesh_file: None,
+            env: HashMap::new(),
+        },
+        cancel.clone(),
+    )
+    .await
+    .expect("serve");
+    (running, cancel)
+}
+
+fn csr(uri: &str) -> (String, KeyPair) {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    params.subject_alt_names = vec![SanType::URI(uri.to_string().try_into().expect("ia5"))];
+    let pem = params
+        .serialize_request(&key)
+        .expect("csr")
+        .pem()
+        .expect("pem");
+    (pem, key)
+}
+
+fn request(csr: &str, token: Option<&str>) -> Request<IstioCertificateRequest> {
+    let mut r = Request::new(IstioCertificateRequest {
+        csr: csr.to_string(),
+        validity_duration: 3600,
+        metadata: None,
+    });
+    if let Some(t) = token {
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {t}").parse().expect("header"),
+        );
+    }
+    r
+}
+
+fn uri_sans(pem: &str) -> Vec<String> {
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).expect("pem");
+    let (_, cert) = x509_parser::parse_x509_certificate(&p.contents).expect("x509");
+    cert.subject_alternative_name()
+        .expect("ext")
+        .expect("san")
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::URI(u) => Some(u.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn plaintext(addr: std::net::SocketAddr) -> IstioCertificateServiceClient<Channel> {
+    IstioCertificateServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect")
+}
+
+async fn tls(
+    addr: std::net::SocketAddr,
+    root: &str,
+    identity: Option<Identity>,
+) -> IstioCertificateServiceClient<Channel> {
+    let mut cfg = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(root))
+        .domain_name("istiod.istio-system.svc");
+    if let Some(id) = identity {
+        cfg = cfg.identity(id);
+    }
+    let ch = Channel::from_shared(format!("https://{addr}"))
+        .expect("uri")
+        .tls_config(cfg)
+        .expect("tls")
+        .connect()
+        .await
+        .expect("tls connect");
+    IstioCertificateServiceClient::new(ch)
+}
+
+#[tokio::test]
+async fn token_and_client_certificate_authentication() {
+    let config = tempfile::tempdir().expect("tempdir");
+    let ca_dir = tempfile::tempdir().expect("tempdir");
+    let (running, cancel) = start(config.path(), ca_dir.path()).await;
+    let root = std::fs::read_to_string(ca_dir.path().join("root-cert.pem")).expect("root");
+    let issuer = TokenIssuer::load_or_create(ca_dir.path()).expect("issuer");
+    let token = issuer.issue("app", "web", "istio-ca", Duration::from_secs(600));
+
+    // Good token: the SAN is the token's identity, even though the CSR asks for another one.
+    let (pem, key) = csr("spiffe://cluster.local/ns/kube-system/sa/admin");
+    let mut client = plaintext(running.grpc_addr).await;
+    let resp = client
+        .create_certificate(request(&pem, Some(&token)))
+        .await
+        .expect("signed")
+        .into_inner();
+    assert_eq!(
+        uri_sans(&resp.cert_chain[0]),
+        vec!["spiffe://cluster.local/ns/app/sa/web"]
+    );
+    assert_eq!(resp.cert_chain.last(), Some(&root), "root last");
+    assert_eq!(resp.root_cert.map(|r| r.ca_cert), Some(vec![root.clone()]));
+
+    // The same over TLS on the secure port (server cert for istiod.istio-system.svc).
+    let mut secure = tls(running.secure_grpc_addr, &root, None).await;
+    let (pem2, _) = csr("spiffe://cluster.local/ns/app/sa/web");
+    let resp2 = secure
+        .create_certificate(request(&pem2, Some(&token)))
+        .await
+        .expect("signed over TLS")
+        .into_inner();
+    assert_eq!(
+        uri_sans(&resp2.cert_chain[0]),
+        vec!["spiffe://cluster.local/ns/app/sa/web"]
+    );
+
+    // Renewal with the issued certificate as client certificate, no token.
+    let chain_pem: String = resp.cert_chain.concat();
+    let mut renew = tls(
+        running.secure_grpc_addr,
+        &root,
+        Some(Identity::from_pem(chain_pem, key.serialize_pem())),
+    )
+    .await;
+    let (pem3, _) = csr("spiffe://cluster.local/ns/other/sa/other");
+    let resp3 = renew
+        .create_certificate(request(&pem3, None))
+        .await
+        .expect("renewed with mTLS")
+        .into_inner();
+    assert_eq!(
+        uri_sans(&resp3.cert_chain[0]),
+        vec!["spiffe://cluster.local/ns/app/sa/web"]
+    );
+
+    // Rejections: code and reason.
+    let reject = |code: Code, needle: &'static str| {
+        move |r: Result<
+            tonic::Response<proto::istio::ca::IstioCertificateResponse>,
+            tonic::Status,
+        >| {
+            let s = r.expect_err("must be rejected");
+            assert_eq!(s.code(), code, "{s:?}");
+            assert!(
+                s.message().contains(needle),
+                "{needle:?} not in {:?}",
+                s.message()
+            );
+        }
+    };
+    let other_dir = tempfile::tempdir().expect("tempdir");
+    let forged = TokenIssuer::load_or_create(other_dir.path())
+        .expect("forger")
+        .issue("app", "web", "istio-ca", Duration::from_secs(600));
+    reject(Code::Unauthenticated, "bad signature")(
+        client
+            .create_certificate(request(&pem, Some(&forged)))
+            .await,
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_secs();
+    let expired = issuer.sign(&Claims {
+        iss: "istiod-lite".into(),
+        sub: "system:serviceaccount:app:web".into(),
+        aud: vec!["istio-ca".into()],
+        exp: now - 5,
+        nbf: now - 100,
+        iat: now - 100,
+    });
+    reject(Code::Unauthenticated, "expired")(
+        client
+            .create_certificate(request(&pem, Some(&expired)))
+            .await,
+    );
+    let wrong_aud = issuer.issue("app", "web", "kubernetes", Duration::from_secs(600));
+    reject(Code::Unauthenticated, "audience")(
+        client
+            .create_certificate(request(&pem, Some(&wrong_aud)))
+            .await,
+    );
+    reject(Code::Unauthenticated, "no credentials")(
+        client.create_certificate(request(&pem, None)).await,
+    );
+    reject(Code::InvalidArgument, "CSR")(
+        client
+            .create_certificate(request(
+                "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
+                Some(&token),
+            ))
+            .await,
+    );
+    cancel.cancel();
+    running.wait().await;
+}
+
+#[tokio::test]
+async fn plugin_cacerts_chain_through_the_intermediate() {
+    use rcgen::{BasicConstraints, DnType, IsCa, Issuer, KeyUsagePurpose};
+    let ca_dir = tempfile::tempdir().expect("tempdir");
+    let root_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut rp = CertificateParams::default();
+    rp.distinguished_name.push(DnType::CommonName, "org root");
+    rp.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    rp.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let root = rp.self_signed(&root_key).expect("root");
+    let root_issuer = Issuer::new(rp, root_key);
+    let int_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut ip = CertificateParams::default();
+    ip.distinguished_name
+        .push(DnType::CommonName, "cluster intermediate");
+    ip.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ip.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let int = ip.signed_by(&int_key, &root_issuer).expect("int");
+    let d = ca_dir.path();
+    std::fs::write(d.join("ca-cert.pem"), int.pem()).expect("w");
+    std::fs::write(d.join("ca-key.pem"), int_key.serialize_pem()).expect("w");
+    std::fs::write(d.join("root-cert.pem"), root.pem()).expect("w");
+    std::fs::write(d.join("cert-chain.pem"), int.pem() + &root.pem()).expect("w");
+
+    let config = tempfile::tempdir().expect("tempdir");
+    let (running, cancel) = start(config.path(), d).await;
+    let token = TokenIssuer::load_or_create(d).expect("issuer").issue(
+        "ns",
+        "sa",
+        "istio-ca",
+        Duration::from_secs(60),
+    );
+    // The serving certificate chains to the plug-in root too.
+    let mut client = tls(running.secure_grpc_addr, &root.pem(), None).await;
+    let (pem, _) = csr("spiffe://cluster.local/ns/ns/sa/sa");
+    let resp = client
+        .create_certificate(request(&pem, Some(&token)))
+        .await
+        .expect("signed")
+        .into_inner();
+    assert_eq!(resp.cert_chain.len(), 3, "leaf, intermediate, root");
+    assert_eq!(resp.cert_chain[1], int.pem());
+    assert_eq!(resp.cert_chain[2], root.pem());
+    cancel.cancel();
+    running.wait().await;
+}

@@ -791,3 +791,112 @@ fn network_namespace_flag_programs_that_namespace() {
     );
     assert!(istio_lines(&ns).is_empty());
 }
+
+/// Every corpus configuration applied for real: it applies, a second run changes nothing, and
+/// `--cleanup-only` leaves no Istio rule behind (group names swapped for GID 0, which exists).
+#[test]
+fn every_corpus_configuration_applies_idempotently_and_cleans_up() {
+    if !prerequisites() {
+        return;
+    }
+    let Some(dir) = corpus() else { return };
+    let bin = workspace_bin("istio-iptables");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("read corpus")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("args").is_file())
+        .collect();
+    cases.sort();
+    let mut failures = Vec::new();
+    for case in &cases {
+        let name = case
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let ipv6 = std::fs::read_to_string(case.join("host"))
+            .expect("host")
+            .trim()
+            == "ipv6=true";
+        let ns = Netns::new("real");
+        if ipv6 {
+            harness::netns::sh(ns.cmd("ip").args([
+                "-6",
+                "addr",
+                "add",
+                "fd00::240/128",
+                "dev",
+                "lo",
+            ]));
+        } else {
+            ns.add_lo_addr("198.18.0.240/32");
+        }
+        if case.join("resolv.conf").is_file() {
+            ns.set_resolv_conf(&std::fs::read_to_string(case.join("resolv.conf")).expect("resolv"));
+        }
+        let env: Vec<(String, String)> = read_lines(&case.join("env"))
+            .into_iter()
+            .filter_map(|l| {
+                l.split_once('=').map(|(k, v)| {
+                    if !k.starts_with("ISTIO_OUTBOUND_OWNER_GROUPS") {
+                        return (k.to_string(), v.to_string());
+                    }
+                    let v = v
+                        .split(',')
+                        .map(|g| {
+                            if g.bytes().all(|b| b.is_ascii_digit()) {
+                                g
+                            } else {
+                                "0"
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .join(",");
+                    (k.to_string(), v)
+                })
+            })
+            .collect();
+        let args: Vec<String> = read_lines(&case.join("args"))
+            .into_iter()
+            .filter(|a| a != "--dry-run")
+            .collect();
+        let run = |extra: Option<&str>| {
+            let mut c = ns.cmd(&bin);
+            c.envs(env.clone()).args(&args).args(extra);
+            c.output().expect("run istio-iptables")
+        };
+        let first = run(None);
+        let after_first = strip_comments(&save_all(&ns));
+        let second = run(None);
+        let after_second = strip_comments(&save_all(&ns));
+        let cleanup = run(Some("--cleanup-only"));
+        let left = istio_lines(&ns);
+        let rules =
+            String::from_utf8_lossy(&ns.cmd("ip").arg("rule").output().expect("ip rule").stdout)
+                .into_owned();
+        let ok = first.status.success()
+            && second.status.success()
+            && cleanup.status.success()
+            && after_first == after_second
+            && after_first.contains("ISTIO_OUTPUT")
+            && left.is_empty()
+            && !rules.contains("lookup 133");
+        if !ok {
+            failures.push(format!(
+                "{name}: first {} second {} cleanup {}, idempotent {}, left {left:?}\n{}{}",
+                first.status,
+                second.status,
+                cleanup.status,
+                after_first == after_second,
+                String::from_utf8_lossy(&first.stderr),
+                String::from_utf8_lossy(&second.stderr)
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

@@ -1,8 +1,6 @@
 //! Istio's sidecar rule set, built from a [`Config`] into a [`RuleBuilder`]. The order of the
 //! calls is the order of Istio's rules, which the conformance goldens pin byte for byte.
 
-use std::net::IpAddr;
-
 use crate::builder::{IP_VERSION_SPECIFIC as IPV, RuleBuilder};
 use crate::config::{Config, InterceptionMode, parse_prefix, split};
 
@@ -45,15 +43,11 @@ fn separate_v4_v6(list: &str) -> (Ranges, Ranges) {
         };
         let r = if ip.is_ipv4() { &mut v4 } else { &mut v6 };
         r.cidrs.push(format!("{ip}/{bits}"));
-        if is_loopback(ip) {
+        if ip.is_loopback() {
             r.has_loopback = true;
         }
     }
     (v4, v6)
-}
-
-fn is_loopback(ip: IpAddr) -> bool {
-    ip.is_loopback()
 }
 
 /// Builds the full rule set for `cfg` (IPv6 rules only when `cfg.enable_ipv6`).

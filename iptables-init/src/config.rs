@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use flags::{FLAGS, FlagKind, FlagSpec, usage};
-pub use host::{HostInputs, LocalAddrs, detect_ipv6, parse_resolv_conf};
+pub use host::{HostInputs, detect_ipv6, parse_resolv_conf, system_addresses};
 
 /// Why the command line, the environment or the host state cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -223,7 +223,7 @@ where
         .get("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR")
         .cloned()
         .unwrap_or_else(|| "127.0.0.1/32".to_string());
-    validate_owner_groups(&owner_groups_include, &owner_groups_exclude)?;
+    validate_owner_groups(&owner_groups_include)?;
     validate_loopback_cidr(&host_ipv4_loopback_cidr)?;
 
     // Proxy uid/gid: -u empty means the uid of ENVOY_USER (default istio-proxy), else 1337.
@@ -447,7 +447,7 @@ fn validate_interfaces(source: &str, v: &str) -> Result<(), Error> {
 
 const MAX_OWNER_GROUPS_INCLUDE: usize = 64;
 
-fn validate_owner_groups(include: &str, exclude: &str) -> Result<(), Error> {
+fn validate_owner_groups(include: &str) -> Result<(), Error> {
     if include != "*" {
         let n = split(include).len();
         if n > MAX_OWNER_GROUPS_INCLUDE {
@@ -458,7 +458,6 @@ fn validate_owner_groups(include: &str, exclude: &str) -> Result<(), Error> {
             ));
         }
     }
-    let _ = exclude;
     Ok(())
 }
 

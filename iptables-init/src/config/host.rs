@@ -26,11 +26,6 @@ impl Default for HostInputs {
     }
 }
 
-/// Something that lists local addresses.
-pub trait LocalAddrs {
-    fn local_addrs(&self) -> Result<Vec<IpAddr>, Error>;
-}
-
 impl HostInputs {
     /// The running system: real interfaces, `/etc/resolv.conf`, real user database.
     pub fn system() -> Self {
@@ -46,7 +41,7 @@ impl HostInputs {
     pub fn addresses(&self) -> Result<Vec<IpAddr>, Error> {
         match &self.addresses {
             Some(a) => Ok(a.clone()),
-            None => self.local_addrs(),
+            None => system_addresses(),
         }
     }
 
@@ -73,23 +68,22 @@ impl HostInputs {
     }
 }
 
-impl LocalAddrs for HostInputs {
-    fn local_addrs(&self) -> Result<Vec<IpAddr>, Error> {
-        let addrs = nix::ifaddrs::getifaddrs().map_err(|e| Error::Addresses(e.to_string()))?;
-        let mut v4 = Vec::new();
-        let mut v6 = Vec::new();
-        for ifa in addrs {
-            let Some(addr) = ifa.address else { continue };
-            if let Some(sin) = addr.as_sockaddr_in() {
-                v4.push(IpAddr::V4(sin.ip()));
-            } else if let Some(sin6) = addr.as_sockaddr_in6() {
-                v6.push(IpAddr::V6(sin6.ip()));
-            }
+/// The addresses of this network namespace's interfaces, in the kernel's order (its address
+/// dump lists IPv4 addresses before IPv6 ones, each by interface index).
+pub fn system_addresses() -> Result<Vec<IpAddr>, Error> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| Error::Addresses(e.to_string()))?;
+    let mut v4 = Vec::new();
+    let mut v6 = Vec::new();
+    for ifa in addrs {
+        let Some(addr) = ifa.address else { continue };
+        if let Some(sin) = addr.as_sockaddr_in() {
+            v4.push(IpAddr::V4(sin.ip()));
+        } else if let Some(sin6) = addr.as_sockaddr_in6() {
+            v6.push(IpAddr::V6(sin6.ip()));
         }
-        // The kernel's address dump lists IPv4 addresses before IPv6 ones.
-        v4.extend(v6);
-        Ok(v4)
     }
+    v4.extend(v6);
+    Ok(v4)
 }
 
 fn is_link_local_multicast(ip: IpAddr) -> bool {

@@ -244,3 +244,54 @@ fn input_file(text: &str) -> std::io::Result<std::fs::File> {
 pub fn ip(args: &[&str]) -> Result<String, Error> {
     run(Command::new("ip"), "ip", args, None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn fake_path(bins: &[&str]) -> (tempfile::TempDir, ExecEnv) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for b in bins {
+            let p = dir.path().join(b);
+            std::fs::write(&p, "#!/bin/sh\n").expect("write");
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        let env = ExecEnv {
+            path: Some(dir.path().display().to_string()),
+            xtables_lockfile: None,
+        };
+        (dir, env)
+    }
+
+    #[test]
+    fn prefers_nft_then_legacy_then_plain() {
+        let (_d, env) = fake_path(&["iptables-nft-restore", "iptables-restore"]);
+        let b = Backend::detect(Family::V4, None, &env).expect("backend");
+        assert_eq!(b.variant, Variant::Nft);
+        assert_eq!(b.bin("-save"), "iptables-nft-save");
+        let (_d, env) = fake_path(&["ip6tables-restore"]);
+        let b = Backend::detect(Family::V6, None, &env).expect("backend");
+        assert_eq!(b.variant, Variant::Plain);
+        assert_eq!(b.bin("-restore"), "ip6tables-restore");
+    }
+
+    #[test]
+    fn forced_binary_must_exist() {
+        let (_d, env) = fake_path(&["iptables-nft-restore"]);
+        let e = Backend::detect(Family::V4, Some(ForcedBinary::Legacy), &env).unwrap_err();
+        assert!(e.to_string().contains("iptables-legacy-restore"), "{e}");
+        let b = Backend::detect(Family::V4, Some(ForcedBinary::Nft), &env).expect("nft");
+        assert_eq!(b.variant, Variant::Nft);
+    }
+
+    #[test]
+    fn nothing_installed_is_a_clear_error() {
+        let (_d, env) = fake_path(&[]);
+        let e = Backend::detect(Family::V4, None, &env).unwrap_err();
+        assert!(
+            e.to_string().contains("no working IPv4 iptables binary"),
+            "{e}"
+        );
+    }
+}

@@ -120,7 +120,13 @@ pub fn run(
             Err(e) if cfg.force_apply => return Err(e),
             Err(e) => {
                 tracing::info!(family = %backend.family, error = %e, "rules not applied on first attempt; inspecting current state");
-                careful_family(backend, plan, cfg.reconcile)?
+                careful_family(backend, plan, cfg.reconcile).map_err(|err| match err {
+                    Error::Drift { family, reason } => Error::Drift {
+                        family,
+                        reason: format!("{reason}; the first apply attempt reported: {e}"),
+                    },
+                    other => other,
+                })?
             }
         };
         tracing::info!(family = %backend.family, binary = %backend.bin(""), ?outcome, "iptables done");

@@ -138,6 +138,7 @@ fn init_logging(cfg: &Config) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(filter);
     // A host process (pilot-agent) may already have a subscriber; keep it.
     let _ = if cfg.log_as_json {

@@ -108,6 +108,9 @@ pub struct Snapshot {
     pub config: Arc<Config>,
     pub mesh: Arc<MeshSettings>,
     pub services: Vec<Service>,
+    /// Endpoint IPs of services without a workload selector: the only proxy IPs generation
+    /// depends on (inbound matching), so the only ones kept in cache keys.
+    endpoint_ips: BTreeSet<String>,
     cache: Mutex<HashMap<(ProxyView, XdsType), Arc<Resources>>>,
 }
 
@@ -157,19 +160,28 @@ impl Snapshot {
             .map(|d| d.as_secs())
             .unwrap_or(0);
         let services = build_services(&config);
+        let endpoint_ips = services
+            .iter()
+            .filter(|s| s.selector.is_none())
+            .flat_map(|s| s.endpoints.iter().map(|e| e.address.clone()))
+            .collect();
         Snapshot {
             version: format!("{secs}/{version}"),
             created: Instant::now(),
             config,
             mesh,
             services,
+            endpoint_ips,
             cache: Mutex::new(HashMap::new()),
         }
     }
 
     /// Resources of one type for a proxy view, generated once per (view, type) per snapshot.
     pub fn resources(&self, view: &ProxyView, ty: XdsType) -> Arc<Resources> {
-        let key = (view.clone(), ty);
+        // Proxies that differ only in IPs no service refers to share one generation.
+        let mut key_view = view.clone();
+        key_view.ips.retain(|ip| self.endpoint_ips.contains(ip));
+        let key = (key_view, ty);
         if let Ok(cache) = self.cache.lock()
             && let Some(r) = cache.get(&key)
         {

@@ -1,15 +1,19 @@
 //! Forwarding to the resolv.conf nameservers over the protocol the query came in on, with a
 //! per-server timeout, the next server tried on failure, or all at once in parallel mode.
 
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use rand::seq::SliceRandom;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
+use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout_at};
+use tokio_util::sync::CancellationToken;
 
 /// Transport a query arrived on, and is forwarded over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,9 +47,30 @@ pub(crate) struct Forwarder {
     pub timeout: Duration,
     pub parallel: bool,
     pub udp_payload: u16,
+    pool: Arc<UdpPool>,
 }
 
 impl Forwarder {
+    /// A forwarder whose UDP sockets live until `stop` is cancelled.
+    pub fn new(
+        upstreams: Vec<SocketAddr>,
+        timeout: Duration,
+        parallel: bool,
+        udp_payload: u16,
+        stop: CancellationToken,
+    ) -> Forwarder {
+        Forwarder {
+            upstreams,
+            timeout,
+            parallel,
+            udp_payload,
+            pool: Arc::new(UdpPool {
+                chans: Mutex::new(HashMap::new()),
+                stop,
+            }),
+        }
+    }
+
     /// Sends `query` upstream and returns the first usable answer (its id is the query's).
     /// SERVFAIL/REFUSED answers make the next server be tried; the last such answer is
     /// returned when no server does better.
@@ -92,7 +117,7 @@ impl Forwarder {
         order.shuffle(&mut rand::rng());
         let mut last = Err(ForwardError::NoUpstreams);
         for server in order {
-            match exchange(server, bytes, q, transport, self.timeout).await {
+            match exchange(&self.pool, server, bytes, q, transport, self.timeout).await {
                 Ok(m) if usable(&m) => return Ok(m),
                 Ok(m) => last = Ok(m),
                 Err(e) => {
@@ -117,7 +142,8 @@ impl Forwarder {
             let bytes = bytes.to_vec();
             let q = q.clone();
             let timeout = self.timeout;
-            set.spawn(async move { exchange(server, &bytes, &q, transport, timeout).await });
+            let pool = self.pool.clone();
+            set.spawn(async move { exchange(&pool, server, &bytes, &q, transport, timeout).await });
         }
         let mut last = Err(ForwardError::NoUpstreams);
         while let Some(joined) = set.join_next().await {
@@ -141,6 +167,7 @@ fn usable(m: &Message) -> bool {
 
 /// One exchange with one server; a truncated UDP answer is retried over TCP.
 async fn exchange(
+    pool: &UdpPool,
     server: SocketAddr,
     bytes: &[u8],
     q: &Message,
@@ -151,7 +178,7 @@ async fn exchange(
     let fut = async {
         match transport {
             Transport::Udp => {
-                let m = exchange_udp(server, bytes, q).await?;
+                let m = pool.exchange(server, bytes, q).await?;
                 if m.metadata.truncation {
                     exchange_tcp(server, bytes, q).await
                 } else {
@@ -166,28 +193,174 @@ async fn exchange(
         .unwrap_or(Err(ForwardError::Timeout { server }))
 }
 
-async fn exchange_udp(
-    server: SocketAddr,
-    bytes: &[u8],
-    q: &Message,
-) -> Result<Message, ForwardError> {
-    let io = |source| ForwardError::Io { server, source };
-    let local: SocketAddr = if server.is_ipv4() {
-        (Ipv4Addr::UNSPECIFIED, 0).into()
-    } else {
-        (Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    let sock = UdpSocket::bind(local).await.map_err(io)?;
-    sock.connect(server).await.map_err(io)?;
-    sock.send(bytes).await.map_err(io)?;
-    let mut buf = vec![0u8; 65_535];
-    loop {
-        let n = sock.recv(&mut buf).await.map_err(io)?;
-        // Anything that is not the answer to our question (spoofed, stale) is ignored.
-        if let Ok(m) = check_answer(server, &buf[..n], q) {
-            return Ok(m);
+/// Sockets per upstream shared by all forwarded UDP queries: answers are matched to queries by
+/// id and question. Saves a socket, a bind and an epoll registration per query.
+const SOCKETS_PER_UPSTREAM: usize = 8;
+
+struct Pending {
+    /// The query's question section as sent; the answer must echo it.
+    question: Box<[u8]>,
+    tx: oneshot::Sender<Vec<u8>>,
+}
+
+struct Chan {
+    sock: UdpSocket,
+    pending: Mutex<HashMap<u16, Pending>>,
+}
+
+pub(crate) struct UdpPool {
+    chans: Mutex<HashMap<SocketAddr, Arc<[Arc<Chan>]>>>,
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for UdpPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdpPool").finish_non_exhaustive()
+    }
+}
+
+/// Removes a pending query when its exchange ends (answer, timeout or cancellation).
+struct PendingGuard<'a> {
+    chan: &'a Chan,
+    id: u16,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut p) = self.chan.pending.lock() {
+            p.remove(&self.id);
         }
     }
+}
+
+impl UdpPool {
+    async fn chans(&self, server: SocketAddr) -> Result<Arc<[Arc<Chan>]>, ForwardError> {
+        if let Some(c) = self.chans.lock().ok().and_then(|m| m.get(&server).cloned()) {
+            return Ok(c);
+        }
+        let io = |source| ForwardError::Io { server, source };
+        let local: SocketAddr = if server.is_ipv4() {
+            (Ipv4Addr::UNSPECIFIED, 0).into()
+        } else {
+            (Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let mut chans = Vec::with_capacity(SOCKETS_PER_UPSTREAM);
+        for _ in 0..SOCKETS_PER_UPSTREAM {
+            let sock = UdpSocket::bind(local).await.map_err(io)?;
+            sock.connect(server).await.map_err(io)?;
+            chans.push(Arc::new(Chan {
+                sock,
+                pending: Mutex::new(HashMap::new()),
+            }));
+        }
+        let chans: Arc<[Arc<Chan>]> = chans.into();
+        let mut map = self
+            .chans
+            .lock()
+            .map_err(|_| ForwardError::Encode("poisoned".into()))?;
+        if let Some(c) = map.get(&server) {
+            // Another query created them first; ours are dropped.
+            return Ok(c.clone());
+        }
+        for chan in chans.iter() {
+            tokio::spawn(read_answers(chan.clone(), self.stop.clone()));
+        }
+        map.insert(server, chans.clone());
+        Ok(chans)
+    }
+
+    async fn exchange(
+        &self,
+        server: SocketAddr,
+        bytes: &[u8],
+        q: &Message,
+    ) -> Result<Message, ForwardError> {
+        let chans = self.chans(server).await?;
+        let chan = &chans[rand::random_range(0..chans.len())];
+        let question =
+            question_bytes(bytes).ok_or_else(|| ForwardError::Encode("no question".into()))?;
+        let (tx, rx) = oneshot::channel();
+        let id = {
+            let mut pending = chan
+                .pending
+                .lock()
+                .map_err(|_| ForwardError::Encode("poisoned".into()))?;
+            if pending.len() > 30_000 {
+                return Err(ForwardError::Io {
+                    server,
+                    source: std::io::ErrorKind::WouldBlock.into(),
+                });
+            }
+            let mut id: u16 = rand::random();
+            while pending.contains_key(&id) {
+                id = rand::random();
+            }
+            pending.insert(
+                id,
+                Pending {
+                    question: question.into(),
+                    tx,
+                },
+            );
+            id
+        };
+        let _guard = PendingGuard { chan, id };
+        let mut pkt = bytes.to_vec();
+        pkt[..2].copy_from_slice(&id.to_be_bytes());
+        chan.sock
+            .send(&pkt)
+            .await
+            .map_err(|source| ForwardError::Io { server, source })?;
+        let mut answer = rx.await.map_err(|_| ForwardError::Timeout { server })?;
+        // Back to the id the caller knows.
+        answer[..2].copy_from_slice(&q.metadata.id.to_be_bytes());
+        check_answer(server, &answer, q)
+    }
+}
+
+/// Dispatches answers arriving on a pool socket to the waiting queries.
+async fn read_answers(chan: Arc<Chan>, stop: CancellationToken) {
+    let mut buf = vec![0u8; 65_535];
+    loop {
+        let n = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = chan.sock.recv(&mut buf) => match r {
+                Ok(n) => n,
+                // ICMP errors (upstream down) and the like: the queries time out.
+                Err(_) => continue,
+            },
+        };
+        if n < 12 {
+            continue;
+        }
+        let id = u16::from_be_bytes([buf[0], buf[1]]);
+        let Ok(mut pending) = chan.pending.lock() else {
+            return;
+        };
+        let matches = pending.get(&id).is_some_and(|p| {
+            buf.get(12..12 + p.question.len())
+                .is_some_and(|q| q.eq_ignore_ascii_case(&p.question))
+        });
+        if matches && let Some(p) = pending.remove(&id) {
+            let _ = p.tx.send(buf[..n].to_vec());
+        }
+    }
+}
+
+/// The question section of a query we encoded (uncompressed name, type, class).
+fn question_bytes(msg: &[u8]) -> Option<&[u8]> {
+    let mut i = 12;
+    loop {
+        let len = usize::from(*msg.get(i)?);
+        if len == 0 {
+            break;
+        }
+        if len & 0xc0 != 0 {
+            return None;
+        }
+        i += 1 + len;
+    }
+    msg.get(12..i + 5)
 }
 
 async fn exchange_tcp(
@@ -283,12 +456,13 @@ mod tests {
     }
 
     fn fwd(upstreams: Vec<SocketAddr>, parallel: bool) -> Forwarder {
-        Forwarder {
+        Forwarder::new(
             upstreams,
-            timeout: Duration::from_millis(300),
+            Duration::from_millis(300),
             parallel,
-            udp_payload: 1232,
-        }
+            1232,
+            CancellationToken::new(),
+        )
     }
 
     #[tokio::test]

@@ -46,6 +46,8 @@ struct Inner {
     forwards: Arc<Semaphore>,
     tcp_conns: Arc<Semaphore>,
     tcp_idle: Duration,
+    /// Stops the forwarder's background readers when `run` ends.
+    stop: CancellationToken,
 }
 
 impl DnsProxy {
@@ -112,14 +114,17 @@ impl DnsProxy {
             proxy_domain: config.proxy_domain(),
             search: config.search_domains.first().cloned(),
         };
+        let stop = CancellationToken::new();
         let inner = Arc::new(Inner {
             table: TableHandle::new(expansion),
-            forwarder: Forwarder {
-                upstreams: config.upstreams.clone(),
-                timeout: config.forward_timeout,
-                parallel: config.forward_parallel,
-                udp_payload: config.upstream_udp_payload,
-            },
+            forwarder: Forwarder::new(
+                config.upstreams.clone(),
+                config.forward_timeout,
+                config.forward_parallel,
+                config.upstream_udp_payload,
+                stop.clone(),
+            ),
+            stop,
             cache: config
                 .cache_enabled
                 .then(|| Cache::new(config.cache_max_entries)),
@@ -189,6 +194,7 @@ impl DnsProxy {
         }
         tracker.close();
         tracker.wait().await;
+        self.inner.stop.cancel();
         result
     }
 }
@@ -386,16 +392,32 @@ async fn udp_loop(
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) -> Result<(), Error> {
+    // One cancellation future for the whole loop, not one per packet.
+    tokio::select! {
+        _ = shutdown.cancelled() => Ok(()),
+        r = udp_serve(sock, addr, inner, shutdown.clone(), tracker) => r,
+    }
+}
+
+async fn udp_serve(
+    sock: Arc<UdpSocket>,
+    addr: SocketAddr,
+    inner: Arc<Inner>,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+) -> Result<(), Error> {
     let mut buf = vec![0u8; MAX_SIZE];
     loop {
-        let (n, src) = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return Ok(()),
-            r = sock.recv_from(&mut buf) => match r {
-                Ok(x) => x,
-                Err(e) if is_transient(&e) => continue,
-                Err(e) => return Err(Error::Serve { protocol: "UDP", addr, source: Arc::new(e) }),
-            },
+        let (n, src) = match sock.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(e) if is_transient(&e) => continue,
+            Err(e) => {
+                return Err(Error::Serve {
+                    protocol: "UDP",
+                    addr,
+                    source: Arc::new(e),
+                });
+            }
         };
         match inner.handle(&buf[..n], Transport::Udp) {
             Action::Reply(b) => {
@@ -535,12 +557,14 @@ pub fn fuzz_request(data: &[u8]) {
         table.update(&crate::table::fuzz_table());
         Inner {
             table,
-            forwarder: Forwarder {
-                upstreams: vec![],
-                timeout: Duration::from_millis(1),
-                parallel: false,
-                udp_payload: 1232,
-            },
+            forwarder: Forwarder::new(
+                vec![],
+                Duration::from_millis(1),
+                false,
+                1232,
+                CancellationToken::new(),
+            ),
+            stop: CancellationToken::new(),
             cache: Some(Cache::new(64)),
             metrics: Arc::new(Metrics::new(&mut registry)),
             respond_before_sync: false,
@@ -551,8 +575,11 @@ pub fn fuzz_request(data: &[u8]) {
     });
     for transport in [Transport::Udp, Transport::Tcp] {
         if let Action::Forward(req) = inner.handle(data, transport) {
+            // The same bytes, marked as a response, are the upstream's answer.
+            let mut answer = data.to_vec();
+            answer[2] |= 0x80;
             let server: SocketAddr = ([127, 0, 0, 1], 53).into();
-            if let Ok(resp) = crate::forward::check_answer(server, data, &req) {
+            if let Ok(resp) = crate::forward::check_answer(server, &answer, &req) {
                 if let (Some(cache), Some(key)) = (&inner.cache, Key::of(&req)) {
                     cache.put(key, &resp, std::time::Instant::now());
                 }

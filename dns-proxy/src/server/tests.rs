@@ -331,3 +331,27 @@ fn fuzz_entry_point_survives_samples() {
         fuzz_request(&flipped);
     }
 }
+
+#[test]
+fn random_packets_never_panic() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let base = query("svc.ns1.svc.cluster.local.", RecordType::A, Some(1232))
+        .to_vec()
+        .unwrap();
+    for _ in 0..20_000 {
+        let mut p = base.clone();
+        // Mutate a few bytes, sometimes truncate or extend with noise.
+        for _ in 0..rng.random_range(1..6) {
+            let i = rng.random_range(0..p.len());
+            p[i] = rng.random();
+        }
+        if rng.random_bool(0.2) {
+            p.truncate(rng.random_range(0..p.len()));
+        }
+        if rng.random_bool(0.2) {
+            p.extend((0..rng.random_range(0..64)).map(|_| rng.random::<u8>()));
+        }
+        fuzz_request(&p);
+    }
+}

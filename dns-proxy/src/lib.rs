@@ -23,6 +23,7 @@
 
 mod cache;
 mod config;
+mod fast;
 mod forward;
 mod message;
 mod metrics;

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::cache::{Cache, Key};
+use crate::fast;
 use crate::forward::{Forwarder, Transport};
 use crate::message::{self, MAX_SIZE, OUR_UDP_PAYLOAD};
 use crate::table::{Expansion, LookupTable, TableHandle};
@@ -214,6 +215,13 @@ impl Inner {
             return Action::Drop;
         }
         self.metrics.requests.inc();
+        let table = self.table.get();
+        if let Some(t) = &table {
+            let mut out = Vec::new();
+            if fast::answer(t, bytes, transport == Transport::Udp, &mut out) {
+                return Action::Reply(out);
+            }
+        }
         let req = match Message::from_vec(bytes) {
             Ok(m) => m,
             Err(e) => {
@@ -253,7 +261,7 @@ impl Inner {
                 ));
             }
         }
-        let Some(table) = self.table.get() else {
+        let Some(table) = table else {
             if self.respond_before_sync {
                 return self.cached_or_forward(req, transport);
             }

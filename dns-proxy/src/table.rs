@@ -187,6 +187,20 @@ impl LookupTable {
         Some(out)
     }
 
+    /// Address records of `lower` when it is a plain table host (no CNAME, no wildcard): the
+    /// fast path's lookup. `Some(&[])` is NODATA; `None` means "use the full lookup".
+    pub fn exact_addrs(&self, lower: &str, qtype: RecordType) -> Option<&[Record]> {
+        if self.cnames.contains_key(lower) {
+            return None;
+        }
+        let r = self.records.get(lower)?;
+        match qtype {
+            RecordType::A => Some(&r.v4),
+            RecordType::AAAA => Some(&r.v6),
+            _ => None,
+        }
+    }
+
     /// Most specific wildcard covering `name`: `*.l1...ln.`, then `*.l2...ln.`, ...
     fn find_wildcard<'a>(&'a self, name: &str) -> Option<&'a str> {
         let mut rest = name;

@@ -1,25 +1,298 @@
 //! Client of Istio's `IstioCertificateService/CreateCertificate`.
+//!
+//! TLS as Istio (root from `CA_ROOT_CA` and fallbacks, ServerName from the CA host or
+//! `ISTIOD_SAN`, `PROV_CERT` client identity when valid), plaintext for `:15010`. The bearer
+//! token is re-read on every call. Retries: 5 tries, 100 ms doubling with 10% jitter, on
+//! retryable codes only. The channel is rebuilt after any error and whenever the root file's
+//! directory changes (kubelet `..data` swaps included).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
+use notify::Watcher;
+use proto::google::protobuf::{Struct, Value, value::Kind};
+use proto::istio::ca::IstioCertificateRequest;
+use proto::istio::ca::istio_certificate_service_client::IstioCertificateServiceClient;
+use tonic::transport::Channel;
+use tracing::{debug, info, warn};
+
+use crate::config::CertDir;
+use crate::metrics::csr_labels;
+use crate::tls::{ChannelInputs, RootSource, grpc_channel, read_token};
 use crate::{Config, Error, Metrics};
 
-/// Signs CSRs at the Istio CA.
+/// Number of attempts per signing call (Istio's retry interceptor).
+pub const MAX_ATTEMPTS: u32 = 5;
+/// First retry delay; doubles on each retry, ±10% jitter.
+pub const RETRY_BASE: Duration = Duration::from_millis(100);
+
+/// Signs CSRs at the Istio CA. Cheap to clone.
 #[derive(Clone)]
 pub struct CaClient {
-    #[allow(dead_code)]
-    config: Arc<Config>,
-    #[allow(dead_code)]
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    addr: String,
+    plaintext: bool,
+    root: RootSource,
+    server_name: String,
+    keepalive: Option<(Duration, Duration)>,
+    prov_cert: Option<CertDir>,
+    token_path: std::path::PathBuf,
+    cluster_id: String,
+    headers: Vec<(String, String)>,
+    cert_signer: String,
+    ttl: Duration,
     metrics: Arc<Metrics>,
+    channel: Arc<Mutex<Option<Channel>>>,
+    _root_watch: Option<notify::RecommendedWatcher>,
+}
+
+fn is_retryable(code: tonic::Code) -> bool {
+    use tonic::Code::*;
+    matches!(
+        code,
+        Cancelled | DeadlineExceeded | ResourceExhausted | Aborted | Internal | Unavailable
+    )
+}
+
+/// `d` ± 10%.
+fn jittered(d: Duration) -> Duration {
+    let f: f64 = rand::random_range(0.9..=1.1);
+    d.mul_f64(f)
 }
 
 impl CaClient {
-    pub fn new(config: Arc<Config>, metrics: Arc<Metrics>) -> Result<CaClient, Error> {
-        Ok(CaClient { config, metrics })
+    /// Builds the client; the channel itself is created lazily on the first call.
+    pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<CaClient, Error> {
+        let channel: Arc<Mutex<Option<Channel>>> = Arc::new(Mutex::new(None));
+        let root_watch = match &config.ca_root {
+            RootSource::File(path) if !config.ca_plaintext => {
+                watch_root(path, channel.clone(), &metrics)
+            }
+            _ => None,
+        };
+        Ok(CaClient {
+            inner: Arc::new(Inner {
+                addr: config.ca_addr.clone(),
+                plaintext: config.ca_plaintext,
+                root: config.ca_root.clone(),
+                server_name: config.ca_server_name.clone(),
+                keepalive: config.grpc_keepalive,
+                prov_cert: config.prov_cert.clone(),
+                token_path: config.token_path.clone(),
+                cluster_id: config.cluster_id.clone(),
+                headers: config.ca_headers.clone(),
+                cert_signer: config.cert_signer.clone(),
+                ttl: config.secret_ttl,
+                metrics,
+                channel,
+                _root_watch: root_watch,
+            }),
+        })
     }
 
-    /// Sends `csr_pem`; returns the certificate chain, leaf first, root last.
-    pub async fn sign(&self, _csr_pem: &[u8]) -> Result<Vec<String>, Error> {
-        Err(Error::Server("CA client not implemented yet".into()))
+    fn channel(&self) -> Result<Channel, Error> {
+        let mut guard = self.inner.channel.lock().map_err(|_| Error::Closed)?;
+        if let Some(ch) = guard.as_ref() {
+            return Ok(ch.clone());
+        }
+        let inputs = ChannelInputs {
+            addr: self.inner.addr.clone(),
+            plaintext: self.inner.plaintext,
+            root: self.inner.root.clone(),
+            server_name: self.inner.server_name.clone(),
+            client_identity: self.inner.prov_cert.as_ref().and_then(load_client_identity),
+            keepalive: self.inner.keepalive,
+        };
+        let ch = grpc_channel(&inputs)?;
+        debug!(addr = %self.inner.addr, server_name = %self.inner.server_name, root = %self.inner.root.describe(), "built CA channel");
+        *guard = Some(ch.clone());
+        Ok(ch)
     }
+
+    fn reset_channel(&self) {
+        if let Ok(mut g) = self.inner.channel.lock() {
+            *g = None;
+        }
+    }
+
+    fn request(&self, csr_pem: &[u8]) -> Result<tonic::Request<IstioCertificateRequest>, Error> {
+        let mut fields = BTreeMap::new();
+        fields.insert(
+            "CertSigner".to_string(),
+            Value {
+                kind: Some(Kind::StringValue(self.inner.cert_signer.clone())),
+            },
+        );
+        let body = IstioCertificateRequest {
+            csr: String::from_utf8_lossy(csr_pem).into_owned(),
+            validity_duration: self.inner.ttl.as_secs() as i64,
+            metadata: Some(Struct {
+                fields: fields.into_iter().collect(),
+            }),
+        };
+        let mut req = tonic::Request::new(body);
+        let md = req.metadata_mut();
+        let bad_header = |k: &str, e: String| Error::Config {
+            var: k.to_string(),
+            value: String::new(),
+            expected: format!("a valid gRPC header ({e})"),
+        };
+        if !self.inner.cluster_id.is_empty() {
+            let v = self
+                .inner
+                .cluster_id
+                .parse()
+                .map_err(|e| bad_header("ISTIO_META_CLUSTER_ID", format!("{e}")))?;
+            md.insert("clusterid", v);
+        }
+        for (k, v) in &self.inner.headers {
+            let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
+                .map_err(|e| bad_header(&format!("CA_HEADER_{k}"), e.to_string()))?;
+            let val = v
+                .parse()
+                .map_err(|e| bad_header(&format!("CA_HEADER_{k}"), format!("{e}")))?;
+            md.insert(key, val);
+        }
+        if let Some(token) = read_token(&self.inner.token_path) {
+            let v = format!("Bearer {token}").parse().map_err(|e| {
+                Error::file(
+                    &self.inner.token_path,
+                    format!("token is not a valid header value: {e}"),
+                )
+            })?;
+            md.insert("authorization", v);
+        }
+        Ok(req)
+    }
+
+    /// Sends `csr_pem`; returns the certificate chain, leaf first, root last (at least 2).
+    pub async fn sign(&self, csr_pem: &[u8]) -> Result<Vec<String>, Error> {
+        let labels = csr_labels();
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let channel = self.channel()?;
+            let req = self.request(csr_pem)?;
+            self.inner
+                .metrics
+                .outgoing_requests
+                .get_or_create(&labels)
+                .inc();
+            let started = std::time::Instant::now();
+            let result = IstioCertificateServiceClient::new(channel)
+                .max_decoding_message_size(usize::MAX)
+                .create_certificate(req)
+                .await;
+            self.inner
+                .metrics
+                .outgoing_latency
+                .get_or_create(&labels)
+                .observe(started.elapsed().as_secs_f64());
+            match result {
+                Ok(resp) => {
+                    let chain = resp.into_inner().cert_chain;
+                    if chain.len() <= 1 {
+                        self.inner
+                            .metrics
+                            .failed_outgoing_requests
+                            .get_or_create(&labels)
+                            .inc();
+                        return Err(Error::InvalidResponse {
+                            addr: self.inner.addr.clone(),
+                            reason: format!(
+                                "invalid empty CertChain ({} entries, expected leaf..root)",
+                                chain.len()
+                            ),
+                        });
+                    }
+                    return Ok(chain);
+                }
+                Err(status) => {
+                    self.inner
+                        .metrics
+                        .failed_outgoing_requests
+                        .get_or_create(&labels)
+                        .inc();
+                    // A new root file or a new CA address takes effect on the next call.
+                    self.reset_channel();
+                    let code = status.code();
+                    if is_retryable(code) && attempt < MAX_ATTEMPTS {
+                        let delay = jittered(RETRY_BASE * 2u32.pow(attempt - 1));
+                        debug!(addr = %self.inner.addr, ?code, attempt, ?delay, "CA call failed; retrying");
+                        self.inner
+                            .metrics
+                            .outgoing_retries
+                            .get_or_create(&labels)
+                            .inc();
+                        tokio::time::sleep(delay).await;
+                        continue;
+                    }
+                    return Err(Error::Ca {
+                        addr: self.inner.addr.clone(),
+                        root: if self.inner.plaintext {
+                            "plaintext".to_string()
+                        } else {
+                            self.inner.root.describe()
+                        },
+                        token: self.inner.token_path.display().to_string(),
+                        code,
+                        message: status.message().to_string(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// `PROV_CERT` identity, only when the chain parses and the leaf is unexpired.
+fn load_client_identity(dir: &CertDir) -> Option<(Vec<u8>, Vec<u8>)> {
+    let cert = std::fs::read(&dir.cert_chain).ok()?;
+    let key = std::fs::read(&dir.key).ok()?;
+    let leaf = crate::manager::parse_certs(&cert).into_iter().next()?;
+    match crate::manager::cert_validity(&leaf) {
+        Some((_, not_after)) if not_after > SystemTime::now() => Some((cert, key)),
+        _ => {
+            warn!(path = %dir.cert_chain.display(), "PROV_CERT certificate is expired or unparsable; using the token alone");
+            None
+        }
+    }
+}
+
+/// Watches the root file's directory; any change drops the cached channel.
+fn watch_root(
+    path: &Path,
+    channel: Arc<Mutex<Option<Channel>>>,
+    metrics: &Metrics,
+) -> Option<notify::RecommendedWatcher> {
+    let dir = path.parent()?.to_path_buf();
+    let file = path.to_path_buf();
+    let handler = move |ev: notify::Result<notify::Event>| {
+        if let Ok(ev) = ev
+            && !ev.kind.is_access()
+        {
+            info!(root = %file.display(), "CA root directory changed; the CA channel will be rebuilt");
+            if let Ok(mut g) = channel.lock() {
+                *g = None;
+            }
+        }
+    };
+    let mut watcher = match notify::recommended_watcher(handler) {
+        Ok(w) => w,
+        Err(e) => {
+            metrics.file_watcher_failures.inc();
+            warn!(error = %e, "cannot create a file watcher for the CA root");
+            return None;
+        }
+    };
+    if let Err(e) = watcher.watch(&dir, notify::RecursiveMode::NonRecursive) {
+        metrics.file_watcher_failures.inc();
+        warn!(error = %e, dir = %dir.display(), "cannot watch the CA root directory; root changes apply after the next CA error");
+        return None;
+    }
+    Some(watcher)
 }

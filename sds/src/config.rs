@@ -121,6 +121,8 @@ pub struct Config {
     pub crl_path: Option<PathBuf>,
     /// Maximum backoff between failed CA refreshes (not an Istio variable; 60 s).
     pub max_backoff: Duration,
+    /// HTTP/2 keepalive (interval, timeout) on the CA channel; Istio dials with 30s/10s.
+    pub grpc_keepalive: Option<(Duration, Duration)>,
 }
 
 fn get<'a>(env: &'a HashMap<String, String>, key: &str) -> Option<&'a str> {
@@ -396,6 +398,7 @@ impl Config {
                 None
             },
             max_backoff: Duration::from_secs(60),
+            grpc_keepalive: Some(crate::tls::DEFAULT_KEEPALIVE),
         })
     }
 

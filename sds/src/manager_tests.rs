@@ -1,0 +1,378 @@
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use x509_parser::prelude::*;
+
+use super::*;
+use crate::testing::{Answer, FakeCa};
+
+struct Env {
+    dir: tempfile::TempDir,
+    env: HashMap<String, String>,
+}
+
+impl Env {
+    fn new(ca: &FakeCa) -> Env {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join(crate::config::paths::ISTIO_ROOT);
+        std::fs::create_dir_all(root.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&root, &ca.tls_root_pem).expect("root");
+        let mut env = HashMap::new();
+        for (k, v) in [
+            ("CA_ADDR", ca.ca_addr().as_str()),
+            ("ISTIOD_SAN", "istiod.istio-system.svc"),
+            ("POD_NAMESPACE", "ns1"),
+            ("SERVICE_ACCOUNT", "sa1"),
+            ("ECC_SIGNATURE_ALGORITHM", "ECDSA"),
+            ("SECRET_GRACE_PERIOD_RATIO_JITTER", "0"),
+        ] {
+            env.insert(k.to_string(), v.to_string());
+        }
+        Env { dir, env }
+    }
+    fn set(mut self, k: &str, v: &str) -> Env {
+        self.env.insert(k.to_string(), v.to_string());
+        self
+    }
+    fn base(&self) -> &Path {
+        self.dir.path()
+    }
+    fn manager(&self) -> SecretManager {
+        let mut cfg = Config::from_env(&self.env, self.dir.path()).expect("config");
+        // Paused-time tests must not have HTTP/2 ping timers racing the fake CA's replies.
+        cfg.grpc_keepalive = None;
+        let mut reg = prometheus_client::registry::Registry::default();
+        SecretManager::new(Arc::new(cfg), Arc::new(Metrics::new(&mut reg))).expect("manager")
+    }
+}
+
+fn leaf(item: &SecretItem) -> (String, Vec<u8>) {
+    let der = parse_certs(&item.cert_chain_pem)
+        .into_iter()
+        .next()
+        .expect("leaf");
+    let (_, cert) = X509Certificate::from_der(&der).expect("parse");
+    let san = cert
+        .subject_alternative_name()
+        .expect("san ext")
+        .map(|s| {
+            s.value
+                .general_names
+                .iter()
+                .map(|g| format!("{g}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    (san, cert.raw_serial().to_vec())
+}
+
+#[tokio::test]
+async fn fetch_issues_a_spiffe_cert_with_istio_metadata() {
+    let ca = FakeCa::start();
+    let env = Env::new(&ca)
+        .set("ISTIO_META_CLUSTER_ID", "Kubernetes")
+        .set("CA_HEADER_X-Tenant", "t1")
+        .set("ISTIO_META_CERT_SIGNER", "signer1")
+        .set("SECRET_TTL", "2h");
+    let tok = env.base().join(crate::config::paths::TOKEN);
+    std::fs::create_dir_all(tok.parent().expect("p")).expect("mkdir");
+    std::fs::write(&tok, "tok-123\n").expect("token");
+    let m = env.manager();
+    let item = m.fetch("default").await.expect("default");
+    let (san, _) = leaf(&item);
+    assert_eq!(san, "URI(spiffe://cluster.local/ns/ns1/sa/sa1)");
+    assert!(String::from_utf8_lossy(&item.private_key_pem).contains("EC PRIVATE KEY"));
+    check_key_matches(&parse_certs(&item.cert_chain_pem)[0], &item.private_key_pem)
+        .expect("key matches cert");
+    // Chain includes the root, and the root is the chain's last element.
+    assert_eq!(parse_certs(&item.cert_chain_pem).len(), 2);
+    assert_eq!(item.root_cert_pem, ca.signing_root_pem().into_bytes());
+
+    let root = m.fetch("ROOTCA").await.expect("ROOTCA");
+    assert_eq!(root.root_cert_pem, item.root_cert_pem);
+    assert!(root.private_key_pem.is_empty());
+
+    let got = ca.received();
+    assert_eq!(got.len(), 1, "ROOTCA served from the cached CSR result");
+    let r = &got[0];
+    assert_eq!(r.header("authorization"), Some("Bearer tok-123"));
+    assert_eq!(r.header("clusterid"), Some("Kubernetes"));
+    assert_eq!(r.header("x-tenant"), Some("t1"));
+    assert_eq!(r.cert_signer.as_deref(), Some("signer1"));
+    assert_eq!(r.validity_duration, 7200);
+}
+
+#[tokio::test]
+async fn no_token_file_means_no_auth_header() {
+    let ca = FakeCa::start();
+    let env = Env::new(&ca);
+    env.manager().fetch("default").await.expect("default");
+    assert_eq!(ca.received()[0].header("authorization"), None);
+}
+
+#[tokio::test]
+async fn concurrent_requests_share_one_csr() {
+    let ca = FakeCa::start();
+    let env = Env::new(&ca);
+    let m = env.manager();
+    let futs: Vec<_> = (0..8)
+        .map(|i| {
+            let m = m.clone();
+            async move { m.fetch(if i % 2 == 0 { "default" } else { "ROOTCA" }).await }
+        })
+        .collect();
+    for r in futures::future::join_all(futs).await {
+        r.expect("fetch");
+    }
+    assert_eq!(ca.received().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_retryable_codes_then_succeeds() {
+    let ca = FakeCa::start();
+    ca.push_answers([
+        Answer::Fail(tonic::Code::Unavailable),
+        Answer::Fail(tonic::Code::Internal),
+    ]);
+    let env = Env::new(&ca);
+    env.manager()
+        .fetch("default")
+        .await
+        .expect("third try signs");
+    assert_eq!(ca.received().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn gives_up_after_five_tries_and_not_on_permanent_codes() {
+    let ca = FakeCa::start();
+    ca.set_default_answer(Answer::Fail(tonic::Code::Unavailable));
+    let env = Env::new(&ca);
+    let m = env.manager();
+    let e = m.fetch("default").await.expect_err("CA down");
+    assert_eq!(ca.received().len(), 5);
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&ca.ca_addr()) && msg.contains("root-cert.pem"),
+        "{msg}"
+    );
+
+    ca.set_default_answer(Answer::Fail(tonic::Code::PermissionDenied));
+    m.fetch("default").await.expect_err("denied");
+    assert_eq!(ca.received().len(), 6, "PermissionDenied is not retried");
+
+    ca.set_default_answer(Answer::ShortChain);
+    let e = m.fetch("default").await.expect_err("short chain");
+    assert!(matches!(e, Error::InvalidResponse { .. }), "{e}");
+}
+
+// Paused time: the tests wait on events (CA request counts, watch channels), never on
+// timeouts, so tokio only auto-advances to the manager's own rotation and backoff timers.
+#[tokio::test(start_paused = true)]
+async fn rotates_at_grace_ratio_and_keeps_cert_on_failure() {
+    let ca = FakeCa::start();
+    let env = Env::new(&ca).set("SECRET_TTL", "100s");
+    let m = env.manager();
+    let mut rx = m.subscribe("default");
+    let t0 = tokio::time::Instant::now();
+    let first = m.fetch("default").await.expect("first");
+    rx.borrow_and_update();
+    let (_, serial1) = leaf(&first);
+
+    // The CA fails permanently from now on; rotation is due at 50% of the lifetime.
+    ca.set_default_answer(Answer::Fail(tonic::Code::PermissionDenied));
+    ca.wait_received(2).await;
+    let at = t0.elapsed();
+    assert!(
+        at >= Duration::from_secs(49) && at <= Duration::from_secs(51),
+        "rotation at {at:?}"
+    );
+    let still = m.fetch("default").await.expect("still served");
+    assert!(
+        Arc::ptr_eq(&still, &first),
+        "valid cert kept during CA failure"
+    );
+
+    // Jittered exponential backoff: ~1s, then ~2s, then ~4s.
+    let mut prev = tokio::time::Instant::now();
+    for (n, want) in [(3usize, 1.0f64), (4, 2.0), (5, 4.0)] {
+        ca.wait_received(n).await;
+        let gap = prev.elapsed().as_secs_f64();
+        assert!(
+            gap >= want * 0.85 && gap <= want * 1.15,
+            "retry {n} after {gap}s, want ~{want}s"
+        );
+        prev = tokio::time::Instant::now();
+    }
+    assert!(
+        !rx.has_changed().expect("open"),
+        "nothing pushed while failing"
+    );
+
+    // The CA recovers: the next retry issues a new cert and subscribers see it.
+    ca.set_default_answer(Answer::Sign);
+    rx.changed().await.expect("pushed");
+    let second = rx.borrow_and_update().clone().expect("value");
+    assert_ne!(leaf(&second).1, serial1, "new serial after rotation");
+    assert!(Arc::ptr_eq(
+        &m.fetch("default").await.expect("cached"),
+        &second
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn root_change_pushes_rootca() {
+    let ca = FakeCa::start();
+    let env = Env::new(&ca).set("SECRET_TTL", "100s");
+    let m = env.manager();
+    let mut roots = m.subscribe("ROOTCA");
+    let r1 = m.fetch("ROOTCA").await.expect("root");
+    roots.borrow_and_update();
+    let new_root = ca.rotate_signing_root();
+    roots.changed().await.expect("ROOTCA pushed");
+    let r2 = roots.borrow_and_update().clone().expect("value");
+    assert_ne!(r1.root_cert_pem, r2.root_cert_pem);
+    assert_eq!(r2.root_cert_pem, new_root.into_bytes());
+}
+
+#[tokio::test(start_paused = true)]
+async fn unchanged_root_is_not_pushed_on_rotation() {
+    let ca = FakeCa::start();
+    let env = Env::new(&ca).set("SECRET_TTL", "100s");
+    let m = env.manager();
+    let mut roots = m.subscribe("ROOTCA");
+    let mut certs = m.subscribe("default");
+    m.fetch("ROOTCA").await.expect("root");
+    roots.borrow_and_update();
+    certs.borrow_and_update();
+    certs.changed().await.expect("rotated");
+    assert_eq!(ca.received().len(), 2);
+    assert!(
+        !roots.has_changed().expect("open"),
+        "same root: no ROOTCA push"
+    );
+}
+
+#[tokio::test]
+async fn output_certs_are_written_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let ca = FakeCa::start();
+    let env = Env::new(&ca);
+    let out = env.base().join("out");
+    let env = env.set("OUTPUT_CERTS", out.to_str().expect("utf8"));
+    let item = env.manager().fetch("default").await.expect("default");
+    for (f, want) in [
+        ("key.pem", &item.private_key_pem),
+        ("cert-chain.pem", &item.cert_chain_pem),
+        ("root-cert.pem", &item.root_cert_pem),
+    ] {
+        let p = out.join(f);
+        assert_eq!(&std::fs::read(&p).expect(f), want);
+        assert_eq!(
+            std::fs::metadata(&p).expect("meta").permissions().mode() & 0o777,
+            0o600,
+            "{f}"
+        );
+    }
+}
+
+fn self_signed_pair(cn: &str) -> (String, String) {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let cert = rcgen::CertificateParams::new(vec![cn.to_string()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("cert");
+    (cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test]
+async fn file_mounted_certs_are_served_and_reloaded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = dir.path().join("etc/certs");
+    std::fs::create_dir_all(&certs).expect("mkdir");
+    let (c1, k1) = self_signed_pair("one.example");
+    std::fs::write(certs.join("cert-chain.pem"), &c1).expect("w");
+    std::fs::write(certs.join("key.pem"), &k1).expect("w");
+    std::fs::write(
+        certs.join("root-cert.pem"),
+        format!("{c1}-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n"),
+    )
+    .expect("w");
+    let env: HashMap<String, String> = [
+        ("FILE_MOUNTED_CERTS", "true"),
+        ("FILE_DEBOUNCE_DURATION", "10ms"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let cfg = Config::from_env(&env, dir.path()).expect("config");
+    let mut reg = prometheus_client::registry::Registry::default();
+    let m = SecretManager::new(Arc::new(cfg), Arc::new(Metrics::new(&mut reg))).expect("manager");
+    let item = m.fetch("default").await.expect("default from files");
+    assert_eq!(item.cert_chain_pem, c1.as_bytes());
+    let root = m.fetch("ROOTCA").await.expect("root from files");
+    assert_eq!(
+        parse_certs(&root.root_cert_pem).len(),
+        1,
+        "invalid cert in the bundle skipped"
+    );
+
+    let mut rx = m.subscribe("default");
+    rx.borrow_and_update();
+    let (c2, k2) = self_signed_pair("two.example");
+    // Key first, then cert: the intermediate state (mismatched pair) must not be served.
+    write_atomic(&certs.join("key.pem"), k2.as_bytes()).expect("w");
+    write_atomic(&certs.join("cert-chain.pem"), c2.as_bytes()).expect("w");
+    let got = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            rx.changed().await.expect("open");
+            let v = rx.borrow_and_update().clone().expect("value");
+            if v.cert_chain_pem == c2.as_bytes() {
+                return v;
+            }
+        }
+    })
+    .await
+    .expect("reloaded within 10s");
+    assert_eq!(got.private_key_pem, k2.as_bytes());
+}
+
+#[tokio::test]
+async fn file_cert_and_file_root_names() {
+    let ca = FakeCa::start();
+    let env = Env::new(&ca);
+    let (c, k) = self_signed_pair("x.example");
+    std::fs::write(env.base().join("c.pem"), &c).expect("w");
+    std::fs::write(env.base().join("k.pem"), &k).expect("w");
+    let (other, _) = self_signed_pair("y.example");
+    std::fs::write(env.base().join("wrong.pem"), &other).expect("w");
+    let m = env.manager();
+    let item = m.fetch("file-cert:c.pem~k.pem").await.expect("file-cert");
+    assert_eq!(item.cert_chain_pem, c.as_bytes());
+    let root = m.fetch("file-root:c.pem").await.expect("file-root");
+    assert!(root.is_root());
+    assert!(ca.received().is_empty(), "file names never call the CA");
+    tokio::time::pause();
+    let e = m
+        .fetch("file-cert:wrong.pem~k.pem")
+        .await
+        .expect_err("mismatched pair");
+    assert!(e.to_string().contains("does not match"), "{e}");
+}
+
+#[test]
+fn rotation_delay_follows_ratio() {
+    let now = SystemTime::now();
+    let d = rotation_delay(now, now + Duration::from_secs(86400), 0.5, 0.0);
+    assert!(
+        d <= Duration::from_secs(43200) && d > Duration::from_secs(43190),
+        "{d:?}"
+    );
+    let d = rotation_delay(now, now + Duration::from_secs(86400), 0.5, 0.01);
+    assert!(
+        d >= Duration::from_secs(43200 - 865) && d <= Duration::from_secs(43200 + 865),
+        "{d:?}"
+    );
+}

@@ -296,3 +296,95 @@ fn watch_root(
     }
     Some(watcher)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::config::KeyAlgorithm;
+    use crate::testing::FakeCa;
+
+    fn client(ca: &FakeCa, base: &Path, plaintext: bool) -> CaClient {
+        let env: HashMap<String, String> = [
+            ("CA_ADDR", ca.ca_addr()),
+            ("ISTIOD_SAN", "istiod.istio-system.svc".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let mut cfg = Config::from_env(&env, base).expect("config");
+        cfg.ca_plaintext = plaintext;
+        let mut reg = prometheus_client::registry::Registry::default();
+        CaClient::new(&cfg, Arc::new(Metrics::new(&mut reg))).expect("client")
+    }
+
+    fn csr() -> Vec<u8> {
+        crate::csr::generate(
+            "spiffe://cluster.local/ns/a/sa/b",
+            KeyAlgorithm::EcdsaP256,
+            false,
+        )
+        .expect("csr")
+        .csr_pem
+    }
+
+    /// kubelet-style projected volume: `root-cert.pem -> ..data/root-cert.pem`, `..data -> ..<ts>`.
+    fn kubelet_write(dir: &Path, content: &str) {
+        let ts = dir.join(format!("..{:x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&ts).expect("mkdir");
+        std::fs::write(ts.join("root-cert.pem"), content).expect("write");
+        let tmp = dir.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(ts.file_name().expect("name"), &tmp).expect("symlink");
+        std::fs::rename(&tmp, dir.join("..data")).expect("swap");
+        let link = dir.join("root-cert.pem");
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink("..data/root-cert.pem", &link).expect("symlink");
+        }
+    }
+
+    async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !f().await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for: {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn root_file_swap_rebuilds_the_channel() {
+        let ca = FakeCa::start();
+        let other = FakeCa::start();
+        let base = tempfile::tempdir().expect("tempdir");
+        let dir = base.path().join("var/run/secrets/istio");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        kubelet_write(&dir, &ca.tls_root_pem);
+        let c = client(&ca, base.path(), false);
+        let chain = c.sign(&csr()).await.expect("signed with the right root");
+        assert_eq!(chain.len(), 2);
+        // A wrong root swapped in: the cached (working) channel must be dropped, so calls fail.
+        kubelet_write(&dir, &other.tls_root_pem);
+        eventually("calls fail with the wrong root", async || {
+            c.sign(&csr()).await.is_err()
+        })
+        .await;
+        // The right root back: calls succeed again.
+        kubelet_write(&dir, &ca.tls_root_pem);
+        eventually("calls succeed with the right root", async || {
+            c.sign(&csr()).await.is_ok()
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn plaintext_needs_no_root() {
+        let ca = FakeCa::start_plaintext();
+        let base = tempfile::tempdir().expect("tempdir");
+        let c = client(&ca, base.path(), true);
+        assert_eq!(c.sign(&csr()).await.expect("signed").len(), 2);
+    }
+}

@@ -557,19 +557,5 @@ impl SecretDiscoveryService for Sds {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rfc3339_known_dates() {
-        assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00Z");
-        assert_eq!(
-            rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400)),
-            "2000-02-29T00:00:00Z"
-        );
-        assert_eq!(
-            rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(1_798_761_599)),
-            "2026-12-31T23:59:59Z"
-        );
-    }
-}
+#[path = "server_tests.rs"]
+mod tests;

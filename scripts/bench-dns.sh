@@ -10,11 +10,14 @@
 #
 # Prints QPS, average and p99 latency, server CPU seconds per million queries, and the ratios
 # against the issue's goals. Needs: dnsperf, dnsmasq, unbound, taskset (scripts/setup.sh).
-# Usage: scripts/bench-dns.sh   (env: DURATION=10 CLIENTS=4 OUTSTANDING=64 SERVER_CPU=0 CLIENT_CPU=1)
+# The machine is shared, so every measurement is repeated ROUNDS times, interleaved across the
+# servers (all started up front, idle while another is measured), and the best round is kept.
+# Usage: scripts/bench-dns.sh   (env: DURATION=5 ROUNDS=3 CLIENTS=4 OUTSTANDING=64 SERVER_CPU=0 CLIENT_CPU=1)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-DURATION="${DURATION:-10}"
+DURATION="${DURATION:-5}"
+ROUNDS="${ROUNDS:-3}"
 CLIENTS="${CLIENTS:-4}"
 OUTSTANDING="${OUTSTANDING:-64}"
 SERVER_CPU="${SERVER_CPU:-0}"
@@ -100,7 +103,7 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 CLK_TCK="$(getconf CLK_TCK)"
 
 declare -A QPS AVG P99 CPU
-# measure label port queryfile pid [extra dnsperf args]
+# measure label port queryfile pid [extra dnsperf args]: one round; keeps the best QPS per label.
 measure() {
   local label=$1 port=$2 file=$3 pid=$4
   shift 4
@@ -109,21 +112,41 @@ measure() {
   out=$(taskset -c "$CLIENT_CPU" dnsperf -s 127.0.0.1 -p "$port" -d "$file" -l "$DURATION" \
     -c "$CLIENTS" -q "$OUTSTANDING" -t 2 "$@" 2>&1)
   after=$(cpu_ticks "$pid")
-  local completed qps avg
+  local completed qps avg cpu p99
   completed=$(awk '/Queries completed:/ {print $3}' <<<"$out")
   qps=$(awk '/Queries per second:/ {print $4}' <<<"$out")
   avg=$(awk '/Average Latency/ {print $4}' <<<"$out")
-  QPS[$label]=$qps
-  AVG[$label]=$(awk -v a="$avg" 'BEGIN {printf "%.3f", a * 1000}')
-  CPU[$label]=$(awk -v t=$((after - before)) -v hz="$CLK_TCK" -v n="$completed" \
+  cpu=$(awk -v t=$((after - before)) -v hz="$CLK_TCK" -v n="$completed" \
     'BEGIN {if (n > 0) printf "%.2f", t / hz / n * 1e6; else print "n/a"}')
   # p99 from a short verbose run with the same settings.
-  P99[$label]=$(taskset -c "$CLIENT_CPU" dnsperf -s 127.0.0.1 -p "$port" -d "$file" -l 2 \
+  p99=$(taskset -c "$CLIENT_CPU" dnsperf -s 127.0.0.1 -p "$port" -d "$file" -l 2 \
     -c "$CLIENTS" -q "$OUTSTANDING" -t 2 -v "$@" 2>/dev/null |
     awk '/^> / {print $NF}' | sort -g |
     awk '{v[NR] = $1} END {i = int(NR * 0.99); if (i < 1) i = 1; printf "%.3f", v[i] * 1000}')
-  printf '%-28s %10.0f q/s  avg %7s ms  p99 %7s ms  cpu %6s s/Mq\n' \
-    "$label" "${QPS[$label]}" "${AVG[$label]}" "${P99[$label]}" "${CPU[$label]}"
+  printf '  round: %-26s %10.0f q/s\n' "$label" "$qps"
+  # Best round: highest QPS; under fixed light load, lowest average latency.
+  local better=0
+  if [[ -z "${QPS[$label]:-}" ]]; then
+    better=1
+  elif [[ $label == light:* ]]; then
+    awk -v a="$avg" -v b="${AVG[$label]}" 'BEGIN {exit !(a * 1000 < b)}' && better=1
+  else
+    awk -v a="$qps" -v b="${QPS[$label]}" 'BEGIN {exit !(a > b)}' && better=1
+  fi
+  if ((better)); then
+    QPS[$label]=$qps
+    AVG[$label]=$(awk -v a="$avg" 'BEGIN {printf "%.3f", a * 1000}')
+    CPU[$label]=$cpu
+    P99[$label]=$p99
+  fi
+}
+
+report() {
+  local label
+  for label in "$@"; do
+    printf '%-28s %10.0f q/s  avg %7s ms  p99 %7s ms  cpu %6s s/Mq\n' \
+      "$label" "${QPS[$label]}" "${AVG[$label]}" "${P99[$label]}" "${CPU[$label]}"
+  done
 }
 
 start() { # name cpu cmd...
@@ -140,26 +163,25 @@ P=$(free_port)
 start proxy "$SERVER_CPU" env DNS_PROXY_ADDR="127.0.0.1:$P" TOKIO_WORKER_THREADS=1 RUST_LOG=warn \
   "$SERVE" "$WORK/hosts" "$WORK/resolv.conf"
 PROXY_PID=$LAST_PID
-wait_answer "$P" host1.bench.test
-measure "proxy (table)" "$P" "$WORK/q-table.txt" "$PROXY_PID"
-kill "$PROXY_PID"
-
-P=$(free_port)
+M=$(free_port)
 start dnsmasq "$SERVER_CPU" dnsmasq --keep-in-foreground --no-resolv --no-hosts --conf-file=/dev/null \
-  --pid-file= --user=root --bind-interfaces --listen-address=127.0.0.1 --port="$P" \
+  --pid-file= --user=root --bind-interfaces --listen-address=127.0.0.1 --port="$M" \
   --addn-hosts="$WORK/hosts" --local-ttl=30
 DNSMASQ_PID=$LAST_PID
-wait_answer "$P" host1.bench.test
-measure "dnsmasq (hosts)" "$P" "$WORK/q-table.txt" "$DNSMASQ_PID"
-kill "$DNSMASQ_PID"
-
-P=$(free_port)
-unbound_conf "$P" bench.test "$WORK/unbound-local.conf" >"$WORK/unbound.conf"
+U=$(free_port)
+unbound_conf "$U" bench.test "$WORK/unbound-local.conf" >"$WORK/unbound.conf"
 start unbound "$SERVER_CPU" unbound -d -c "$WORK/unbound.conf"
 UNBOUND_PID=$LAST_PID
 wait_answer "$P" host1.bench.test
-measure "unbound (local-data)" "$P" "$WORK/q-table.txt" "$UNBOUND_PID"
-kill "$UNBOUND_PID"
+wait_answer "$M" host1.bench.test
+wait_answer "$U" host1.bench.test
+for ((r = 1; r <= ROUNDS; r++)); do
+  measure "proxy (table)" "$P" "$WORK/q-table.txt" "$PROXY_PID"
+  measure "dnsmasq (hosts)" "$M" "$WORK/q-table.txt" "$DNSMASQ_PID"
+  measure "unbound (local-data)" "$U" "$WORK/q-table.txt" "$UNBOUND_PID"
+done
+report "proxy (table)" "dnsmasq (hosts)" "unbound (local-data)"
+kill "$PROXY_PID" "$DNSMASQ_PID" "$UNBOUND_PID"
 
 echo
 echo "== forwarding, cache off: upstream unbound on cpu $CLIENT_CPU"
@@ -168,30 +190,36 @@ unbound_conf "$UP" fwd.test "$WORK/upstream-local.conf" >"$WORK/upstream.conf"
 start upstream "$CLIENT_CPU" unbound -d -c "$WORK/upstream.conf"
 UP_PID=$LAST_PID
 wait_answer "$UP" fwd1.fwd.test
-measure "upstream direct" "$UP" "$WORK/q-fwd.txt" "$UP_PID"
 
 P=$(free_port)
 start proxy-fwd "$SERVER_CPU" env DNS_PROXY_ADDR="127.0.0.1:$P" DNS_PROXY_CACHE=false \
   SERVE_UPSTREAMS="127.0.0.1:$UP" TOKIO_WORKER_THREADS=1 RUST_LOG=warn \
   "$SERVE" "$WORK/hosts" "$WORK/resolv.conf"
 PROXY_FWD_PID=$LAST_PID
-wait_answer "$P" fwd1.fwd.test
-measure "proxy (forward)" "$P" "$WORK/q-fwd.txt" "$PROXY_FWD_PID"
-
 D=$(free_port)
 start dnsmasq-fwd "$SERVER_CPU" dnsmasq --keep-in-foreground --no-resolv --no-hosts --conf-file=/dev/null \
   --pid-file= --user=root --bind-interfaces --listen-address=127.0.0.1 --port="$D" \
   --server="127.0.0.1#$UP" --cache-size=0 --dns-forward-max=1000
 DNSMASQ_FWD_PID=$LAST_PID
+wait_answer "$P" fwd1.fwd.test
 wait_answer "$D" fwd1.fwd.test
-measure "dnsmasq (forward)" "$D" "$WORK/q-fwd.txt" "$DNSMASQ_FWD_PID"
+for ((r = 1; r <= ROUNDS; r++)); do
+  measure "upstream direct" "$UP" "$WORK/q-fwd.txt" "$UP_PID"
+  measure "proxy (forward)" "$P" "$WORK/q-fwd.txt" "$PROXY_FWD_PID"
+  measure "dnsmasq (forward)" "$D" "$WORK/q-fwd.txt" "$DNSMASQ_FWD_PID"
+done
+report "upstream direct" "proxy (forward)" "dnsmasq (forward)"
 
 echo
-echo "== light load (1000 q/s, 1 outstanding): latency added by forwarding"
+echo "== light load (1000 q/s, 1 outstanding): latency added by forwarding; upstream moved to cpu $SERVER_CPU"
+taskset -pc "$SERVER_CPU" "$UP_PID" >/dev/null
 OUTSTANDING=1 CLIENTS=1
-measure "light: upstream direct" "$UP" "$WORK/q-fwd.txt" "$UP_PID" -Q 1000
-measure "light: proxy (forward)" "$P" "$WORK/q-fwd.txt" "$PROXY_FWD_PID" -Q 1000
-measure "light: dnsmasq (forward)" "$D" "$WORK/q-fwd.txt" "$DNSMASQ_FWD_PID" -Q 1000
+for ((r = 1; r <= ROUNDS; r++)); do
+  measure "light: upstream direct" "$UP" "$WORK/q-fwd.txt" "$UP_PID" -Q 1000
+  measure "light: proxy (forward)" "$P" "$WORK/q-fwd.txt" "$PROXY_FWD_PID" -Q 1000
+  measure "light: dnsmasq (forward)" "$D" "$WORK/q-fwd.txt" "$DNSMASQ_FWD_PID" -Q 1000
+done
+report "light: upstream direct" "light: proxy (forward)" "light: dnsmasq (forward)"
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "n/a"}'; }
 echo

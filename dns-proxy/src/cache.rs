@@ -86,15 +86,17 @@ impl Cache {
         msg.signature = None;
         let Ok(mut map) = self.map.lock() else { return };
         if map.len() >= self.max_entries && !map.contains_key(&key) {
+            // Full: drop expired entries, and if that is not enough an arbitrary eighth, so
+            // the O(n) sweep is paid once per n/8 inserts even under a flood of unique names.
             map.retain(|_, e| e.expires > now);
             if map.len() >= self.max_entries {
-                // Still full of live entries: evict the one expiring soonest.
-                let victim = map
-                    .iter()
-                    .min_by_key(|(_, e)| e.expires)
-                    .map(|(k, _)| k.clone());
-                if let Some(v) = victim {
-                    map.remove(&v);
+                let evict: Vec<Key> = map
+                    .keys()
+                    .take((self.max_entries / 8).max(1))
+                    .cloned()
+                    .collect();
+                for k in evict {
+                    map.remove(&k);
                 }
             }
         }
@@ -213,7 +215,7 @@ mod tests {
             let name = format!("h{i}.example.com.");
             c.put(Key::of(&query(&name)).unwrap(), &answer(&name, 100 + i), t0);
         }
-        assert_eq!(c.len(), 3);
+        assert!(c.len() <= 3);
         let last = Key::of(&query("h9.example.com.")).unwrap();
         assert!(c.get(&last, t0).is_some());
     }

@@ -431,3 +431,131 @@ fn upstream_down_servfail_second_upstream_and_cache() {
     );
     assert!(p.metrics.upstream_failures.get() >= 1);
 }
+
+/// In a pod namespace with `istio-iptables --redirect-dns`: an app (uid 1000) asking the
+/// resolv.conf nameserver reaches the proxy and gets the table's answer; the proxy's own upstream
+/// queries are not captured (they reach dnsmasq at the nameserver address instead of looping).
+///
+/// The proxy runs in this process on a thread that entered the namespace and switched, for
+/// itself only (raw `setresgid`, not glibc's process-wide wrapper), to gid 1337: every socket it
+/// creates carries the proxy group the capture rules exempt, as the agent's would.
+#[test]
+fn captured_in_a_pod_namespace_with_redirect_dns() {
+    if !(harness::require_root() && prereqs()) {
+        return;
+    }
+    let pod = harness::Netns::new("dns-pod");
+    let peer = harness::Netns::new("dns-peer");
+    harness::veth(&peer, "198.18.5.1/24", &pod, "198.18.5.2/24");
+    pod.add_lo_addr("198.18.0.53/32");
+    pod.set_resolv_conf("nameserver 198.18.0.53\nsearch ns1.svc.cluster.local svc.cluster.local\n");
+    // The upstream, at the nameserver address, inside the pod namespace.
+    let mut up = pod.cmd("dnsmasq");
+    up.args([
+        "--keep-in-foreground",
+        "--no-resolv",
+        "--no-hosts",
+        "--conf-file=/dev/null",
+        "--pid-file=",
+        "--bind-interfaces",
+        "--listen-address=198.18.0.53",
+        "--port=53",
+        "--user=root",
+        "--local=/upstream.test/",
+        "--host-record=web.upstream.test,198.18.3.1",
+    ]);
+    let _dnsmasq = Child::spawn("dnsmasq-pod", up);
+
+    // The proxy: own thread, in the namespace, gid 1337.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    let ns_path = std::path::PathBuf::from("/run/netns").join(pod.name());
+    let resolv_dir = tempfile::tempdir().expect("tempdir");
+    let resolv = resolv_dir.path().join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        "nameserver 198.18.0.53\nsearch ns1.svc.cluster.local\n",
+    )
+    .expect("resolv.conf");
+    let proxy_thread = std::thread::spawn(move || {
+        let fd = std::fs::File::open(&ns_path).expect("open netns");
+        nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        // SAFETY: a raw syscall changing only this thread's credentials; no memory involved.
+        let rc = unsafe { libc::syscall(libc::SYS_setresgid, 1337, 1337, 1337) };
+        assert_eq!(rc, 0, "setresgid: {}", std::io::Error::last_os_error());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let env: HashMap<String, String> =
+                [("POD_NAMESPACE".to_string(), "ns1".to_string())].into();
+            let config = Config::from_env(&env, &resolv).expect("config");
+            assert_eq!(
+                config.upstreams,
+                vec!["198.18.0.53:53".parse::<SocketAddr>().unwrap()]
+            );
+            let mut registry = prometheus_client::registry::Registry::default();
+            let metrics = Arc::new(Metrics::new(&mut registry));
+            let proxy = DnsProxy::bind(config, metrics)
+                .await
+                .expect("bind 127.0.0.1:15053");
+            proxy.table().update(&table());
+            tx.send(proxy.local_addrs()).expect("send addrs");
+            proxy.run(stop).await.expect("run");
+        });
+    });
+    let addrs = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("proxy bound");
+    assert_eq!(
+        addrs,
+        vec!["127.0.0.1:15053".parse::<SocketAddr>().unwrap()]
+    );
+
+    let out = pod
+        .cmd(harness::workspace_bin("istio-iptables"))
+        .args([
+            "-p", "15001", "-z", "15006", "-u", "1337", "-g", "1337", "-m", "REDIRECT",
+        ])
+        .args(["-i", "*", "-b", "*", "--redirect-dns"])
+        .output()
+        .expect("run istio-iptables");
+    assert!(
+        out.status.success(),
+        "istio-iptables: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let app_dig = |args: &[&str]| {
+        let out = pod
+            .cmd_as(1000, 1000, "dig")
+            .args(["@198.18.0.53", "+time=3", "+tries=1"])
+            .args(args)
+            .output()
+            .expect("dig as uid 1000");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    // Table answers for the app, over UDP and TCP: captured.
+    for proto in ["+notcp", "+tcp"] {
+        let out = app_dig(&[proto, "productpage.ns1.svc.cluster.local"]);
+        assert!(
+            out.contains("198.18.1.1") && out.contains("status: NOERROR"),
+            "{proto}: {out}"
+        );
+        let out = app_dig(&[proto, "productpage"]);
+        assert!(out.contains("198.18.1.1"), "{proto}: {out}");
+    }
+    // Forwarded: the proxy's upstream query leaves uncaptured and dnsmasq answers.
+    let out = app_dig(&["web.upstream.test"]);
+    assert!(
+        out.contains("198.18.3.1") && out.contains("status: NOERROR"),
+        "{out}"
+    );
+    let out = app_dig(&["gone.upstream.test"]);
+    assert!(out.contains("status: NXDOMAIN"), "{out}");
+
+    shutdown.cancel();
+    proxy_thread.join().expect("proxy thread");
+}

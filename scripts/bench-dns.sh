@@ -8,7 +8,8 @@
 # pinned with the client), and dnsperf against the upstream directly; plus a light-load run for
 # the latency the forwarder adds.
 #
-# Prints QPS, average and p99 latency, server CPU seconds per million queries, and the ratios
+# Our proxy runs the crate's `serve` example on a single-threaded tokio runtime (the server has
+# one core). Prints QPS, average and p99 latency, server CPU seconds per million queries, and the ratios
 # against the goals. Needs: dnsperf, dnsmasq, unbound, taskset (scripts/setup.sh).
 # The machine is shared, so every measurement is repeated ROUNDS times, interleaved across the
 # servers (all started up front, idle while another is measured), and the best round is kept.
@@ -160,7 +161,7 @@ start() { # name cpu cmd...
 echo "== table hits: $NAMES names, ${DURATION}s, $CLIENTS clients, $OUTSTANDING outstanding, server on cpu $SERVER_CPU, dnsperf on cpu $CLIENT_CPU"
 
 P=$(free_port)
-start proxy "$SERVER_CPU" env DNS_PROXY_ADDR="127.0.0.1:$P" TOKIO_WORKER_THREADS=1 RUST_LOG=warn \
+start proxy "$SERVER_CPU" env DNS_PROXY_ADDR="127.0.0.1:$P" SERVE_RUNTIME=current RUST_LOG=warn \
   "$SERVE" "$WORK/hosts" "$WORK/resolv.conf"
 PROXY_PID=$LAST_PID
 M=$(free_port)
@@ -193,7 +194,7 @@ wait_answer "$UP" fwd1.fwd.test
 
 P=$(free_port)
 start proxy-fwd "$SERVER_CPU" env DNS_PROXY_ADDR="127.0.0.1:$P" DNS_PROXY_CACHE=false \
-  SERVE_UPSTREAMS="127.0.0.1:$UP" TOKIO_WORKER_THREADS=1 RUST_LOG=warn \
+  SERVE_UPSTREAMS="127.0.0.1:$UP" SERVE_RUNTIME=current RUST_LOG=warn \
   "$SERVE" "$WORK/hosts" "$WORK/resolv.conf"
 PROXY_FWD_PID=$LAST_PID
 D=$(free_port)

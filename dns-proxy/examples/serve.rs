@@ -3,7 +3,8 @@
 //! `serve <hosts-file> <resolv.conf>`: loads `<ip> <name>...` lines (hosts-file format) as a
 //! name table, reads Istio's variables (`DNS_PROXY_ADDR`, `DNS_FORWARD_TIMEOUT`,
 //! `DNS_PROXY_CACHE`, ...) from the environment, prints `listening <addr>` and serves until
-//! SIGINT/SIGTERM. `SERVE_UPSTREAMS=ip:port,...` replaces the resolv.conf nameservers.
+//! SIGINT/SIGTERM. `SERVE_RUNTIME=current` uses a single-threaded runtime.
+//! `SERVE_UPSTREAMS=ip:port,...` replaces the resolv.conf nameservers.
 //! Worker threads: `TOKIO_WORKER_THREADS` (tokio's own variable).
 
 use std::collections::HashMap;
@@ -25,8 +26,21 @@ fn hosts_table(text: &str) -> NameTable {
     nt
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // SERVE_RUNTIME=current: single-threaded runtime (for one-core benchmarks).
+    let rt = if std::env::var("SERVE_RUNTIME").as_deref() == Ok("current") {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+    };
+    rt.block_on(serve())
+}
+
+async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let (Some(hosts), Some(resolv)) = (args.get(1), args.get(2)) else {
         eprintln!("usage: serve <hosts-file> <resolv.conf>");

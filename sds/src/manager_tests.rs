@@ -376,3 +376,28 @@ fn rotation_delay_follows_ratio() {
         "{d:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn warm_fills_default_and_rootca_with_backoff() {
+    let ca = FakeCa::start();
+    // The CA is down for the first two calls; warm-up keeps retrying.
+    ca.push_answers([
+        Answer::Fail(tonic::Code::PermissionDenied),
+        Answer::Fail(tonic::Code::PermissionDenied),
+    ]);
+    let env = Env::new(&ca);
+    let m = env.manager();
+    let mut root = m.subscribe("ROOTCA");
+    m.warm();
+    root.changed().await.expect("ROOTCA warmed");
+    assert_eq!(
+        ca.received().len(),
+        3,
+        "two failures, then one CSR for both names"
+    );
+    let cached = m.subscribe("default").borrow().clone();
+    assert!(
+        cached.is_some(),
+        "default is in the cache before any SDS request"
+    );
+}

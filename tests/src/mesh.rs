@@ -347,12 +347,13 @@ impl Pod {
         )
     }
 
-    /// Resolves `name` with `dig` as the app user (captured DNS).
+    /// Resolves `name` with `dig +search` as the app user (captured DNS), like an app's
+    /// resolver: the resolv.conf search list applies.
     pub fn dig(&self, name: &str) -> String {
         let out = self
             .ns
             .cmd_as(APP_UID, APP_UID, "dig")
-            .args(["+short", "+time=2", "+tries=1", name])
+            .args(["+short", "+search", "+time=2", "+tries=1", name])
             .output()
             .expect("run dig");
         String::from_utf8_lossy(&out.stdout).into_owned()

@@ -65,11 +65,33 @@ pub fn run(
     if cfg.enable_ipv6 {
         families.push(Family::V6);
     }
+    // Built-in-chain rules of the same flags in the other interception mode (TPROXY's mangle
+    // marks): a reconcile or cleanup after a mode change removes them too.
+    let other_mode = other_mode_rules(cfg);
+    // Without IPv6 detected the rule set has no IPv6 part; what an earlier run may have left
+    // there is the same flags' IPv6 rules, in either mode.
+    let v6_leftovers = (!cfg.enable_ipv6).then(|| {
+        let mut v6 = cfg.clone();
+        v6.enable_ipv6 = true;
+        [crate::capture::build(&v6), other_mode_rules(&v6)]
+    });
+    let v6_candidates = || -> [&[Rule]; 2] {
+        match &v6_leftovers {
+            Some([a, b]) => [a.rules_v6(), b.rules_v6()],
+            None => [rules.rules_v6(), other_mode.rules_v6()],
+        }
+    };
     if cfg.cleanup_only {
         let mut out = Vec::new();
         for family in [Family::V4, Family::V6] {
             match Backend::detect(family, cfg.force_iptables_binary, env) {
-                Ok(b) => out.push((family, cleanup_family(&b, family_rules(rules, family))?)),
+                Ok(b) => {
+                    let candidates = match family {
+                        Family::V4 => [rules.rules_v4(), other_mode.rules_v4()],
+                        Family::V6 => v6_candidates(),
+                    };
+                    out.push((family, cleanup_family(&b, &candidates)?))
+                }
                 Err(e) if family == Family::V6 && !cfg.enable_ipv6 => {
                     tracing::info!(error = %e, "no usable ip6tables; skipping IPv6 cleanup")
                 }
@@ -120,7 +142,8 @@ pub fn run(
             Err(e) if cfg.force_apply => return Err(e),
             Err(e) => {
                 tracing::info!(family = %backend.family, error = %e, "rules not applied on first attempt; inspecting current state");
-                careful_family(backend, plan, cfg.reconcile).map_err(|err| match err {
+                let others = family_rules(&other_mode, backend.family);
+                careful_family(backend, plan, others, cfg.reconcile).map_err(|err| match err {
                     Error::Drift { family, reason } => Error::Drift {
                         family,
                         reason: format!("{reason}; the first apply attempt reported: {e}"),
@@ -132,8 +155,33 @@ pub fn run(
         tracing::info!(family = %backend.family, binary = %backend.bin(""), ?outcome, "iptables done");
         out.push((backend.family, outcome));
     }
+    if cfg.reconcile && !cfg.enable_ipv6 {
+        // The replaced rule set has no IPv6 part: remove one an earlier run left.
+        match Backend::detect(Family::V6, cfg.force_iptables_binary, env) {
+            Ok(b) => {
+                let outcome = cleanup_family(&b, &v6_candidates())?;
+                if outcome == Outcome::CleanedUp {
+                    tracing::info!(family = %Family::V6, "reconcile removed IPv6 rules of an earlier run");
+                    out.push((Family::V6, outcome));
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "no usable ip6tables; nothing to reconcile for IPv6")
+            }
+        }
+    }
     configure_routes(cfg)?;
     Ok(out)
+}
+
+/// The rule set of `cfg` in the other inbound interception mode.
+fn other_mode_rules(cfg: &Config) -> RuleBuilder {
+    let mut other = cfg.clone();
+    other.inbound_interception_mode = match cfg.inbound_interception_mode {
+        InterceptionMode::Redirect => InterceptionMode::Tproxy,
+        InterceptionMode::Tproxy => InterceptionMode::Redirect,
+    };
+    crate::capture::build(&other)
 }
 
 fn family_rules(rules: &RuleBuilder, family: Family) -> &[Rule] {
@@ -160,8 +208,14 @@ pub fn restore_text(rules: &[Rule]) -> String {
     blocks.into_iter().map(|(_, b)| b).collect()
 }
 
-/// Snapshot, compare, then apply / keep / reconcile one family.
-fn careful_family(backend: &Backend, plan: &[Rule], reconcile: bool) -> Result<Outcome, Error> {
+/// Snapshot, compare, then apply / keep / reconcile one family. `others` are rules an earlier
+/// run with other flags may have left in built-in chains; reconcile removes those present.
+fn careful_family(
+    backend: &Backend,
+    plan: &[Rule],
+    others: &[Rule],
+    reconcile: bool,
+) -> Result<Outcome, Error> {
     let state = parse_save(&backend.save()?);
     if !state.has_istio() {
         backend.restore(&restore_text(plan), false)?;
@@ -178,7 +232,7 @@ fn careful_family(backend: &Backend, plan: &[Rule], reconcile: bool) -> Result<O
         }),
         Some(reason) => {
             tracing::info!(family = %backend.family, %reason, "reconciling drifted Istio rules");
-            let deletes = existing_builtin_rules(backend, plan);
+            let deletes = existing_builtin_rules(backend, &[plan, others]);
             let script = replace_script(&state, plan, &deletes);
             backend.restore(&script, false)?;
             Ok(Outcome::Reconciled)
@@ -186,7 +240,9 @@ fn careful_family(backend: &Backend, plan: &[Rule], reconcile: bool) -> Result<O
     }
 }
 
-fn cleanup_family(backend: &Backend, plan: &[Rule]) -> Result<Outcome, Error> {
+/// Removes every `ISTIO_*` chain, the jumps to them, and those of `candidates`' built-in-chain
+/// rules that are present.
+fn cleanup_family(backend: &Backend, candidates: &[&[Rule]]) -> Result<Outcome, Error> {
     let state = match backend.save() {
         Ok(s) => parse_save(&s),
         Err(e) if backend.family == Family::V6 => {
@@ -198,7 +254,7 @@ fn cleanup_family(backend: &Backend, plan: &[Rule]) -> Result<Outcome, Error> {
     let deletes = if state.is_empty() {
         Vec::new()
     } else {
-        existing_builtin_rules(backend, plan)
+        existing_builtin_rules(backend, candidates)
     };
     let script = replace_script(&state, &[], &deletes);
     if script.is_empty() {
@@ -282,11 +338,15 @@ pub fn check_script(plan: &[Rule]) -> String {
     out
 }
 
-/// Planned rules in built-in chains that are not jumps to our chains (interface RETURNs,
-/// TPROXY marks): the ones present now, found with one `-C` each.
-fn existing_builtin_rules(backend: &Backend, plan: &[Rule]) -> Vec<Rule> {
-    plan.iter()
+/// Rules of `candidates` in built-in chains that are not jumps to our chains (interface
+/// RETURNs, TPROXY marks): the ones present now, each once, found with one `-C` each.
+fn existing_builtin_rules(backend: &Backend, candidates: &[&[Rule]]) -> Vec<Rule> {
+    let mut seen = HashSet::new();
+    candidates
+        .iter()
+        .flat_map(|rules| rules.iter())
         .filter(|r| is_built_in(&r.chain) && !r.jumps_to_istio())
+        .filter(|r| seen.insert((r.table.clone(), r.delete_params())))
         .filter(|r| backend.check(r))
         .cloned()
         .collect()
@@ -369,6 +429,10 @@ fn configure_routes(cfg: &Config) -> Result<(), Error> {
         backend::ip(&["-6", "addr", "replace", "::6/128", "dev", "lo"])?;
     }
     if !tproxy_routes_wanted(cfg) {
+        if cfg.reconcile {
+            // A TPROXY run before this one left its policy routing; the new rules do not mark.
+            cleanup_routes(cfg);
+        }
         return Ok(());
     }
     let mark = cfg.inbound_tproxy_mark.to_string();

@@ -4,6 +4,8 @@
 pub mod grpc_health;
 pub mod probe;
 pub mod stats;
+#[cfg(test)]
+mod tests;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -1,0 +1,248 @@
+//! The status server against a fake Envoy admin/prometheus endpoint and a fake app, all real
+//! HTTP servers on 127.0.0.1:0.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::*;
+use crate::lifecycle::{DrainMode, Readiness, Shutdown};
+use crate::status::probe::{AppProbe, ProbeAction};
+
+/// A fake HTTP server: path → (status, body); records request lines.
+async fn fake_http(
+    routes: HashMap<String, (u16, String)>,
+) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen_w = seen.clone();
+    let routes = Arc::new(Mutex::new(routes));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let routes = routes.clone();
+            let seen = seen_w.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                let line = req.lines().next().unwrap_or("").to_string();
+                seen.lock().unwrap().push(line.clone());
+                let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
+                let key = path.split('?').next().unwrap_or("").to_string();
+                let (code, body) = routes
+                    .lock()
+                    .unwrap()
+                    .get(&key)
+                    .cloned()
+                    .unwrap_or((404, String::new()));
+                let resp = format!(
+                    "HTTP/1.1 {code} X\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+async fn get(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    crate::client::send(
+        method,
+        &format!("http://{addr}{path}"),
+        None,
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap()
+}
+
+struct Setup {
+    addr: SocketAddr,
+    shutdown: Shutdown,
+    readiness: Readiness,
+    envoy_seen: Arc<Mutex<Vec<String>>>,
+}
+
+async fn setup(envoy_stats: &str, ready_stats: &str, app_port: Option<u16>) -> Setup {
+    let mut routes = HashMap::new();
+    routes.insert(
+        "/stats/prometheus".to_string(),
+        (200, "envoy_up 1\n".to_string()),
+    );
+    let (prom, _) = fake_http(routes).await;
+    // Envoy's admin answers every /stats query with both readiness parts.
+    let mut routes = HashMap::new();
+    routes.insert(
+        "/stats".to_string(),
+        (200, format!("{envoy_stats}{ready_stats}")),
+    );
+    routes.insert("/drain_listeners".to_string(), (200, "OK".to_string()));
+    let (admin, seen) = fake_http(routes).await;
+
+    let mut registry = Registry::with_prefix("istio_agent");
+    let metrics = Metrics::new(&mut registry);
+    let readiness = Readiness::default();
+    let shutdown = Shutdown::default();
+    let mut probers = probe::AppProbers::new();
+    if let Some(port) = app_port {
+        probers.insert(
+            "/app-health/app/readyz".into(),
+            AppProbe {
+                action: ProbeAction::Http {
+                    path: "/ready".into(),
+                    port,
+                    host: String::new(),
+                    https: false,
+                    headers: vec![],
+                },
+                timeout: Duration::from_secs(2),
+            },
+        );
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = StatusServer::new(
+        listener,
+        Inputs {
+            node_type: NodeType::Sidecar,
+            admin: Some(Admin { addr: admin }),
+            envoy_prometheus: Some(prom),
+            app_metrics: app_port.map(|p| probe::PrometheusAnnotations {
+                targets: vec![(p, "/metrics".into())],
+            }),
+            metrics_localhost_only: false,
+            probers,
+            prober: Prober {
+                destination: "127.0.0.1".parse().unwrap(),
+            },
+            registry: Arc::new(registry),
+            metrics,
+            readiness: readiness.clone(),
+            shutdown: shutdown.clone(),
+            ndsz: Some(Arc::new(|| Some(r#"{"a.b.":{}}"#.to_string()))),
+        },
+    );
+    let addr = server.local_addr().unwrap();
+    tokio::spawn(server.run());
+    Setup {
+        addr,
+        shutdown,
+        readiness,
+        envoy_seen: seen,
+    }
+}
+
+const CONFIG_OK: &str =
+    "cluster_manager.cds.update_success: 1\nlistener_manager.lds.update_success: 2\n";
+const LIVE: &str = "server.state: 0\nlistener_manager.workers_started: 1\n";
+
+#[tokio::test]
+async fn ready_when_envoy_has_config_and_is_live_and_guards_are_done() {
+    let s = setup(CONFIG_OK, LIVE, None).await;
+    let dns = s.readiness.register("dns");
+    let (code, body) = get(s.addr, "GET", "/healthz/ready").await;
+    assert_eq!(code, 503);
+    assert!(body.contains("DNS lookup table is not ready"), "{body}");
+    dns.ready();
+    assert_eq!(get(s.addr, "GET", "/healthz/ready").await.0, 200);
+    // Shutdown fails readiness at once (and closes the listener).
+    s.shutdown.trigger();
+    assert!(
+        crate::client::send(
+            "GET",
+            &format!("http://{}/healthz/ready", s.addr),
+            None,
+            Duration::from_secs(2)
+        )
+        .await
+        .map(|r| r.0)
+            != Ok(200)
+    );
+}
+
+#[tokio::test]
+async fn not_ready_explains_what_is_pending() {
+    let s = setup("cluster_manager.cds.update_success: 0\n", LIVE, None).await;
+    let (code, body) = get(s.addr, "GET", "/healthz/ready").await;
+    assert_eq!(code, 503);
+    assert!(
+        body.contains("config not received from XDS server"),
+        "{body}"
+    );
+    let s = setup("cluster_manager.cds.update_rejected: 2\n", LIVE, None).await;
+    let (_, body) = get(s.addr, "GET", "/healthz/ready").await;
+    assert!(body.contains("rejected"), "{body}");
+    let s = setup(CONFIG_OK, "server.state: 3\n", None).await;
+    let (code, body) = get(s.addr, "GET", "/healthz/ready").await;
+    assert_eq!(code, 503);
+    assert!(body.contains("INITIALIZING"), "{body}");
+}
+
+#[tokio::test]
+async fn quitquitquit_and_drain() {
+    let s = setup(CONFIG_OK, LIVE, None).await;
+    assert_eq!(get(s.addr, "GET", "/quitquitquit").await.0, 405);
+    assert_eq!(get(s.addr, "POST", "/drain").await, (200, "OK".into()));
+    assert!(
+        s.envoy_seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("/drain_listeners?inboundonly&graceful&skip_exit"))
+    );
+    assert_eq!(s.shutdown.mode(), DrainMode::Immediate);
+    assert!(!s.shutdown.is_shutting_down());
+    assert_eq!(
+        get(s.addr, "POST", "/quitquitquit").await,
+        (200, "OK".into())
+    );
+    assert!(s.shutdown.is_shutting_down());
+}
+
+#[tokio::test]
+async fn merged_metrics_app_probes_and_ndsz() {
+    let mut routes = HashMap::new();
+    routes.insert(
+        "/metrics".to_string(),
+        (200, "app_requests_total 7\n# EOF\n".to_string()),
+    );
+    routes.insert("/ready".to_string(), (200, "app ready".to_string()));
+    let (app, app_seen) = fake_http(routes).await;
+    let s = setup(CONFIG_OK, LIVE, Some(app.port())).await;
+
+    let (code, body) = get(s.addr, "GET", "/stats/prometheus").await;
+    assert_eq!(code, 200);
+    let agent = body
+        .find("istio_agent_scrapes_total")
+        .expect("agent metrics");
+    let envoy = body.find("envoy_up 1").expect("envoy metrics");
+    let app_pos = body.find("app_requests_total 7").expect("app metrics");
+    assert!(agent < envoy && envoy < app_pos, "order: {body}");
+    assert!(!body.contains("# EOF"), "{body}");
+
+    let (code, body) = get(s.addr, "GET", "/app-health/app/readyz").await;
+    assert_eq!((code, body.as_str()), (200, "app ready"));
+    assert!(
+        app_seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.starts_with("GET /ready"))
+    );
+    let (code, body) = get(s.addr, "GET", "/app-health/other/livez").await;
+    assert_eq!(code, 400);
+    assert!(body.contains("app prober config does not exists"));
+
+    assert_eq!(
+        get(s.addr, "GET", "/debug/ndsz").await,
+        (200, r#"{"a.b.":{}}"#.into())
+    );
+}

@@ -1,0 +1,341 @@
+//! pilot-agent end to end: Istio's injection argv and env, in a network namespace, against
+//! istiod-lite, with real Envoy: readiness on 15021, config through the xDS proxy, the SPIFFE
+//! certificate through SDS, SIGTERM drain, app probes, merged metrics, istiod restarts.
+
+use harness::mesh::{INIT_ARGS, Mesh, NAMESPACE, PROXY_UID, Pod, proxy_args};
+use harness::{Child, assert_eventually, envoy_bin, require_bin, require_root};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const HOST: &str = "httpbin.demo.svc.cluster.local";
+const VIP: &str = "198.19.0.10";
+
+fn config(server_ip: &str) -> String {
+    format!(
+        r#"apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{ name: httpbin, namespace: {NAMESPACE} }}
+spec:
+  hosts: [{HOST}]
+  addresses: [{VIP}]
+  ports: [{{ number: 80, name: http, protocol: HTTP, targetPort: 8080 }}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  workloadSelector: {{ labels: {{ app: httpbin }} }}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{ name: httpbin-v1, namespace: {NAMESPACE} }}
+spec:
+  address: {server_ip}
+  labels: {{ app: httpbin, version: v1 }}
+  serviceAccount: httpbin
+"#
+    )
+}
+
+fn prerequisites() -> bool {
+    require_root()
+        && envoy_bin().is_some()
+        && require_bin("iptables")
+        && require_bin("curl")
+        && require_bin("setpriv")
+}
+
+/// Waits for readiness on 15021; on failure prints what the agent and Envoy say.
+fn wait_ready(mesh: &Mesh, pod: &Pod, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match mesh.probe(pod, 15021, "/healthz/ready") {
+            Ok((200, _)) => return,
+            other if Instant::now() >= deadline => {
+                let status = pod.get("127.0.0.1:15020".parse().expect("addr"), "/healthz/ready");
+                let init = pod.envoy_admin("/init_dump");
+                let stats = pod.envoy_admin(
+                    "/stats?usedonly&filter=(server.state|update_|sds|warming|init_fetch)",
+                );
+                eprintln!("Envoy init_dump: {init:?}");
+                panic!(
+                    "{} not ready on 15021: {other:?}\nagent 15020: {status:?}\nEnvoy stats: {stats:?}",
+                    pod.name
+                );
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+#[test]
+fn injected_sidecar_becomes_ready_with_config_and_spiffe_cert() {
+    if !prerequisites() {
+        return;
+    }
+    let mut mesh = Mesh::new(&config("198.18.1.2"));
+    mesh.start_istiod();
+    let mut pod = mesh.pod("server", "httpbin");
+    mesh.start_app(&mut pod, "0.0.0.0:8080", "httpbin-v1");
+    inject_with(
+        &mesh,
+        &mut pod,
+        &[
+            ("ISTIO_META_DNS_CAPTURE", "true".to_string()),
+            (
+                "ISTIO_PROMETHEUS_ANNOTATIONS",
+                r#"{"scrape":"true","port":"8080","path":"/metrics"}"#.to_string(),
+            ),
+        ],
+    );
+    // Ready through Envoy's 15021 listener, which routes to the agent: needs Envoy's config
+    // (through the xDS proxy), its certificates (through SDS) and the DNS table (NDS).
+    wait_ready(&mesh, &pod, Duration::from_secs(30));
+
+    // Envoy's config came from istiod-lite through the xDS proxy.
+    let (code, dump) = pod.envoy_admin("/config_dump").expect("config_dump");
+    assert_eq!(code, 200);
+    assert!(dump.contains(HOST), "config_dump lacks {HOST}");
+    assert!(
+        dump.contains("virtualInbound"),
+        "config_dump lacks istiod-lite's listeners"
+    );
+    // The workload certificate came through SDS.
+    let (code, certs) = pod.envoy_admin("/certs").expect("certs");
+    assert_eq!(code, 200);
+    assert!(
+        certs.contains("spiffe://cluster.local/ns/demo/sa/httpbin"),
+        "certs: {certs}"
+    );
+    // The NDS table reached the DNS proxy (loopback-only debug endpoint).
+    let (code, ndsz) = pod
+        .get("127.0.0.1:15020".parse().expect("addr"), "/debug/ndsz")
+        .expect("ndsz");
+    assert_eq!(code, 200);
+    assert!(ndsz.contains(HOST), "ndsz: {ndsz}");
+    // Merged metrics on the status port (what Prometheus scrapes, from the node): the agent's,
+    // then Envoy's (through 15090), then the app's.
+    let (code, metrics) = mesh
+        .probe(&pod, 15020, "/stats/prometheus")
+        .expect("metrics");
+    assert_eq!(code, 200);
+    let agent = metrics
+        .find("istio_agent_xds_proxy_responses")
+        .expect("agent metrics");
+    let envoy = metrics.find("envoy_server_live").expect("Envoy metrics");
+    let app = metrics.find("hello from httpbin-v1").expect("app metrics");
+    assert!(agent < envoy && envoy < app, "order of merged metrics");
+}
+
+/// Istio's injection (init container, then the proxy container's argv and env), with `extra`
+/// env on top, the way a pod annotation or webhook would add it.
+fn inject_with(mesh: &Mesh, pod: &mut Pod, extra: &[(&str, String)]) {
+    let out = pod
+        .ns
+        .cmd(mesh.bin("istio-iptables"))
+        .args(INIT_ARGS)
+        .output()
+        .expect("run istio-iptables");
+    assert!(out.status.success(), "istio-iptables: {out:?}");
+    std::fs::write(
+        pod.dir.join("var/run/secrets/tokens/istio-token"),
+        mesh.token(&pod.service_account),
+    )
+    .expect("write token");
+    std::fs::copy(
+        mesh.ca_dir().join("root-cert.pem"),
+        pod.dir.join("var/run/secrets/istio/root-cert.pem"),
+    )
+    .expect("copy root cert");
+    let status = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{PROXY_UID}:{PROXY_UID}"))
+        .arg(&pod.dir)
+        .status()
+        .expect("chown");
+    assert!(status.success());
+    let mut cmd = pod.ns.cmd_as(PROXY_UID, PROXY_UID, mesh.bin("pilot-agent"));
+    cmd.args(proxy_args())
+        .current_dir(&pod.dir)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+        .env("PILOT_CERT_PROVIDER", "istiod")
+        .env("CA_ADDR", "istiod.istio-system.svc:15012")
+        .env("POD_NAME", &pod.name)
+        .env("POD_NAMESPACE", NAMESPACE)
+        .env("INSTANCE_IP", &pod.ip)
+        .env("SERVICE_ACCOUNT", &pod.service_account)
+        .env("HOST_IP", &pod.node_ip)
+        .env("ISTIO_CPU_LIMIT", "1")
+        .env(
+            "PROXY_CONFIG",
+            format!(
+                r#"{{"binaryPath":"{}","discoveryAddress":"istiod.istio-system.svc:15012"}}"#,
+                mesh.bin("envoy").display()
+            ),
+        )
+        .env(
+            "ISTIO_META_POD_PORTS",
+            r#"[{"name":"http","containerPort":8080}]"#,
+        )
+        .env("ISTIO_META_APP_CONTAINERS", "app")
+        .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
+        .env("ISTIO_META_INTERCEPTION_MODE", "REDIRECT")
+        .env("ISTIO_META_WORKLOAD_NAME", &pod.name)
+        .env("ISTIO_META_MESH_ID", "cluster.local")
+        .env("TRUST_DOMAIN", "cluster.local")
+        .env("RUST_LOG", "info");
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    pod.agent = Some(Child::spawn(&format!("agent-{}", pod.name), cmd));
+}
+
+fn agent(pod: &mut Pod) -> &mut Child {
+    pod.agent.as_mut().expect("agent started")
+}
+
+/// Waits until Envoy is up and connected to the agent's xDS proxy.
+fn wait_envoy_connected(pod: &mut Pod) {
+    agent(pod).wait_for_line("Envoy connected to the xDS proxy", Duration::from_secs(20));
+    assert_eventually(Duration::from_secs(10), || {
+        match pod.envoy_admin("/ready") {
+            Ok((_, _)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    });
+}
+
+fn line_index(lines: &[String], needle: &str) -> usize {
+    lines
+        .iter()
+        .position(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("agent never logged {needle:?}"))
+}
+
+#[test]
+fn sigterm_drains_inbound_listeners_then_exits_zero() {
+    if !prerequisites() {
+        return;
+    }
+    let mut mesh = Mesh::new(&config("198.18.1.2"));
+    mesh.start_istiod();
+    let mut pod = mesh.pod("drain", "httpbin");
+    inject_with(
+        &mesh,
+        &mut pod,
+        &[(
+            "PROXY_CONFIG",
+            format!(
+                r#"{{"binaryPath":"{}","discoveryAddress":"istiod.istio-system.svc:15012","terminationDrainDuration":"2s"}}"#,
+                mesh.bin("envoy").display()
+            ),
+        )],
+    );
+    wait_envoy_connected(&mut pod);
+    let started = Instant::now();
+    agent(&mut pod).signal(nix::sys::signal::Signal::SIGTERM);
+    // The status server closes at once; Envoy keeps running while it drains.
+    assert_eventually(Duration::from_secs(2), || {
+        match pod.get("127.0.0.1:15020".parse().expect("addr"), "/healthz/ready") {
+            Err(_) => Ok(()),
+            Ok(r) => Err(format!("status server still answers: {r:?}")),
+        }
+    });
+    let (code, _) = pod
+        .envoy_admin("/ready")
+        .expect("Envoy alive while draining");
+    assert!(code == 200 || code == 503);
+    let status = agent(&mut pod)
+        .wait_timeout(Duration::from_secs(15))
+        .expect("agent exits after the drain");
+    let elapsed = started.elapsed();
+    assert_eq!(status.code(), Some(0), "exit status {status:?}");
+    assert!(
+        elapsed >= Duration::from_millis(1900) && elapsed < Duration::from_secs(10),
+        "drain took {elapsed:?} (terminationDrainDuration 2s)"
+    );
+    let lines = agent(&mut pod).output();
+    let drained = line_index(&lines, "Envoy draining listeners");
+    let stopped = line_index(&lines, "Envoy stopped");
+    assert!(drained < stopped, "drain must come before stop");
+    // envoy-rev.json is removed once Envoy is gone.
+    assert!(!pod.dir.join("etc/istio/proxy/envoy-rev.json").exists());
+}
+
+#[test]
+fn envoy_crash_makes_the_agent_exit_non_zero() {
+    if !prerequisites() || !require_bin("pgrep") {
+        return;
+    }
+    let mut mesh = Mesh::new(&config("198.18.1.2"));
+    mesh.start_istiod();
+    let mut pod = mesh.pod("crash", "httpbin");
+    inject_with(&mesh, &mut pod, &[]);
+    wait_envoy_connected(&mut pod);
+    let agent_pid = agent(&mut pod).id();
+    let out = Command::new("pgrep")
+        .args(["-P", &agent_pid.to_string()])
+        .output()
+        .expect("pgrep");
+    let envoy_pid: i32 = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("Envoy is a child of the agent");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(envoy_pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill Envoy");
+    let status = agent(&mut pod)
+        .wait_timeout(Duration::from_secs(10))
+        .expect("agent exits when Envoy dies");
+    assert_eq!(status.code(), Some(128 + 9), "exit status {status:?}");
+}
+
+#[test]
+fn app_probes_are_served_on_the_status_port() {
+    if !prerequisites() {
+        return;
+    }
+    let mut mesh = Mesh::new(&config("198.18.1.2"));
+    mesh.start_istiod();
+    let mut pod = mesh.pod("probe", "httpbin");
+    mesh.start_app(&mut pod, "0.0.0.0:8080", "httpbin-v1");
+    let probers = r#"{"/app-health/app/readyz":{"httpGet":{"path":"/","port":8080},"timeoutSeconds":2},
+        "/app-health/app/livez":{"tcpSocket":{"port":8080}},
+        "/app-health/app/startupz":{"tcpSocket":{"port":9999},"timeoutSeconds":1}}"#;
+    inject_with(
+        &mesh,
+        &mut pod,
+        &[("ISTIO_KUBE_APP_PROBERS", probers.to_string())],
+    );
+    // The kubelet's rewritten probes reach the app through the agent (source 127.0.0.6, so
+    // iptables lets them past Envoy).
+    let (code, body) = assert_eventually(Duration::from_secs(20), || {
+        match mesh.probe(&pod, 15020, "/app-health/app/readyz") {
+            Ok(r) if r.0 == 200 => Ok(r),
+            other => Err(format!("readyz: {other:?}")),
+        }
+    });
+    assert_eq!(code, 200);
+    assert!(body.contains("httpbin-v1"), "{body}");
+    assert_eq!(
+        mesh.probe(&pod, 15020, "/app-health/app/livez")
+            .map(|r| r.0),
+        Ok(200)
+    );
+    assert_eq!(
+        mesh.probe(&pod, 15020, "/app-health/app/startupz")
+            .map(|r| r.0),
+        Ok(500)
+    );
+    assert_eq!(
+        mesh.probe(&pod, 15020, "/app-health/nope/readyz")
+            .map(|r| r.0),
+        Ok(400)
+    );
+    // Loopback-only endpoints refuse the node.
+    assert_eq!(
+        mesh.probe(&pod, 15020, "/quitquitquit").map(|r| r.0),
+        Ok(403)
+    );
+}

@@ -8,7 +8,8 @@ use std::time::Duration;
 const HOST: &str = "httpbin.demo.svc.cluster.local";
 const VIP: &str = "198.19.0.10";
 
-fn config(server_ip: &str) -> String {
+/// The service, its first workload and STRICT mTLS, without a DestinationRule.
+fn base_config(server_ip: &str) -> String {
     format!(
         r#"apiVersion: networking.istio.io/v1
 kind: ServiceEntry
@@ -34,7 +35,15 @@ kind: PeerAuthentication
 metadata: {{ name: default, namespace: {NAMESPACE} }}
 spec:
   mtls: {{ mode: STRICT }}
----
+"#
+    )
+}
+
+/// The pod-in-a-box config: the base plus a DestinationRule with ISTIO_MUTUAL.
+fn config(server_ip: &str) -> String {
+    base_config(server_ip)
+        + &format!(
+            r#"---
 apiVersion: networking.istio.io/v1
 kind: DestinationRule
 metadata: {{ name: httpbin, namespace: {NAMESPACE} }}
@@ -42,7 +51,7 @@ spec:
   host: {HOST}
   trafficPolicy: {{ tls: {{ mode: ISTIO_MUTUAL }} }}
 "#
-    )
+        )
 }
 
 fn prerequisites() -> bool {
@@ -129,5 +138,147 @@ fn sidecars_carry_mtls_traffic_resolved_by_the_agent_dns() {
     assert!(
         !ok || !out.contains("hello from"),
         "plaintext request got through STRICT mTLS: {out}"
+    );
+}
+
+fn two_versions_config(weight_v1: u32) -> String {
+    let weight_v2 = 100 - weight_v1;
+    base_config("198.18.2.2")
+        + &format!(
+            r#"---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{ name: httpbin-v2, namespace: {NAMESPACE} }}
+spec:
+  address: 198.18.3.2
+  labels: {{ app: httpbin, version: v2 }}
+  serviceAccount: httpbin
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{ name: httpbin-subsets, namespace: {NAMESPACE} }}
+spec:
+  host: {HOST}
+  trafficPolicy: {{ tls: {{ mode: ISTIO_MUTUAL }} }}
+  subsets:
+  - {{ name: v1, labels: {{ version: v1 }} }}
+  - {{ name: v2, labels: {{ version: v2 }} }}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{ name: httpbin, namespace: {NAMESPACE} }}
+spec:
+  hosts: [{HOST}]
+  http:
+  - route:
+    - {{ destination: {{ host: {HOST}, subset: v1 }}, weight: {weight_v1} }}
+    - {{ destination: {{ host: {HOST}, subset: v2 }}, weight: {weight_v2} }}
+"#
+        )
+}
+
+/// Sends `n` requests from the client app; returns how many reached v1 and v2, and failures.
+fn spread(client: &harness::mesh::Pod, n: usize) -> (usize, usize, Vec<String>) {
+    let (mut v1, mut v2, mut failed) = (0, 0, Vec::new());
+    for _ in 0..n {
+        let (ok, out) = client.curl(&format!("http://{HOST}/"));
+        match (
+            ok,
+            out.contains("hello from httpbin-v1"),
+            out.contains("hello from httpbin-v2"),
+        ) {
+            (true, true, _) => v1 += 1,
+            (true, _, true) => v2 += 1,
+            _ => failed.push(out),
+        }
+    }
+    (v1, v2, failed)
+}
+
+#[test]
+fn virtual_service_weights_move_traffic_and_control_plane_outage_costs_nothing() {
+    if !prerequisites() {
+        return;
+    }
+    let mut mesh = Mesh::new(&two_versions_config(100));
+    mesh.start_istiod();
+    let mut client = mesh.pod("client", "sleep");
+    let mut v1 = mesh.pod("server-v1", "httpbin");
+    let mut v2 = mesh.pod("server-v2", "httpbin");
+    mesh.start_app(&mut v1, "0.0.0.0:8080", "httpbin-v1");
+    mesh.start_app(&mut v2, "0.0.0.0:8080", "httpbin-v2");
+    for pod in [&mut v1, &mut v2, &mut client] {
+        mesh.inject(pod);
+    }
+    for pod in [&v1, &v2, &client] {
+        mesh.wait_ready(pod, Duration::from_secs(30));
+    }
+    assert_eventually(Duration::from_secs(15), || match spread(&client, 5) {
+        (5, 0, _) => Ok(()),
+        other => Err(format!("expected all on v1: {other:?}")),
+    });
+
+    // Weight change: all traffic moves to v2, within 2 s of the file change.
+    let changed = std::time::Instant::now();
+    mesh.write_config("mesh.yaml", &two_versions_config(0));
+    assert_eventually(Duration::from_secs(2), || match spread(&client, 3) {
+        (0, 3, _) => Ok(()),
+        other => Err(format!("expected all on v2: {other:?}")),
+    });
+    eprintln!("weight change took effect within {:?}", changed.elapsed());
+
+    // Control plane down for 20 s under steady traffic: no request fails.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loader = {
+        let stop = stop.clone();
+        let client_ns = client.ns.name().to_string();
+        std::thread::spawn(move || {
+            let (mut ok, mut failed) = (0usize, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let out = std::process::Command::new("ip")
+                    .args(["netns", "exec", &client_ns, "setpriv", "--reuid=1000"])
+                    .args([
+                        "--regid=1000",
+                        "--clear-groups",
+                        "curl",
+                        "-sS",
+                        "--max-time",
+                        "5",
+                    ])
+                    .arg(format!("http://{HOST}/"))
+                    .output()
+                    .expect("curl");
+                let body = String::from_utf8_lossy(&out.stdout).into_owned();
+                if out.status.success() && body.contains("hello from httpbin-v2") {
+                    ok += 1;
+                } else {
+                    failed.push(body + &String::from_utf8_lossy(&out.stderr));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (ok, failed)
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    mesh.stop_istiod();
+    std::thread::sleep(Duration::from_secs(20));
+    mesh.start_istiod();
+    // Envoys reconnect through their agents and converge again.
+    assert_eventually(Duration::from_secs(30), || {
+        let (_, syncz) = mesh.monitoring_get("/debug/syncz")?;
+        let connected = syncz.matches("sidecar~").count();
+        if connected >= 3 && !syncz.contains("STALE") {
+            Ok(())
+        } else {
+            Err(format!("not converged: {syncz}"))
+        }
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = loader.join().unwrap();
+    eprintln!("outage: {ok} requests succeeded, {} failed", failed.len());
+    assert!(ok > 50, "too few requests during the outage: {ok}");
+    assert!(
+        failed.is_empty(),
+        "requests failed during the outage: {failed:?}"
     );
 }

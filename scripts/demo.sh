@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# The main job: sets everything up and runs the mesh locally, showing what happens.
+# The main job: sets everything up, then runs the mesh in a box (istiod-lite + two injected pods
+# with pilot-agent and real Envoy) and prints what happens step by step. Needs root.
+#   scripts/demo.sh [--keep]   (--keep: leave it running until Enter, to look around)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo build --workspace --bins
-if [[ $(id -u) != 0 ]]; then
-  echo "demo: run as root to create the network namespaces the pod runs in" >&2
-  exit 1
-fi
-echo "demo: starting real Envoy in a fresh network namespace (the smoke pod)"
-cargo test -p tests --test smoke -- --nocapture --test-threads 1
+log=${TMPDIR:-/tmp}/mesh-demo.log
+echo "demo: logs of every process (istiod-lite, agents, Envoys, apps) go to $log"
+target/debug/demo "$@" 2>"$log"

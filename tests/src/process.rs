@@ -17,12 +17,13 @@ pub fn repo_root() -> PathBuf {
 /// Path of a workspace binary (`istio-iptables`, `pilot-agent`, `istiod-lite`) in the cargo
 /// target dir this test was built into. The test command builds every binary first.
 pub fn workspace_bin(name: &str) -> PathBuf {
-    // The test executable lives in <target>/<profile>/deps/; binaries in <target>/<profile>/.
+    // Test executables live in <target>/<profile>/deps/, binaries (the demo) in
+    // <target>/<profile>/.
     let exe = std::env::current_exe().expect("current_exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test binary inside <target>/<profile>/deps");
+    let mut profile_dir = exe.parent().expect("executable has a folder");
+    if profile_dir.ends_with("deps") {
+        profile_dir = profile_dir.parent().expect("deps has a parent");
+    }
     let p = profile_dir.join(name);
     assert!(
         p.is_file(),

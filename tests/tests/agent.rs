@@ -339,3 +339,135 @@ fn app_probes_are_served_on_the_status_port() {
         Ok(403)
     );
 }
+
+#[test]
+fn istiod_outage_keeps_envoy_serving_then_reconnects_and_converges() {
+    if !prerequisites() {
+        return;
+    }
+    let mut mesh = Mesh::new(&config("198.18.1.2"));
+    mesh.start_istiod();
+    let mut pod = mesh.pod("outage", "httpbin");
+    inject_with(&mesh, &mut pod, &[]);
+    wait_ready(&mesh, &pod, Duration::from_secs(30));
+    let connects = |pod: &mut Pod| {
+        agent(pod)
+            .output()
+            .iter()
+            .filter(|l| l.contains("Envoy connected to the xDS proxy"))
+            .count()
+    };
+    let before = connects(&mut pod);
+
+    // istiod-lite is down for 30 s: Envoy keeps its config and keeps serving.
+    mesh.stop_istiod();
+    let down = Instant::now();
+    while down.elapsed() < Duration::from_secs(30) {
+        assert_eq!(
+            mesh.probe(&pod, 15021, "/healthz/ready").map(|r| r.0),
+            Ok(200),
+            "readiness during the outage"
+        );
+        let (_, dump) = pod.envoy_admin("/config_dump").expect("config_dump");
+        assert!(
+            dump.contains(HOST),
+            "Envoy lost its config during the outage"
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+
+    // Back up, with a new service: Envoy reconnects through a fresh upstream and converges.
+    mesh.write_config(
+        "extra.yaml",
+        &format!(
+            r#"apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{ name: extra, namespace: {NAMESPACE} }}
+spec:
+  hosts: [extra.demo.svc.cluster.local]
+  addresses: [198.19.0.11]
+  ports: [{{ number: 80, name: http, protocol: HTTP }}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  endpoints: [{{ address: 198.18.1.2 }}]
+"#
+        ),
+    );
+    mesh.start_istiod();
+    assert_eventually(Duration::from_secs(60), || {
+        let (_, dump) = pod.envoy_admin("/config_dump")?;
+        if dump.contains("extra.demo.svc.cluster.local") {
+            Ok(())
+        } else {
+            Err("Envoy has not received the new service".to_string())
+        }
+    });
+    assert!(connects(&mut pod) > before, "Envoy did not reconnect");
+    assert_eq!(
+        mesh.probe(&pod, 15021, "/healthz/ready").map(|r| r.0),
+        Ok(200)
+    );
+}
+
+#[test]
+fn drain_waits_for_open_connections_with_exit_on_zero_active_connections() {
+    if !prerequisites() {
+        return;
+    }
+    let mut mesh = Mesh::new(&config("198.18.1.2"));
+    mesh.start_istiod();
+    let mut pod = mesh.pod("conns", "httpbin");
+    mesh.start_app(&mut pod, "0.0.0.0:8080", "httpbin-v1");
+    inject_with(
+        &mesh,
+        &mut pod,
+        &[
+            ("EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "true".to_string()),
+            ("MINIMUM_DRAIN_DURATION", "1s".to_string()),
+        ],
+    );
+    wait_ready(&mesh, &pod, Duration::from_secs(30));
+    // An open inbound connection (captured into Envoy's inbound listener), from the node.
+    let addr: std::net::SocketAddr = format!("{}:8080", pod.ip).parse().expect("addr");
+    let conn = mesh
+        .node
+        .run(move || {
+            use std::io::Write;
+            let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+            // An unfinished request: past Envoy's listener filters, then held open.
+            s.write_all(b"GET / HTTP/1.1\r\nHost: httpbin\r\n")?;
+            Ok::<_, std::io::Error>(s)
+        })
+        .expect("connect to the pod");
+    assert_eventually(Duration::from_secs(10), || {
+        let (_, stats) = pod.envoy_admin("/stats?filter=15006.downstream_cx_active$")?;
+        if stats.contains("downstream_cx_active: 1") {
+            Ok(())
+        } else {
+            Err(format!("connection not active in Envoy: {stats}"))
+        }
+    });
+
+    agent(&mut pod).signal(nix::sys::signal::Signal::SIGTERM);
+    agent(&mut pod).wait_for_line("waiting for connections to close", Duration::from_secs(10));
+    assert!(
+        agent(&mut pod).try_wait().is_none(),
+        "the agent must wait while a connection is open"
+    );
+    let closed = Instant::now();
+    drop(conn);
+    let status = agent(&mut pod)
+        .wait_timeout(Duration::from_secs(15))
+        .expect("agent exits once the connection is gone");
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        closed.elapsed() < Duration::from_secs(10),
+        "exit took {:?}",
+        closed.elapsed()
+    );
+    let lines = agent(&mut pod).output();
+    assert!(
+        line_index(&lines, "Envoy draining listeners")
+            < line_index(&lines, "no active downstream connections left")
+    );
+}

@@ -547,12 +547,14 @@ fn captured_in_a_pod_namespace_with_redirect_dns() {
         let out = app_dig(&[proto, "productpage"]);
         assert!(out.contains("198.18.1.1"), "{proto}: {out}");
     }
-    // Forwarded: the proxy's upstream query leaves uncaptured and dnsmasq answers.
-    let out = app_dig(&["web.upstream.test"]);
-    assert!(
-        out.contains("198.18.3.1") && out.contains("status: NOERROR"),
-        "{out}"
-    );
+    // Forwarded: the proxy's upstream query leaves uncaptured and dnsmasq answers (polled:
+    // dnsmasq may still be starting).
+    assert_eventually(Duration::from_secs(15), || {
+        let out = app_dig(&["web.upstream.test"]);
+        (out.contains("198.18.3.1") && out.contains("status: NOERROR"))
+            .then_some(())
+            .ok_or(out)
+    });
     let out = app_dig(&["gone.upstream.test"]);
     assert!(out.contains("status: NXDOMAIN"), "{out}");
 

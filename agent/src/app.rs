@@ -416,3 +416,103 @@ pub fn load_config(
         interface_ips: interface_ips(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ProxyFlags;
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(1)
+    }
+
+    /// `--external-envoy`: every listener is bound (port 0 for status), nothing launches Envoy,
+    /// readiness reports the missing Envoy, and shutdown ends the run with 0.
+    #[tokio::test]
+    async fn external_envoy_binds_everything_and_shuts_down_cleanly() {
+        let dir = tempfile::tempdir().unwrap();
+        let env: HashMap<String, String> = [
+            ("POD_NAME", "p"),
+            ("POD_NAMESPACE", "ns"),
+            ("INSTANCE_IP", "127.0.0.1"),
+            ("ISTIO_AGENT_EXTERNAL_ENVOY", "true"),
+            ("CA_ADDR", "127.0.0.1:1"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain([(
+            "PROXY_CONFIG".to_string(),
+            format!(
+                r#"{{"discoveryAddress":"127.0.0.1:1","proxyAdminPort":{}}}"#,
+                free_port()
+            ),
+        )])
+        .collect();
+        let config = Config::load(crate::config::Inputs {
+            node_type: NodeType::Sidecar,
+            flags: ProxyFlags::default(),
+            env: &env,
+            base_dir: dir.path().to_path_buf(),
+            interface_ips: vec![],
+        })
+        .unwrap();
+        assert!(!config.launches_envoy());
+        let shutdown = Shutdown::default();
+        let app = App::bind(Inputs {
+            config,
+            shutdown: shutdown.clone(),
+            status_addr: Some("127.0.0.1:0".parse().unwrap()),
+        })
+        .await
+        .unwrap();
+        let bound = app.bound().clone();
+        assert_ne!(bound.status.port(), 0);
+        assert_eq!(bound.xds, dir.path().join("etc/istio/proxy/XDS"));
+        assert_eq!(
+            bound.sds.as_deref(),
+            Some(
+                dir.path()
+                    .join("var/run/secrets/workload-spiffe-uds/socket")
+                    .as_path()
+            )
+        );
+        assert!(bound.dns.is_empty());
+        let run = tokio::spawn(app.run());
+
+        let url = format!("http://{}/healthz/ready", bound.status);
+        let (code, body) = crate::client::send("GET", &url, None, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(code, 503);
+        assert!(body.contains("readiness stats"), "{body}");
+        let (code, metrics) = crate::client::send(
+            "GET",
+            &format!("http://{}/stats/prometheus", bound.status),
+            None,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        assert_eq!(code, 200);
+        assert!(
+            metrics.contains("istio_agent_xds_proxy_requests"),
+            "{metrics}"
+        );
+        assert!(
+            dir.path()
+                .join("etc/istio/proxy/grpc-bootstrap.json")
+                .exists()
+        );
+
+        shutdown.trigger();
+        let code = tokio::time::timeout(Duration::from_secs(10), run)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(code, 0);
+    }
+}

@@ -306,10 +306,10 @@ impl Prober {
                 https,
                 headers,
             } => {
-                if *https {
-                    return fail("https app probes are not supported by this agent".into());
-                }
-                match self.http(*port, path, host, headers, incoming).await {
+                match self
+                    .http(*port, path, host, *https, headers, incoming)
+                    .await
+                {
                     Ok((status, body)) => ProbeResult {
                         status: if (300..400).contains(&status) {
                             200
@@ -332,22 +332,27 @@ impl Prober {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn http(
         &self,
         port: u16,
         path: &str,
         host: &str,
+        https: bool,
         headers: &[(String, String)],
         incoming: &http::HeaderMap,
     ) -> Result<(u16, bytes::Bytes), String> {
         let stream = self.connect(port).await.map_err(|e| e.to_string())?;
-        let io = hyper_util::rt::TokioIo::new(stream);
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        let mut sender = if https {
+            // Like the kubelet, HTTPS probes do not verify the app's certificate.
+            let tls = tokio_rustls::TlsConnector::from(insecure_tls_config())
+                .connect(tls_server_name(host, self.destination), stream)
+                .await
+                .map_err(|e| format!("TLS handshake: {e}"))?;
+            handshake(hyper_util::rt::TokioIo::new(tls)).await?
+        } else {
+            handshake(hyper_util::rt::TokioIo::new(stream)).await?
+        };
         let authority_host = if host.is_empty() {
             match self.destination {
                 IpAddr::V6(v6) => format!("[{v6}]"),
@@ -423,6 +428,84 @@ impl Prober {
         )
         .await
     }
+}
+
+async fn handshake<IO>(
+    io: IO,
+) -> Result<hyper::client::conn::http1::SendRequest<Empty<bytes::Bytes>>, String>
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+/// Accepts any server certificate (app probes, like the kubelet's, do not verify).
+#[derive(Debug)]
+struct NoVerify(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls_pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls_pki_types::CertificateDer<'_>],
+        _server_name: &rustls_pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn insecure_tls_config() -> std::sync::Arc<rustls::ClientConfig> {
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap_or_else(|_| rustls::ClientConfig::builder())
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(NoVerify(provider)))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    std::sync::Arc::new(config)
+}
+
+fn tls_server_name(host: &str, destination: IpAddr) -> rustls_pki_types::ServerName<'static> {
+    rustls_pki_types::ServerName::try_from(host.to_string())
+        .unwrap_or(rustls_pki_types::ServerName::IpAddress(destination.into()))
 }
 
 /// Reads at most `cap` bytes of a body; `None` when it is larger.
@@ -558,5 +641,49 @@ mod tests {
             timeout: Duration::from_secs(1),
         };
         assert_eq!(prober.run(&tcp, &http::HeaderMap::new()).await.status, 500);
+    }
+
+    #[tokio::test]
+    async fn https_probe_does_not_verify_the_app_certificate() {
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let cert = rcgen::generate_simple_self_signed(vec!["app.local".to_string()]).unwrap();
+        let server_config = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.cert.der().clone()],
+                rustls_pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into()),
+            )
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server_config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (s, _) = listener.accept().await.unwrap();
+            let mut tls = acceptor.accept(s).await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let _ = tls.read(&mut buf).await;
+            let _ = tls
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\nconnection: close\r\n\r\nsecure",
+                )
+                .await;
+            let _ = tls.shutdown().await;
+        });
+        let prober = Prober {
+            destination: "127.0.0.1".parse().unwrap(),
+        };
+        let probe = AppProbe {
+            action: ProbeAction::Http {
+                path: "/".into(),
+                port,
+                host: String::new(),
+                https: true,
+                headers: vec![],
+            },
+            timeout: Duration::from_secs(5),
+        };
+        let r = prober.run(&probe, &http::HeaderMap::new()).await;
+        assert_eq!((r.status, &r.body[..]), (200, &b"secure"[..]));
     }
 }

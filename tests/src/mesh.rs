@@ -6,7 +6,10 @@
 //! `istio-iptables` with the injection arguments plus `--redirect-dns` (the init container), then
 //! `pilot-agent proxy sidecar ...` with the injection environment, as uid 1337, in a scratch
 //! working directory holding the token and root certificate at Istio's relative paths.
-//! Apps run as uid 1000.
+//! Apps run as uid 1000. A VM ([`vm`]) is a namespace joined the same way, started through the
+//! systemd unit in `docs/vm/istio.service` instead of the injection.
+
+pub mod vm;
 
 use crate::netns::{Netns, sh};
 use crate::process::{Child, workspace_bin};

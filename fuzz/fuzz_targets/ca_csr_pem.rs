@@ -1,0 +1,37 @@
+//! The CA's parsers of client input: CSR PEM through signing (the SAN must always be the
+//! caller's identity, never one from the CSR), PEM bundle splitting, DER certificate identity,
+//! SPIFFE URIs. Bad input is an error, never a panic.
+#![no_main]
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use control_plane::ca::{Ca, Identity, identity_from_cert, split_pem_certs};
+
+fn ca() -> &'static Ca {
+    static CA: OnceLock<Ca> = OnceLock::new();
+    CA.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("ca-fuzz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create CA dir");
+        Ca::load_or_create(&dir).expect("self-signed CA")
+    })
+}
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let _ = identity_from_cert(data);
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let _ = Identity::parse_spiffe(text);
+    for cert in split_pem_certs(text) {
+        assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"), "{cert}");
+    }
+    let id = Identity::new("cluster.local", "default", "fuzz");
+    if let Ok(chain) = ca().sign_workload(text, &id, Duration::from_secs(3600)) {
+        // Whatever the CSR asked for, the leaf names the caller's identity and nothing else.
+        let leaf = chain.first().expect("a chain has a leaf");
+        let (_, pem) = x509_parser::pem::parse_x509_pem(leaf.as_bytes()).expect("leaf is PEM");
+        let got = identity_from_cert(&pem.contents).expect("leaf carries an identity");
+        assert_eq!(got, id);
+    }
+});

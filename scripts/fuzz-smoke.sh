@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Bounded fuzzing for CI: every cargo-fuzz project in the repository (fuzz/, and dns-proxy/fuzz
+# when present) is built once (all its targets in one build), then each target runs for
+# FUZZ_SECONDS (default 20) starting from its committed seed corpus. Fails on any crash (the
+# reproducer is left in <project>/artifacts/<target>/), prints executions per target.
+#
+# Runs on the stable toolchain: cargo-fuzz passes -Z flags, which RUSTC_BOOTSTRAP=1 allows.
+# cargo-fuzz is installed with `cargo install --locked` when missing (about a minute).
+# Settings (environment):
+#   FUZZ_SECONDS    seconds per target (default 20)
+#   FUZZ_SANITIZER  none (default) or address: the targets are Rust, what they look for is a
+#                   panic; ASan makes the build about twice as long for little gain here
+#   FUZZ_TARGETS    space-separated subset of target names (default: all)
+#   FUZZ_PROFILE    dev (default: unoptimised, builds several times faster; fewer executions
+#                   per second, plenty for a smoke run) or release (for long runs)
+# Usage: scripts/fuzz-smoke.sh
+# Reproduce a crash: <project>/target-dir binary with the artifact as argument, e.g.
+#   fuzz/target/x86_64-unknown-linux-gnu/debug/xds_decode fuzz/artifacts/xds_decode/crash-...
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+SECS="${FUZZ_SECONDS:-20}"
+SANITIZER="${FUZZ_SANITIZER:-none}"
+ONLY="${FUZZ_TARGETS:-}"
+PROFILE="${FUZZ_PROFILE:-dev}"
+case "$PROFILE" in
+  dev) profile_flag=(--dev); profile_dir=debug ;;
+  release) profile_flag=(--release); profile_dir=release ;;
+  *) echo "fuzz-smoke: FUZZ_PROFILE must be dev or release, not $PROFILE" >&2; exit 2 ;;
+esac
+export RUSTC_BOOTSTRAP=1
+# One target dir for every fuzz project: they share most dependencies (proto, tokio, ...).
+TARGET_DIR="$ROOT/fuzz/target"
+TRIPLE="$(rustc -vV | sed -n 's/^host: //p')"
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "fuzz-smoke: installing cargo-fuzz"
+  cargo install cargo-fuzz --locked --quiet
+fi
+
+projects=()
+for p in fuzz dns-proxy/fuzz; do
+  [[ -f "$ROOT/$p/Cargo.toml" ]] && projects+=("$p")
+done
+((${#projects[@]})) || { echo "fuzz-smoke: no fuzz project found" >&2; exit 1; }
+
+start=$SECONDS
+failed=()
+summary=()
+for p in "${projects[@]}"; do
+  dir="$ROOT/$p"
+  # The project folder's parent is the crate cargo-fuzz belongs to.
+  crate="$(dirname "$dir")"
+  # A project without its own lock file gets the workspace's, so it builds the same versions
+  # as the others and reuses their compiled dependencies in the shared target dir.
+  [[ -f "$dir/Cargo.lock" ]] || cp "$ROOT/Cargo.lock" "$dir/Cargo.lock"
+  echo "==> fuzz-smoke: building $p (profile: $PROFILE, sanitizer: $SANITIZER)"
+  b=$SECONDS
+  (cd "$crate" && cargo fuzz build --fuzz-dir "$dir" "${profile_flag[@]}" -s "$SANITIZER" \
+    --target-dir "$TARGET_DIR")
+  echo "fuzz-smoke: $p built in $((SECONDS - b))s"
+  mapfile -t targets < <(cd "$crate" && cargo fuzz list --fuzz-dir "$dir")
+  for t in "${targets[@]}"; do
+    if [[ -n $ONLY && " $ONLY " != *" $t "* ]]; then continue; fi
+    bin="$TARGET_DIR/$TRIPLE/$profile_dir/$t"
+    seeds="$dir/corpus/$t"
+    work="$TARGET_DIR/fuzz-corpus/$p/$t"
+    artifacts="$dir/artifacts/$t/"
+    mkdir -p "$seeds" "$work" "$artifacts"
+    log="$TARGET_DIR/fuzz-corpus/$p/$t.log"
+    # New inputs go to the work corpus (first directory); the committed seeds stay as they are.
+    set +e
+    "$bin" "$work" "$seeds" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 \
+      -max_len=16384 -print_final_stats=1 -artifact_prefix="$artifacts" >"$log" 2>&1
+    rc=$?
+    set -e
+    execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
+    line="$p/$t: ${execs:-?} executions in ${SECS}s, exit $rc"
+    summary+=("$line")
+    if ((rc != 0)); then
+      failed+=("$line")
+      echo "fuzz-smoke: CRASH in $line; last output:" >&2
+      tail -40 "$log" >&2
+      ls -1 "$artifacts" >&2 || true
+    else
+      echo "fuzz-smoke: $line"
+    fi
+  done
+done
+
+echo "==> fuzz-smoke summary ($((SECONDS - start))s)"
+printf '  %s\n' "${summary[@]}"
+if ((${#failed[@]})); then
+  echo "fuzz-smoke: ${#failed[@]} target(s) crashed" >&2
+  exit 1
+fi

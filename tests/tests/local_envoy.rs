@@ -35,6 +35,55 @@ spec:
     )
 }
 
+/// Runs the agent and Envoy without privileges: as uid 1000 when the test itself is root.
+struct Unprivileged {
+    bins: Option<PathBuf>,
+    envoy: PathBuf,
+}
+
+const USER_UID: u32 = 1000;
+
+impl Unprivileged {
+    fn new(scratch: &Path, envoy: &Path) -> Unprivileged {
+        if !nix::unistd::geteuid().is_root() {
+            return Unprivileged {
+                bins: None,
+                envoy: envoy.to_path_buf(),
+            };
+        }
+        let bins = scratch.join("bin");
+        std::fs::create_dir_all(&bins).expect("bin dir");
+        std::fs::copy(workspace_bin("pilot-agent"), bins.join("pilot-agent")).expect("copy");
+        std::fs::copy(envoy, bins.join("envoy")).expect("copy envoy");
+        let status = Command::new("chown")
+            .arg("-R")
+            .arg(format!("{USER_UID}:{USER_UID}"))
+            .arg(scratch)
+            .status()
+            .expect("chown");
+        assert!(status.success(), "chown {}", scratch.display());
+        Unprivileged {
+            bins: Some(bins),
+            envoy: envoy.to_path_buf(),
+        }
+    }
+
+    fn command(&self, name: &str) -> Command {
+        match &self.bins {
+            None if name == "envoy" => Command::new(&self.envoy),
+            None => Command::new(workspace_bin(name)),
+            Some(bins) => {
+                let mut cmd = Command::new("setpriv");
+                cmd.arg(format!("--reuid={USER_UID}"))
+                    .arg(format!("--regid={USER_UID}"))
+                    .arg("--clear-groups")
+                    .arg(bins.join(name));
+                cmd
+            }
+        }
+    }
+}
+
 /// A port nobody listens on right now (on all interfaces, since Envoy's 15021/15090 listeners
 /// bind the wildcard address).
 fn free_port() -> u16 {
@@ -164,6 +213,10 @@ fn external_envoy_gets_certificate_over_sds_and_config_over_the_xds_proxy() {
         &std::fs::read_to_string(ca.path().join("root-cert.pem")).expect("CA root"),
     );
 
+    // No root needed: when the test runs as root (CI), the agent and Envoy run as an
+    // unprivileged user from copies of their binaries inside the scratch dir.
+    let user = Unprivileged::new(&scratch, &envoy);
+
     let ports = Ports {
         status: free_port(),
         admin: free_port(),
@@ -172,7 +225,7 @@ fn external_envoy_gets_certificate_over_sds_and_config_over_the_xds_proxy() {
     };
 
     // `pilot-agent bootstrap` writes the file Envoy is started with.
-    let mut cmd = Command::new(workspace_bin("pilot-agent"));
+    let mut cmd = user.command("pilot-agent");
     cmd.args(["bootstrap", "sidecar"]).current_dir(&scratch);
     agent_env(&mut cmd, secure, &ports);
     let out = cmd.output().expect("pilot-agent bootstrap");
@@ -197,12 +250,20 @@ fn external_envoy_gets_certificate_over_sds_and_config_over_the_xds_proxy() {
     );
 
     // The agent, without launching Envoy.
-    let mut cmd = Command::new(workspace_bin("pilot-agent"));
+    let mut cmd = user.command("pilot-agent");
     cmd.args(["proxy", "sidecar", "--external-envoy"])
         .current_dir(&scratch);
     agent_env(&mut cmd, secure, &ports);
     let agent = Child::spawn("agent", cmd);
     agent.wait_for_line("agent listeners bound", Duration::from_secs(20));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.id())).expect("status");
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("Uid line")
+        .to_string();
+    assert_ne!(uid, "0", "the agent must not need root");
     assert!(
         !agent.output().iter().any(|l| l.contains("starting Envoy")),
         "the agent launched Envoy despite --external-envoy"
@@ -210,7 +271,7 @@ fn external_envoy_gets_certificate_over_sds_and_config_over_the_xds_proxy() {
 
     // The test starts Envoy itself, from the scratch dir (the bootstrap's socket paths are
     // Istio's relative ones).
-    let mut cmd = Command::new(&envoy);
+    let mut cmd = user.command("envoy");
     cmd.arg("-c")
         .arg(&bootstrap)
         .args(["--disable-hot-restart", "--log-level", "warning"])

@@ -52,6 +52,11 @@ pub struct App {
     sds: Option<sds::SdsServer>,
     manager: sds::SecretManager,
     dns: Option<dns_proxy::DnsProxy>,
+    health: Option<(
+        crate::status::probe::ReadinessProbe,
+        Prober,
+        tokio::sync::watch::Sender<Option<crate::health::Health>>,
+    )>,
 }
 
 /// The XDS root of trust, as Istio's `FindRootCAForXDS`.
@@ -213,10 +218,15 @@ impl App {
             sink
         });
         let xds_metrics = xds_proxy::Metrics::new(&mut registry);
+        let health_channel = config
+            .health_probe
+            .as_ref()
+            .map(|_| tokio::sync::watch::channel(None));
         let proxy = XdsProxy::new(xds_proxy::Inputs {
             upstream: upstream(&config)?,
             nds,
             metrics: xds_metrics,
+            health: health_channel.as_ref().map(|(_, rx)| rx.clone()),
             queue: 1,
         });
         let xds_path = config.xds_socket();
@@ -282,6 +292,17 @@ impl App {
             },
         );
 
+        let health = match (config.health_probe.clone(), health_channel) {
+            (Some(probe), Some((tx, _))) => {
+                let dest = if config.rewrite_probe_legacy_localhost {
+                    localhost
+                } else {
+                    config.ips.first().copied().unwrap_or(localhost)
+                };
+                Some((probe, Prober { destination: dest }, tx))
+            }
+            _ => None,
+        };
         let bound = Bound {
             status: status_bound,
             xds: xds_path,
@@ -306,6 +327,7 @@ impl App {
             sds,
             manager,
             dns,
+            health,
         })
     }
 
@@ -324,6 +346,7 @@ impl App {
             sds,
             manager,
             dns,
+            health,
         } = self;
         // Stops the components that must outlive Envoy's drain.
         let components = CancellationToken::new();
@@ -331,6 +354,9 @@ impl App {
         tasks.spawn(async move {
             status.run().await;
         });
+        if let Some((probe, prober, tx)) = health {
+            tasks.spawn(crate::health::run(probe, prober, tx, components.clone()));
+        }
         if let Some(dns) = dns {
             let token = components.clone();
             tasks.spawn(async move {

@@ -161,6 +161,8 @@ pub struct Config {
     pub enable_core_dump: bool,
     pub dual_stack: bool,
     pub app_probers: AppProbers,
+    /// `readinessProbe`: workload health reported to istiod.
+    pub health_probe: Option<crate::status::probe::ReadinessProbe>,
     pub prometheus_annotations: Option<PrometheusAnnotations>,
     pub metrics_localhost_only: bool,
     pub merge_envoy_stats: bool,
@@ -537,7 +539,19 @@ impl Config {
                 })?,
         };
 
+        let health_probe = match &proxy.readiness_probe {
+            None => None,
+            Some(v) => Some(crate::status::probe::parse_readiness_probe(v).map_err(
+                |expected| Error::ProxyConfigField {
+                    field: "readinessProbe".into(),
+                    value: v.to_string(),
+                    expected,
+                },
+            )?),
+        };
+
         Ok(Config {
+            health_probe,
             node_type: inputs.node_type,
             pod_name: env.str("POD_NAME", ""),
             service_account: env.str("SERVICE_ACCOUNT", ""),
@@ -690,6 +704,11 @@ mod tests {
                 "MINIMUM_DRAIN_DURATION",
             ),
             ("ISTIO_KUBE_APP_PROBERS", "{bad", "ISTIO_KUBE_APP_PROBERS"),
+            (
+                "PROXY_CONFIG",
+                "readinessProbe: {exec: {}}",
+                "readinessProbe",
+            ),
         ] {
             let err = load(dir.path(), &env(&[(k, v)])).unwrap_err().to_string();
             assert!(err.contains(needle), "{k}={v}: {err}");

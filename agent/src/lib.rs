@@ -15,6 +15,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod envoy;
+pub mod health;
 pub mod lifecycle;
 pub mod status;
 pub mod xds_proxy;

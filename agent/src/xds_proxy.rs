@@ -71,6 +71,9 @@ pub struct Inputs {
     /// `Some` when DNS capture is on: the proxy subscribes to NDS and feeds this sink.
     pub nds: Option<NdsSink>,
     pub metrics: Metrics,
+    /// Workload health (`readinessProbe`), sent upstream as `HealthInformation` after Envoy's
+    /// first LDS request on each stream, and on every change.
+    pub health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
     /// Capacity of each direction's queue (messages). Istio's is 1 downstream, unbounded
     /// upstream; ours is bounded both ways.
     pub queue: usize,

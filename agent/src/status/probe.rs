@@ -115,46 +115,96 @@ pub fn parse_probers(json: &str) -> Result<AppProbers, String> {
                 "paths of the form /app-health|app-lifecycle/<container>/livez|readyz|startupz|prestopz|poststartz, not {path}"
             ));
         }
-        let count =
-            p.http_get.is_some() as u8 + p.tcp_socket.is_some() as u8 + p.grpc.is_some() as u8;
-        if count != 1 {
-            return Err(format!(
-                "exactly one of httpGet, tcpSocket, grpc for {path}"
-            ));
-        }
-        let timeout = Duration::from_secs(u64::try_from(p.timeout_seconds).unwrap_or(0));
-        let action = if let Some(h) = p.http_get {
-            ProbeAction::Http {
-                path: if h.path.starts_with('/') {
-                    h.path
-                } else {
-                    format!("/{}", h.path)
-                },
-                port: int_port(&path, &h.port)?,
-                host: h.host,
-                https: h.scheme.eq_ignore_ascii_case("https"),
-                headers: h
-                    .http_headers
-                    .into_iter()
-                    .map(|h| (h.name, h.value))
-                    .collect(),
-            }
-        } else if let Some(t) = p.tcp_socket {
-            ProbeAction::Tcp {
-                port: int_port(&path, &t.port)?,
-                host: t.host,
-            }
-        } else if let Some(g) = p.grpc {
-            ProbeAction::Grpc {
-                port: int_port(&path, &g.port)?,
-                service: g.service.unwrap_or_default(),
-            }
-        } else {
-            return Err(format!("a probe action for {path}"));
-        };
-        out.insert(path, AppProbe { action, timeout });
+        let probe = to_probe(&path, p)?;
+        out.insert(path, probe);
     }
     Ok(out)
+}
+
+fn to_probe(path: &str, p: RawProber) -> Result<AppProbe, String> {
+    let count = p.http_get.is_some() as u8 + p.tcp_socket.is_some() as u8 + p.grpc.is_some() as u8;
+    if count != 1 {
+        return Err(format!(
+            "exactly one of httpGet, tcpSocket, grpc for {path}"
+        ));
+    }
+    let timeout = Duration::from_secs(u64::try_from(p.timeout_seconds).unwrap_or(0));
+    let action = if let Some(h) = p.http_get {
+        ProbeAction::Http {
+            path: if h.path.starts_with('/') {
+                h.path
+            } else {
+                format!("/{}", h.path)
+            },
+            port: int_port(path, &h.port)?,
+            host: h.host,
+            https: h.scheme.eq_ignore_ascii_case("https"),
+            headers: h
+                .http_headers
+                .into_iter()
+                .map(|h| (h.name, h.value))
+                .collect(),
+        }
+    } else if let Some(t) = p.tcp_socket {
+        ProbeAction::Tcp {
+            port: int_port(path, &t.port)?,
+            host: t.host,
+        }
+    } else if let Some(g) = p.grpc {
+        ProbeAction::Grpc {
+            port: int_port(path, &g.port)?,
+            service: g.service.unwrap_or_default(),
+        }
+    } else {
+        return Err(format!("a probe action for {path}"));
+    };
+    Ok(AppProbe { action, timeout })
+}
+
+/// `ProxyConfig.readinessProbe` (VMs): the probe plus its schedule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadinessProbe {
+    pub probe: AppProbe,
+    pub initial_delay: Duration,
+    pub period: Duration,
+    pub success_threshold: u32,
+    pub failure_threshold: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawSchedule {
+    #[serde(default)]
+    initial_delay_seconds: i64,
+    #[serde(default)]
+    period_seconds: i64,
+    #[serde(default)]
+    success_threshold: i64,
+    #[serde(default)]
+    failure_threshold: i64,
+}
+
+/// Parses `readinessProbe` with Istio's defaults (timeout 1 s, period 10 s, thresholds 1).
+pub fn parse_readiness_probe(v: &serde_json::Value) -> Result<ReadinessProbe, String> {
+    let raw: RawProber = serde_json::from_value(v.clone())
+        .map_err(|e| format!("a probe with httpGet, tcpSocket or grpc ({e})"))?;
+    let sched: RawSchedule =
+        serde_json::from_value(v.clone()).map_err(|e| format!("integer probe timings ({e})"))?;
+    let mut probe = to_probe("readinessProbe", raw)?;
+    if probe.timeout.is_zero() {
+        probe.timeout = Duration::from_secs(1);
+    }
+    let secs = |n: i64, default: u64| {
+        Duration::from_secs(u64::try_from(n).ok().filter(|n| *n > 0).unwrap_or(default))
+    };
+    let count = |n: i64| u32::try_from(n).ok().filter(|n| *n > 0).unwrap_or(1);
+    Ok(ReadinessProbe {
+        probe,
+        initial_delay: Duration::from_secs(u64::try_from(sched.initial_delay_seconds).unwrap_or(0)),
+        period: secs(sched.period_seconds, 10),
+        success_threshold: count(sched.success_threshold),
+        failure_threshold: count(sched.failure_threshold),
+    })
 }
 
 /// Where app metrics are scraped from (`ISTIO_PROMETHEUS_ANNOTATIONS`).
@@ -554,6 +604,27 @@ mod tests {
             assert!(parse_probers(bad).is_err(), "{bad}");
         }
         assert!(parse_probers("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn readiness_probe_defaults() {
+        let p =
+            parse_readiness_probe(&serde_json::json!({"httpGet": {"path": "/r", "port": 8080}}))
+                .unwrap();
+        assert_eq!(p.probe.timeout, Duration::from_secs(1));
+        assert_eq!(p.period, Duration::from_secs(10));
+        assert_eq!((p.success_threshold, p.failure_threshold), (1, 1));
+        let p = parse_readiness_probe(&serde_json::json!({
+            "tcpSocket": {"port": 22}, "periodSeconds": 3, "failureThreshold": 4, "initialDelaySeconds": 2
+        }))
+        .unwrap();
+        assert_eq!(
+            (p.period, p.failure_threshold, p.initial_delay),
+            (Duration::from_secs(3), 4, Duration::from_secs(2))
+        );
+        assert!(
+            parse_readiness_probe(&serde_json::json!({"exec": {"command": ["true"]}})).is_err()
+        );
     }
 
     #[test]

@@ -16,6 +16,14 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::{Inputs, TerminationLabels};
+use crate::health::Health;
+
+fn health_error(h: &Health) -> Option<RpcStatus> {
+    match h {
+        Health::Healthy => None,
+        Health::Unhealthy(msg) => Some(nack_status(msg.clone())),
+    }
+}
 
 type Client = AggregatedDiscoveryServiceClient<tonic::transport::Channel>;
 
@@ -30,6 +38,8 @@ pub(crate) trait Flavor: Send + Sync + 'static {
     fn nds_subscribe() -> Self::Req;
     /// The proxy's ACK (error `None`) or NACK for an NDS response.
     fn nds_ack(resp: &Self::Resp, error: Option<String>) -> Self::Req;
+    /// Workload health for istiod: a request with `error_detail` when unhealthy.
+    fn health(h: &Health) -> Self::Req;
     /// The first resource of an NDS response, decoded.
     fn nds_table(resp: &Self::Resp) -> Result<NameTable, String>;
     fn call(
@@ -76,6 +86,13 @@ impl Flavor for Sotw {
             ..Default::default()
         }
     }
+    fn health(h: &Health) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: type_url::HEALTH_INFO.into(),
+            error_detail: health_error(h),
+            ..Default::default()
+        }
+    }
     fn nds_table(resp: &DiscoveryResponse) -> Result<NameTable, String> {
         let any = resp
             .resources
@@ -115,6 +132,13 @@ impl Flavor for Delta {
             type_url: type_url::NAME_TABLE.into(),
             response_nonce: resp.nonce.clone(),
             error_detail: error.map(nack_status),
+            ..Default::default()
+        }
+    }
+    fn health(h: &Health) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: type_url::HEALTH_INFO.into(),
+            error_detail: health_error(h),
             ..Default::default()
         }
     }
@@ -205,24 +229,51 @@ async fn downstream_to_upstream<F: Flavor>(
     up_tx: mpsc::Sender<F::Req>,
     done: CancellationToken,
 ) {
-    let mut nds_sent = false;
+    let mut lds_seen = false;
+    let mut health = inputs.health.clone();
     loop {
         let msg = tokio::select! {
             _ = done.cancelled() => break,
+            changed = async {
+                match health.as_mut() {
+                    Some(h) => h.changed().await,
+                    None => std::future::pending().await,
+                }
+            }, if lds_seen => {
+                if changed.is_err() {
+                    health = None;
+                    continue;
+                }
+                let current = health.as_mut().and_then(|h| h.borrow_and_update().clone());
+                if let Some(h) = current
+                    && !send(&up_tx, F::health(&h), &done, "istiod").await
+                {
+                    break;
+                }
+                continue;
+            }
             m = downstream.message() => m,
         };
         match msg {
             Ok(Some(req)) => {
                 inputs.metrics.requests.inc();
-                let first_lds =
-                    !nds_sent && inputs.nds.is_some() && F::req_type(&req) == type_url::LISTENER;
+                let first_lds = !lds_seen && F::req_type(&req) == type_url::LISTENER;
                 if !send(&up_tx, req, &done, "istiod").await {
                     break;
                 }
                 if first_lds {
-                    nds_sent = true;
-                    tracing::debug!("subscribing to NDS after Envoy's first LDS request");
-                    if !send(&up_tx, F::nds_subscribe(), &done, "istiod").await {
+                    lds_seen = true;
+                    if inputs.nds.is_some() {
+                        tracing::debug!("subscribing to NDS after Envoy's first LDS request");
+                        if !send(&up_tx, F::nds_subscribe(), &done, "istiod").await {
+                            break;
+                        }
+                    }
+                    // The last known health goes to every new upstream stream.
+                    let current = health.as_mut().and_then(|h| h.borrow_and_update().clone());
+                    if let Some(h) = current
+                        && !send(&up_tx, F::health(&h), &done, "istiod").await
+                    {
                         break;
                     }
                 }

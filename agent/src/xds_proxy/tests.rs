@@ -32,6 +32,14 @@ impl Drop for Harness {
 }
 
 async fn proxy(connect: Connect, nds: bool) -> Harness {
+    proxy_with_health(connect, nds, None).await
+}
+
+async fn proxy_with_health(
+    connect: Connect,
+    nds: bool,
+    health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
+) -> Harness {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("debug,h2=info,hyper=info,tower=info")
         .with_test_writer()
@@ -61,6 +69,7 @@ async fn proxy(connect: Connect, nds: bool) -> Harness {
         },
         nds: nds.then_some(sink),
         metrics: metrics.clone(),
+        health,
         queue: 1,
     });
     let token = CancellationToken::new();
@@ -421,4 +430,32 @@ async fn backpressure_bounds_memory_without_deadlock() {
         .unwrap();
     pusher.await.unwrap();
     writer.await.unwrap();
+}
+
+#[tokio::test]
+async fn health_goes_upstream_after_lds_and_on_change() {
+    use crate::health::Health;
+    let mut ads = FakeAds::start().await.unwrap();
+    let (health_tx, health_rx) = tokio::sync::watch::channel(Some(Health::Healthy));
+    let h = proxy_with_health(ads.connect(), false, Some(health_rx)).await;
+    let mut client = envoy_client(&h.path).await;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
+    let _s = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap();
+    let mut up = next(&mut ads.sotw).await;
+    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
+    // Nothing before LDS; after it, the current health.
+    tx.send(req(type_url::LISTENER, "")).await.unwrap();
+    assert_eq!(next(&mut up.requests).await, req(type_url::LISTENER, ""));
+    let healthy = next(&mut up.requests).await;
+    assert_eq!(healthy.type_url, type_url::HEALTH_INFO);
+    assert!(healthy.error_detail.is_none());
+    health_tx.send_replace(Some(Health::Unhealthy("app down".into())));
+    let unhealthy = next(&mut up.requests).await;
+    assert_eq!(unhealthy.type_url, type_url::HEALTH_INFO);
+    let detail = unhealthy.error_detail.unwrap();
+    assert_eq!((detail.code, detail.message.as_str()), (13, "app down"));
 }

@@ -202,7 +202,8 @@ fn client_pod_reaches_the_vm_app_over_mtls_through_a_workload_entry() {
     mesh.start_app(&mut vm, "0.0.0.0:8080", "vm");
 
     let bundle = mesh.vm_bundle(&vm, "vm");
-    let started = mesh.start_vm(&mut vm, &bundle, &unit());
+    let u = unit();
+    let started = mesh.start_vm(&mut vm, &bundle, &u);
     assert!(
         started.env.keys().all(|k| !k.starts_with("KUBERNETES_")),
         "no Kubernetes variables: {:?}",
@@ -284,5 +285,28 @@ fn client_pod_reaches_the_vm_app_over_mtls_through_a_workload_entry() {
     assert!(
         !ok || !out.contains("hello from"),
         "plaintext request got through STRICT mTLS: {out}"
+    );
+
+    // `systemctl stop`: SIGTERM, the agent drains and exits 0 within TimeoutStopSec=, then
+    // ExecStopPost= removes the capture rules.
+    let nat = |vm: &harness::mesh::Pod| {
+        let out = vm
+            .ns
+            .cmd("iptables-save")
+            .args(["-t", "nat"])
+            .output()
+            .expect("iptables-save");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(nat(&vm).contains("ISTIO_REDIRECT"), "capture installed");
+    let exit = mesh.stop_vm(&mut vm, &u, &started);
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "agent did not exit 0 within TimeoutStopSec: {exit:?}"
+    );
+    let rules = nat(&vm);
+    assert!(
+        !rules.contains("ISTIO_"),
+        "ExecStopPost left rules: {rules}"
     );
 }

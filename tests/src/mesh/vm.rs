@@ -289,6 +289,8 @@ pub struct VmStart {
     pub env: BTreeMap<String, String>,
     /// The unit's `ExecStart=` after expansion.
     pub exec_start: Exec,
+    /// `WorkingDirectory=` mapped onto the VM's root.
+    pub cwd: PathBuf,
 }
 
 /// The VM's files, at the paths the unit and the agent read them from (relative to `/`).
@@ -357,41 +359,90 @@ impl Mesh {
         let user = unit.get("Service", "User").unwrap_or("root");
         assert_eq!(user, "istio-proxy", "the agent runs as istio-proxy");
 
-        let command = |exec: &Exec, as_proxy: bool| -> Command {
-            let program = exec.argv[0]
-                .strip_prefix(UNIT_BIN_DIR)
-                .map(|name| self.bin(name))
-                .unwrap_or_else(|| PathBuf::from(&exec.argv[0]));
-            let mut cmd = if as_proxy {
-                vm.ns.cmd_as(PROXY_UID, PROXY_UID, program)
-            } else {
-                vm.ns.cmd(program)
-            };
-            cmd.args(&exec.argv[1..])
-                .current_dir(&cwd)
-                .env_clear()
-                .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
-                .envs(&env);
-            cmd
+        self.run_unit_lines(vm, unit, "ExecStartPre", &env, &cwd);
+        let mut starts = unit.exec("ExecStart", &env).expect("ExecStart");
+        assert_eq!(starts.len(), 1, "one ExecStart= for Type=simple");
+        let exec_start = starts.remove(0);
+        let cmd = self.unit_command(vm, &exec_start, &env, &cwd);
+        vm.agent = Some(Child::spawn(&format!("agent-{}", vm.name), cmd));
+        VmStart {
+            env,
+            exec_start,
+            cwd,
+        }
+    }
+
+    /// Stops the VM's agent as systemd does (SIGTERM, SIGKILL after `TimeoutStopSec=`), then
+    /// runs the unit's `ExecStopPost=` lines. Returns the agent's exit status if it exited
+    /// before the timeout.
+    pub fn stop_vm(
+        &self,
+        vm: &mut Pod,
+        unit: &Unit,
+        started: &VmStart,
+    ) -> Option<std::process::ExitStatus> {
+        let timeout = unit
+            .get("Service", "TimeoutStopSec")
+            .and_then(|t| t.strip_suffix('s').unwrap_or(t).parse::<u64>().ok())
+            .unwrap_or(90);
+        let mut status = None;
+        if let Some(mut agent) = vm.agent.take() {
+            agent.signal(nix::sys::signal::Signal::SIGTERM);
+            status = agent.wait_timeout(std::time::Duration::from_secs(timeout));
+        }
+        self.run_unit_lines(vm, unit, "ExecStopPost", &started.env, &started.cwd);
+        status
+    }
+
+    /// The command for one of the unit's lines, in the VM's namespace: as root when `+`, else
+    /// as the proxy user; `/usr/local/bin/<name>` from the mesh's `bin/`.
+    fn unit_command(
+        &self,
+        vm: &Pod,
+        exec: &Exec,
+        env: &BTreeMap<String, String>,
+        cwd: &Path,
+    ) -> Command {
+        let program = exec.argv[0]
+            .strip_prefix(UNIT_BIN_DIR)
+            .map(|name| self.bin(name))
+            .unwrap_or_else(|| PathBuf::from(&exec.argv[0]));
+        let mut cmd = if exec.privileged {
+            vm.ns.cmd(program)
+        } else {
+            vm.ns.cmd_as(PROXY_UID, PROXY_UID, program)
         };
-        for exec in unit.exec("ExecStartPre", &env).expect("ExecStartPre") {
-            let out = command(&exec, !exec.privileged)
+        cmd.args(&exec.argv[1..])
+            .current_dir(cwd)
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+            .envs(env);
+        cmd
+    }
+
+    /// Runs every `key=` line of the unit to completion; a failure fails the test unless the
+    /// line has the `-` prefix.
+    fn run_unit_lines(
+        &self,
+        vm: &Pod,
+        unit: &Unit,
+        key: &str,
+        env: &BTreeMap<String, String>,
+        cwd: &Path,
+    ) {
+        for exec in unit.exec(key, env).unwrap_or_else(|e| panic!("{key}: {e}")) {
+            let out = self
+                .unit_command(vm, &exec, env, cwd)
                 .output()
                 .unwrap_or_else(|e| panic!("run {:?}: {e}", exec.argv));
             assert!(
                 out.status.success() || exec.ignore_failure,
-                "ExecStartPre {:?} failed: {}{}",
+                "{key} {:?} failed: {}{}",
                 exec.argv,
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let mut starts = unit.exec("ExecStart", &env).expect("ExecStart");
-        assert_eq!(starts.len(), 1, "one ExecStart= for Type=simple");
-        let exec_start = starts.remove(0);
-        let cmd = command(&exec_start, !exec_start.privileged);
-        vm.agent = Some(Child::spawn(&format!("agent-{}", vm.name), cmd));
-        VmStart { env, exec_start }
     }
 }
 

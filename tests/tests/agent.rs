@@ -471,3 +471,36 @@ fn drain_waits_for_open_connections_with_exit_on_zero_active_connections() {
             < line_index(&lines, "no active downstream connections left")
     );
 }
+
+#[test]
+fn generated_bootstrap_validates_in_real_envoy() {
+    let Some(envoy) = envoy_bin() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    for delta in ["true", "false"] {
+        let out = Command::new(harness::workspace_bin("pilot-agent"))
+            .args(["bootstrap", "sidecar", "--output", "envoy-rev.json"])
+            .current_dir(dir.path())
+            .env_clear()
+            .env("POD_NAME", "p")
+            .env("POD_NAMESPACE", NAMESPACE)
+            .env("INSTANCE_IP", "198.18.0.2")
+            .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
+            .env("ISTIO_METAJSON_LABELS", r#"{"app":"web"}"#)
+            .env("ISTIO_DELTA_XDS", delta)
+            .output()
+            .expect("pilot-agent bootstrap");
+        assert!(out.status.success(), "bootstrap: {out:?}");
+        let out = Command::new(&envoy)
+            .args(["--mode", "validate", "-c", "envoy-rev.json"])
+            .current_dir(dir.path())
+            .output()
+            .expect("envoy --mode validate");
+        assert!(
+            out.status.success(),
+            "Envoy rejects the bootstrap: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -538,6 +538,48 @@ mod tests {
         );
     }
 
+    fn config(args: &[&str]) -> Config {
+        let host = crate::HostInputs {
+            addresses: Some(vec!["198.18.0.240".parse().expect("ip")]),
+            resolv_conf: std::path::PathBuf::from("/nonexistent/resolv.conf"),
+            users: Some(std::collections::HashMap::new()),
+            groups: Some(std::collections::HashMap::new()),
+        };
+        let args = args.iter().map(std::ffi::OsString::from);
+        match crate::config::parse(args, &std::collections::HashMap::new(), &host) {
+            Ok(crate::config::Parsed::Run(mut cfg)) => {
+                cfg.detect_host(&host).expect("host");
+                *cfg
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn mangle_marks(rules: &[Rule]) -> Vec<String> {
+        rules
+            .iter()
+            .filter(|r| r.table == "mangle" && is_built_in(&r.chain) && !r.jumps_to_istio())
+            .map(|r| r.params.join(" "))
+            .collect()
+    }
+
+    #[test]
+    fn reconcile_candidates_include_the_other_modes_built_in_rules() {
+        let redirect = config(&["-p", "15001", "-u", "1337", "-m", "REDIRECT", "-b", "*"]);
+        assert!(mangle_marks(crate::capture::build(&redirect).rules_v4()).is_empty());
+        let other = mangle_marks(other_mode_rules(&redirect).rules_v4());
+        assert!(
+            other.iter().any(|r| r.contains("CONNMARK --save-mark")),
+            "{other:?}"
+        );
+        let tproxy = config(&["-p", "15001", "-u", "1337", "-m", "TPROXY", "-b", "*"]);
+        assert_eq!(
+            mangle_marks(crate::capture::build(&tproxy).rules_v4()),
+            other
+        );
+        assert!(mangle_marks(other_mode_rules(&tproxy).rules_v4()).is_empty());
+    }
+
     #[test]
     fn check_script_uses_check_form() {
         assert_eq!(

@@ -188,8 +188,6 @@ struct TypeState {
     names: BTreeSet<String>,
     /// What the proxy was last sent (name → hash).
     sent: BTreeMap<String, u64>,
-    /// What the proxy last acknowledged (Delta resync after a NACK).
-    acked: BTreeMap<String, u64>,
     last_nonce: String,
     pending: Option<Pending>,
     dirty: bool,
@@ -335,12 +333,10 @@ impl Conn {
                     .inc();
                 tracing::warn!(conn = %conn_id, r#type = ty.short(), nonce, error = %err,
                     "proxy rejected push (NACK); it keeps its last good config");
-                // Delta: the proxy still has what it acknowledged last.
-                st.sent = st.acked.clone();
+                // `sent` stays what was sent: nothing is re-sent until the view changes again.
                 self.inner.sync.update(&conn_id, ty, |t| t.nack = Some(err));
             }
             None => {
-                st.acked = st.sent.clone();
                 if let Some(trigger) = pending.and_then(|p| p.trigger) {
                     self.inner
                         .metrics
@@ -401,7 +397,6 @@ impl Conn {
                 .iter()
                 .map(|(k, v)| (k.clone(), parse_hash(v)))
                 .collect();
-            st.acked = st.sent.clone();
         }
         for n in req.subscribe {
             if n == "*" {
@@ -417,7 +412,6 @@ impl Conn {
             }
             st.names.remove(&n);
             st.sent.remove(&n);
-            st.acked.remove(&n);
         }
         if first {
             return self.push(ty, true, None).await;

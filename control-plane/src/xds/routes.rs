@@ -175,13 +175,13 @@ fn default_retry() -> RetryPolicy {
     }
 }
 
-fn action(svc: &Service, port: &Port, r: &HttpRoute) -> RouteAction {
+fn action(domain: &str, svc: &Service, port: &Port, r: &HttpRoute) -> RouteAction {
     let cluster_of = |d: &crate::config::kinds::Destination| {
         let host = if d.host.contains('.') || d.host == svc.host {
             d.host.clone()
         } else {
             // Short names resolve in the service's namespace.
-            format!("{}.{}.svc.cluster.local", d.host, svc.namespace)
+            format!("{}.{}.svc.{domain}", d.host, svc.namespace)
         };
         let p = d.port.as_ref().map(|p| p.number).unwrap_or(port.number);
         outbound_cluster_name(p, &d.subset, &host)
@@ -243,7 +243,7 @@ fn routes_for(snap: &Snapshot, svc: &Service, port: &Port) -> Vec<Route> {
     let mut routes = Vec::new();
     if let Some(vs) = snap.virtual_services_for(&svc.host).first() {
         for (i, r) in vs.http.iter().enumerate() {
-            let act = action(svc, port, r);
+            let act = action(&snap.mesh.dns_domain, svc, port, r);
             let name = if r.name.is_empty() {
                 format!("route-{i}")
             } else {

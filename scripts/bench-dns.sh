@@ -13,7 +13,7 @@
 # against the issue's goals. Needs: dnsperf, dnsmasq, unbound, taskset (scripts/setup.sh).
 # The machine is shared, so every measurement is repeated ROUNDS times, interleaved across the
 # servers (all started up front, idle while another is measured), and the best round is kept.
-# Usage: scripts/bench-dns.sh   (env: DURATION=5 ROUNDS=3 CLIENTS=4 OUTSTANDING=64 SERVER_CPU=0 CLIENT_CPU=1)
+# Usage: scripts/bench-dns.sh   (env: SKIP_BUILD=1 DURATION=5 ROUNDS=3 CLIENTS=4 OUTSTANDING=64 SERVER_CPU=0 CLIENT_CPU=1)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -31,8 +31,11 @@ done
 
 # The release build keeps envoy-types (a dependency of `proto`) unoptimised: it is not on the DNS
 # path and optimising it costs minutes.
-(cd "$ROOT" && cargo build --release -p dns-proxy --example serve \
-  --config 'profile.release.package.envoy-types.opt-level=0')
+# SKIP_BUILD=1 reuses the last build.
+if [[ -z "${SKIP_BUILD:-}" ]]; then
+  (cd "$ROOT" && cargo build --release -p dns-proxy --example serve \
+    --config 'profile.release.package.envoy-types.opt-level=0')
+fi
 SERVE="$ROOT/target/release/examples/serve"
 
 WORK="$(mktemp -d)"

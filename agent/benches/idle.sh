@@ -6,7 +6,7 @@
 # proxy, SDS and NDS), and the agent's RSS after 5 s idle with Envoy connected.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-bin="${1:-$repo/target/release}"
+bin="$(cd "${1:-$repo/target/release}" && pwd)"
 envoy="${ENVOY_BIN:-$repo/.tools/bin/envoy}"
 work="$(mktemp -d)"
 pids=()

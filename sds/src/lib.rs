@@ -5,23 +5,33 @@
 //!
 //! ```text
 //! Config::from_env(&env, base_dir) -> Result<Config, Error>     // Istio's variables, validated
-//! Config::spiffe_id(), Config::set_ca_addr(addr, istiod_san)
+//!   pub fields: base_dir, trust_domain, namespace, service_account, ca_addr, ca_plaintext,
+//!   ca_root: RootSource, ca_server_name, prov_cert: Option<CertDir>, cluster_id, ca_headers,
+//!   cert_signer, token_path, secret_ttl, grace_ratio, grace_ratio_jitter, key_algorithm,
+//!   pkcs8_key, output_certs, socket_path, etc_certs: CertDir, file_mounted_certs: Option<CertDir>,
+//!   file_debounce, crl_path, max_backoff, grpc_keepalive
+//! Config::spiffe_id() -> String
+//! Config::set_ca_addr(addr, istiod_san)   // CA_ADDR unset: the agent passes the discovery address
 //! Metrics::new(&mut Registry) -> Metrics
 //! SecretManager::new(Arc<Config>, Arc<Metrics>) -> Result<SecretManager, Error>   // Clone
 //!   .fetch(name).await -> Result<Arc<SecretItem>, Error>   // "default", "ROOTCA", "file-cert:<c>~<k>",
 //!                                                          // "file-root:<ca>", "file-root:system"
 //!   .warm()                                   // spawn: default then ROOTCA, infinite backoff
 //!   .subscribe(name) -> watch::Receiver<Option<Arc<SecretItem>>>   // every new value of `name`
-//!   .shutdown()                               // stop background rotation/watch tasks
+//!   .config() -> &Arc<Config>
+//!   .shutdown()                               // stop background tasks (also on last drop)
 //! SecretItem { resource_name, cert_chain_pem, private_key_pem, root_cert_pem, expire_time, created_time }
+//!   .is_root()                                // ROOTCA / file-root:* (a validation context)
 //! SdsServer::bind(&socket_path, manager).await -> Result<SdsServer, Error>   // stale socket removed
-//!   .run(CancellationToken).await -> Result<(), Error>
+//!   .path(), .run(CancellationToken).await -> Result<(), Error>   // socket removed at the end
 //! ChannelInputs { addr, plaintext, root: RootSource, server_name, client_identity, keepalive }
+//! ChannelInputs::new(addr, root, server_name)  // TLS, no client cert, Istio keepalive 30s/10s
 //! RootSource::{System, Pem(Vec<u8>), File(PathBuf)}
 //! grpc_channel(&ChannelInputs) -> Result<tonic::transport::Channel, Error>   // lazy, non-blocking
 //! read_token(&Path) -> Option<String>
 //! csr::generate(identity, KeyAlgorithm, pkcs8) -> Result<KeyAndCsr, Error>
 //! CaClient::new(&Config, Arc<Metrics>)?.sign(csr_pem).await -> Result<Vec<String>, Error>
+//! manager::{parse_certs, cert_validity, write_atomic}, server::to_secret
 //! ```
 //!
 //! Feature `testing` adds [`testing::FakeCa`], an in-process Istio CA (real tonic server on

@@ -238,6 +238,11 @@ impl FakeCa {
                     .await
                     .expect("bind");
                 let _ = addr_tx.send(listener.local_addr().expect("addr"));
+                // Nagle on the accepted side would add ~40 ms (delayed ACK) to every answer.
+                let incoming = tokio_stream::StreamExt::map(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    |s| s.and_then(|s| s.set_nodelay(true).map(|()| s)),
+                );
                 let mut b = Server::builder();
                 if tls {
                     b = b
@@ -246,12 +251,9 @@ impl FakeCa {
                 }
                 let _ = b
                     .add_service(IstioCertificateServiceServer::new(svc))
-                    .serve_with_incoming_shutdown(
-                        tokio_stream::wrappers::TcpListenerStream::new(listener),
-                        async {
-                            let _ = stop_rx.await;
-                        },
-                    )
+                    .serve_with_incoming_shutdown(incoming, async {
+                        let _ = stop_rx.await;
+                    })
                     .await;
             });
         });

@@ -120,6 +120,9 @@ fn agent_env(cmd: &mut Command, discovery: SocketAddr, ports: &Ports) {
         .env("INSTANCE_IP", "127.0.0.1")
         .env("SERVICE_ACCOUNT", SERVICE_ACCOUNT)
         .env("ISTIOD_SAN", "istiod.istio-system.svc")
+        // No capture on a developer's host: istiod-lite then sends the virtual listeners
+        // without binding 15001/15006, which other Envoys on the host may hold.
+        .env("ISTIO_META_INTERCEPTION_MODE", "NONE")
         .env(
             "PROXY_CONFIG",
             format!(
@@ -307,6 +310,13 @@ fn external_envoy_gets_certificate_over_sds_and_config_over_the_xds_proxy() {
             &["cluster", "name"],
         );
         let want_cluster = format!("outbound|80||{HOST}");
+        // INTERCEPTION_MODE NONE: the virtual listeners do not take 15001/15006 on the host.
+        let unbound = dump.to_string().matches(r#""bind_to_port":false"#).count();
+        if unbound < 2 {
+            return Err(format!(
+                "virtual listeners should not bind: {unbound} unbound"
+            ));
+        }
         if listeners.iter().any(|l| l == "virtualOutbound")
             && listeners.iter().any(|l| l == "virtualInbound")
             && clusters.contains(&want_cluster)

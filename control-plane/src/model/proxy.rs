@@ -27,6 +27,10 @@ pub struct ProxyView {
     pub ips: Vec<String>,
     pub dns_capture: bool,
     pub dns_auto_allocate: bool,
+    /// Traffic reaches Envoy through capture (metadata `INTERCEPTION_MODE` other than `NONE`):
+    /// the virtual listeners bind 15001/15006. Without capture they are sent but not bound,
+    /// so an Envoy run by hand on a host (`--external-envoy`) takes no ports it does not own.
+    pub capture: bool,
 }
 
 /// A proxy's identity and metadata.
@@ -139,6 +143,7 @@ impl Proxy {
                 ips,
                 dns_capture: truthy(raw.get("DNS_CAPTURE")),
                 dns_auto_allocate: truthy(raw.get("DNS_AUTO_ALLOCATE")),
+                capture: raw.get("INTERCEPTION_MODE").is_none_or(|m| m != "NONE"),
             },
             raw,
         })

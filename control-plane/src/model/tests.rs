@@ -21,6 +21,7 @@ pub(crate) fn view(ns: &str, labels: &[(&str, &str)], ips: &[&str], dns: bool) -
         ips: ips.iter().map(|s| s.to_string()).collect(),
         dns_capture: dns,
         dns_auto_allocate: dns,
+        capture: true,
     }
 }
 
@@ -239,6 +240,7 @@ fn proxy_from_node_reads_id_and_metadata() {
     assert_eq!(p.view.namespace, "web");
     assert_eq!(p.view.ips, vec!["198.18.0.5", "fd00::5"]);
     assert!(p.view.dns_capture && !p.view.dns_auto_allocate);
+    assert!(p.view.capture, "capture unless INTERCEPTION_MODE is NONE");
     assert_eq!(p.view.labels.get("app").map(String::as_str), Some("api"));
 
     // Namespace from the id when metadata has none; IP from the id when INSTANCE_IPS is absent.

@@ -176,6 +176,9 @@ fn virtual_outbound(snap: &Snapshot, view: &ProxyView) -> Listener {
     Listener {
         name: VIRTUAL_OUTBOUND.into(),
         address: Some(socket_address("0.0.0.0", OUTBOUND_PORT)),
+        bind_to_port: Some(BoolValue {
+            value: view.capture,
+        }),
         traffic_direction: TrafficDirection::Outbound as i32,
         listener_filters: vec![listener_filter(
             "envoy.filters.listener.original_dst",
@@ -343,6 +346,9 @@ fn virtual_inbound(snap: &Snapshot, view: &ProxyView) -> Listener {
     Listener {
         name: VIRTUAL_INBOUND.into(),
         address: Some(socket_address("0.0.0.0", INBOUND_PORT)),
+        bind_to_port: Some(BoolValue {
+            value: view.capture,
+        }),
         traffic_direction: TrafficDirection::Inbound as i32,
         listener_filters: vec![
             listener_filter("envoy.filters.listener.original_dst", &OriginalDst {}),

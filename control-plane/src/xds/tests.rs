@@ -35,6 +35,7 @@ fn client(ns: &str, dns: bool) -> ProxyView {
         ips: vec!["198.18.0.100".into()],
         dns_capture: dns,
         dns_auto_allocate: dns,
+        capture: true,
     }
 }
 
@@ -316,11 +317,30 @@ fn virtual_inbound_follows_peer_authentication() {
         ips: vec!["198.18.0.5".into()],
         dns_capture: false,
         dns_auto_allocate: false,
+        capture: true,
     };
     let inbound = |yaml: &str| -> Listener {
         let lds = generate(&snapshot(yaml), &api, XdsType::Lds);
         decode(get(&lds, VIRTUAL_INBOUND))
     };
+    // Without capture (INTERCEPTION_MODE NONE) the virtual listeners are sent but not bound.
+    let lds = generate(
+        &snapshot(&strict),
+        &ProxyView {
+            capture: false,
+            ..api.clone()
+        },
+        XdsType::Lds,
+    );
+    for name in [VIRTUAL_INBOUND, VIRTUAL_OUTBOUND] {
+        let l: Listener = decode(get(&lds, name));
+        assert_eq!(l.bind_to_port.map(|b| b.value), Some(false), "{name}");
+    }
+    let l: Listener = decode(get(
+        &generate(&snapshot(&strict), &api, XdsType::Lds),
+        VIRTUAL_INBOUND,
+    ));
+    assert_eq!(l.bind_to_port.map(|b| b.value), Some(true));
     let l = inbound(&strict);
     let names: Vec<&str> = l.filter_chains.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, vec!["inbound|8080||-mtls"]);

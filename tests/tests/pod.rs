@@ -1,57 +1,17 @@
 //! Pod in a box: injected sidecars (istio-init + istio-proxy) against istiod-lite, with real
 //! Envoy, real iptables and real traffic, in network namespaces.
 
-use harness::mesh::{Mesh, NAMESPACE};
+use harness::mesh::{
+    HTTPBIN, HTTPBIN_VIP as VIP, Mesh, NAMESPACE, httpbin_service, pod_in_a_box_config, strict_mtls,
+};
 use harness::{assert_eventually, envoy_bin, require_bin, require_root};
 use std::time::Duration;
 
-const HOST: &str = "httpbin.demo.svc.cluster.local";
-const VIP: &str = "198.19.0.10";
+const HOST: &str = HTTPBIN;
 
 /// The service, its first workload and STRICT mTLS, without a DestinationRule.
 fn base_config(server_ip: &str) -> String {
-    format!(
-        r#"apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{ name: httpbin, namespace: {NAMESPACE} }}
-spec:
-  hosts: [{HOST}]
-  addresses: [{VIP}]
-  ports: [{{ number: 80, name: http, protocol: HTTP, targetPort: 8080 }}]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  workloadSelector: {{ labels: {{ app: httpbin }} }}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{ name: httpbin-v1, namespace: {NAMESPACE} }}
-spec:
-  address: {server_ip}
-  labels: {{ app: httpbin, version: v1 }}
-  serviceAccount: httpbin
----
-apiVersion: security.istio.io/v1
-kind: PeerAuthentication
-metadata: {{ name: default, namespace: {NAMESPACE} }}
-spec:
-  mtls: {{ mode: STRICT }}
-"#
-    )
-}
-
-/// The pod-in-a-box config: the base plus a DestinationRule with ISTIO_MUTUAL.
-fn config(server_ip: &str) -> String {
-    base_config(server_ip)
-        + &format!(
-            r#"---
-apiVersion: networking.istio.io/v1
-kind: DestinationRule
-metadata: {{ name: httpbin, namespace: {NAMESPACE} }}
-spec:
-  host: {HOST}
-  trafficPolicy: {{ tls: {{ mode: ISTIO_MUTUAL }} }}
-"#
-        )
+    httpbin_service(server_ip) + &strict_mtls()
 }
 
 fn prerequisites() -> bool {
@@ -68,7 +28,7 @@ fn sidecars_carry_mtls_traffic_resolved_by_the_agent_dns() {
     if !prerequisites() {
         return;
     }
-    let mut mesh = Mesh::new(&config("198.18.2.2"));
+    let mut mesh = Mesh::new(&pod_in_a_box_config("198.18.2.2"));
     mesh.start_istiod();
     let mut client = mesh.pod("client", "sleep");
     let mut server = mesh.pod("server", "httpbin");

@@ -6,47 +6,13 @@
 //! (istiod-lite on loopback, `pilot-agent --external-envoy`, `envoy -c` on the bootstrap that
 //! `pilot-agent bootstrap` writes). `--keep` leaves everything running until Enter is pressed.
 
-use harness::mesh::{Mesh, NAMESPACE};
+use harness::mesh::{HTTPBIN, HTTPBIN_VIP as VIP, Mesh, pod_in_a_box_config};
 use std::time::{Duration, Instant};
 
-const HOST: &str = "httpbin.demo.svc.cluster.local";
-const VIP: &str = "198.19.0.10";
+const HOST: &str = HTTPBIN;
 
 fn config() -> String {
-    format!(
-        r#"apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{ name: httpbin, namespace: {NAMESPACE} }}
-spec:
-  hosts: [{HOST}]
-  addresses: [{VIP}]
-  ports: [{{ number: 80, name: http, protocol: HTTP, targetPort: 8080 }}]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  workloadSelector: {{ labels: {{ app: httpbin }} }}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {{ name: httpbin-v1, namespace: {NAMESPACE} }}
-spec:
-  address: 198.18.2.2
-  labels: {{ app: httpbin, version: v1 }}
-  serviceAccount: httpbin
----
-apiVersion: security.istio.io/v1
-kind: PeerAuthentication
-metadata: {{ name: default, namespace: {NAMESPACE} }}
-spec:
-  mtls: {{ mode: STRICT }}
----
-apiVersion: networking.istio.io/v1
-kind: DestinationRule
-metadata: {{ name: httpbin, namespace: {NAMESPACE} }}
-spec:
-  host: {HOST}
-  trafficPolicy: {{ tls: {{ mode: ISTIO_MUTUAL }} }}
-"#
-    )
+    pod_in_a_box_config("198.18.2.2")
 }
 
 fn step(n: u32, what: &str) {

@@ -32,6 +32,10 @@ pub const ROOT_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 pub const MAX_WORKLOAD_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
 /// Workload certificate lifetime when the request asks for none.
 pub const DEFAULT_WORKLOAD_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Largest CSR (PEM text) the CA reads; a workload CSR is about 1 KiB.
+pub const MAX_CSR_BYTES: usize = 64 * 1024;
+/// Smallest RSA modulus accepted in a CSR.
+pub const MIN_RSA_BITS: usize = 2048;
 /// Names always in the serving certificate of the secure gRPC port.
 pub const DEFAULT_SERVING_SANS: [&str; 3] = ["istiod.istio-system.svc", "istiod", "localhost"];
 
@@ -58,6 +62,8 @@ pub enum Error {
     IncompletePlugin { dir: PathBuf, missing: &'static str },
     #[error("unparsable CSR: {0}")]
     Csr(String),
+    #[error("CSR rejected: {0}")]
+    CsrRejected(String),
     #[error("signing failed: {0}")]
     Sign(String),
     #[error("invalid identity {identity:?}: {reason}")]
@@ -182,6 +188,46 @@ pub fn split_pem_certs(bundle: &str) -> Vec<String> {
 fn pem_der(pem_str: &str) -> Option<Vec<u8>> {
     let (_, pem) = x509_parser::pem::parse_x509_pem(pem_str.as_bytes()).ok()?;
     Some(pem.contents)
+}
+
+/// Refuses CSRs over [`MAX_CSR_BYTES`] and RSA keys under [`MIN_RSA_BITS`], with a reason
+/// naming the limit. Anything it cannot parse is left to the CSR parser, which says why.
+fn check_csr_limits(csr_pem: &str) -> Result<(), Error> {
+    if csr_pem.len() > MAX_CSR_BYTES {
+        return Err(Error::CsrRejected(format!(
+            "CSR is {} bytes, over the {MAX_CSR_BYTES}-byte limit",
+            csr_pem.len()
+        )));
+    }
+    let Ok((_, pem)) = x509_parser::pem::parse_x509_pem(csr_pem.as_bytes()) else {
+        return Ok(());
+    };
+    use x509_parser::prelude::FromDer;
+    let Ok((_, req)) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(&pem.contents)
+    else {
+        return Ok(());
+    };
+    if let Ok(x509_parser::public_key::PublicKey::RSA(rsa)) =
+        req.certification_request_info.subject_pki.parsed()
+    {
+        let bits = rsa_modulus_bits(rsa.modulus);
+        if bits < MIN_RSA_BITS {
+            return Err(Error::CsrRejected(format!(
+                "{bits}-bit RSA key is too weak: RSA keys must be at least {MIN_RSA_BITS} bits"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Bit length of a big-endian unsigned modulus (leading zero bytes ignored).
+fn rsa_modulus_bits(modulus: &[u8]) -> usize {
+    let digits = match modulus.iter().position(|&b| b != 0) {
+        Some(i) => &modulus[i..],
+        None => return 0,
+    };
+    (digits.len() - 1) * 8 + (8 - digits[0].leading_zeros() as usize)
 }
 
 fn random_serial() -> SerialNumber {
@@ -314,6 +360,7 @@ impl Ca {
         identity: &Identity,
         ttl: Duration,
     ) -> Result<Vec<String>, Error> {
+        check_csr_limits(csr_pem)?;
         let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|e| Error::Csr(e.to_string()))?;
         let uri = identity.to_string();

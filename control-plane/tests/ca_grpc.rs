@@ -271,3 +271,152 @@ async fn plugin_cacerts_chain_through_the_intermediate() {
     cancel.cancel();
     running.wait().await;
 }
+
+/// `citadel_server_success_cert_issuance_count` from the monitoring port.
+async fn issued_count(monitoring: std::net::SocketAddr) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(monitoring)
+        .await
+        .expect("connect monitoring");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.expect("read");
+    body.lines()
+        .find(|l| l.starts_with("citadel_server_success_cert_issuance_count"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no issuance counter in {body}"))
+}
+
+/// Issue 9, hostile input: every request is refused with a precise code and reason, and the
+/// issuance counter does not move.
+#[tokio::test]
+async fn hostile_requests_are_rejected_and_issue_nothing() {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+
+    let config = tempfile::tempdir().expect("tempdir");
+    let ca_dir = tempfile::tempdir().expect("tempdir");
+    let (running, cancel) = start(config.path(), ca_dir.path()).await;
+    let issuer = TokenIssuer::load_or_create(ca_dir.path()).expect("issuer");
+    let token = issuer.issue("app", "web", "istio-ca", Duration::from_secs(600));
+    let mut client = plaintext(running.grpc_addr).await;
+    let (pem, _) = csr("spiffe://cluster.local/ns/app/sa/web");
+    let before = issued_count(running.monitoring_addr).await;
+
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_secs();
+    let claims = |iss: &str, nbf: u64| Claims {
+        iss: iss.into(),
+        sub: "system:serviceaccount:app:web".into(),
+        aud: vec!["istio-ca".into()],
+        exp: now + 600,
+        nbf,
+        iat: now,
+    };
+    let cases: Vec<(&str, String, String, Code, &str)> = vec![
+        (
+            "alg: none, no signature",
+            format!(
+                "{}.{}.",
+                B64.encode(br#"{"alg":"none","typ":"JWT"}"#),
+                B64.encode(serde_json::to_vec(&claims("istiod-lite", now)).expect("json"))
+            ),
+            pem.clone(),
+            Code::Unauthenticated,
+            "token rejected",
+        ),
+        (
+            "HS256 with the public key as secret (algorithm confusion)",
+            jsonwebtoken::encode(
+                &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+                &claims("istiod-lite", now),
+                &jsonwebtoken::EncodingKey::from_secret(b"istio-ca").expect("secret"),
+            )
+            .expect("hs256"),
+            pem.clone(),
+            Code::Unauthenticated,
+            "bad signature",
+        ),
+        (
+            "not yet valid",
+            issuer.sign(&claims("istiod-lite", now + 3600)),
+            pem.clone(),
+            Code::Unauthenticated,
+            "not yet valid",
+        ),
+        (
+            "1024-bit RSA key",
+            token.clone(),
+            include_str!("data/rsa1024.csr.pem").to_string(),
+            Code::InvalidArgument,
+            "1024-bit RSA",
+        ),
+        (
+            "1 MiB CSR",
+            token.clone(),
+            oversized_csr(),
+            Code::InvalidArgument,
+            "limit",
+        ),
+    ];
+    for (what, tok, body, code, needle) in cases {
+        let s = client
+            .create_certificate(request(&body, Some(&tok)))
+            .await
+            .expect_err(what);
+        assert_eq!(s.code(), code, "{what}: {s:?}");
+        assert!(
+            s.message().contains(needle),
+            "{what}: {needle:?} not in {:?}",
+            s.message()
+        );
+    }
+    assert_eq!(
+        issued_count(running.monitoring_addr).await,
+        before,
+        "a hostile request was issued a certificate"
+    );
+
+    // `iss` is not checked: only tokens signed with this CA's own issuer key verify, whatever
+    // they claim as issuer. Pinned here so a change is deliberate.
+    let wrong_iss = issuer.sign(&claims("https://evil.example", now));
+    let resp = client
+        .create_certificate(request(&pem, Some(&wrong_iss)))
+        .await
+        .expect("iss is not checked")
+        .into_inner();
+    assert_eq!(
+        uri_sans(&resp.cert_chain[0]),
+        vec!["spiffe://cluster.local/ns/app/sa/web"]
+    );
+    cancel.cancel();
+    running.wait().await;
+}
+
+/// A well-formed, correctly signed CSR of about 1 MiB (thousands of DNS names).
+fn oversized_csr() -> String {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    params.subject_alt_names = (0..18_000)
+        .map(|i| {
+            SanType::DnsName(
+                format!("host-{i:06}.padding-padding-padding.example")
+                    .try_into()
+                    .expect("ia5"),
+            )
+        })
+        .collect();
+    let pem = params
+        .serialize_request(&key)
+        .expect("csr")
+        .pem()
+        .expect("pem");
+    assert!(pem.len() >= 1 << 20, "CSR is only {} bytes", pem.len());
+    pem
+}

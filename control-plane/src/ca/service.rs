@@ -155,7 +155,7 @@ impl IstioCertificateService for CaService {
                     }),
                 }))
             }
-            Err(e @ super::Error::Csr(_)) => {
+            Err(e @ (super::Error::Csr(_) | super::Error::CsrRejected(_))) => {
                 self.metrics
                     .errors
                     .get_or_create(&ErrorLabels { reason: "csr" })

@@ -344,3 +344,30 @@ fn identity_round_trips_and_rejects_garbage() {
         assert!(Identity::parse_spiffe(bad).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn rsa_modulus_bits_ignores_leading_zeros() {
+    assert_eq!(rsa_modulus_bits(&[]), 0);
+    assert_eq!(rsa_modulus_bits(&[0, 0]), 0);
+    assert_eq!(rsa_modulus_bits(&[0x01]), 1);
+    // DER's sign byte before a 1024-bit modulus, and the same modulus without it.
+    let mut m = vec![0u8; 129];
+    m[1] = 0x80;
+    assert_eq!(rsa_modulus_bits(&m), 1024);
+    assert_eq!(rsa_modulus_bits(&m[1..]), 1024);
+    m[1] = 0x7f;
+    assert_eq!(rsa_modulus_bits(&m), 1023);
+}
+
+#[test]
+fn oversized_csr_is_refused_before_parsing() {
+    let ca_dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(ca_dir.path()).expect("ca");
+    let id = Identity::new("cluster.local", "ns", "sa");
+    let huge = "A".repeat(MAX_CSR_BYTES + 1);
+    let err = ca
+        .sign_workload(&huge, &id, Duration::from_secs(60))
+        .expect_err("oversized");
+    assert!(matches!(err, Error::CsrRejected(_)), "{err}");
+    assert!(err.to_string().contains("65537 bytes"), "{err}");
+}

@@ -328,7 +328,7 @@ async fn hostile_requests_are_rejected_and_issue_nothing() {
             ),
             pem.clone(),
             Code::Unauthenticated,
-            "token rejected",
+            "token rejected: malformed token",
         ),
         (
             "HS256 with the public key as secret (algorithm confusion)",

@@ -382,18 +382,15 @@ async fn hostile_requests_are_rejected_and_issue_nothing() {
         "a hostile request was issued a certificate"
     );
 
-    // `iss` is not checked: only tokens signed with this CA's own issuer key verify, whatever
-    // they claim as issuer. Pinned here so a change is deliberate.
+    // A token signed with the right key but claiming another issuer is refused too.
     let wrong_iss = issuer.sign(&claims("https://evil.example", now));
-    let resp = client
+    let s = client
         .create_certificate(request(&pem, Some(&wrong_iss)))
         .await
-        .expect("iss is not checked")
-        .into_inner();
-    assert_eq!(
-        uri_sans(&resp.cert_chain[0]),
-        vec!["spiffe://cluster.local/ns/app/sa/web"]
-    );
+        .expect_err("wrong issuer");
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    assert!(s.message().contains("wrong issuer"), "{s:?}");
+    assert_eq!(issued_count(running.monitoring_addr).await, before);
     cancel.cancel();
     running.wait().await;
 }

@@ -312,6 +312,14 @@ fn tokens_verify_and_reject_with_reasons() {
         issuer.verify(&early, "istio-ca"),
         Err(TokenError::NotYetValid)
     );
+    let mut other_iss = claims(now() + 1000, now(), "system:serviceaccount:a:b");
+    other_iss.iss = "https://kubernetes.default.svc".into();
+    assert_eq!(
+        issuer.verify(&issuer.sign(&other_iss), "istio-ca"),
+        Err(TokenError::WrongIssuer {
+            expected: "istiod-lite".into()
+        })
+    );
     let bad_sub = issuer.sign(&claims(now() + 1000, now(), "alice"));
     assert!(matches!(
         issuer.verify(&bad_sub, "istio-ca"),

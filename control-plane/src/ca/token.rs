@@ -37,6 +37,8 @@ pub enum TokenError {
     WrongAudience { expected: String },
     #[error("bad signature: token was not signed by this CA's issuer key")]
     BadSignature,
+    #[error("wrong issuer: token is not from {expected:?}")]
+    WrongIssuer { expected: String },
     #[error("malformed token: {0}")]
     Malformed(String),
     #[error("subject {0:?} is not a service account (expected system:serviceaccount:<ns>:<sa>)")]
@@ -118,11 +120,13 @@ impl TokenIssuer {
             .unwrap_or_default()
     }
 
-    /// Verifies signature, `exp`, `nbf` and audience; returns (namespace, service account).
+    /// Verifies signature, issuer, `exp`, `nbf` and audience; returns (namespace, service
+    /// account).
     pub fn verify(&self, token: &str, audience: &str) -> Result<(String, String), TokenError> {
         let mut v = Validation::new(Algorithm::ES256);
         v.set_audience(&[audience]);
-        v.set_required_spec_claims(&["exp", "sub", "aud"]);
+        v.set_issuer(&[ISSUER]);
+        v.set_required_spec_claims(&["exp", "sub", "aud", "iss"]);
         v.validate_nbf = true;
         v.leeway = 0;
         let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &v).map_err(|e| {
@@ -134,6 +138,9 @@ impl TokenIssuer {
                     expected: audience.to_string(),
                 },
                 K::InvalidSignature | K::InvalidAlgorithm => TokenError::BadSignature,
+                K::InvalidIssuer => TokenError::WrongIssuer {
+                    expected: ISSUER.to_string(),
+                },
                 _ => TokenError::Malformed(e.to_string()),
             }
         })?;

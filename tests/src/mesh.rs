@@ -237,6 +237,12 @@ impl Mesh {
 
     /// Sets the pod up as Istio's injection does: init container, then the sidecar agent.
     pub fn inject(&self, pod: &mut Pod) {
+        self.inject_with(pod, &[]);
+    }
+
+    /// [`Mesh::inject`] with `extra` environment on top of the injected one, the way a pod
+    /// annotation or the webhook would add it.
+    pub fn inject_with(&self, pod: &mut Pod, extra: &[(&str, String)]) {
         let out = pod
             .ns
             .cmd(self.bin("istio-iptables"))
@@ -293,6 +299,9 @@ impl Mesh {
             .env("TRUST_DOMAIN", "cluster.local")
             .env("ISTIO_META_DNS_CAPTURE", "true")
             .env("RUST_LOG", "info");
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
         pod.agent = Some(Child::spawn(&format!("agent-{}", pod.name), cmd));
     }
 

@@ -2,9 +2,7 @@
 //! istiod-lite, with real Envoy: readiness on 15021, config through the xDS proxy, the SPIFFE
 //! certificate through SDS, SIGTERM drain, app probes, merged metrics, istiod restarts.
 
-use harness::mesh::{
-    HTTPBIN, INIT_ARGS, Mesh, NAMESPACE, PROXY_UID, Pod, httpbin_service, proxy_args,
-};
+use harness::mesh::{HTTPBIN, Mesh, NAMESPACE, Pod, httpbin_service};
 use harness::{Child, assert_eventually, envoy_bin, require_bin, require_root};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -105,68 +103,9 @@ fn injected_sidecar_becomes_ready_with_config_and_spiffe_cert() {
     assert!(agent < envoy && envoy < app, "order of merged metrics");
 }
 
-/// Istio's injection (init container, then the proxy container's argv and env), with `extra`
-/// env on top, the way a pod annotation or webhook would add it.
+/// Istio's injection with `extra` env on top (see [`Mesh::inject_with`]).
 fn inject_with(mesh: &Mesh, pod: &mut Pod, extra: &[(&str, String)]) {
-    let out = pod
-        .ns
-        .cmd(mesh.bin("istio-iptables"))
-        .args(INIT_ARGS)
-        .output()
-        .expect("run istio-iptables");
-    assert!(out.status.success(), "istio-iptables: {out:?}");
-    std::fs::write(
-        pod.dir.join("var/run/secrets/tokens/istio-token"),
-        mesh.token(&pod.service_account),
-    )
-    .expect("write token");
-    std::fs::copy(
-        mesh.ca_dir().join("root-cert.pem"),
-        pod.dir.join("var/run/secrets/istio/root-cert.pem"),
-    )
-    .expect("copy root cert");
-    let status = Command::new("chown")
-        .arg("-R")
-        .arg(format!("{PROXY_UID}:{PROXY_UID}"))
-        .arg(&pod.dir)
-        .status()
-        .expect("chown");
-    assert!(status.success());
-    let mut cmd = pod.ns.cmd_as(PROXY_UID, PROXY_UID, mesh.bin("pilot-agent"));
-    cmd.args(proxy_args())
-        .current_dir(&pod.dir)
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
-        .env("PILOT_CERT_PROVIDER", "istiod")
-        .env("CA_ADDR", "istiod.istio-system.svc:15012")
-        .env("POD_NAME", &pod.name)
-        .env("POD_NAMESPACE", NAMESPACE)
-        .env("INSTANCE_IP", &pod.ip)
-        .env("SERVICE_ACCOUNT", &pod.service_account)
-        .env("HOST_IP", &pod.node_ip)
-        .env("ISTIO_CPU_LIMIT", "1")
-        .env(
-            "PROXY_CONFIG",
-            format!(
-                r#"{{"binaryPath":"{}","discoveryAddress":"istiod.istio-system.svc:15012"}}"#,
-                mesh.bin("envoy").display()
-            ),
-        )
-        .env(
-            "ISTIO_META_POD_PORTS",
-            r#"[{"name":"http","containerPort":8080}]"#,
-        )
-        .env("ISTIO_META_APP_CONTAINERS", "app")
-        .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
-        .env("ISTIO_META_INTERCEPTION_MODE", "REDIRECT")
-        .env("ISTIO_META_WORKLOAD_NAME", &pod.name)
-        .env("ISTIO_META_MESH_ID", "cluster.local")
-        .env("TRUST_DOMAIN", "cluster.local")
-        .env("RUST_LOG", "info");
-    for (k, v) in extra {
-        cmd.env(k, v);
-    }
-    pod.agent = Some(Child::spawn(&format!("agent-{}", pod.name), cmd));
+    mesh.inject_with(pod, extra);
 }
 
 fn agent(pod: &mut Pod) -> &mut Child {

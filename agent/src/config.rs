@@ -182,46 +182,9 @@ pub fn parse_bool(s: &str) -> Option<bool> {
     }
 }
 
-/// Go-style durations: `45s`, `1m30s`, `500ms`, `1.5s`, `2h`; a bare `0` is zero.
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    if s == "0" {
-        return Some(Duration::ZERO);
-    }
-    if s.is_empty() {
-        return None;
-    }
-    let mut total = 0f64;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        if num_len == 0 {
-            return None;
-        }
-        let n: f64 = rest[..num_len].parse().ok()?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        rest = &rest[unit_len..];
-        total += n * scale;
-    }
-    if !total.is_finite() || total > 1e12 {
-        return None;
-    }
-    Some(Duration::from_secs_f64(total))
-}
+/// Go-style durations (`45s`, `1m30s`, `500ms`, `2h`, bare `0`): the same parser as the
+/// identity settings use.
+pub use sds::config::parse_duration;
 
 struct Env<'a>(&'a HashMap<String, String>);
 

@@ -58,6 +58,17 @@ pub fn proxy_args() -> Vec<String> {
     ]
 }
 
+/// What a mesh test needs (root, Envoy, iptables, curl, dig, setpriv) plus `extra` programs.
+/// Missing ones skip the test outside CI and fail it under `CI=true`.
+pub fn prerequisites(extra: &[&str]) -> bool {
+    crate::require_root()
+        && crate::envoy_bin().is_some()
+        && ["iptables", "curl", "dig", "setpriv"]
+            .iter()
+            .chain(extra)
+            .all(|b| crate::require_bin(b))
+}
+
 /// The node: `istiod-lite` with its config and CA directories.
 pub struct Mesh {
     pub node: Netns,

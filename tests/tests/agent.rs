@@ -3,7 +3,7 @@
 //! certificate through SDS, SIGTERM drain, app probes, merged metrics, istiod restarts.
 
 use harness::mesh::{HTTPBIN, Mesh, NAMESPACE, Pod, httpbin_service};
-use harness::{Child, assert_eventually, envoy_bin, require_bin, require_root};
+use harness::{Child, assert_eventually, envoy_bin, require_bin};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -14,11 +14,7 @@ fn config(server_ip: &str) -> String {
 }
 
 fn prerequisites() -> bool {
-    require_root()
-        && envoy_bin().is_some()
-        && require_bin("iptables")
-        && require_bin("curl")
-        && require_bin("setpriv")
+    harness::mesh::prerequisites(&[])
 }
 
 /// Waits for readiness on 15021; on failure prints what the agent and Envoy say.

@@ -1,10 +1,10 @@
 //! Pod in a box: injected sidecars (istio-init + istio-proxy) against istiod-lite, with real
 //! Envoy, real iptables and real traffic, in network namespaces.
 
+use harness::assert_eventually;
 use harness::mesh::{
     HTTPBIN, HTTPBIN_VIP as VIP, Mesh, NAMESPACE, httpbin_service, pod_in_a_box_config, strict_mtls,
 };
-use harness::{assert_eventually, envoy_bin, require_bin, require_root};
 use std::time::Duration;
 
 const HOST: &str = HTTPBIN;
@@ -15,12 +15,7 @@ fn base_config(server_ip: &str) -> String {
 }
 
 fn prerequisites() -> bool {
-    require_root()
-        && envoy_bin().is_some()
-        && require_bin("iptables")
-        && require_bin("curl")
-        && require_bin("dig")
-        && require_bin("setpriv")
+    harness::mesh::prerequisites(&[])
 }
 
 #[test]

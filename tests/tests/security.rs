@@ -4,18 +4,14 @@
 //! (`OUTPUT_CERTS` unset), and Envoy's admin port and the agent's debug endpoints answer on
 //! loopback only, while the readiness ports answer the node.
 
+use harness::assert_eventually;
 use harness::mesh::{Mesh, NAMESPACE, pod_in_a_box_config};
-use harness::{assert_eventually, envoy_bin, require_bin, require_root};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn prerequisites() -> bool {
-    require_root()
-        && envoy_bin().is_some()
-        && require_bin("iptables")
-        && require_bin("setpriv")
-        && require_bin("ss")
+    harness::mesh::prerequisites(&["ss"])
 }
 
 /// Every regular file under `dir`, recursively (symlinks not followed).

@@ -7,7 +7,7 @@
 
 use harness::mesh::vm::{Unit, parse_env_file};
 use harness::mesh::{Mesh, NAMESPACE, PROXY_UID};
-use harness::{assert_eventually, envoy_bin, repo_root, require_bin, require_root, workspace_bin};
+use harness::{assert_eventually, repo_root, workspace_bin};
 use std::process::Command;
 use std::time::Duration;
 
@@ -181,13 +181,7 @@ fn cluster_env_from_vm_bundle_reads_back_through_the_unit() {
 }
 
 fn prerequisites() -> bool {
-    require_root()
-        && envoy_bin().is_some()
-        && require_bin("iptables")
-        && require_bin("curl")
-        && require_bin("dig")
-        && require_bin("setpriv")
-        && require_bin("hostname")
+    harness::mesh::prerequisites(&["hostname"])
 }
 
 #[test]

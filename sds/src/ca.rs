@@ -2,7 +2,8 @@
 //!
 //! TLS as Istio (root from `CA_ROOT_CA` and fallbacks, ServerName from the CA host or
 //! `ISTIOD_SAN`, `PROV_CERT` client identity when valid), plaintext for `:15010`. The bearer
-//! token is re-read on every call. Retries: 5 tries, 100 ms doubling with 10% jitter, on
+//! token is re-read on every call; a JWT whose `exp` has passed is not sent (the error names the
+//! file and the expiry time). Retries: 5 tries, 100 ms doubling with 10% jitter, on
 //! retryable codes only. The channel is rebuilt after any error and whenever the root file's
 //! directory changes (kubelet `..data` swaps included).
 
@@ -159,6 +160,7 @@ impl CaClient {
             md.insert(key, val);
         }
         if let Some(token) = read_token(&self.inner.token_path) {
+            crate::token::check_not_expired(&self.inner.token_path, &token, SystemTime::now())?;
             let v = format!("Bearer {token}").parse().map_err(|e| {
                 Error::file(
                     &self.inner.token_path,
@@ -171,7 +173,17 @@ impl CaClient {
     }
 
     /// Sends `csr_pem`; returns the certificate chain, leaf first, root last (at least 2).
+    /// A JWT token whose `exp` has passed is not sent ([`Error::TokenExpired`]). Every failed
+    /// call counts once in `csr_failures_total{reason}`.
     pub async fn sign(&self, csr_pem: &[u8]) -> Result<Vec<String>, Error> {
+        let result = self.sign_with_retries(csr_pem).await;
+        if let Err(e) = &result {
+            self.inner.metrics.csr_failed(e.reason());
+        }
+        result
+    }
+
+    async fn sign_with_retries(&self, csr_pem: &[u8]) -> Result<Vec<String>, Error> {
         let labels = csr_labels();
         let mut attempt = 0u32;
         loop {
@@ -421,6 +433,107 @@ mod tests {
             !cached()
         })
         .await;
+    }
+
+    fn jwt(exp: SystemTime) -> String {
+        use base64::Engine;
+        let e = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let exp = exp
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("after epoch")
+            .as_secs();
+        format!(
+            "{}.{}.sig",
+            e.encode(r#"{"alg":"ES256"}"#),
+            e.encode(format!(
+                r#"{{"sub":"system:serviceaccount:a:b","exp":{exp}}}"#
+            ))
+        )
+    }
+
+    #[tokio::test]
+    async fn expired_token_is_not_sent_and_a_replaced_one_is() {
+        let ca = FakeCa::start_plaintext();
+        let base = tempfile::tempdir().expect("tempdir");
+        let env: HashMap<String, String> = [("CA_ADDR", ca.ca_addr())]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let mut cfg = Config::from_env(&env, base.path()).expect("config");
+        cfg.ca_plaintext = true;
+        let mut reg = prometheus_client::registry::Registry::default();
+        let metrics = Arc::new(Metrics::new(&mut reg));
+        let c = CaClient::new(&cfg, metrics.clone()).expect("client");
+        let token_path = &cfg.token_path;
+        std::fs::create_dir_all(token_path.parent().expect("parent")).expect("mkdir");
+
+        let expired = jwt(SystemTime::now() - Duration::from_secs(30));
+        std::fs::write(token_path, &expired).expect("write");
+        let e = c.sign(&csr()).await.expect_err("expired token");
+        assert!(matches!(e, Error::TokenExpired { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&token_path.display().to_string()) && msg.contains("expired at"),
+            "{msg}"
+        );
+        assert!(ca.received().is_empty(), "an expired token was sent");
+
+        // A new token in the same file: the next call sends it.
+        let fresh = jwt(SystemTime::now() + Duration::from_secs(3600));
+        std::fs::write(token_path, &fresh).expect("write");
+        c.sign(&csr()).await.expect("fresh token");
+        let got = ca.received();
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            got[0].header("authorization"),
+            Some(format!("Bearer {fresh}").as_str())
+        );
+
+        // An opaque (non-JWT) token is sent as it is.
+        std::fs::write(token_path, "opaque").expect("write");
+        c.sign(&csr()).await.expect("opaque token");
+
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).expect("encode");
+        assert!(
+            out.contains("csr_failures_total{reason=\"token_expired\"} 1"),
+            "{out}"
+        );
+        assert!(
+            out.contains("num_outgoing_requests_total{request_type=\"csr\"} 2"),
+            "{out}"
+        );
+    }
+
+    #[tokio::test]
+    async fn unreachable_ca_counts_one_failure_per_call_by_reason() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("port")
+            .port();
+        let env: HashMap<String, String> = [("CA_ADDR", format!("127.0.0.1:{port}"))]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let mut cfg = Config::from_env(&env, base.path()).expect("config");
+        cfg.ca_plaintext = true;
+        let mut reg = prometheus_client::registry::Registry::default();
+        let c = CaClient::new(&cfg, Arc::new(Metrics::new(&mut reg))).expect("client");
+        let e = c.sign(&csr()).await.expect_err("nobody listens");
+        assert_eq!(e.reason(), "unavailable", "{e}");
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).expect("encode");
+        assert!(
+            out.contains("csr_failures_total{reason=\"unavailable\"} 1"),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!(
+                "num_outgoing_requests_total{{request_type=\"csr\"}} {MAX_ATTEMPTS}"
+            )),
+            "{out}"
+        );
     }
 
     #[tokio::test]

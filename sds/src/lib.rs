@@ -29,6 +29,7 @@
 //! RootSource::{System, Pem(Vec<u8>), File(PathBuf)}
 //! grpc_channel(&ChannelInputs) -> Result<tonic::transport::Channel, Error>   // lazy, non-blocking
 //! read_token(&Path) -> Option<String>
+//! token::jwt_expiry(&str) -> Option<SystemTime>   // `exp` of a JWT, signature not checked
 //! csr::generate(identity, KeyAlgorithm, pkcs8) -> Result<KeyAndCsr, Error>
 //! CaClient::new(&Config, Arc<Metrics>)?.sign(csr_pem).await -> Result<Vec<String>, Error>
 //! manager::{parse_certs, cert_validity, write_atomic}, server::to_secret
@@ -40,7 +41,11 @@
 //! Differences from Istio, on purpose: the SDS stream stays open when the CA fails (the
 //! request is answered once the secret exists), `DeltaSecrets` is served, and rotation
 //! refreshes the certificate in place (the old one keeps being served until the new one is
-//! signed, with jittered exponential backoff on failure) instead of clearing the cache first.
+//! signed, with jittered exponential backoff on failure, capped at a tenth of the certificate's
+//! lifetime within 1 s..60 s) instead of clearing the cache first. A JWT token whose `exp` has
+//! passed is not sent to the CA: the call fails at once with an error naming the token file and
+//! its expiry time, counted in `csr_failures_total{reason="token_expired"}` (not an Istio
+//! metric; it counts every failed signing call by reason).
 
 pub mod ca;
 pub mod config;
@@ -49,6 +54,7 @@ pub mod manager;
 pub mod metrics;
 pub mod server;
 pub mod tls;
+pub mod token;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -94,6 +100,14 @@ pub enum Error {
         code: tonic::Code,
         message: String,
     },
+    #[error(
+        "the token at {path} expired at {expired_at} ({ago}s ago); not sending it to the CA (it would answer UNAUTHENTICATED): the token file must be refreshed"
+    )]
+    TokenExpired {
+        path: String,
+        expired_at: String,
+        ago: u64,
+    },
     #[error("CA {addr} returned an unusable certificate chain: {reason}")]
     InvalidResponse { addr: String, reason: String },
     #[error("reading {path}: {reason}")]
@@ -109,6 +123,36 @@ pub enum Error {
 }
 
 impl Error {
+    /// Label for `csr_failures_total{reason}`: `token_expired`, the CA's gRPC code in snake case
+    /// (`unavailable`, `unauthenticated`, ...), `invalid_response`, or `other`.
+    pub fn reason(&self) -> &'static str {
+        use tonic::Code::*;
+        match self {
+            Error::TokenExpired { .. } => "token_expired",
+            Error::InvalidResponse { .. } => "invalid_response",
+            Error::Ca { code, .. } => match code {
+                Ok => "ok",
+                Cancelled => "cancelled",
+                Unknown => "unknown",
+                InvalidArgument => "invalid_argument",
+                DeadlineExceeded => "deadline_exceeded",
+                NotFound => "not_found",
+                AlreadyExists => "already_exists",
+                PermissionDenied => "permission_denied",
+                ResourceExhausted => "resource_exhausted",
+                FailedPrecondition => "failed_precondition",
+                Aborted => "aborted",
+                OutOfRange => "out_of_range",
+                Unimplemented => "unimplemented",
+                Internal => "internal",
+                Unavailable => "unavailable",
+                DataLoss => "data_loss",
+                Unauthenticated => "unauthenticated",
+            },
+            _ => "other",
+        }
+    }
+
     #[allow(dead_code)]
     pub(crate) fn file(path: &std::path::Path, reason: impl std::fmt::Display) -> Error {
         Error::File {

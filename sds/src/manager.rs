@@ -250,6 +250,14 @@ pub fn rotation_delay(
     at.duration_since(SystemTime::now()).unwrap_or_default()
 }
 
+/// Longest pause between failed rotation attempts: a tenth of the certificate's lifetime, at
+/// least [`ROTATE_BACKOFF_START`], at most `max`. A 24 h certificate backs off up to `max` (60 s);
+/// a short-lived one retries often enough to rotate before it expires once the CA is back (a
+/// 30 s certificate rotating at 15 s would otherwise wait 8 s, then 16 s, past its expiry).
+pub fn rotation_backoff_cap(lifetime: Duration, max: Duration) -> Duration {
+    (lifetime / 10).min(max).max(ROTATE_BACKOFF_START)
+}
+
 impl Inner {
     fn file_source(&self, name: &str) -> Option<FileSource> {
         let cfg = &self.config;
@@ -460,6 +468,12 @@ impl Inner {
                 _ = self.rotation_wake.notified() => continue,
                 _ = tokio::time::sleep_until(w.rotate_at) => {}
             }
+            let cap = rotation_backoff_cap(
+                w.expire_time
+                    .duration_since(w.created_time)
+                    .unwrap_or_default(),
+                self.config.max_backoff,
+            );
             let mut backoff = ROTATE_BACKOFF_START;
             loop {
                 match self.generate(Some(w.created_time)).await {
@@ -474,7 +488,7 @@ impl Inner {
                             _ = self.shutdown.cancelled() => return,
                             _ = tokio::time::sleep(jitter(backoff, 0.1)) => {}
                         }
-                        backoff = (backoff * 2).min(self.config.max_backoff);
+                        backoff = (backoff * 2).min(cap);
                     }
                 }
             }

@@ -170,6 +170,43 @@ async fn gives_up_after_five_tries_and_not_on_permanent_codes() {
 
 // Paused time: the tests wait on events (CA request counts, watch channels), never on
 // timeouts, so tokio only auto-advances to the manager's own rotation and backoff timers.
+#[test]
+fn rotation_backoff_is_capped_by_the_certificate_lifetime() {
+    let max = Duration::from_secs(60);
+    let cap = |secs: u64| rotation_backoff_cap(Duration::from_secs(secs), max);
+    assert_eq!(cap(86400), max, "24 h certificate: the 60 s cap");
+    assert_eq!(cap(600), max);
+    assert_eq!(cap(300), Duration::from_secs(30));
+    assert_eq!(cap(30), Duration::from_secs(3));
+    assert_eq!(
+        cap(5),
+        ROTATE_BACKOFF_START,
+        "never below the first backoff"
+    );
+    assert_eq!(cap(0), ROTATE_BACKOFF_START);
+}
+
+#[tokio::test(start_paused = true)]
+async fn short_lived_certificate_retries_at_most_a_tenth_of_its_lifetime_apart() {
+    let ca = FakeCa::start();
+    let env = Env::new(&ca).set("SECRET_TTL", "20s");
+    let m = env.manager();
+    m.fetch("default").await.expect("first");
+    ca.set_default_answer(Answer::Fail(tonic::Code::PermissionDenied));
+    // Rotation at 10 s, then ~1 s, ~2 s, and then the 2 s cap (not 4 s, 8 s).
+    ca.wait_received(2).await;
+    let mut prev = tokio::time::Instant::now();
+    for (n, want) in [(3usize, 1.0f64), (4, 2.0), (5, 2.0), (6, 2.0)] {
+        ca.wait_received(n).await;
+        let gap = prev.elapsed().as_secs_f64();
+        assert!(
+            gap >= want * 0.85 && gap <= want * 1.15,
+            "retry {n} after {gap}s, want ~{want}s"
+        );
+        prev = tokio::time::Instant::now();
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn rotates_at_grace_ratio_and_keeps_cert_on_failure() {
     let ca = FakeCa::start();

@@ -18,6 +18,12 @@ pub struct RequestLabels {
     pub request_type: String,
 }
 
+/// `reason` label of `csr_failures_total` (see [`crate::Error::reason`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
 /// `resource_name` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabels {
@@ -33,6 +39,9 @@ pub struct Metrics {
     pub outgoing_latency: Family<RequestLabels, Histogram>,
     pub file_secret_failures: Counter,
     pub file_watcher_failures: Counter,
+    /// Not an Istio metric: failed signing calls (after the per-call retries), by reason, so an
+    /// expired token and an unreachable CA can be told apart.
+    pub csr_failures: Family<ReasonLabels, Counter>,
     expiry: Arc<ExpiryCollector>,
 }
 
@@ -90,6 +99,7 @@ impl Metrics {
             }),
             file_secret_failures: Counter::default(),
             file_watcher_failures: Counter::default(),
+            csr_failures: Family::default(),
             expiry: Arc::new(ExpiryCollector::default()),
         };
         registry.register(
@@ -123,8 +133,22 @@ impl Metrics {
             "Number of times file watcher failed to add watchers",
             m.file_watcher_failures.clone(),
         );
+        registry.register(
+            "csr_failures",
+            "Number of certificate signing calls that failed after their retries, by reason (token_expired, unavailable, unauthenticated, ...)",
+            m.csr_failures.clone(),
+        );
         registry.register_collector(Box::new(m.expiry.clone()));
         m
+    }
+
+    /// Counts a failed signing call under `reason`.
+    pub fn csr_failed(&self, reason: &str) {
+        self.csr_failures
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     /// Records the expiry of the certificate served as `resource_name`.
@@ -144,6 +168,7 @@ mod tests {
         let mut reg = Registry::default();
         let m = Metrics::new(&mut reg);
         m.outgoing_requests.get_or_create(&csr_labels()).inc();
+        m.csr_failed("token_expired");
         m.set_expiry(
             "default",
             SystemTime::now() + std::time::Duration::from_secs(3600),
@@ -152,6 +177,10 @@ mod tests {
         prometheus_client::encoding::text::encode(&mut out, &reg).expect("encode");
         assert!(
             out.contains("num_outgoing_requests_total{request_type=\"csr\"} 1"),
+            "{out}"
+        );
+        assert!(
+            out.contains("csr_failures_total{reason=\"token_expired\"} 1"),
             "{out}"
         );
         assert!(

@@ -140,7 +140,7 @@ pub fn to_secret(item: &SecretItem, crl: Option<&Path>) -> Secret {
 }
 
 /// RFC 3339 UTC timestamp (seconds precision) without a date library.
-fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     let secs = t
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -4,7 +4,9 @@
 //! the debounce), and the server's memory per connected proxy (RSS delta / N).
 //!
 //! `cargo bench -p control-plane --bench ads_load` (env: ADS_LOAD_CLIENTS=2000,
-//! ADS_LOAD_MODES=sotw,delta, PILOT_DEBOUNCE_AFTER passed through, default 100ms).
+//! ADS_LOAD_MODES=sotw,delta, ADS_LOAD_PACE=0 (at most that many proxies between connect and
+//! initial sync at once; 0 = every proxy connects in one burst), PILOT_DEBOUNCE_AFTER passed
+//! through, default 100ms).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -259,9 +261,14 @@ async fn run(mode: &str, n: usize) {
         acks: Mutex::new(Vec::new()),
     });
     let t_connect = Instant::now();
-    // Like a fleet of Envoys starting, not one SYN burst: at most 64 proxies are between
-    // connect and their initial sync at any time.
-    let gate = Arc::new(Semaphore::new(64));
+    // ADS_LOAD_PACE=N: like a fleet of Envoys starting, at most N proxies are between connect
+    // and their initial sync at any time. 0 (default): one burst, as after an istiod restart.
+    let pace = std::env::var("ADS_LOAD_PACE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|p| *p > 0)
+        .unwrap_or(n.max(1));
+    let gate = Arc::new(Semaphore::new(pace));
     for i in 0..n {
         let s = shared.clone();
         let permit = gate.clone().acquire_owned().await.expect("gate");
@@ -299,7 +306,7 @@ async fn run(mode: &str, n: usize) {
     let mut acks = shared.acks.lock().await.clone();
     acks.sort();
     println!(
-        "ads_load mode={mode} proxies={n} synced={synced} connect+initial_sync={connect_time:?} acked={}/{synced} p50={:?} p99={:?} max={:?} rss_before={}KiB rss_connected={}KiB per_proxy={:.1}KiB",
+        "ads_load mode={mode} proxies={n} pace={pace} synced={synced} connect+initial_sync={connect_time:?} acked={}/{synced} p50={:?} p99={:?} max={:?} rss_before={}KiB rss_connected={}KiB per_proxy={:.1}KiB",
         acks.len(),
         pct(&acks, 0.5),
         pct(&acks, 0.99),

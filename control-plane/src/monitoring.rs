@@ -111,16 +111,11 @@ async fn handle(
 /// Serves on `listener` until `cancel`.
 pub async fn serve(listener: TcpListener, inputs: MonitoringInputs, cancel: CancellationToken) {
     let inputs = Arc::new(inputs);
+    let mut acceptor = crate::server::listen::Acceptor::new(listener, "monitoring");
     loop {
-        let (stream, _) = tokio::select! {
+        let stream = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "monitoring accept failed");
-                    continue;
-                }
-            },
+            s = acceptor.accept() => s,
         };
         let inputs = inputs.clone();
         let cancel = cancel.clone();

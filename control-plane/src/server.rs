@@ -14,13 +14,17 @@ use proto::istio::ca::istio_certificate_service_server::IstioCertificateServiceS
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::{ServerTlsConfig, TcpIncoming};
+use tonic::transport::server::ServerTlsConfig;
 use tonic::transport::{Certificate, Identity as TlsIdentity, Server};
 
 use crate::ca::{self, Ca, CaMetrics, CaService, DEFAULT_SERVING_SANS, TokenIssuer};
 use crate::config::{Watcher, WatcherInputs};
 use crate::model::MeshSettings;
 use crate::xds::{AdsInputs, AdsServer, SyncTable, XdsMetrics};
+
+pub mod listen;
+
+use listen::Acceptor;
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
@@ -176,10 +180,8 @@ impl Running {
     }
 }
 
-async fn bind(name: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| Error::Bind { name, addr, source })
+fn bind(name: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {
+    listen::bind(addr).map_err(|source| Error::Bind { name, addr, source })
 }
 
 /// Starts everything; returns once every listener is bound and serving.
@@ -206,9 +208,17 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
     }
     let serving = ca.issue_serving(&names, Duration::from_secs(365 * 24 * 3600))?;
 
-    let grpc = bind("grpc", inputs.grpc_addr).await?;
-    let secure = bind("secure-grpc", inputs.secure_grpc_addr).await?;
-    let monitoring = bind("monitoring", inputs.monitoring_addr).await?;
+    let grpc = bind("grpc", inputs.grpc_addr)?;
+    let secure = bind("secure-grpc", inputs.secure_grpc_addr)?;
+    let monitoring = bind("monitoring", inputs.monitoring_addr)?;
+    match listen::effective_backlog() {
+        Some(b) if b < 2048 => tracing::warn!(
+            backlog = b,
+            "net.core.somaxconn caps the listen backlog below 2048: a fleet reconnecting at once may see resets; raise it"
+        ),
+        Some(b) => tracing::info!(backlog = b, "listen backlog"),
+        None => {}
+    }
     let local = |l: &TcpListener, name: &'static str, addr: SocketAddr| {
         l.local_addr()
             .map_err(|source| Error::Bind { name, addr, source })
@@ -264,7 +274,7 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
         tasks.spawn(async move {
             if let Err(e) = router
                 .serve_with_incoming_shutdown(
-                    TcpIncoming::from(grpc).with_nodelay(Some(true)),
+                    Acceptor::new(grpc, "grpc").into_stream(),
                     c.cancelled(),
                 )
                 .await
@@ -286,7 +296,7 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
         tasks.spawn(async move {
             if let Err(e) = router
                 .serve_with_incoming_shutdown(
-                    TcpIncoming::from(secure).with_nodelay(Some(true)),
+                    Acceptor::new(secure, "secure-grpc").into_stream(),
                     c.cancelled(),
                 )
                 .await

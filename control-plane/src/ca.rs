@@ -10,15 +10,21 @@
 //!
 //! When the four `cacerts` files are absent, a self-signed root (10 years) is created once and
 //! written as those same files with mode 0600, so a restart keeps the same root.
+//!
+//! Replaced `cacerts` are picked up while serving ([`Reloader`]): the new CA signs from then on
+//! and the old roots stay in the trust bundle until the certificates signed under them expire.
 
+mod reload;
 mod service;
 mod token;
 
+pub use reload::{Reloaded, Reloader, SharedCa};
 pub use service::{CaMetrics, CaService};
 pub use token::{Claims, TokenError, TokenIssuer};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
@@ -119,11 +125,40 @@ impl std::fmt::Display for Identity {
 /// The signing CA loaded from (or created in) the CA directory.
 pub struct Ca {
     issuer: Issuer<'static, KeyPair>,
-    /// PEM of every certificate after the leaf: signing CA, intermediates, root (root last).
+    /// PEM of every certificate between the leaf and the roots: signing CA, intermediates.
     chain: Vec<String>,
-    root_pem: String,
+    /// Every certificate in `root-cert.pem` (an operator may put old and new roots there).
+    roots: Vec<String>,
+    /// Roots of CAs this one replaced, still trusted while certificates they signed may be valid.
+    retired: Vec<RetiredRoot>,
+    /// Latest `not_after` of any certificate this CA signed.
+    issued_until: Mutex<SystemTime>,
+    /// Contents of the four `cacerts` files this CA was loaded from.
+    files: CaFiles,
     dir: PathBuf,
     plugin: bool,
+}
+
+/// A root of a replaced CA and how long it stays in the trust bundle.
+#[derive(Clone, Debug)]
+struct RetiredRoot {
+    pem: String,
+    until: SystemTime,
+}
+
+/// Contents of `ca-cert.pem`, `ca-key.pem`, `root-cert.pem`, `cert-chain.pem`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaFiles(Vec<Vec<u8>>);
+
+impl CaFiles {
+    /// Reads the four files; `None` when any is missing or unreadable (e.g. mid-replacement).
+    pub fn read(dir: &Path) -> Option<CaFiles> {
+        [CA_CERT, CA_KEY, ROOT_CERT, CERT_CHAIN]
+            .iter()
+            .map(|n| std::fs::read(dir.join(n)).ok())
+            .collect::<Option<Vec<_>>>()
+            .map(CaFiles)
+    }
 }
 
 impl std::fmt::Debug for Ca {
@@ -131,6 +166,8 @@ impl std::fmt::Debug for Ca {
         f.debug_struct("Ca")
             .field("dir", &self.dir)
             .field("plugin", &self.plugin)
+            .field("roots", &self.roots.len())
+            .field("retired", &self.retired.len())
             .finish_non_exhaustive()
     }
 }
@@ -251,10 +288,16 @@ impl Ca {
             Self::create_self_signed(dir)?;
             return Self::load(dir, false);
         }
-        if let Some(i) = present.iter().position(|p| !p) {
+        Self::load_present(dir)
+    }
+
+    /// Loads the four `cacerts` files in `dir`; never creates anything.
+    fn load_present(dir: &Path) -> Result<Ca, Error> {
+        let names = [CA_CERT, CA_KEY, ROOT_CERT, CERT_CHAIN];
+        if let Some(missing) = names.iter().find(|n| !dir.join(n).exists()) {
             return Err(Error::IncompletePlugin {
                 dir: dir.to_path_buf(),
-                missing: names[i],
+                missing,
             });
         }
         let self_signed = std::fs::read_to_string(dir.join(CA_CERT)).ok()
@@ -302,49 +345,132 @@ impl Ca {
             path: dir.join(name),
             reason,
         };
+        let files = CaFiles::read(dir);
         let ca_cert = read(CA_CERT)?;
         let ca_key = read(CA_KEY)?;
         let root = read(ROOT_CERT)?;
         let chain = read(CERT_CHAIN)?;
         let key = KeyPair::from_pem(&ca_key)
             .map_err(|e| bad(CA_KEY, format!("not a usable private key: {e}")))?;
-        let issuer = Issuer::from_ca_cert_pem(&ca_cert, key)
-            .map_err(|e| bad(CA_CERT, format!("not a usable CA certificate: {e}")))?;
-        let root_pem = split_pem_certs(&root)
-            .into_iter()
-            .next()
-            .ok_or_else(|| bad(ROOT_CERT, "holds no CERTIFICATE block".into()))?;
         let ca_pem = split_pem_certs(&ca_cert)
             .into_iter()
             .next()
             .ok_or_else(|| bad(CA_CERT, "holds no CERTIFICATE block".into()))?;
-        // Chain after the leaf: signing CA, then cert-chain.pem's entries, then the root; no
-        // duplicates, root last.
+        let ca_der = pem_der(&ca_pem)
+            .ok_or_else(|| bad(CA_CERT, "holds an unparsable certificate".into()))?;
+        let (_, parsed) = x509_parser::parse_x509_certificate(&ca_der)
+            .map_err(|e| bad(CA_CERT, format!("unparsable certificate: {e}")))?;
+        // A half-replaced set (new certificate, old key) must not sign anything.
+        if parsed.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
+            return Err(bad(
+                CA_KEY,
+                format!("does not match the public key of {CA_CERT}"),
+            ));
+        }
+        let issuer = Issuer::from_ca_cert_pem(&ca_cert, key)
+            .map_err(|e| bad(CA_CERT, format!("not a usable CA certificate: {e}")))?;
+        let roots = split_pem_certs(&root);
+        if roots.is_empty() {
+            return Err(bad(ROOT_CERT, "holds no CERTIFICATE block".into()));
+        }
+        let mut root_ders = Vec::new();
+        for r in &roots {
+            root_ders.push(
+                pem_der(r)
+                    .ok_or_else(|| bad(ROOT_CERT, "holds an unparsable certificate".into()))?,
+            );
+        }
+        // Between the leaf and the roots: signing CA, then cert-chain.pem's entries; no
+        // duplicates, no roots (the trust bundle comes last).
         let mut ordered: Vec<String> = Vec::new();
-        let root_der = pem_der(&root_pem);
+        let mut seen: Vec<Vec<u8>> = Vec::new();
         for pem in std::iter::once(ca_pem).chain(split_pem_certs(&chain)) {
-            let der = pem_der(&pem);
-            if der.is_none() {
+            let Some(der) = pem_der(&pem) else {
                 return Err(bad(CERT_CHAIN, "holds an unparsable certificate".into()));
-            }
-            if der == root_der || ordered.iter().any(|p| pem_der(p) == der) {
+            };
+            if root_ders.contains(&der) || seen.contains(&der) {
                 continue;
             }
+            seen.push(der);
             ordered.push(pem);
         }
-        ordered.push(root_pem.clone());
         Ok(Ca {
             issuer,
             chain: ordered,
-            root_pem,
+            roots,
+            retired: Vec::new(),
+            issued_until: Mutex::new(SystemTime::UNIX_EPOCH),
+            files: files.unwrap_or(CaFiles(Vec::new())),
             dir: dir.to_path_buf(),
             plugin,
         })
     }
 
-    /// The root workloads trust (PEM).
+    /// Loads the `cacerts` now in the CA directory as this CA's successor: it signs from now
+    /// on, and this CA's roots (and the retired roots still in their overlap) stay in the trust
+    /// bundle until every certificate signed under them has expired.
+    pub fn successor(&self) -> Result<Ca, Error> {
+        let mut next = Self::load_present(&self.dir)?;
+        let now = SystemTime::now();
+        let until = *self.issued_until.lock().unwrap_or_else(|p| p.into_inner());
+        let current: Vec<Option<Vec<u8>>> = next.roots.iter().map(|r| pem_der(r)).collect();
+        let mut retired: Vec<RetiredRoot> = Vec::new();
+        let candidates = self
+            .roots
+            .iter()
+            .map(|pem| RetiredRoot {
+                pem: pem.clone(),
+                until,
+            })
+            .chain(self.retired.iter().cloned());
+        for r in candidates {
+            let der = pem_der(&r.pem);
+            if r.until <= now || current.contains(&der) {
+                continue;
+            }
+            match retired.iter_mut().find(|x| pem_der(&x.pem) == der) {
+                Some(x) => x.until = x.until.max(r.until),
+                None => retired.push(r),
+            }
+        }
+        next.retired = retired;
+        Ok(next)
+    }
+
+    /// The contents of the `cacerts` files this CA was loaded from.
+    pub fn files(&self) -> &CaFiles {
+        &self.files
+    }
+
+    /// The trust bundle: every root of `root-cert.pem`, then the retired roots still in their
+    /// overlap (PEM, one certificate each).
+    pub fn trust_bundle(&self) -> Vec<String> {
+        let now = SystemTime::now();
+        self.roots
+            .iter()
+            .cloned()
+            .chain(
+                self.retired
+                    .iter()
+                    .filter(|r| r.until > now)
+                    .map(|r| r.pem.clone()),
+            )
+            .collect()
+    }
+
+    /// The trust bundle as one PEM text.
+    pub fn trust_bundle_pem(&self) -> String {
+        self.trust_bundle().concat()
+    }
+
+    fn note_issued(&self, not_after: SystemTime) {
+        let mut until = self.issued_until.lock().unwrap_or_else(|p| p.into_inner());
+        *until = (*until).max(not_after);
+    }
+
+    /// The first root of `root-cert.pem` (PEM).
     pub fn root_pem(&self) -> &str {
-        &self.root_pem
+        &self.roots[0]
     }
 
     /// True when the material came from plug-in `cacerts` rather than our own self-signed root.
@@ -353,7 +479,9 @@ impl Ca {
     }
 
     /// Signs a workload CSR for `identity`; the SAN comes from `identity`, never from the CSR.
-    /// Returns the chain leaf first, root last.
+    /// Returns the chain leaf first, then the intermediates, then the trust bundle as one entry
+    /// (as Istio does: with one root that is the root; during a root change the last entry
+    /// holds every trusted root, and agents take it as their ROOTCA).
     pub fn sign_workload(
         &self,
         csr_pem: &str,
@@ -389,8 +517,10 @@ impl Ca {
         let cert = csr
             .signed_by(&self.issuer)
             .map_err(|e| Error::Sign(e.to_string()))?;
+        self.note_issued(now + ttl);
         let mut out = vec![cert.pem()];
         out.extend(self.chain.iter().cloned());
+        out.push(self.trust_bundle_pem());
         Ok(out)
     }
 
@@ -421,9 +551,13 @@ impl Ca {
         let cert = params
             .signed_by(&key, &self.issuer)
             .map_err(|e| Error::Sign(e.to_string()))?;
+        self.note_issued(now + ttl);
         let mut chain_pem = cert.pem();
         for c in &self.chain {
             chain_pem.push_str(c);
+        }
+        for r in &self.roots {
+            chain_pem.push_str(r);
         }
         Ok(IssuedKeyPair {
             chain_pem,

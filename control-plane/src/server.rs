@@ -17,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::ServerTlsConfig;
 use tonic::transport::{Certificate, Identity as TlsIdentity, Server};
 
-use crate::ca::{self, Ca, CaMetrics, CaService, DEFAULT_SERVING_SANS, TokenIssuer};
+use crate::ca::{
+    self, Ca, CaMetrics, CaService, DEFAULT_SERVING_SANS, Reloader, SharedCa, TokenIssuer,
+};
 use crate::config::{Watcher, WatcherInputs};
 use crate::model::MeshSettings;
 use crate::xds::{AdsInputs, AdsServer, SyncTable, XdsMetrics};
@@ -198,7 +200,7 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
         debounce_after = ?tunables.debounce_after, debounce_max = ?tunables.debounce_max,
         push_throttle = tunables.push_throttle, "starting istiod-lite");
 
-    let ca = Arc::new(Ca::load_or_create(&inputs.ca_dir)?);
+    let ca = SharedCa::new(Ca::load_or_create(&inputs.ca_dir)?);
     let tokens = Arc::new(TokenIssuer::load_or_create(&inputs.ca_dir)?);
     let mut names: Vec<String> = DEFAULT_SERVING_SANS.iter().map(|s| s.to_string()).collect();
     for s in &inputs.sans {
@@ -206,7 +208,10 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
             names.push(s.clone());
         }
     }
-    let serving = ca.issue_serving(&names, Duration::from_secs(365 * 24 * 3600))?;
+    let serving = ca
+        .current()
+        .issue_serving(&names, Duration::from_secs(365 * 24 * 3600))?;
+    let client_roots = ca.current().trust_bundle_pem();
 
     let grpc = bind("grpc", inputs.grpc_addr)?;
     let secure = bind("secure-grpc", inputs.secure_grpc_addr)?;
@@ -257,7 +262,7 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
 
     let tls = ServerTlsConfig::new()
         .identity(TlsIdentity::from_pem(&serving.chain_pem, &serving.key_pem))
-        .client_ca_root(Certificate::from_pem(ca.root_pem()))
+        .client_ca_root(Certificate::from_pem(client_roots))
         .client_auth_optional(true);
 
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(false);
@@ -305,6 +310,7 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
             }
         });
     }
+    tasks.spawn(Reloader::new(ca).run(cancel.clone()));
     tasks.spawn(crate::monitoring::serve(
         monitoring,
         crate::monitoring::MonitoringInputs {

@@ -136,7 +136,7 @@ pub fn write_bundle(inputs: &BundleInputs) -> Result<(), Error> {
     write(&inputs.output, "cluster.env", &cluster_env)?;
     write(&inputs.output, "mesh.yaml", &mesh_yaml)?;
     write(&inputs.output, "hosts", &hosts)?;
-    write(&inputs.output, "root-cert.pem", ca.root_pem())?;
+    write(&inputs.output, "root-cert.pem", &ca.trust_bundle_pem())?;
     write(&inputs.output, "istio-token", &token)?;
     Ok(())
 }

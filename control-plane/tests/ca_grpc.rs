@@ -417,3 +417,106 @@ fn oversized_csr() -> String {
     assert!(pem.len() >= 1 << 20, "CSR is only {} bytes", pem.len());
     pem
 }
+
+/// Writes plug-in cacerts (a root named `name` and an intermediate); returns (root, intermediate).
+fn write_cacerts(dir: &Path, name: &str) -> (String, String) {
+    use rcgen::{BasicConstraints, DnType, IsCa, Issuer, KeyUsagePurpose};
+    let root_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut rp = CertificateParams::default();
+    rp.distinguished_name.push(DnType::CommonName, name);
+    rp.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    rp.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let root = rp.self_signed(&root_key).expect("root");
+    let root_issuer = Issuer::new(rp, root_key);
+    let int_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut ip = CertificateParams::default();
+    ip.distinguished_name
+        .push(DnType::CommonName, format!("{name} intermediate"));
+    ip.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ip.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let int = ip.signed_by(&int_key, &root_issuer).expect("int");
+    // Like an operator copying files one by one; the CA must not mix old and new.
+    std::fs::write(dir.join("ca-cert.pem"), int.pem()).expect("w");
+    std::fs::write(dir.join("ca-key.pem"), int_key.serialize_pem()).expect("w");
+    std::fs::write(dir.join("root-cert.pem"), root.pem()).expect("w");
+    std::fs::write(dir.join("cert-chain.pem"), int.pem() + &root.pem()).expect("w");
+    (root.pem(), int.pem())
+}
+
+fn verifies(leaf_pem: &str, issuer_pem: &str) -> bool {
+    let (_, l) = x509_parser::pem::parse_x509_pem(leaf_pem.as_bytes()).expect("pem");
+    let (_, i) = x509_parser::pem::parse_x509_pem(issuer_pem.as_bytes()).expect("pem");
+    let (_, leaf) = x509_parser::parse_x509_certificate(&l.contents).expect("x509");
+    let (_, issuer) = x509_parser::parse_x509_certificate(&i.contents).expect("x509");
+    leaf.verify_signature(Some(issuer.public_key())).is_ok()
+}
+
+/// Issue 9, root CA changed: plug-in cacerts replaced under a running server. The new CA signs
+/// from then on, responses carry the old and the new root (`root_cert` and the last
+/// `cert_chain` entry), and the TLS port keeps serving clients that trust the old root.
+#[tokio::test]
+async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
+    let ca_dir = tempfile::tempdir().expect("tempdir");
+    let d = ca_dir.path();
+    let (root_a, int_a) = write_cacerts(d, "root A");
+    let config = tempfile::tempdir().expect("tempdir");
+    let (running, cancel) = start(config.path(), d).await;
+    let token = TokenIssuer::load_or_create(d).expect("issuer").issue(
+        "ns",
+        "sa",
+        "istio-ca",
+        Duration::from_secs(600),
+    );
+    let mut client = tls(running.secure_grpc_addr, &root_a, None).await;
+    let (pem, _) = csr("spiffe://cluster.local/ns/ns/sa/sa");
+    let before = client
+        .create_certificate(request(&pem, Some(&token)))
+        .await
+        .expect("signed")
+        .into_inner();
+    assert!(verifies(&before.cert_chain[0], &int_a));
+    assert_eq!(
+        before.root_cert.expect("roots").ca_cert,
+        vec![root_a.clone()]
+    );
+
+    let (root_b, int_b) = write_cacerts(d, "root B");
+    let t0 = std::time::Instant::now();
+    let after = loop {
+        let r = client
+            .create_certificate(request(&pem, Some(&token)))
+            .await
+            .expect("signed during the change")
+            .into_inner();
+        if verifies(&r.cert_chain[0], &int_b) {
+            break r;
+        }
+        assert!(
+            verifies(&r.cert_chain[0], &int_a),
+            "until the switch the old CA signs"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the new CA never took over"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("FIGURE ca_reload new_ca_signing_after={:?}", t0.elapsed());
+    assert_eq!(
+        after.root_cert.expect("roots").ca_cert,
+        vec![root_b.clone(), root_a.clone()]
+    );
+    assert_eq!(after.cert_chain[1], int_b);
+    assert_eq!(
+        after.cert_chain.last().expect("bundle"),
+        &format!("{root_b}{root_a}")
+    );
+    // The serving certificate (signed by A) still verifies for workloads that trust A.
+    let mut old_trust = tls(running.secure_grpc_addr, &root_a, None).await;
+    old_trust
+        .create_certificate(request(&pem, Some(&token)))
+        .await
+        .expect("old-root clients still reach the CA");
+    cancel.cancel();
+    running.wait().await;
+}

@@ -12,7 +12,7 @@ use proto::istio::ca::istio_certificate_service_server::IstioCertificateService;
 use proto::istio::ca::{IstioCertificateRequest, IstioCertificateResponse, Roots};
 use tonic::{Request, Response, Status};
 
-use super::{Ca, DEFAULT_WORKLOAD_TTL, Identity, TokenIssuer, identity_from_cert};
+use super::{DEFAULT_WORKLOAD_TTL, Identity, SharedCa, TokenIssuer, identity_from_cert};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
@@ -52,7 +52,7 @@ impl CaMetrics {
 /// The gRPC CA service.
 #[derive(Clone)]
 pub struct CaService {
-    ca: Arc<Ca>,
+    ca: SharedCa,
     tokens: Arc<TokenIssuer>,
     trust_domain: String,
     audience: String,
@@ -61,7 +61,7 @@ pub struct CaService {
 
 impl CaService {
     pub fn new(
-        ca: Arc<Ca>,
+        ca: SharedCa,
         tokens: Arc<TokenIssuer>,
         trust_domain: &str,
         audience: &str,
@@ -138,7 +138,9 @@ impl IstioCertificateService for CaService {
         } else {
             DEFAULT_WORKLOAD_TTL
         };
-        let ca = self.ca.clone();
+        // The CA in force now signs, and its trust bundle goes back with the chain.
+        let ca = self.ca.current();
+        let bundle = ca.trust_bundle();
         let id = identity.clone();
         // Signing with RSA or P-384 CAs takes milliseconds: keep it off the reactor.
         let result = tokio::task::spawn_blocking(move || ca.sign_workload(&req.csr, &id, ttl))
@@ -150,9 +152,7 @@ impl IstioCertificateService for CaService {
                 tracing::info!(identity = %identity, ttl_secs = ttl.as_secs(), "issued certificate");
                 Ok(Response::new(IstioCertificateResponse {
                     cert_chain: chain,
-                    root_cert: Some(Roots {
-                        ca_cert: vec![self.ca.root_pem().to_string()],
-                    }),
+                    root_cert: Some(Roots { ca_cert: bundle }),
                 }))
             }
             Err(e @ (super::Error::Csr(_) | super::Error::CsrRejected(_))) => {

@@ -379,3 +379,133 @@ fn oversized_csr_is_refused_before_parsing() {
     assert!(matches!(err, Error::CsrRejected(_)), "{err}");
     assert!(err.to_string().contains("65537 bytes"), "{err}");
 }
+
+fn sign_with(ca: &Ca) -> Vec<String> {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let csr = csr_for("spiffe://cluster.local/ns/a/sa/b", &key);
+    ca.sign_workload(
+        &csr,
+        &Identity::new("cluster.local", "a", "b"),
+        DEFAULT_WORKLOAD_TTL,
+    )
+    .expect("sign")
+}
+
+fn signed_by(leaf_pem: &str, ca_pem: &str) -> bool {
+    let leaf_der = parse(leaf_pem);
+    let ca_der = parse(ca_pem);
+    let (_, leaf) = x509_parser::parse_x509_certificate(&leaf_der).expect("leaf");
+    let (_, ca) = x509_parser::parse_x509_certificate(&ca_der).expect("ca");
+    leaf.verify_signature(Some(ca.public_key())).is_ok()
+}
+
+/// Polls until the reloader settles on something other than `Settling`.
+fn settle(r: &mut Reloader) -> Result<Reloaded, Error> {
+    for _ in 0..5 {
+        match r.poll()? {
+            Reloaded::Settling => continue,
+            other => return Ok(other),
+        }
+    }
+    panic!("the reloader never settled");
+}
+
+#[test]
+fn replaced_cacerts_sign_from_then_on_and_the_bundle_keeps_the_old_root() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root_a, int_a) = write_plugin_cacerts(dir.path());
+    let shared = SharedCa::new(Ca::load_or_create(dir.path()).expect("A"));
+    let mut reloader = Reloader::new(shared.clone());
+    assert_eq!(reloader.poll().expect("poll"), Reloaded::Unchanged);
+    let before = sign_with(&shared.current());
+    assert_eq!(
+        before.last(),
+        Some(&root_a),
+        "one root: the last entry is it"
+    );
+
+    let (root_b, int_b) = write_plugin_cacerts(dir.path());
+    assert_eq!(
+        reloader.poll().expect("poll"),
+        Reloaded::Settling,
+        "a change is loaded once the files stayed the same for a second poll"
+    );
+    assert_eq!(reloader.poll().expect("poll"), Reloaded::Replaced);
+    assert_eq!(reloader.poll().expect("poll"), Reloaded::Unchanged);
+
+    let ca = shared.current();
+    assert_eq!(ca.trust_bundle(), vec![root_b.clone(), root_a.clone()]);
+    let after = sign_with(&ca);
+    assert!(signed_by(&after[0], &int_b), "the new CA signs");
+    assert!(!signed_by(&after[0], &int_a));
+    assert_eq!(after[1], int_b);
+    assert_eq!(
+        split_pem_certs(after.last().expect("bundle")),
+        vec![root_b.clone(), root_a.clone()],
+        "the last entry (the agents' ROOTCA) trusts both roots during the overlap"
+    );
+
+    // A second replacement keeps A (its certificates are still valid) and B.
+    let (root_c, _) = write_plugin_cacerts(dir.path());
+    assert_eq!(settle(&mut reloader).expect("poll"), Reloaded::Replaced);
+    assert_eq!(
+        shared.current().trust_bundle(),
+        vec![root_c, root_b, root_a]
+    );
+}
+
+#[test]
+fn an_old_root_that_signed_nothing_still_valid_leaves_the_bundle() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_plugin_cacerts(dir.path());
+    let shared = SharedCa::new(Ca::load_or_create(dir.path()).expect("A"));
+    let mut reloader = Reloader::new(shared.clone());
+    let (root_b, _) = write_plugin_cacerts(dir.path());
+    assert_eq!(settle(&mut reloader).expect("poll"), Reloaded::Replaced);
+    assert_eq!(shared.current().trust_bundle(), vec![root_b]);
+}
+
+#[test]
+fn a_half_replaced_set_is_rejected_once_and_the_old_ca_keeps_signing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root_a, int_a) = write_plugin_cacerts(dir.path());
+    let shared = SharedCa::new(Ca::load_or_create(dir.path()).expect("A"));
+    let mut reloader = Reloader::new(shared.clone());
+    // The new certificate without its key.
+    let b = tempfile::tempdir().expect("tempdir");
+    let (root_b, _) = write_plugin_cacerts(b.path());
+    for f in [CA_CERT, ROOT_CERT, CERT_CHAIN] {
+        std::fs::copy(b.path().join(f), dir.path().join(f)).expect("copy");
+    }
+    let err = settle(&mut reloader).expect_err("mismatched key");
+    assert!(
+        err.to_string().contains("ca-key.pem") && err.to_string().contains("does not match"),
+        "{err}"
+    );
+    assert_eq!(
+        reloader.poll().expect("poll"),
+        Reloaded::Rejected,
+        "reported once, not on every poll"
+    );
+    let chain = sign_with(&shared.current());
+    assert!(signed_by(&chain[0], &int_a), "the old CA still signs");
+    assert_eq!(shared.current().trust_bundle(), vec![root_a]);
+
+    // The key arrives: the new CA takes over.
+    std::fs::copy(b.path().join(CA_KEY), dir.path().join(CA_KEY)).expect("copy");
+    assert_eq!(settle(&mut reloader).expect("poll"), Reloaded::Replaced);
+    assert_eq!(shared.current().root_pem(), root_b);
+}
+
+#[test]
+fn a_file_missing_mid_replacement_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root_a, _) = write_plugin_cacerts(dir.path());
+    let shared = SharedCa::new(Ca::load_or_create(dir.path()).expect("A"));
+    let mut reloader = Reloader::new(shared.clone());
+    std::fs::remove_file(dir.path().join(CA_KEY)).expect("rm");
+    for _ in 0..3 {
+        assert_eq!(reloader.poll().expect("poll"), Reloaded::Unchanged);
+    }
+    assert_eq!(shared.current().root_pem(), root_a);
+}

@@ -236,6 +236,17 @@ fn workload_item(name: &str, w: &Workload) -> SecretItem {
     }
 }
 
+/// Resolves when the CA root file changed; never without a CA root file watch.
+async fn root_file_changed(rx: &mut Option<watch::Receiver<u64>>) {
+    if let Some(r) = rx
+        && r.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+
+}
+
 /// Delay until rotation: Istio's `rotateTime`, with the ratio jittered by ±`jitter_max`.
 pub fn rotation_delay(
     created: SystemTime,
@@ -373,7 +384,7 @@ impl Inner {
         let w = Arc::new(self.build_workload(&chain, kc.private_key_pem)?);
         info!(
             identity = %self.config.spiffe_id(),
-            expires = ?w.expire_time,
+            expires = %crate::server::rfc3339(w.expire_time),
             rotate_in = ?w.rotate_at.saturating_duration_since(Instant::now()),
             "workload certificate issued"
         );
@@ -459,6 +470,7 @@ impl Inner {
     }
 
     async fn rotation_loop(self: Arc<Self>) {
+        let mut root_changes = self.ca.as_ref().map(|ca| ca.root_changes());
         loop {
             let Some(w) = lock(&self.state).workload.clone() else {
                 return;
@@ -467,6 +479,12 @@ impl Inner {
                 _ = self.shutdown.cancelled() => return,
                 _ = self.rotation_wake.notified() => continue,
                 _ = tokio::time::sleep_until(w.rotate_at) => {}
+                // A new trust bundle (root CA rotation): re-issue now rather than at the next
+                // rotation, so Envoy gets the CA's new ROOTCA and, once the CA signs with the
+                // new root, a certificate from it.
+                _ = root_file_changed(&mut root_changes) => {
+                    info!("CA root file changed; re-issuing the workload certificate");
+                }
             }
             let cap = rotation_backoff_cap(
                 w.expire_time
@@ -483,10 +501,15 @@ impl Inner {
                             .expire_time
                             .duration_since(SystemTime::now())
                             .unwrap_or_default();
-                        warn!(error = %e, retry_in = ?backoff, still_valid_for = ?remaining, "certificate rotation failed; still serving the current certificate");
+                        let delay = jitter(backoff, 0.1);
+                        if remaining.is_zero() {
+                            error!(error = %e, retry_in = ?delay, expired_at = %crate::server::rfc3339(w.expire_time), "certificate rotation failed and the served certificate has expired");
+                        } else {
+                            warn!(error = %e, retry_in = ?delay, still_valid_for = ?remaining, "certificate rotation failed; still serving the current certificate");
+                        }
                         tokio::select! {
                             _ = self.shutdown.cancelled() => return,
-                            _ = tokio::time::sleep(jitter(backoff, 0.1)) => {}
+                            _ = tokio::time::sleep(delay) => {}
                         }
                         backoff = (backoff * 2).min(cap);
                     }

@@ -139,6 +139,8 @@ pub fn agent_env(cmd: &mut Command, discovery: SocketAddr, service_account: &str
 /// istiod-lite on loopback with every listener on port 0, serving `config_yaml`.
 pub struct LocalIstiod {
     pub child: Child,
+    /// Plaintext gRPC (15010's role).
+    pub grpc: SocketAddr,
     pub secure: SocketAddr,
     pub monitoring: SocketAddr,
     pub ca_dir: tempfile::TempDir,
@@ -151,27 +153,15 @@ impl LocalIstiod {
         let config_dir = tempfile::tempdir().expect("tempdir");
         let ca_dir = tempfile::tempdir().expect("tempdir");
         write_file(&config_dir.path().join("mesh.yaml"), config_yaml);
-        let mut cmd = Command::new(workspace_bin("istiod-lite"));
-        cmd.arg("serve")
-            .arg("--config-dir")
-            .arg(config_dir.path())
-            .arg("--ca-dir")
-            .arg(ca_dir.path())
-            .args(["--grpc-addr", "127.0.0.1:0"])
-            .args(["--secure-grpc-addr", "127.0.0.1:0"])
-            .args(["--monitoring-addr", "127.0.0.1:0"])
-            .env("RUST_LOG", "info");
-        let child = Child::spawn("istiod-lite", cmd);
+        let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let child = Self::spawn(config_dir.path(), ca_dir.path(), [any; 3]);
+        let grpc = listen_addr(&child, "grpc");
         let secure = listen_addr(&child, "secure-grpc");
         let monitoring = listen_addr(&child, "monitoring");
-        crate::assert_eventually(Duration::from_secs(20), || {
-            match crate::http_get(monitoring, "/ready") {
-                Ok((200, _)) => Ok(()),
-                other => Err(format!("/ready: {other:?}")),
-            }
-        });
+        wait_ready(monitoring);
         LocalIstiod {
             child,
+            grpc,
             secure,
             monitoring,
             ca_dir,
@@ -179,24 +169,86 @@ impl LocalIstiod {
         }
     }
 
+    fn spawn(
+        config_dir: &Path,
+        ca_dir: &Path,
+        [grpc, secure, monitoring]: [SocketAddr; 3],
+    ) -> Child {
+        let mut cmd = Command::new(workspace_bin("istiod-lite"));
+        cmd.arg("serve")
+            .arg("--config-dir")
+            .arg(config_dir)
+            .arg("--ca-dir")
+            .arg(ca_dir)
+            .arg("--grpc-addr")
+            .arg(grpc.to_string())
+            .arg("--secure-grpc-addr")
+            .arg(secure.to_string())
+            .arg("--monitoring-addr")
+            .arg(monitoring.to_string())
+            .env("RUST_LOG", "info");
+        Child::spawn("istiod-lite", cmd)
+    }
+
+    /// Kills it (SIGKILL) and waits for the exit: its listeners are gone when this returns.
+    pub fn kill(&mut self) {
+        self.child.signal(nix::sys::signal::Signal::SIGKILL);
+        assert!(
+            self.child.wait_timeout(Duration::from_secs(10)).is_some(),
+            "istiod-lite did not exit after SIGKILL"
+        );
+    }
+
+    /// Starts it again with the same CA and config directories on the same addresses, and
+    /// waits for `/ready`.
+    pub fn restart(&mut self) {
+        let addrs = [self.grpc, self.secure, self.monitoring];
+        self.child = Self::spawn(self.config_dir.path(), self.ca_dir.path(), addrs);
+        for name in ["grpc", "secure-grpc", "monitoring"] {
+            listen_addr(&self.child, name);
+        }
+        wait_ready(self.monitoring);
+    }
+
+    /// A token for `demo/<service_account>` from `istiod-lite token` (`ttl` as a Go duration;
+    /// `None` for its default).
+    pub fn token(&self, service_account: &str, ttl: Option<&str>) -> String {
+        let mut cmd = Command::new(workspace_bin("istiod-lite"));
+        cmd.arg("token")
+            .arg("--ca-dir")
+            .arg(self.ca_dir.path())
+            .args(["--namespace", "demo", "--service-account", service_account]);
+        if let Some(ttl) = ttl {
+            cmd.args(["--ttl", ttl]);
+        }
+        let out = cmd.output().expect("istiod-lite token");
+        assert!(
+            out.status.success(),
+            "istiod-lite token failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
     /// Puts a token for `demo/<service_account>` and the CA root at Istio's relative paths
     /// under `scratch`.
     pub fn provision(&self, scratch: &Path, service_account: &str) {
-        let token = Command::new(workspace_bin("istiod-lite"))
-            .arg("token")
-            .arg("--ca-dir")
-            .arg(self.ca_dir.path())
-            .args(["--namespace", "demo", "--service-account", service_account])
-            .output()
-            .expect("istiod-lite token");
-        assert!(token.status.success(), "istiod-lite token failed");
         write_file(
             &scratch.join("var/run/secrets/tokens/istio-token"),
-            String::from_utf8_lossy(&token.stdout).trim(),
+            &self.token(service_account, None),
         );
         write_file(
             &scratch.join("var/run/secrets/istio/root-cert.pem"),
             &std::fs::read_to_string(self.ca_dir.path().join("root-cert.pem")).expect("CA root"),
         );
     }
+}
+
+fn wait_ready(monitoring: SocketAddr) {
+    crate::assert_eventually(Duration::from_secs(20), || {
+        match crate::http_get(monitoring, "/ready") {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("/ready: {other:?}")),
+        }
+    });
 }

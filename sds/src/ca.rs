@@ -49,6 +49,8 @@ struct Inner {
     ttl: Duration,
     metrics: Arc<Metrics>,
     channel: Arc<Mutex<Option<Channel>>>,
+    /// Bumped whenever the root file's content changes (see [`CaClient::root_changes`]).
+    root_changes: tokio::sync::watch::Receiver<u64>,
     _root_watch: Option<notify::RecommendedWatcher>,
 }
 
@@ -70,9 +72,10 @@ impl CaClient {
     /// Builds the client; the channel itself is created lazily on the first call.
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<CaClient, Error> {
         let channel: Arc<Mutex<Option<Channel>>> = Arc::new(Mutex::new(None));
+        let (root_tx, root_changes) = tokio::sync::watch::channel(0u64);
         let root_watch = match &config.ca_root {
             RootSource::File(path) if !config.ca_plaintext => {
-                watch_root(path, channel.clone(), &metrics)
+                watch_root(path, channel.clone(), root_tx, &metrics)
             }
             _ => None,
         };
@@ -91,9 +94,17 @@ impl CaClient {
                 ttl: config.secret_ttl,
                 metrics,
                 channel,
+                root_changes,
                 _root_watch: root_watch,
             }),
         })
+    }
+
+    /// A counter bumped each time the CA root file's content changes: the mesh's trust bundle
+    /// changed (a root CA rotation), so the workload certificate should be re-issued to get the
+    /// CA's new chain and bundle.
+    pub fn root_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.root_changes.clone()
     }
 
     fn channel(&self) -> Result<Channel, Error> {
@@ -275,10 +286,12 @@ fn load_client_identity(dir: &CertDir) -> Option<(Vec<u8>, Vec<u8>)> {
     }
 }
 
-/// Watches the root file's directory; any change drops the cached channel.
+/// Watches the root file's directory; a change of the root file's content drops the cached
+/// channel and bumps `changes`.
 fn watch_root(
     path: &Path,
     channel: Arc<Mutex<Option<Channel>>>,
+    changes: tokio::sync::watch::Sender<u64>,
     metrics: &Metrics,
 ) -> Option<notify::RecommendedWatcher> {
     let dir = path.parent()?.to_path_buf();
@@ -302,6 +315,7 @@ fn watch_root(
         if let Ok(mut g) = channel.lock() {
             *g = None;
         }
+        changes.send_modify(|n| *n += 1);
     };
     let mut watcher = match notify::recommended_watcher(handler) {
         Ok(w) => w,

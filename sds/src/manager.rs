@@ -236,6 +236,16 @@ fn workload_item(name: &str, w: &Workload) -> SecretItem {
     }
 }
 
+/// Resolves when the CA root file changed; never without a CA root file watch.
+async fn root_file_changed(rx: &mut Option<watch::Receiver<u64>>) {
+    if let Some(r) = rx
+        && r.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
 /// Delay until rotation: Istio's `rotateTime`, with the ratio jittered by ±`jitter_max`.
 pub fn rotation_delay(
     created: SystemTime,
@@ -459,6 +469,7 @@ impl Inner {
     }
 
     async fn rotation_loop(self: Arc<Self>) {
+        let mut root_changes = self.ca.as_ref().map(|ca| ca.root_changes());
         loop {
             let Some(w) = lock(&self.state).workload.clone() else {
                 return;
@@ -467,6 +478,12 @@ impl Inner {
                 _ = self.shutdown.cancelled() => return,
                 _ = self.rotation_wake.notified() => continue,
                 _ = tokio::time::sleep_until(w.rotate_at) => {}
+                // A new trust bundle (root CA rotation): re-issue now rather than at the next
+                // rotation, so Envoy gets the CA's new ROOTCA and, once the CA signs with the
+                // new root, a certificate from it.
+                _ = root_file_changed(&mut root_changes) => {
+                    info!("CA root file changed; re-issuing the workload certificate");
+                }
             }
             let cap = rotation_backoff_cap(
                 w.expire_time

@@ -274,6 +274,38 @@ async fn root_change_pushes_rootca() {
     assert_eq!(r2.root_cert_pem, new_root.into_bytes());
 }
 
+/// Root CA rotation: the trust bundle in the CA root file changes (kubelet updates the
+/// mesh's root ConfigMap), so the certificate is re-issued at once instead of at its rotation
+/// time: Envoy gets the CA's new root (ROOTCA) and a certificate signed under it.
+#[tokio::test]
+async fn root_file_change_reissues_the_certificate_at_once() {
+    let ca = FakeCa::start();
+    let env = Env::new(&ca).set("SECRET_TTL", "24h");
+    let m = env.manager();
+    let mut roots = m.subscribe("ROOTCA");
+    let mut certs = m.subscribe("default");
+    let first = m.fetch("default").await.expect("cert");
+    m.fetch("ROOTCA").await.expect("root");
+    roots.borrow_and_update();
+    certs.borrow_and_update();
+    let new_root = ca.rotate_signing_root();
+    let root_file = env.base().join(crate::config::paths::ISTIO_ROOT);
+    std::fs::write(&root_file, format!("{}{new_root}", ca.tls_root_pem)).expect("write root");
+    tokio::time::timeout(Duration::from_secs(20), certs.changed())
+        .await
+        .expect("re-issued within 20 s, not at the 24 h rotation")
+        .expect("open");
+    let second = certs.borrow_and_update().clone().expect("value");
+    assert_ne!(leaf(&second).1, leaf(&first).1, "a new certificate");
+    tokio::time::timeout(Duration::from_secs(5), roots.changed())
+        .await
+        .expect("ROOTCA pushed")
+        .expect("open");
+    let root = roots.borrow_and_update().clone().expect("value");
+    assert_eq!(root.root_cert_pem, new_root.into_bytes());
+    assert_eq!(ca.received().len(), 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn unchanged_root_is_not_pushed_on_rotation() {
     let ca = FakeCa::start();

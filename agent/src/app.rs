@@ -390,29 +390,14 @@ impl App {
             tracing::warn!(error = %e, "writing the gRPC xDS bootstrap failed");
         }
 
-        let code = if config.launches_envoy() {
-            let written = bootstrap::write(
-                &config,
-                Ports {
-                    status: bound.status.port(),
-                },
-                None,
-            )
-            .context("writing Envoy's bootstrap")?;
-            let outcome = envoy::run(&config, written, shutdown.clone()).await;
-            // Envoy is gone (exited or drained): everything else stops too.
-            shutdown.trigger();
-            match outcome {
-                Ok(o) => o.exit_code(),
-                Err(e) => {
-                    tracing::error!(error = %e, "Envoy failed");
-                    1
-                }
-            }
+        let result = if config.launches_envoy() && !shutdown.is_shutting_down() {
+            run_envoy(&config, &bound, &shutdown).await
         } else {
             shutdown.token().cancelled().await;
-            0
+            Ok(0)
         };
+        // Envoy is gone (exited, drained or never started): everything else stops too.
+        shutdown.trigger();
         components.cancel();
         manager.shutdown();
         let drained = tokio::time::timeout(Duration::from_secs(5), async {
@@ -422,8 +407,45 @@ impl App {
         if drained.is_err() {
             tracing::warn!("components did not stop within 5s");
         }
-        tracing::info!(code, "agent exiting");
-        Ok(code)
+        // Like Go's listeners in Istio, closing a Unix socket removes its file.
+        remove_socket(&bound.xds);
+        if let Some(sds) = &bound.sds {
+            remove_socket(sds);
+        }
+        if let Ok(code) = &result {
+            tracing::info!(code, "agent exiting");
+        }
+        result
+    }
+}
+
+/// Writes Envoy's bootstrap and runs Envoy; returns the exit code.
+async fn run_envoy(config: &Config, bound: &Bound, shutdown: &Shutdown) -> anyhow::Result<i32> {
+    let written = bootstrap::write(
+        config,
+        Ports {
+            status: bound.status.port(),
+        },
+        None,
+    )
+    .context("writing Envoy's bootstrap")?;
+    Ok(match envoy::run(config, written, shutdown.clone()).await {
+        Ok(o) => o.exit_code(),
+        Err(e) => {
+            tracing::error!(error = %e, "Envoy failed");
+            1
+        }
+    })
+}
+
+/// Removes the socket file at `path` (only a socket: never a file someone put there instead).
+fn remove_socket(path: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    let is_socket = std::fs::symlink_metadata(path)
+        .map(|m| m.file_type().is_socket())
+        .unwrap_or(false);
+    if is_socket && let Err(e) = std::fs::remove_file(path) {
+        tracing::warn!(error = %e, path = %path.display(), "removing the socket failed");
     }
 }
 
@@ -540,5 +562,60 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(code, 0);
+        // The socket files go with the listeners.
+        assert!(!bound.xds.exists(), "{} left behind", bound.xds.display());
+        let sds = bound.sds.unwrap();
+        assert!(!sds.exists(), "{} left behind", sds.display());
+    }
+
+    /// A signal during startup: the run ends at once with 0, no Envoy is started and no socket
+    /// file is left.
+    #[tokio::test]
+    async fn shutdown_before_run_starts_no_envoy() {
+        let dir = tempfile::tempdir().unwrap();
+        let env: HashMap<String, String> = [
+            ("POD_NAME", "p"),
+            ("POD_NAMESPACE", "ns"),
+            ("INSTANCE_IP", "127.0.0.1"),
+            ("CA_ADDR", "127.0.0.1:1"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain([(
+            "PROXY_CONFIG".to_string(),
+            format!(
+                r#"{{"discoveryAddress":"127.0.0.1:1","proxyAdminPort":{},"binaryPath":"/nonexistent/envoy"}}"#,
+                free_port()
+            ),
+        )])
+        .collect();
+        let config = Config::load(crate::config::Inputs {
+            node_type: NodeType::Sidecar,
+            flags: ProxyFlags::default(),
+            env: &env,
+            base_dir: dir.path().to_path_buf(),
+            interface_ips: vec![],
+        })
+        .unwrap();
+        assert!(config.launches_envoy());
+        let shutdown = Shutdown::default();
+        let app = App::bind(Inputs {
+            config,
+            shutdown: shutdown.clone(),
+            status_addr: Some("127.0.0.1:0".parse().unwrap()),
+        })
+        .await
+        .unwrap();
+        let bound = app.bound().clone();
+        shutdown.trigger();
+        // Starting the (nonexistent) Envoy would have failed with 1.
+        let code = tokio::time::timeout(Duration::from_secs(10), app.run())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(code, 0);
+        assert!(!bound.xds.exists());
+        assert!(!bound.sds.unwrap().exists());
+        assert!(!dir.path().join("etc/istio/proxy/envoy-rev.json").exists());
     }
 }

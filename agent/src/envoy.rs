@@ -200,6 +200,17 @@ pub async fn run(
     bootstrap: Written,
     shutdown: Shutdown,
 ) -> Result<Outcome, Error> {
+    let remove_bootstrap = || {
+        if bootstrap.generated {
+            let _ = std::fs::remove_file(&bootstrap.path);
+        }
+    };
+    if shutdown.is_shutting_down() {
+        // The signal came during startup: never start an Envoy only to drain it.
+        tracing::info!("shutdown before Envoy started; not starting it");
+        remove_bootstrap();
+        return Ok(Outcome::Stopped);
+    }
     let binary = config.path(&config.proxy.binary_path);
     let argv = args(config, &bootstrap.path);
     tracing::info!(binary = %binary.display(), args = ?argv, "starting Envoy");
@@ -209,6 +220,7 @@ pub async fn run(
         .envs(&config.env)
         .current_dir(&config.base_dir)
         .kill_on_drop(true);
+    die_with_parent(&mut cmd);
     let mut child = cmd.spawn().map_err(|source| Error::Spawn {
         binary: binary.clone(),
         source,
@@ -231,10 +243,30 @@ pub async fn run(
             Outcome::Stopped
         }
     };
-    if bootstrap.generated {
-        let _ = std::fs::remove_file(&bootstrap.path);
-    }
+    remove_bootstrap();
     Ok(outcome)
+}
+
+/// Envoy gets SIGKILL if the agent dies without stopping it (SIGKILL, the OOM killer), so no
+/// orphan Envoy keeps the pod's ports. The signal follows the thread that spawned Envoy: the
+/// agent's main thread, which runs every task (see [`crate::runtime`]) and lives as long as the
+/// process.
+fn die_with_parent(cmd: &mut Command) {
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and calls only async-signal-safe
+    // functions (prctl, getppid); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The agent died between fork and prctl: do not start an orphan.
+            if libc::getppid() as u32 != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
 }
 
 async fn terminate(

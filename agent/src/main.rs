@@ -26,30 +26,44 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-async fn run_proxy(config: agent::config::Config) -> anyhow::Result<i32> {
+/// SIGTERM and SIGINT, caught from before the configuration is read: a signal during startup
+/// shuts the agent down cleanly (exit 0, Envoy never started or stopped) instead of killing it.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers; needs the runtime entered.
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Triggers `shutdown` on the first signal.
+    fn watch(mut self, shutdown: Shutdown) {
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = self.term.recv() => tracing::info!("received SIGTERM, shutting down"),
+                _ = self.int.recv() => tracing::info!("received SIGINT, shutting down"),
+            }
+            shutdown.trigger();
+        });
+    }
+}
+
+async fn run_proxy(config: agent::config::Config, signals: Signals) -> anyhow::Result<i32> {
     let shutdown = Shutdown::default();
+    signals.watch(shutdown.clone());
     let app = App::bind(app::Inputs {
         config,
         shutdown: shutdown.clone(),
         status_addr: None,
     })
     .await?;
-    let signals = shutdown.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::error!("cannot install signal handlers");
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("received SIGTERM, shutting down"),
-            _ = int.recv() => tracing::info!("received SIGINT, shutting down"),
-        }
-        signals.trigger();
-    });
     app.run().await
 }
 
@@ -144,10 +158,17 @@ fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Proxy { node_type, flags } => {
+            let rt = runtime()?;
+            let signals = {
+                let _entered = rt.enter();
+                Signals::install()?
+            };
             let config = app::load_config(node_type, flags, env, base_dir)?;
             tracing::info!(?config.proxy, node = %config.node_id(), "effective proxy config");
-            let rt = runtime()?;
-            rt.block_on(run_proxy(config))
+            let code = rt.block_on(run_proxy(config, signals));
+            // A blocking task (a DNS lookup, a file read) must not hold the exit.
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            code
         }
     }
 }

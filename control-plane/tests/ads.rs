@@ -9,6 +9,7 @@ use control_plane::model::{MeshSettings, Snapshot};
 use control_plane::xds::{AdsInputs, AdsServer, SyncTable, XdsMetrics};
 use prometheus_client::registry::Registry;
 use proto::envoy::config::core::v3::Node;
+use proto::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use proto::envoy::service::discovery::v3::{
@@ -329,6 +330,31 @@ async fn delta_sends_changes_and_removals() {
     assert_eq!(rows[0].stream, "delta");
     assert_eq!(rows[0].types["CDS"].status, "SYNCED");
     assert_eq!(rows[0].types["EDS"].status, "SYNCED");
+    h.cancel.cancel();
+}
+
+/// Istio answers EDS for a cluster it has no service for with an empty assignment (a slow Envoy
+/// may ask for clusters of a config that is gone); without it the cluster warms until Envoy's
+/// initial-fetch timeout.
+#[tokio::test]
+async fn eds_for_an_unknown_cluster_is_an_empty_assignment() {
+    let gone = "outbound|80||gone.example.com";
+    let mut h = harness(snap(&yaml("198.18.0.5", false), 1)).await;
+    let mut s = Sotw::open(&mut h).await;
+    let eds = s.subscribe(ENDPOINT, &[EDS_NAME, gone]).await;
+    let mut names: Vec<String> = eds
+        .resources
+        .iter()
+        .map(|r| {
+            let cla: ClusterLoadAssignment = prost::Message::decode(&r.value[..]).expect("CLA");
+            if cla.cluster_name == gone {
+                assert!(cla.endpoints.is_empty(), "{cla:?}");
+            }
+            cla.cluster_name
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names, [EDS_NAME, gone]);
     h.cancel.cancel();
 }
 

@@ -22,6 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use proto::envoy::config::core::v3::Node;
+use proto::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use proto::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
     Resource as DeltaResource, aggregated_discovery_service_server::AggregatedDiscoveryService,
@@ -441,9 +442,29 @@ impl Conn {
         let Some(st) = self.types.get_mut(&ty) else {
             return Ok(());
         };
+        // As Istio: a requested cluster with no service gets an empty assignment, so Envoy does
+        // not keep a cluster from a superseded config warming until its initial-fetch timeout
+        // (15 s) — a slow Envoy applies such configs.
+        let empty: Vec<super::Resource> = if ty == XdsType::Eds && !st.wildcard {
+            let have: BTreeSet<&str> = all.iter().map(|r| r.name.as_str()).collect();
+            st.names
+                .iter()
+                .filter(|n| !have.contains(n.as_str()))
+                .map(|n| {
+                    let cla = ClusterLoadAssignment {
+                        cluster_name: n.clone(),
+                        ..Default::default()
+                    };
+                    super::resource(n.clone(), &cla)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let selected: Vec<&super::Resource> = all
             .iter()
             .filter(|r| st.wildcard || st.names.contains(&r.name))
+            .chain(&empty)
             .collect();
         let new_map: BTreeMap<String, u64> =
             selected.iter().map(|r| (r.name.clone(), r.hash)).collect();

@@ -529,7 +529,7 @@ fn stopped_envoy_during_large_pushes_keeps_the_agent_small_and_converges() {
     let first = ".g1.big.example";
     // Converged: every pushed type acked at the latest version, nothing stale, and Envoy holds
     // the latest generation and nothing of the first.
-    assert_eventually(Duration::from_secs(45), || {
+    assert_eventually(Duration::from_secs(20), || {
         let rows = syncz(&mesh);
         let row = rows
             .iter()

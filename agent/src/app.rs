@@ -57,6 +57,20 @@ pub struct App {
         Prober,
         tokio::sync::watch::Sender<Option<crate::health::Health>>,
     )>,
+    sockets: SocketFiles,
+}
+
+/// The agent's Unix socket files, removed when dropped: after the run, or when binding fails
+/// half way (like Go's listeners in Istio, closing a Unix socket removes its file).
+#[derive(Default)]
+struct SocketFiles(Vec<PathBuf>);
+
+impl Drop for SocketFiles {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            remove_socket(path);
+        }
+    }
 }
 
 /// The XDS root of trust, as Istio's `FindRootCAForXDS`.
@@ -197,14 +211,15 @@ impl App {
         let sds_metrics = Arc::new(sds::Metrics::new(&mut registry));
         let manager =
             sds::SecretManager::new(Arc::new(sds_config), sds_metrics).context("secret manager")?;
+        let mut sockets = SocketFiles::default();
         let sds = if config.disable_envoy {
             None
         } else {
-            Some(
-                sds::SdsServer::bind(&config.sds_socket(), manager.clone())
-                    .await
-                    .context("binding the SDS socket")?,
-            )
+            let server = sds::SdsServer::bind(&config.sds_socket(), manager.clone())
+                .await
+                .context("binding the SDS socket")?;
+            sockets.0.push(server.path().to_path_buf());
+            Some(server)
         };
 
         // 3. xDS proxy.
@@ -231,6 +246,7 @@ impl App {
         });
         let xds_path = config.xds_socket();
         let xds_listener = xds_proxy::bind_uds(&xds_path)?;
+        sockets.0.push(xds_path.clone());
 
         // 4. Status server.
         let status_metrics = status::Metrics::new(&mut registry);
@@ -328,6 +344,7 @@ impl App {
             manager,
             dns,
             health,
+            sockets,
         })
     }
 
@@ -347,6 +364,7 @@ impl App {
             manager,
             dns,
             health,
+            sockets,
         } = self;
         // Stops the components that must outlive Envoy's drain.
         let components = CancellationToken::new();
@@ -407,11 +425,7 @@ impl App {
         if drained.is_err() {
             tracing::warn!("components did not stop within 5s");
         }
-        // Like Go's listeners in Istio, closing a Unix socket removes its file.
-        remove_socket(&bound.xds);
-        if let Some(sds) = &bound.sds {
-            remove_socket(sds);
-        }
+        drop(sockets);
         if let Ok(code) = &result {
             tracing::info!(code, "agent exiting");
         }
@@ -565,6 +579,45 @@ mod tests {
         // The socket files go with the listeners.
         assert!(!bound.xds.exists(), "{} left behind", bound.xds.display());
         let sds = bound.sds.unwrap();
+        assert!(!sds.exists(), "{} left behind", sds.display());
+    }
+
+    /// Binding fails half way (the status port is taken): the socket files already bound are
+    /// removed with the error.
+    #[tokio::test]
+    async fn failed_bind_leaves_no_socket_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let env: HashMap<String, String> = [
+            ("POD_NAME", "p"),
+            ("POD_NAMESPACE", "ns"),
+            ("INSTANCE_IP", "127.0.0.1"),
+            ("CA_ADDR", "127.0.0.1:1"),
+            ("PROXY_CONFIG", r#"{"discoveryAddress":"127.0.0.1:1"}"#),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let config = Config::load(crate::config::Inputs {
+            node_type: NodeType::Sidecar,
+            flags: ProxyFlags::default(),
+            env: &env,
+            base_dir: dir.path().to_path_buf(),
+            interface_ips: vec![],
+        })
+        .unwrap();
+        let xds = config.xds_socket();
+        let sds = config.sds_socket();
+        let err = App::bind(Inputs {
+            config,
+            shutdown: Shutdown::default(),
+            status_addr: Some(taken.local_addr().unwrap()),
+        })
+        .await
+        .err()
+        .expect("the status port is taken");
+        assert!(format!("{err:#}").contains("status server"), "{err:#}");
+        assert!(!xds.exists(), "{} left behind", xds.display());
         assert!(!sds.exists(), "{} left behind", sds.display());
     }
 

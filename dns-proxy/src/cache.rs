@@ -31,6 +31,23 @@ impl Key {
             checking_disabled: req.metadata.checking_disabled,
         })
     }
+
+    /// The key of a plain query parsed on the wire (`lower`: lowercase with trailing dot).
+    pub fn from_wire(
+        lower: &str,
+        qtype: RecordType,
+        qclass: u16,
+        dnssec_ok: bool,
+        checking_disabled: bool,
+    ) -> Key {
+        Key {
+            name: lower.into(),
+            qtype,
+            qclass: DNSClass::from(qclass),
+            dnssec_ok,
+            checking_disabled,
+        }
+    }
 }
 
 struct Entry {

@@ -11,8 +11,25 @@ use crate::table::{LOCAL_TTL, LookupTable};
 
 /// Writes the answer to `req` into `out` when the fast path applies. `limit` is the largest
 /// answer the client accepts (UDP) or 65535 (TCP) before considering its EDNS size.
+#[cfg(test)]
 pub(crate) fn answer(table: &LookupTable, req: &[u8], udp: bool, out: &mut Vec<u8>) -> bool {
-    let Some(q) = parse(req) else { return false };
+    match parse(req) {
+        Some(q) => answer_parsed(table, &q, req, udp, out),
+        None => false,
+    }
+}
+
+/// [`answer`] for a request already parsed by [`parse`].
+pub(crate) fn answer_parsed(
+    table: &LookupTable,
+    q: &Question,
+    req: &[u8],
+    udp: bool,
+    out: &mut Vec<u8>,
+) -> bool {
+    if q.qclass != 1 || !matches!(q.qtype, RecordType::A | RecordType::AAAA) {
+        return false;
+    }
     let Some(records) = table.exact_addrs(q.lower_name(), q.qtype) else {
         return false;
     };
@@ -77,31 +94,36 @@ pub(crate) fn answer(table: &LookupTable, req: &[u8], udp: bool, out: &mut Vec<u
     true
 }
 
-#[derive(Clone, Copy)]
-struct ClientEdns {
-    payload: u16,
-    dnssec_ok: bool,
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClientEdns {
+    pub payload: u16,
+    pub dnssec_ok: bool,
+    /// Offset of the OPT record in the request.
+    pub opt_start: usize,
 }
 
-struct Question {
+/// A plain query: one question with a simple name, at most an OPT record besides.
+pub(crate) struct Question {
     /// Lowercase name with trailing dot, as the table keys it.
     lower: [u8; 256],
     lower_len: usize,
-    qtype: RecordType,
-    question_end: usize,
-    edns: Option<ClientEdns>,
+    pub qtype: RecordType,
+    pub qclass: u16,
+    pub question_end: usize,
+    pub edns: Option<ClientEdns>,
 }
 
 impl Question {
-    fn lower_name(&self) -> &str {
+    pub fn lower_name(&self) -> &str {
         // Only ASCII letters, digits, '-', '_' and '.' are ever written (checked in `parse`).
         std::str::from_utf8(&self.lower[..self.lower_len]).unwrap_or("")
     }
 }
 
-/// Accepts only the plain shape: standard query, one IN A/AAAA question with a simple name,
-/// no answer/authority records, at most one OPT (version 0), nothing after it.
-fn parse(req: &[u8]) -> Option<Question> {
+/// Accepts only the plain shape: standard query, one question with a simple name (letters,
+/// digits, `-`, `_`, `*`), no answer/authority records, at most one OPT (version 0), nothing
+/// after it.
+pub(crate) fn parse(req: &[u8]) -> Option<Question> {
     if req.len() < 17 || req[2] & 0xf8 != 0 || req[3] & 0x4f != 0 {
         return None;
     }
@@ -136,12 +158,10 @@ fn parse(req: &[u8]) -> Option<Question> {
     if lower_len == 0 {
         return None;
     }
-    let qtype = match u16::from_be_bytes([*req.get(i)?, *req.get(i + 1)?]) {
-        1 => RecordType::A,
-        28 => RecordType::AAAA,
-        _ => return None,
-    };
-    if u16::from_be_bytes([*req.get(i + 2)?, *req.get(i + 3)?]) != 1 {
+    let qtype = RecordType::from(u16::from_be_bytes([*req.get(i)?, *req.get(i + 1)?]));
+    let qclass = u16::from_be_bytes([*req.get(i + 2)?, *req.get(i + 3)?]);
+    // Meta classes (NONE, ANY) and OPT-like oddities take the full path.
+    if qclass != 1 && !(2..=4).contains(&qclass) {
         return None;
     }
     let question_end = i + 4;
@@ -158,6 +178,7 @@ fn parse(req: &[u8]) -> Option<Question> {
         Some(ClientEdns {
             payload: u16::from_be_bytes([opt[3], opt[4]]),
             dnssec_ok: opt[7] & 0x80 != 0,
+            opt_start: question_end,
         })
     } else {
         if question_end != req.len() {
@@ -169,6 +190,7 @@ fn parse(req: &[u8]) -> Option<Question> {
         lower,
         lower_len,
         qtype,
+        qclass,
         question_end,
         edns,
     })

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,6 +42,13 @@ pub(crate) enum ForwardError {
     Encode(String),
 }
 
+/// How long an upstream UDP socket (and so its source port) is used before it is replaced by a
+/// fresh one on a new kernel-chosen ephemeral port: a cache-poisoning defence (Kaminsky), so an
+/// off-path attacker has to guess a changing port as well as the random query id.
+pub(crate) const ROTATE_AFTER_QUERIES: u32 = 256;
+/// ... or after this long, whichever comes first.
+pub(crate) const ROTATE_AFTER: Duration = Duration::from_secs(10);
+
 #[derive(Clone, Debug)]
 pub(crate) struct Forwarder {
     pub upstreams: Vec<SocketAddr>,
@@ -48,6 +56,42 @@ pub(crate) struct Forwarder {
     pub parallel: bool,
     pub udp_payload: u16,
     pool: Arc<UdpPool>,
+}
+
+/// An upstream answer as a forwarding caller wants it.
+pub(crate) trait Answer: Sized + Send + 'static {
+    /// `raw` already matched the query (source, id, QR, question).
+    fn accept(server: SocketAddr, raw: Vec<u8>) -> Result<Self, ForwardError>;
+    /// Whether to stop here rather than try the next server.
+    fn usable(&self) -> bool;
+}
+
+impl Answer for Message {
+    fn accept(server: SocketAddr, raw: Vec<u8>) -> Result<Self, ForwardError> {
+        Message::from_vec(&raw).map_err(|e| ForwardError::Invalid {
+            server,
+            why: e.to_string(),
+        })
+    }
+    fn usable(&self) -> bool {
+        !matches!(
+            self.metadata.response_code,
+            ResponseCode::ServFail | ResponseCode::Refused
+        )
+    }
+}
+
+/// An upstream answer left in wire form (the wire path rewrites it for the client).
+pub(crate) struct Raw(pub Vec<u8>);
+
+impl Answer for Raw {
+    fn accept(_server: SocketAddr, raw: Vec<u8>) -> Result<Self, ForwardError> {
+        Ok(Raw(raw))
+    }
+    fn usable(&self) -> bool {
+        // SERVFAIL (2) and REFUSED (5).
+        !matches!(self.0[3] & 0x0f, 2 | 5)
+    }
 }
 
 impl Forwarder {
@@ -59,16 +103,37 @@ impl Forwarder {
         udp_payload: u16,
         stop: CancellationToken,
     ) -> Forwarder {
+        let pool = UdpPool {
+            upstreams: upstreams
+                .iter()
+                .map(|&server| {
+                    let slots = (0..SOCKETS_PER_UPSTREAM)
+                        .map(|_| Mutex::new(Slot::default()))
+                        .collect();
+                    (server, slots)
+                })
+                .collect(),
+            stop,
+            rotate_queries: ROTATE_AFTER_QUERIES,
+            rotate_after: ROTATE_AFTER,
+            opened: AtomicU64::new(0),
+        };
         Forwarder {
             upstreams,
             timeout,
             parallel,
             udp_payload,
-            pool: Arc::new(UdpPool {
-                chans: Mutex::new(HashMap::new()),
-                stop,
-            }),
+            pool: Arc::new(pool),
         }
+    }
+
+    /// Replaces each upstream socket after `queries` queries or `age`, whichever comes first.
+    #[cfg(test)]
+    pub fn with_rotation(mut self, queries: u32, age: Duration) -> Forwarder {
+        let pool = Arc::get_mut(&mut self.pool).expect("not shared yet");
+        pool.rotate_queries = queries.max(1);
+        pool.rotate_after = age;
+        self
     }
 
     /// Sends `query` upstream and returns the first usable answer (its id is the query's).
@@ -84,7 +149,6 @@ impl Forwarder {
         }
         let mut upstream = query.clone();
         let client_id = query.metadata.id;
-        upstream.metadata.id = rand::random();
         if transport == Transport::Udp {
             // Advertise our buffer so upstream answers are not cut at 512 (istio#61371).
             let mut edns = upstream.edns.take().unwrap_or_default();
@@ -96,29 +160,60 @@ impl Forwarder {
         let bytes = upstream
             .to_vec()
             .map_err(|e| ForwardError::Encode(e.to_string()))?;
-        let mut result = if self.parallel {
-            self.parallel(&bytes, &upstream, transport).await
-        } else {
-            self.sequential(&bytes, &upstream, transport).await
-        };
+        let mut result: Result<Message, _> = self.forward_bytes(bytes, transport).await;
         if let Ok(m) = &mut result {
             m.metadata.id = client_id;
         }
         result
     }
 
-    async fn sequential(
+    /// Sends the encoded query `bytes` (an uncompressed question; the id is replaced on the
+    /// wire by a random one per upstream query) and returns the first usable answer, carrying
+    /// the id `bytes` had.
+    pub async fn forward_bytes<T: Answer>(
         &self,
-        bytes: &[u8],
-        q: &Message,
+        mut bytes: Vec<u8>,
         transport: Transport,
-    ) -> Result<Message, ForwardError> {
-        let mut order = self.upstreams.clone();
-        order.shuffle(&mut rand::rng());
+    ) -> Result<T, ForwardError> {
+        if self.upstreams.is_empty() {
+            return Err(ForwardError::NoUpstreams);
+        }
+        let qlen = question_bytes(&bytes)
+            .ok_or_else(|| ForwardError::Encode("no question".into()))?
+            .len();
+        if self.parallel && self.upstreams.len() > 1 {
+            return self.parallel(bytes, transport).await;
+        }
         let mut last = Err(ForwardError::NoUpstreams);
-        for server in order {
-            match exchange(&self.pool, server, bytes, q, transport, self.timeout).await {
-                Ok(m) if usable(&m) => return Ok(m),
+        let mut order = [0usize; 8];
+        let many;
+        let order: &[usize] = if self.upstreams.len() <= order.len() {
+            for (i, o) in order.iter_mut().enumerate() {
+                *o = i;
+            }
+            let order = &mut order[..self.upstreams.len()];
+            order.shuffle(&mut rand::rng());
+            order
+        } else {
+            let mut v: Vec<usize> = (0..self.upstreams.len()).collect();
+            v.shuffle(&mut rand::rng());
+            many = v;
+            &many
+        };
+        for &i in order {
+            let server = self.upstreams[i];
+            let r = exchange(
+                &self.pool,
+                server,
+                &mut bytes,
+                qlen,
+                transport,
+                self.timeout,
+            )
+            .await
+            .and_then(|raw| T::accept(server, raw));
+            match r {
+                Ok(m) if m.usable() => return Ok(m),
                 Ok(m) => last = Ok(m),
                 Err(e) => {
                     tracing::debug!(error = %e, "DNS upstream failed, trying next");
@@ -131,24 +226,27 @@ impl Forwarder {
         last
     }
 
-    async fn parallel(
+    async fn parallel<T: Answer>(
         &self,
-        bytes: &[u8],
-        q: &Message,
+        bytes: Vec<u8>,
         transport: Transport,
-    ) -> Result<Message, ForwardError> {
+    ) -> Result<T, ForwardError> {
+        let qlen = question_bytes(&bytes).map_or(0, <[u8]>::len);
         let mut set = JoinSet::new();
         for &server in &self.upstreams {
-            let bytes = bytes.to_vec();
-            let q = q.clone();
+            let mut bytes = bytes.clone();
             let timeout = self.timeout;
             let pool = self.pool.clone();
-            set.spawn(async move { exchange(&pool, server, &bytes, &q, transport, timeout).await });
+            set.spawn(async move {
+                exchange(&pool, server, &mut bytes, qlen, transport, timeout)
+                    .await
+                    .and_then(|raw| T::accept(server, raw))
+            });
         }
         let mut last = Err(ForwardError::NoUpstreams);
         while let Some(joined) = set.join_next().await {
             match joined {
-                Ok(Ok(m)) if usable(&m) => return Ok(m),
+                Ok(Ok(m)) if m.usable() => return Ok(m),
                 Ok(Ok(m)) => last = Ok(m),
                 Ok(Err(e)) if last.is_err() => last = Err(e),
                 _ => {}
@@ -158,35 +256,34 @@ impl Forwarder {
     }
 }
 
-fn usable(m: &Message) -> bool {
-    !matches!(
-        m.metadata.response_code,
-        ResponseCode::ServFail | ResponseCode::Refused
-    )
-}
-
-/// One exchange with one server; a truncated UDP answer is retried over TCP.
+/// One exchange with one server; a truncated UDP answer is retried over TCP. `bytes` is the
+/// query (its id is overwritten with the one used on the wire); the answer carries the id
+/// `bytes` had on entry.
 async fn exchange(
     pool: &UdpPool,
     server: SocketAddr,
-    bytes: &[u8],
-    q: &Message,
+    bytes: &mut [u8],
+    qlen: usize,
     transport: Transport,
     timeout: Duration,
-) -> Result<Message, ForwardError> {
+) -> Result<Vec<u8>, ForwardError> {
+    // `bytes` keeps its id: the pool writes its own for the wire and restores it.
     let deadline = Instant::now() + timeout;
+    let id = [bytes[0], bytes[1]];
     let fut = async {
-        match transport {
+        let mut answer = match transport {
             Transport::Udp => {
-                let m = pool.exchange(server, bytes, q).await?;
-                if m.metadata.truncation {
-                    exchange_tcp(server, bytes, q).await
+                let a = pool.exchange(server, bytes, qlen).await?;
+                if a[2] & 0x02 != 0 {
+                    exchange_tcp(server, bytes, qlen).await?
                 } else {
-                    Ok(m)
+                    a
                 }
             }
-            Transport::Tcp => exchange_tcp(server, bytes, q).await,
-        }
+            Transport::Tcp => exchange_tcp(server, bytes, qlen).await?,
+        };
+        answer[..2].copy_from_slice(&id);
+        Ok(answer)
     };
     timeout_at(deadline, fut)
         .await
@@ -203,14 +300,44 @@ struct Pending {
     tx: oneshot::Sender<Vec<u8>>,
 }
 
+/// One connected upstream socket: the kernel only delivers datagrams from the upstream's
+/// address and port to it.
 struct Chan {
     sock: UdpSocket,
     pending: Mutex<HashMap<u16, Pending>>,
+    /// Replaced in its slot: no new queries; the reader stops once the last pending one ends.
+    retired: AtomicBool,
+    /// Stops the reader (a child of the pool's stop token).
+    stop: CancellationToken,
 }
 
+impl Chan {
+    fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+        if self.pending.lock().map(|p| p.is_empty()).unwrap_or(true) {
+            self.stop.cancel();
+        }
+    }
+}
+
+/// A pool position: its current socket and how much it has been used.
+#[derive(Default)]
+struct Slot {
+    chan: Option<Arc<Chan>>,
+    sent: u32,
+    born: Option<Instant>,
+}
+
+/// An upstream's sockets.
+type Slots = Box<[Mutex<Slot>]>;
+
 pub(crate) struct UdpPool {
-    chans: Mutex<HashMap<SocketAddr, Arc<[Arc<Chan>]>>>,
+    upstreams: Box<[(SocketAddr, Slots)]>,
     stop: CancellationToken,
+    rotate_queries: u32,
+    rotate_after: Duration,
+    /// Sockets opened so far.
+    opened: AtomicU64,
 }
 
 impl std::fmt::Debug for UdpPool {
@@ -229,68 +356,91 @@ impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
         if let Ok(mut p) = self.chan.pending.lock() {
             p.remove(&self.id);
+            if p.is_empty() && self.chan.retired.load(Ordering::Acquire) {
+                self.chan.stop.cancel();
+            }
         }
     }
 }
 
+fn poisoned() -> ForwardError {
+    ForwardError::Encode("poisoned lock".into())
+}
+
 impl UdpPool {
-    async fn chans(&self, server: SocketAddr) -> Result<Arc<[Arc<Chan>]>, ForwardError> {
-        if let Some(c) = self.chans.lock().ok().and_then(|m| m.get(&server).cloned()) {
-            return Ok(c);
-        }
+    /// A fresh socket connected to `server` on a kernel-chosen (random) ephemeral port, with
+    /// its reader running.
+    fn open(&self, server: SocketAddr) -> Result<Arc<Chan>, ForwardError> {
         let io = |source| ForwardError::Io { server, source };
         let local: SocketAddr = if server.is_ipv4() {
             (Ipv4Addr::UNSPECIFIED, 0).into()
         } else {
             (Ipv6Addr::UNSPECIFIED, 0).into()
         };
-        let mut chans = Vec::with_capacity(SOCKETS_PER_UPSTREAM);
-        for _ in 0..SOCKETS_PER_UPSTREAM {
-            let sock = UdpSocket::bind(local).await.map_err(io)?;
-            sock.connect(server).await.map_err(io)?;
-            chans.push(Arc::new(Chan {
-                sock,
-                pending: Mutex::new(HashMap::new()),
-            }));
-        }
-        let chans: Arc<[Arc<Chan>]> = chans.into();
-        let mut map = self
-            .chans
-            .lock()
-            .map_err(|_| ForwardError::Encode("poisoned".into()))?;
-        if let Some(c) = map.get(&server) {
-            // Another query created them first; ours are dropped.
-            return Ok(c.clone());
-        }
-        for chan in chans.iter() {
-            tokio::spawn(read_answers(chan.clone(), self.stop.clone()));
-        }
-        map.insert(server, chans.clone());
-        Ok(chans)
+        let sock = std::net::UdpSocket::bind(local).map_err(io)?;
+        sock.connect(server).map_err(io)?;
+        sock.set_nonblocking(true).map_err(io)?;
+        let chan = Arc::new(Chan {
+            sock: UdpSocket::from_std(sock).map_err(io)?,
+            pending: Mutex::new(HashMap::new()),
+            retired: AtomicBool::new(false),
+            stop: self.stop.child_token(),
+        });
+        tokio::spawn(read_answers(chan.clone()));
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        Ok(chan)
     }
 
+    /// Sends `bytes` (with a fresh random id on the wire; `bytes` is left as it was) on one of
+    /// `server`'s sockets and waits for the matching answer (which carries the wire id).
     async fn exchange(
         &self,
         server: SocketAddr,
-        bytes: &[u8],
-        q: &Message,
-    ) -> Result<Message, ForwardError> {
-        let chans = self.chans(server).await?;
-        let chan = &chans[rand::random_range(0..chans.len())];
-        let question =
-            question_bytes(bytes).ok_or_else(|| ForwardError::Encode("no question".into()))?;
+        bytes: &mut [u8],
+        qlen: usize,
+    ) -> Result<Vec<u8>, ForwardError> {
+        let slots = self
+            .upstreams
+            .iter()
+            .find(|(s, _)| *s == server)
+            .map(|(_, slots)| slots)
+            .ok_or(ForwardError::NoUpstreams)?;
+        let question = bytes
+            .get(12..12 + qlen)
+            .ok_or_else(|| ForwardError::Encode("no question".into()))?;
         let (tx, rx) = oneshot::channel();
-        let id = {
-            let mut pending = chan
-                .pending
+        // Under the slot lock: rotation, and registration of the query with the socket (so a
+        // retired socket's reader sees every query it has to wait for).
+        let (chan, id) = {
+            let mut slot = slots[rand::random_range(0..slots.len())]
                 .lock()
-                .map_err(|_| ForwardError::Encode("poisoned".into()))?;
+                .map_err(|_| poisoned())?;
+            let now = Instant::now();
+            let stale = slot.sent >= self.rotate_queries
+                || slot
+                    .born
+                    .is_none_or(|b| now.duration_since(b) >= self.rotate_after);
+            let chan = match &slot.chan {
+                Some(c) if !stale => c.clone(),
+                _ => {
+                    let fresh = self.open(server)?;
+                    if let Some(old) = slot.chan.replace(fresh.clone()) {
+                        old.retire();
+                    }
+                    slot.sent = 0;
+                    slot.born = Some(now);
+                    fresh
+                }
+            };
+            slot.sent += 1;
+            let mut pending = chan.pending.lock().map_err(|_| poisoned())?;
             if pending.len() > 30_000 {
                 return Err(ForwardError::Io {
                     server,
                     source: std::io::ErrorKind::WouldBlock.into(),
                 });
             }
+            // A random id per upstream query, unique among this socket's pending ones.
             let mut id: u16 = rand::random();
             while pending.contains_key(&id) {
                 id = rand::random();
@@ -302,48 +452,96 @@ impl UdpPool {
                     tx,
                 },
             );
-            id
+            drop(pending);
+            (chan, id)
         };
-        let _guard = PendingGuard { chan, id };
-        let mut pkt = bytes.to_vec();
-        pkt[..2].copy_from_slice(&id.to_be_bytes());
-        chan.sock
-            .send(&pkt)
-            .await
-            .map_err(|source| ForwardError::Io { server, source })?;
-        let mut answer = rx.await.map_err(|_| ForwardError::Timeout { server })?;
-        // Back to the id the caller knows.
-        answer[..2].copy_from_slice(&q.metadata.id.to_be_bytes());
-        check_answer(server, &answer, q)
+        let _guard = PendingGuard { chan: &chan, id };
+        let original = [bytes[0], bytes[1]];
+        bytes[..2].copy_from_slice(&id.to_be_bytes());
+        let sent = chan.sock.send(bytes).await;
+        bytes[..2].copy_from_slice(&original);
+        sent.map_err(|source| ForwardError::Io { server, source })?;
+        rx.await.map_err(|_| ForwardError::Timeout { server })
+    }
+
+    /// The live sockets to `server` (tests).
+    #[cfg(test)]
+    fn chans(&self, server: SocketAddr) -> Vec<std::sync::Weak<Chan>> {
+        let Some((_, slots)) = self.upstreams.iter().find(|(s, _)| *s == server) else {
+            return Vec::new();
+        };
+        slots
+            .iter()
+            .filter_map(|s| Some(Arc::downgrade(s.lock().ok()?.chan.as_ref()?)))
+            .collect()
     }
 }
 
-/// Dispatches answers arriving on a pool socket to the waiting queries.
-async fn read_answers(chan: Arc<Chan>, stop: CancellationToken) {
-    let mut buf = vec![0u8; 65_535];
+/// Whether `answer` answers the query whose question section is `question`: QR set and the
+/// question echoed (case-insensitively); error answers may omit the question.
+fn answers(answer: &[u8], question: &[u8]) -> bool {
+    if answer.len() < 12 || answer[2] & 0x80 == 0 {
+        return false;
+    }
+    let qdcount = u16::from_be_bytes([answer[4], answer[5]]);
+    if qdcount == 0 {
+        return answer[3] & 0x0f != 0;
+    }
+    qdcount == 1
+        && answer
+            .get(12..12 + question.len())
+            .is_some_and(|q| q.eq_ignore_ascii_case(question))
+}
+
+/// Dispatches answers arriving on a pool socket to the waiting queries; anything that does not
+/// match a pending query's id and question is dropped.
+async fn read_answers(chan: Arc<Chan>) {
+    thread_local! {
+        /// One receive buffer per thread for every pool socket (sockets come and go with
+        /// rotation; a 64 KiB buffer each would be allocated and zeroed every time).
+        static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 65_535]);
+    }
+    let stop = chan.stop.clone();
+    let cancelled = stop.cancelled();
+    tokio::pin!(cancelled);
     loop {
-        let n = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = chan.sock.recv(&mut buf) => match r {
-                Ok(n) => n,
-                // ICMP errors (upstream down) and the like: the queries time out.
-                Err(_) => continue,
+        tokio::select! {
+            biased;
+            r = chan.sock.readable() => if r.is_err() {
+                return;
             },
-        };
-        if n < 12 {
-            continue;
+            _ = &mut cancelled => return,
         }
-        let id = u16::from_be_bytes([buf[0], buf[1]]);
-        let Ok(mut pending) = chan.pending.lock() else {
-            return;
-        };
-        let matches = pending.get(&id).is_some_and(|p| {
-            buf.get(12..12 + p.question.len())
-                .is_some_and(|q| q.eq_ignore_ascii_case(&p.question))
-        });
-        if matches && let Some(p) = pending.remove(&id) {
-            let _ = p.tx.send(buf[..n].to_vec());
+        // Drain what is queued, then wait for readiness again.
+        loop {
+            let done = BUF.with_borrow_mut(|buf| match chan.sock.try_recv(buf) {
+                Ok(n) => {
+                    dispatch(&chan, &buf[..n]);
+                    false
+                }
+                Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+            });
+            if done {
+                break;
+            }
         }
+    }
+}
+
+/// Hands `answer` to the pending query it matches (id and question), if any.
+fn dispatch(chan: &Chan, answer: &[u8]) {
+    if answer.len() < 12 {
+        return;
+    }
+    let id = u16::from_be_bytes([answer[0], answer[1]]);
+    let Ok(mut pending) = chan.pending.lock() else {
+        return;
+    };
+    let matches = pending
+        .get(&id)
+        .is_some_and(|p| answers(answer, &p.question));
+    if matches && let Some(p) = pending.remove(&id) {
+        let _ = p.tx.send(answer.to_vec());
     }
 }
 
@@ -366,8 +564,8 @@ fn question_bytes(msg: &[u8]) -> Option<&[u8]> {
 async fn exchange_tcp(
     server: SocketAddr,
     bytes: &[u8],
-    q: &Message,
-) -> Result<Message, ForwardError> {
+    qlen: usize,
+) -> Result<Vec<u8>, ForwardError> {
     let io = |source| ForwardError::Io { server, source };
     let mut stream = TcpStream::connect(server).await.map_err(io)?;
     stream.set_nodelay(true).map_err(io)?;
@@ -376,12 +574,21 @@ async fn exchange_tcp(
     let mut framed = Vec::with_capacity(bytes.len() + 2);
     framed.extend_from_slice(&len.to_be_bytes());
     framed.extend_from_slice(bytes);
+    // A random id per upstream query here too.
+    let id: [u8; 2] = rand::random();
+    framed[2..4].copy_from_slice(&id);
     stream.write_all(&framed).await.map_err(io)?;
     let mut len = [0u8; 2];
     stream.read_exact(&mut len).await.map_err(io)?;
     let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
     stream.read_exact(&mut buf).await.map_err(io)?;
-    check_answer(server, &buf, q)
+    if buf.len() < 12 || buf[..2] != id || !answers(&buf, &bytes[12..12 + qlen]) {
+        return Err(ForwardError::Invalid {
+            server,
+            why: "id, QR or question mismatch".into(),
+        });
+    }
+    Ok(buf)
 }
 
 /// Parses an upstream answer and checks it answers `q` (id, QR, question).
@@ -508,5 +715,149 @@ mod tests {
         other.queries[0] = Query::query(Name::from_ascii("b.example.com.").unwrap(), RecordType::A);
         assert!(check_answer(server, &other.to_vec().unwrap(), &q).is_err());
         assert!(check_answer(server, &[1, 2, 3], &q).is_err());
+    }
+
+    /// An upstream answering A questions with 192.0.2.1, after `spoof` has had its go at the
+    /// proxy's socket; records the source port and id of every query.
+    async fn recording<F>(spoof: F) -> (SocketAddr, Arc<Mutex<Vec<(u16, u16)>>>)
+    where
+        F: Fn(&Message) -> Vec<(bool, Message)> + Send + 'static,
+    {
+        let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let other = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = sock.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            loop {
+                let Ok((n, from)) = sock.recv_from(&mut buf).await else {
+                    return;
+                };
+                let req = Message::from_vec(&buf[..n]).unwrap();
+                s.lock().unwrap().push((from.port(), req.metadata.id));
+                // Spoofs first: (from the upstream's own port?, message).
+                for (own_port, m) in spoof(&req) {
+                    let via = if own_port { &sock } else { &other };
+                    via.send_to(&m.to_vec().unwrap(), from).await.unwrap();
+                }
+                let _ = sock
+                    .send_to(&a_answer(&req, "192.0.2.1").to_vec().unwrap(), from)
+                    .await;
+            }
+        });
+        (addr, seen)
+    }
+
+    fn a_answer(req: &Message, ip: &str) -> Message {
+        let mut resp = req.clone();
+        resp.metadata.message_type = MessageType::Response;
+        resp.add_answer(hickory_proto::rr::Record::from_rdata(
+            req.queries[0].name().clone(),
+            60,
+            hickory_proto::rr::RData::A(hickory_proto::rr::rdata::A(ip.parse().unwrap())),
+        ));
+        resp
+    }
+
+    fn ips(m: &Message) -> Vec<String> {
+        m.answers.iter().map(|r| r.data.to_string()).collect()
+    }
+
+    #[tokio::test]
+    async fn spoofed_answers_are_ignored() {
+        let (up, seen) = recording(|req| {
+            let mut wrong_id = a_answer(req, "6.6.6.2");
+            wrong_id.metadata.id ^= 1;
+            let mut wrong_question = a_answer(req, "6.6.6.3");
+            wrong_question.queries[0] =
+                Query::query(Name::from_ascii("b.example.com.").unwrap(), RecordType::A);
+            let mut not_a_response = a_answer(req, "6.6.6.4");
+            not_a_response.metadata.message_type = MessageType::Query;
+            let mut wrong_type = a_answer(req, "6.6.6.5");
+            wrong_type.queries[0].set_query_type(RecordType::AAAA);
+            vec![
+                // Right id and question, from another port.
+                (false, a_answer(req, "6.6.6.1")),
+                (true, wrong_id),
+                (true, wrong_question),
+                (true, not_a_response),
+                (true, wrong_type),
+            ]
+        })
+        .await;
+        let f = fwd(vec![up], false);
+        for _ in 0..20 {
+            let m = f.forward(&query(), Transport::Udp).await.unwrap();
+            assert_eq!(ips(&m), vec!["192.0.2.1"]);
+            assert_eq!(m.metadata.id, 42);
+            // The wire path gets the same treatment.
+            let bytes = query().to_vec().unwrap();
+            let Raw(raw) = f.forward_bytes(bytes, Transport::Udp).await.unwrap();
+            assert_eq!(u16::from_be_bytes([raw[0], raw[1]]), 42, "caller's id back");
+            assert_eq!(ips(&Message::from_vec(&raw).unwrap()), vec!["192.0.2.1"]);
+        }
+        // Ids on the wire are random per upstream query, never the client's.
+        let ids: std::collections::HashSet<u16> =
+            seen.lock().unwrap().iter().map(|&(_, id)| id).collect();
+        assert!(ids.len() >= 35, "{} distinct ids in 40 queries", ids.len());
+    }
+
+    #[tokio::test]
+    async fn upstream_sockets_rotate() {
+        let (up, seen) = recording(|_| Vec::new()).await;
+        // After 4 queries per socket: 200 queries over 8 sockets open 50 to 58 sockets.
+        let f = fwd(vec![up], false).with_rotation(4, Duration::from_secs(3600));
+        let first = {
+            f.forward(&query(), Transport::Udp).await.unwrap();
+            f.pool.chans(up)
+        };
+        assert_eq!(first.len(), 1);
+        for _ in 1..200 {
+            let m = f.forward(&query(), Transport::Udp).await.unwrap();
+            assert_eq!(ips(&m), vec!["192.0.2.1"]);
+        }
+        let opened = f.pool.opened.load(Ordering::Relaxed);
+        assert!((50..=58).contains(&opened), "{opened} sockets opened");
+        let ports: std::collections::HashSet<u16> =
+            seen.lock().unwrap().iter().map(|&(port, _)| port).collect();
+        assert!(ports.len() > 40, "{} source ports", ports.len());
+        // Retired sockets are closed once their queries are done.
+        for _ in 0..100 {
+            if first[0].upgrade().is_none() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(first[0].upgrade().is_none(), "first socket closed");
+        assert!(f.pool.chans(up).len() <= SOCKETS_PER_UPSTREAM);
+
+        // By age: a zero lifetime means a fresh socket (and port) for every query.
+        let f = fwd(vec![up], false).with_rotation(u32::MAX, Duration::ZERO);
+        for _ in 0..20 {
+            f.forward(&query(), Transport::Udp).await.unwrap();
+        }
+        assert_eq!(f.pool.opened.load(Ordering::Relaxed), 20);
+        // Without rotation due: at most one socket per slot.
+        let f = fwd(vec![up], false);
+        for _ in 0..50 {
+            f.forward(&query(), Transport::Udp).await.unwrap();
+        }
+        assert!(f.pool.opened.load(Ordering::Relaxed) <= SOCKETS_PER_UPSTREAM as u64);
+    }
+
+    #[tokio::test]
+    async fn answer_for_a_retired_socket_still_arrives() {
+        // Every query opens a new socket while the previous ones still wait for their answer.
+        let (up, _) = recording(|_| Vec::new()).await;
+        let f = Arc::new(fwd(vec![up], false).with_rotation(1, Duration::from_secs(3600)));
+        let mut set = JoinSet::new();
+        for _ in 0..50 {
+            let f = f.clone();
+            set.spawn(async move { f.forward(&query(), Transport::Udp).await });
+        }
+        while let Some(r) = set.join_next().await {
+            assert_eq!(ips(&r.unwrap().unwrap()), vec!["192.0.2.1"]);
+        }
     }
 }

@@ -29,6 +29,7 @@ mod message;
 mod metrics;
 mod server;
 mod table;
+mod wire;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -16,9 +16,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::cache::{Cache, Key};
 use crate::fast;
-use crate::forward::{Forwarder, Transport};
+use crate::forward::{Forwarder, Raw, Transport};
 use crate::message::{self, MAX_SIZE, OUR_UDP_PAYLOAD};
 use crate::table::{Expansion, LookupTable, TableHandle};
+use crate::wire;
 use crate::{Config, Error, Metrics};
 
 /// The DNS proxy: bound listeners plus the shared request path. Build with [`DnsProxy::bind`],
@@ -204,7 +205,17 @@ impl DnsProxy {
 pub(crate) enum Action {
     Reply(Vec<u8>),
     Forward(Box<Message>),
+    /// A plain UDP query forwarded on the wire path.
+    ForwardWire(Box<WireQuery>),
     Drop,
+}
+
+/// A plain UDP query to forward without parsing it into a `Message`.
+pub(crate) struct WireQuery {
+    req: Vec<u8>,
+    q: fast::Question,
+    /// Where the answer is cached (when the cache is on).
+    key: Option<Key>,
 }
 
 impl Inner {
@@ -216,11 +227,18 @@ impl Inner {
         }
         self.metrics.requests.inc();
         let table = self.table.get();
-        if let Some(t) = &table {
+        let plain = fast::parse(bytes);
+        if let (Some(t), Some(q)) = (&table, &plain) {
             let mut out = Vec::new();
-            if fast::answer(t, bytes, transport == Transport::Udp, &mut out) {
+            if fast::answer_parsed(t, q, bytes, transport == Transport::Udp, &mut out) {
                 return Action::Reply(out);
             }
+        }
+        if transport == Transport::Udp
+            && let Some(q) = plain
+            && let Some(action) = self.wire_forward(bytes, q, table.as_deref())
+        {
+            return action;
         }
         let req = match Message::from_vec(bytes) {
             Ok(m) => m,
@@ -275,6 +293,98 @@ impl Inner {
             return reply(encode(&resp, &req, transport));
         }
         self.cached_or_forward(req, transport)
+    }
+
+    /// The wire path for a plain UDP query the table does not answer: a cached answer, or a
+    /// forward. `None` leaves the query to the `Message` path.
+    fn wire_forward(
+        &self,
+        bytes: &[u8],
+        q: fast::Question,
+        table: Option<&LookupTable>,
+    ) -> Option<Action> {
+        let ours = match table {
+            Some(t) => q.qclass == 1 && t.answers(q.lower_name(), q.qtype),
+            // Before the first table: SERVFAIL unless respond-before-sync (Message path).
+            None => !self.respond_before_sync,
+        };
+        if ours {
+            return None;
+        }
+        let key = match &self.cache {
+            Some(cache) => {
+                let key = Key::from_wire(
+                    q.lower_name(),
+                    q.qtype,
+                    q.qclass,
+                    q.edns.is_some_and(|e| e.dnssec_ok),
+                    bytes[3] & 0x10 != 0,
+                );
+                if let Some(cached) = cache.get(&key, std::time::Instant::now()) {
+                    self.metrics.cache_hits.inc();
+                    let req = Message::from_vec(bytes).ok()?;
+                    return Some(reply(encode(
+                        &upstream_to_client(cached, &req),
+                        &req,
+                        Transport::Udp,
+                    )));
+                }
+                Some(key)
+            }
+            None => None,
+        };
+        Some(Action::ForwardWire(Box::new(WireQuery {
+            req: bytes.to_vec(),
+            q,
+            key,
+        })))
+    }
+
+    /// [`Inner::complete`] for the wire path.
+    async fn complete_wire(&self, w: &WireQuery) -> Option<Vec<u8>> {
+        self.metrics.upstream_requests.inc();
+        let start = tokio::time::Instant::now();
+        let query = wire::upstream_query(&w.req, &w.q, self.forwarder.udp_payload);
+        let result = self
+            .forwarder
+            .forward_bytes::<Raw>(query, Transport::Udp)
+            .await;
+        self.metrics
+            .upstream_duration
+            .observe(start.elapsed().as_secs_f64());
+        match result {
+            Ok(Raw(answer)) => self.wire_answer(w, answer),
+            Err(e) => {
+                self.metrics.upstream_failures.inc();
+                tracing::debug!(error = %e, "DNS forward failed");
+                Some(wire::error_answer(&w.req, &w.q, 2))
+            }
+        }
+    }
+
+    /// The client's answer from the upstream's `answer` to `w` (cached when the cache is on).
+    fn wire_answer(&self, w: &WireQuery, answer: Vec<u8>) -> Option<Vec<u8>> {
+        let mut parsed = None;
+        if let (Some(cache), Some(key)) = (&self.cache, &w.key)
+            && let Ok(m) = Message::from_vec(&answer)
+        {
+            cache.put(key.clone(), &m, std::time::Instant::now());
+            parsed = Some(m);
+        }
+        let answer = match wire::to_client(answer, &w.req, &w.q) {
+            Ok(b) => return Some(b),
+            Err(answer) => answer,
+        };
+        // Cut to the client's size, or unusual: the Message path.
+        let req = Message::from_vec(&w.req).ok()?;
+        match parsed.map_or_else(|| Message::from_vec(&answer), Ok) {
+            Ok(resp) => encode(&upstream_to_client(resp, &req), &req, Transport::Udp),
+            Err(e) => {
+                self.metrics.upstream_failures.inc();
+                tracing::debug!(error = %e, "invalid DNS upstream answer");
+                encode(&respond(&req, ResponseCode::ServFail), &req, Transport::Udp)
+            }
+        }
     }
 
     fn cached_or_forward(&self, req: Message, transport: Transport) -> Action {
@@ -432,6 +542,26 @@ async fn udp_serve(
                 let _ = sock.send_to(&b, src).await;
             }
             Action::Drop => {}
+            Action::ForwardWire(w) => match inner.forwards.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let (sock, inner, shutdown) = (sock.clone(), inner.clone(), shutdown.clone());
+                    tracker.spawn(async move {
+                        let _permit: OwnedSemaphorePermit = permit;
+                        let answer = tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            a = inner.complete_wire(&w) => a,
+                        };
+                        if let Some(b) = answer {
+                            let _ = sock.send_to(&b, src).await;
+                        }
+                    });
+                }
+                Err(_) => {
+                    inner.metrics.upstream_failures.inc();
+                    let b = wire::error_answer(&w.req, &w.q, 2);
+                    let _ = sock.send_to(&b, src).await;
+                }
+            },
             Action::Forward(req) => match inner.forwards.clone().try_acquire_owned() {
                 Ok(permit) => {
                     let (sock, inner, shutdown) = (sock.clone(), inner.clone(), shutdown.clone());
@@ -532,7 +662,8 @@ async fn tcp_conn(mut stream: TcpStream, inner: &Inner) -> std::io::Result<()> {
         }
         let answer = match inner.handle(&buf, Transport::Tcp) {
             Action::Reply(b) => Some(b),
-            Action::Drop => None,
+            // Only UDP queries take the wire path.
+            Action::Drop | Action::ForwardWire(_) => None,
             Action::Forward(req) => match inner.forwards.clone().try_acquire_owned() {
                 Ok(_permit) => inner.complete(&req, Transport::Tcp).await,
                 Err(_) => inner.overloaded(&req, Transport::Tcp),
@@ -582,7 +713,13 @@ pub fn fuzz_request(data: &[u8]) {
         }
     });
     for transport in [Transport::Udp, Transport::Tcp] {
-        if let Action::Forward(req) = inner.handle(data, transport) {
+        let action = inner.handle(data, transport);
+        if let Action::ForwardWire(w) = &action {
+            let mut answer = data.to_vec();
+            answer[2] |= 0x80;
+            let _ = inner.wire_answer(w, answer);
+        }
+        if let Action::Forward(req) = action {
             // The same bytes, marked as a response, are the upstream's answer.
             let mut answer = data.to_vec();
             answer[2] |= 0x80;

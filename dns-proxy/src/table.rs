@@ -187,6 +187,14 @@ impl LookupTable {
         Some(out)
     }
 
+    /// Whether [`LookupTable::lookup`] answers `lower` for `qtype` (class IN): `false` means
+    /// the query is forwarded.
+    pub fn answers(&self, lower: &str, qtype: RecordType) -> bool {
+        matches!(qtype, RecordType::A | RecordType::AAAA)
+            && (self.all_hosts.contains(lower)
+                || (self.has_wildcards && self.find_wildcard(lower).is_some()))
+    }
+
     /// Address records of `lower` when it is a plain table host (no CNAME, no wildcard): the
     /// fast path's lookup. `Some(&[])` is NODATA; `None` means "use the full lookup".
     pub fn exact_addrs(&self, lower: &str, qtype: RecordType) -> Option<&[Record]> {

@@ -14,8 +14,7 @@ use proto::istio::ca::istio_certificate_service_server::IstioCertificateServiceS
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::ServerTlsConfig;
-use tonic::transport::{Certificate, Identity as TlsIdentity, Server};
+use tonic::transport::Server;
 
 use crate::ca::{
     self, Ca, CaMetrics, CaService, DEFAULT_SERVING_SANS, Reloader, SharedCa, TokenIssuer,
@@ -25,6 +24,7 @@ use crate::model::MeshSettings;
 use crate::xds::{AdsInputs, AdsServer, SyncTable, XdsMetrics};
 
 pub mod listen;
+pub mod tls;
 
 use listen::Acceptor;
 
@@ -51,7 +51,7 @@ pub enum Error {
     #[error("mesh config {path}: {reason}")]
     Mesh { path: PathBuf, reason: String },
     #[error("TLS setup for the secure gRPC port: {0}")]
-    Tls(String),
+    Tls(#[from] tls::Error),
 }
 
 /// Everything `serve` needs.
@@ -208,10 +208,7 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
             names.push(s.clone());
         }
     }
-    let serving = ca
-        .current()
-        .issue_serving(&names, Duration::from_secs(365 * 24 * 3600))?;
-    let client_roots = ca.current().trust_bundle_pem();
+    let serving = tls::ServingTls::new(&ca.current(), names)?;
 
     let grpc = bind("grpc", inputs.grpc_addr)?;
     let secure = bind("secure-grpc", inputs.secure_grpc_addr)?;
@@ -260,10 +257,7 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
         ca_metrics,
     );
 
-    let tls = ServerTlsConfig::new()
-        .identity(TlsIdentity::from_pem(&serving.chain_pem, &serving.key_pem))
-        .client_ca_root(Certificate::from_pem(client_roots))
-        .client_auth_optional(true);
+    let tls_config = serving.server_config();
 
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(false);
     let mut tasks = JoinSet::new();
@@ -290,8 +284,6 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
     }
     {
         let router = Server::builder()
-            .tls_config(tls)
-            .map_err(|e| Error::Tls(e.to_string()))?
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(IstioCertificateServiceServer::new(ca_svc))
             .add_service(
@@ -301,7 +293,7 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
         tasks.spawn(async move {
             if let Err(e) = router
                 .serve_with_incoming_shutdown(
-                    Acceptor::new(secure, "secure-grpc").into_stream(),
+                    tls::incoming(Acceptor::new(secure, "secure-grpc"), tls_config, c.clone()),
                     c.cancelled(),
                 )
                 .await
@@ -310,7 +302,12 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
             }
         });
     }
-    tasks.spawn(Reloader::new(ca).run(cancel.clone()));
+    // New cacerts: the secure port's certificate and client roots follow the new CA.
+    let reloader = Reloader::new(ca).on_replace(move |ca| match serving.update(ca) {
+        Ok(()) => tracing::info!("secure gRPC port: serving certificate re-issued by the new CA"),
+        Err(e) => tracing::error!(error = %e, "secure gRPC port keeps its previous certificate"),
+    });
+    tasks.spawn(reloader.run(cancel.clone()));
     tasks.spawn(crate::monitoring::serve(
         monitoring,
         crate::monitoring::MonitoringInputs {

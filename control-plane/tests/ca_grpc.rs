@@ -453,7 +453,8 @@ fn verifies(leaf_pem: &str, issuer_pem: &str) -> bool {
 
 /// Issue 9, root CA changed: plug-in cacerts replaced under a running server. The new CA signs
 /// from then on, responses carry the old and the new root (`root_cert` and the last
-/// `cert_chain` entry), and the TLS port keeps serving clients that trust the old root.
+/// `cert_chain` entry), and the TLS port serves a certificate from the new CA and accepts
+/// client certificates from both.
 #[tokio::test]
 async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
     let ca_dir = tempfile::tempdir().expect("tempdir");
@@ -468,7 +469,7 @@ async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
         Duration::from_secs(600),
     );
     let mut client = tls(running.secure_grpc_addr, &root_a, None).await;
-    let (pem, _) = csr("spiffe://cluster.local/ns/ns/sa/sa");
+    let (pem, before_key) = csr("spiffe://cluster.local/ns/ns/sa/sa");
     let before = client
         .create_certificate(request(&pem, Some(&token)))
         .await
@@ -511,12 +512,41 @@ async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
         after.cert_chain.last().expect("bundle"),
         &format!("{root_b}{root_a}")
     );
-    // The serving certificate (signed by A) still verifies for workloads that trust A.
-    let mut old_trust = tls(running.secure_grpc_addr, &root_a, None).await;
-    old_trust
-        .create_certificate(request(&pem, Some(&token)))
+    // The secure port follows the CA (as istiod re-signs its own certificate): clients that
+    // trust the new root reach it, and both a certificate from the old CA (its root is still
+    // in the bundle) and one from the new CA authenticate as client certificates.
+    let old_chain = before.cert_chain.concat();
+    let mut fresh = tls(running.secure_grpc_addr, &root_b, None).await;
+    let (new_pem, new_key) = csr("spiffe://cluster.local/ns/ns/sa/sa");
+    let new_chain = fresh
+        .create_certificate(request(&new_pem, Some(&token)))
         .await
-        .expect("old-root clients still reach the CA");
+        .expect("new-root clients reach the CA")
+        .into_inner()
+        .cert_chain;
+    assert!(verifies(&new_chain[0], &int_b));
+    for (what, chain, key) in [
+        ("old-CA", old_chain, before_key.serialize_pem()),
+        ("new-CA", new_chain.concat(), new_key.serialize_pem()),
+    ] {
+        let mut c = tls(
+            running.secure_grpc_addr,
+            &format!("{root_b}{root_a}"),
+            Some(Identity::from_pem(chain, key)),
+        )
+        .await;
+        let (p, _) = csr("spiffe://cluster.local/ns/x/sa/y");
+        let r = c
+            .create_certificate(request(&p, None))
+            .await
+            .unwrap_or_else(|e| panic!("{what} client certificate refused: {e:?}"))
+            .into_inner();
+        assert_eq!(
+            uri_sans(&r.cert_chain[0]),
+            vec!["spiffe://cluster.local/ns/ns/sa/sa"],
+            "{what}"
+        );
+    }
     cancel.cancel();
     running.wait().await;
 }

@@ -50,11 +50,15 @@ pub enum Reloaded {
     Rejected,
 }
 
+/// Called with each CA right after it took over.
+type OnReplace = Box<dyn Fn(&Ca) + Send + Sync>;
+
 /// Polls the CA directory and installs the successor CA when the `cacerts` change.
 pub struct Reloader {
     ca: SharedCa,
     pending: Option<CaFiles>,
     rejected: Option<CaFiles>,
+    on_replace: Option<OnReplace>,
 }
 
 /// How often the CA directory is read.
@@ -66,7 +70,15 @@ impl Reloader {
             ca,
             pending: None,
             rejected: None,
+            on_replace: None,
         }
+    }
+
+    /// Calls `f` with each new CA right after it took over (e.g. to re-issue the serving
+    /// certificate).
+    pub fn on_replace(mut self, f: impl Fn(&Ca) + Send + Sync + 'static) -> Self {
+        self.on_replace = Some(Box::new(f));
+        self
     }
 
     /// Reads the directory once and acts on what it finds.
@@ -102,6 +114,9 @@ impl Reloader {
                 );
                 self.ca.replace(next);
                 self.rejected = None;
+                if let Some(f) = &self.on_replace {
+                    f(&self.ca.current());
+                }
                 Ok(Reloaded::Replaced)
             }
             // Changed again while loading: look again next poll.

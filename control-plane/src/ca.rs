@@ -131,7 +131,7 @@ pub struct Ca {
     roots: Vec<String>,
     /// Roots of CAs this one replaced, still trusted while certificates they signed may be valid.
     retired: Vec<RetiredRoot>,
-    /// Latest `not_after` of any certificate this CA signed.
+    /// Latest `not_after` of any workload certificate this CA signed.
     issued_until: Mutex<SystemTime>,
     /// Contents of the four `cacerts` files this CA was loaded from.
     files: CaFiles,
@@ -408,7 +408,7 @@ impl Ca {
 
     /// Loads the `cacerts` now in the CA directory as this CA's successor: it signs from now
     /// on, and this CA's roots (and the retired roots still in their overlap) stay in the trust
-    /// bundle until every certificate signed under them has expired.
+    /// bundle until every workload certificate signed under them has expired.
     pub fn successor(&self) -> Result<Ca, Error> {
         let mut next = Self::load_present(&self.dir)?;
         let now = SystemTime::now();
@@ -548,10 +548,11 @@ impl Ca {
         ];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.use_authority_key_identifier_extension = true;
+        // Not noted in `issued_until`: the serving certificate is re-issued when the CA is
+        // replaced, so it never needs the old root.
         let cert = params
             .signed_by(&key, &self.issuer)
             .map_err(|e| Error::Sign(e.to_string()))?;
-        self.note_issued(now + ttl);
         let mut chain_pem = cert.pem();
         for c in &self.chain {
             chain_pem.push_str(c);

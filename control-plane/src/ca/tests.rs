@@ -455,10 +455,15 @@ fn replaced_cacerts_sign_from_then_on_and_the_bundle_keeps_the_old_root() {
 }
 
 #[test]
-fn an_old_root_that_signed_nothing_still_valid_leaves_the_bundle() {
+fn an_old_root_that_signed_no_workload_certificate_leaves_the_bundle() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_plugin_cacerts(dir.path());
     let shared = SharedCa::new(Ca::load_or_create(dir.path()).expect("A"));
+    // The serving certificate does not count: it is re-issued by the new CA.
+    shared
+        .current()
+        .issue_serving(&["istiod".to_string()], Duration::from_secs(3600))
+        .expect("serving");
     let mut reloader = Reloader::new(shared.clone());
     let (root_b, _) = write_plugin_cacerts(dir.path());
     assert_eq!(settle(&mut reloader).expect("poll"), Reloaded::Replaced);

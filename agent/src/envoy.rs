@@ -248,9 +248,8 @@ pub async fn run(
 }
 
 /// Envoy gets SIGKILL if the agent dies without stopping it (SIGKILL, the OOM killer), so no
-/// orphan Envoy keeps the pod's ports. The signal follows the thread that spawned Envoy: the
-/// agent's main thread, which runs every task (see [`crate::runtime`]) and lives as long as the
-/// process.
+/// orphan Envoy keeps the pod's ports. The signal follows the thread that spawned Envoy: `App::run`
+/// is driven by `block_on` on the main thread, which lives as long as the process.
 fn die_with_parent(cmd: &mut Command) {
     let parent = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and calls only async-signal-safe

@@ -8,6 +8,7 @@
 //! - [`envoy`]: Envoy's argv, process and drain sequence.
 //! - [`status`]: the status server on 15020.
 //! - [`lifecycle`]: the one shutdown signal and readiness guards.
+//! - [`runtime`]: the one-thread runtime and the malloc tuning that keep the agent small.
 
 pub mod app;
 pub mod bootstrap;
@@ -17,5 +18,6 @@ pub mod config;
 pub mod envoy;
 pub mod health;
 pub mod lifecycle;
+pub mod runtime;
 pub mod status;
 pub mod xds_proxy;

@@ -20,10 +20,7 @@ fn init_logging(log: &cli::LogFlags) {
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?)
+    Ok(agent::runtime::build()?)
 }
 
 /// SIGTERM and SIGINT, caught from before the configuration is read: a signal during startup
@@ -58,6 +55,7 @@ impl Signals {
 async fn run_proxy(config: agent::config::Config, signals: Signals) -> anyhow::Result<i32> {
     let shutdown = Shutdown::default();
     signals.watch(shutdown.clone());
+    tokio::spawn(agent::runtime::trim_while_idle(shutdown.token().clone()));
     let app = App::bind(app::Inputs {
         config,
         shutdown: shutdown.clone(),
@@ -68,6 +66,7 @@ async fn run_proxy(config: agent::config::Config, signals: Signals) -> anyhow::R
 }
 
 fn main() {
+    agent::runtime::tune_malloc();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let env: HashMap<String, String> = std::env::vars().collect();
     let cli = match cli::parse(&args) {

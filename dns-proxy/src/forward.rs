@@ -9,12 +9,16 @@ use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use rand::seq::SliceRandom;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::os::fd::AsRawFd;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
+
+use crate::batch::RecvBatch;
 
 /// Transport a query arrived on, and is forwarded over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -497,13 +501,14 @@ fn answers(answer: &[u8], question: &[u8]) -> bool {
 /// match a pending query's id and question is dropped.
 async fn read_answers(chan: Arc<Chan>) {
     thread_local! {
-        /// One receive buffer per thread for every pool socket (sockets come and go with
-        /// rotation; a 64 KiB buffer each would be allocated and zeroed every time).
-        static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 65_535]);
+        /// One set of receive buffers per thread for every pool socket (sockets come and go
+        /// with rotation).
+        static BATCH: std::cell::RefCell<RecvBatch> = std::cell::RefCell::new(RecvBatch::new());
     }
     let stop = chan.stop.clone();
     let cancelled = stop.cancelled();
     tokio::pin!(cancelled);
+    let fd = chan.sock.as_raw_fd();
     loop {
         tokio::select! {
             biased;
@@ -514,12 +519,24 @@ async fn read_answers(chan: Arc<Chan>) {
         }
         // Drain what is queued, then wait for readiness again.
         loop {
-            let done = BUF.with_borrow_mut(|buf| match chan.sock.try_recv(buf) {
-                Ok(n) => {
-                    dispatch(&chan, &buf[..n]);
-                    false
-                }
-                Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+            let done = BATCH.with_borrow_mut(|batch| {
+                let r = chan.sock.try_io(Interest::READABLE, || {
+                    let n = batch.recv(fd)?;
+                    for i in 0..n {
+                        let (answer, _, truncated) = batch.get(i);
+                        if !truncated {
+                            dispatch(&chan, answer);
+                        }
+                    }
+                    // A short batch emptied the queue: wait for the next readiness edge
+                    // rather than pay a system call to learn it.
+                    match n < crate::batch::BATCH {
+                        true => Err(std::io::ErrorKind::WouldBlock.into()),
+                        false => Ok(()),
+                    }
+                });
+                // Other errors (ICMP from a down upstream): the queries time out.
+                r.is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
             });
             if done {
                 break;

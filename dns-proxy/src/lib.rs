@@ -21,6 +21,7 @@
 //! # }
 //! ```
 
+mod batch;
 mod cache;
 mod config;
 mod fast;

@@ -8,12 +8,15 @@ use std::time::Duration;
 use hickory_proto::op::{Edns, Message, MessageType, Metadata, OpCode, ResponseCode};
 use hickory_proto::rr::{DNSClass, Record};
 use rand::seq::SliceRandom;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::os::fd::AsRawFd;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::batch::RecvBatch;
 use crate::cache::{Cache, Key};
 use crate::fast;
 use crate::forward::{Forwarder, Raw, Transport};
@@ -524,65 +527,113 @@ async fn udp_serve(
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) -> Result<(), Error> {
-    let mut buf = vec![0u8; MAX_SIZE];
+    let mut batch = RecvBatch::new();
+    let mut replies: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
+    let fd = sock.as_raw_fd();
+    let serve_err = |e: std::io::Error| Error::Serve {
+        protocol: "UDP",
+        addr,
+        source: Arc::new(e),
+    };
     loop {
-        let (n, src) = match sock.recv_from(&mut buf).await {
-            Ok(x) => x,
-            Err(e) if is_transient(&e) => continue,
-            Err(e) => {
-                return Err(Error::Serve {
-                    protocol: "UDP",
-                    addr,
-                    source: Arc::new(e),
-                });
+        sock.readable().await.map_err(serve_err)?;
+        let r = sock.try_io(Interest::READABLE, || {
+            let n = batch.recv(fd)?;
+            for i in 0..n {
+                // Queries longer than a datagram buffer cannot be whole: dropped.
+                if let (bytes, Some(src), false) = batch.get(i) {
+                    packet(&sock, &inner, &shutdown, &tracker, bytes, src, &mut replies);
+                }
             }
-        };
-        match inner.handle(&buf[..n], Transport::Udp) {
-            Action::Reply(b) => {
-                let _ = sock.send_to(&b, src).await;
+            // A short batch emptied the queue: wait for the next readiness edge rather than
+            // pay a system call to learn it.
+            if n < crate::batch::BATCH {
+                Err(std::io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(())
             }
-            Action::Drop => {}
-            Action::ForwardWire(w) => match inner.forwards.clone().try_acquire_owned() {
-                Ok(permit) => {
-                    let (sock, inner, shutdown) = (sock.clone(), inner.clone(), shutdown.clone());
-                    tracker.spawn(async move {
-                        let _permit: OwnedSemaphorePermit = permit;
-                        let answer = tokio::select! {
-                            _ = shutdown.cancelled() => return,
-                            a = inner.complete_wire(&w) => a,
-                        };
-                        if let Some(b) = answer {
-                            let _ = sock.send_to(&b, src).await;
-                        }
-                    });
-                }
-                Err(_) => {
-                    inner.metrics.upstream_failures.inc();
-                    let b = wire::error_answer(&w.req, &w.q, 2);
-                    let _ = sock.send_to(&b, src).await;
-                }
-            },
-            Action::Forward(req) => match inner.forwards.clone().try_acquire_owned() {
-                Ok(permit) => {
-                    let (sock, inner, shutdown) = (sock.clone(), inner.clone(), shutdown.clone());
-                    tracker.spawn(async move {
-                        let _permit: OwnedSemaphorePermit = permit;
-                        let answer = tokio::select! {
-                            _ = shutdown.cancelled() => return,
-                            a = inner.complete(&req, Transport::Udp) => a,
-                        };
-                        if let Some(b) = answer {
-                            let _ = sock.send_to(&b, src).await;
-                        }
-                    });
-                }
-                Err(_) => {
-                    if let Some(b) = inner.overloaded(&req, Transport::Udp) {
+        });
+        match r {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || is_transient(&e) => {}
+            Err(e) => return Err(serve_err(e)),
+        }
+        if !replies.is_empty() {
+            send_replies(&sock, &mut replies).await;
+        }
+    }
+}
+
+/// Sends the batch's answers with `sendmmsg`, waiting for the socket only when it is full.
+async fn send_replies(sock: &UdpSocket, replies: &mut Vec<(Vec<u8>, SocketAddr)>) {
+    let fd = sock.as_raw_fd();
+    let mut sent = 0;
+    let _ = sock.try_io(Interest::WRITABLE, || {
+        sent = crate::batch::send_all(fd, replies);
+        if sent < replies.len() {
+            Err(std::io::ErrorKind::WouldBlock.into())
+        } else {
+            Ok(())
+        }
+    });
+    for (b, to) in &replies[sent..] {
+        let _ = sock.send_to(b, *to).await;
+    }
+    replies.clear();
+}
+
+/// One received UDP datagram: an answer now (queued in `replies`), or a forward in its own task.
+fn packet(
+    sock: &Arc<UdpSocket>,
+    inner: &Arc<Inner>,
+    shutdown: &CancellationToken,
+    tracker: &TaskTracker,
+    bytes: &[u8],
+    src: SocketAddr,
+    replies: &mut Vec<(Vec<u8>, SocketAddr)>,
+) {
+    match inner.handle(bytes, Transport::Udp) {
+        Action::Reply(b) => replies.push((b, src)),
+        Action::Drop => {}
+        Action::ForwardWire(w) => match inner.forwards.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let (sock, inner, shutdown) = (sock.clone(), inner.clone(), shutdown.clone());
+                tracker.spawn(async move {
+                    let _permit: OwnedSemaphorePermit = permit;
+                    let answer = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        a = inner.complete_wire(&w) => a,
+                    };
+                    if let Some(b) = answer {
                         let _ = sock.send_to(&b, src).await;
                     }
+                });
+            }
+            Err(_) => {
+                inner.metrics.upstream_failures.inc();
+                replies.push((wire::error_answer(&w.req, &w.q, 2), src));
+            }
+        },
+        Action::Forward(req) => match inner.forwards.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let (sock, inner, shutdown) = (sock.clone(), inner.clone(), shutdown.clone());
+                tracker.spawn(async move {
+                    let _permit: OwnedSemaphorePermit = permit;
+                    let answer = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        a = inner.complete(&req, Transport::Udp) => a,
+                    };
+                    if let Some(b) = answer {
+                        let _ = sock.send_to(&b, src).await;
+                    }
+                });
+            }
+            Err(_) => {
+                if let Some(b) = inner.overloaded(&req, Transport::Udp) {
+                    replies.push((b, src));
                 }
-            },
-        }
+            }
+        },
     }
 }
 

@@ -1,5 +1,12 @@
 //! Forwarding to the resolv.conf nameservers over the protocol the query came in on, with a
 //! per-server timeout, the next server tried on failure, or all at once in parallel mode.
+//!
+//! UDP queries share a small pool of connected sockets per upstream; answers are matched to
+//! queries by id and question. Cache-poisoning defences (Kaminsky): every upstream query gets a
+//! fresh random id, each socket is replaced by one on a new kernel-chosen ephemeral port after
+//! [`ROTATE_AFTER_QUERIES`] queries or [`ROTATE_AFTER`], and an answer is accepted only from
+//! the upstream's address and port, with the id and question of a query pending on that very
+//! socket; anything else is dropped and the real answer still gets through.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -308,6 +315,7 @@ struct Pending {
 /// address and port to it.
 struct Chan {
     sock: UdpSocket,
+    server: SocketAddr,
     pending: Mutex<HashMap<u16, Pending>>,
     /// Replaced in its slot: no new queries; the reader stops once the last pending one ends.
     retired: AtomicBool,
@@ -386,6 +394,7 @@ impl UdpPool {
         sock.set_nonblocking(true).map_err(io)?;
         let chan = Arc::new(Chan {
             sock: UdpSocket::from_std(sock).map_err(io)?,
+            server,
             pending: Mutex::new(HashMap::new()),
             retired: AtomicBool::new(false),
             stop: self.stop.child_token(),
@@ -523,8 +532,13 @@ async fn read_answers(chan: Arc<Chan>) {
                 let r = chan.sock.try_io(Interest::READABLE, || {
                     let n = batch.recv(fd)?;
                     for i in 0..n {
-                        let (answer, _, truncated) = batch.get(i);
-                        if !truncated {
+                        let (answer, from, truncated) = batch.get(i);
+                        // The kernel only delivers the upstream's datagrams to a connected
+                        // socket; checked again here.
+                        let from_server = from.is_some_and(|f| {
+                            f.ip() == chan.server.ip() && f.port() == chan.server.port()
+                        });
+                        if from_server && !truncated {
                             dispatch(&chan, answer);
                         }
                     }

@@ -6,7 +6,9 @@
 //! everything else is forwarded to the resolv.conf nameservers over the protocol the query came
 //! in on. Beyond Istio: upstream answers are cached (TTL-honouring, bounded), the next server is
 //! tried on timeout, EDNS is advertised upstream and answers are truncated to the client's size
-//! with TC set, and concurrency is bounded.
+//! with TC set, and concurrency is bounded. Plain UDP queries are forwarded at the wire level
+//! (no parse and re-encode), with batched socket I/O; upstream sockets rotate to fresh random
+//! ports and every upstream query gets a random id (cache-poisoning defence, see `forward`).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), dns_proxy::Error> {

@@ -20,7 +20,7 @@ use std::os::fd::AsRawFd;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpStream, UdpSocket};
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
@@ -128,6 +128,9 @@ impl Forwarder {
             rotate_queries: ROTATE_AFTER_QUERIES,
             rotate_after: ROTATE_AFTER,
             opened: AtomicU64::new(0),
+            busy: Arc::new(AtomicBool::new(false)),
+            wake_anchor: Arc::new(Notify::new()),
+            anchor_started: AtomicBool::new(false),
         };
         Forwarder {
             upstreams,
@@ -279,6 +282,7 @@ async fn exchange(
     timeout: Duration,
 ) -> Result<Vec<u8>, ForwardError> {
     // `bytes` keeps its id: the pool writes its own for the wire and restores it.
+    pool.touch(timeout);
     let deadline = Instant::now() + timeout;
     let id = [bytes[0], bytes[1]];
     let fut = async {
@@ -350,6 +354,11 @@ pub(crate) struct UdpPool {
     rotate_after: Duration,
     /// Sockets opened so far.
     opened: AtomicU64,
+    /// Timer anchor (see [`anchor`]): queries seen since its last tick, its wake-up, and
+    /// whether it runs.
+    busy: Arc<AtomicBool>,
+    wake_anchor: Arc<Notify>,
+    anchor_started: AtomicBool,
 }
 
 impl std::fmt::Debug for UdpPool {
@@ -380,6 +389,22 @@ fn poisoned() -> ForwardError {
 }
 
 impl UdpPool {
+    /// Notes a query for the timer anchor, starting it on first use.
+    fn touch(&self, timeout: Duration) {
+        if !self.anchor_started.swap(true, Ordering::Relaxed) {
+            let tick = (timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+            tokio::spawn(anchor(
+                self.busy.clone(),
+                self.wake_anchor.clone(),
+                tick,
+                self.stop.clone(),
+            ));
+        }
+        if !self.busy.swap(true, Ordering::Relaxed) {
+            self.wake_anchor.notify_one();
+        }
+    }
+
     /// A fresh socket connected to `server` on a kernel-chosen (random) ephemeral port, with
     /// its reader running.
     fn open(&self, server: SocketAddr) -> Result<Arc<Chan>, ForwardError> {
@@ -487,6 +512,31 @@ impl UdpPool {
             .iter()
             .filter_map(|s| Some(Arc::downgrade(s.lock().ok()?.chan.as_ref()?)))
             .collect()
+    }
+}
+
+/// Keeps a timer armed earlier than any query's timeout while queries flow, so arming a query's
+/// timeout never has to wake the runtime's driver: tokio does so (an eventfd write, then one
+/// more epoll_wait) whenever a new timer is due before every armed one, which at light load is
+/// every query. Ticks every `tick` while there were queries since the last tick, then waits
+/// for the next one: no wake-ups when idle.
+async fn anchor(busy: Arc<AtomicBool>, wake: Arc<Notify>, tick: Duration, stop: CancellationToken) {
+    let cancelled = stop.cancelled();
+    tokio::pin!(cancelled);
+    loop {
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = &mut cancelled => return,
+        }
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(tick) => {}
+                _ = &mut cancelled => return,
+            }
+            if !busy.swap(false, Ordering::Relaxed) {
+                break;
+            }
+        }
     }
 }
 

@@ -191,6 +191,18 @@ fn envoy_serial(pod: &Pod) -> Option<String> {
     (serials.len() == 1).then(|| serials.into_iter().next().expect("one"))
 }
 
+/// Envoy's per-host counter `name` of its cluster `cluster` (`/clusters`: host statistics are
+/// kept whatever the stats inclusion list).
+fn envoy_host_stat(pod: &Pod, cluster: &str, name: &str) -> Option<u64> {
+    let (_, body) = pod.envoy_admin("/clusters").ok()?;
+    let (prefix, suffix) = (format!("{cluster}::"), format!("::{name}::"));
+    body.lines()
+        .filter(|l| l.starts_with(&prefix))
+        .find_map(|l| l.split_once(&suffix).map(|(_, v)| v.trim().to_string()))?
+        .parse()
+        .ok()
+}
+
 /// VmRSS and RssAnon (heap and other private memory) of `pid`, in KiB.
 fn rss_kib(pid: u32) -> Option<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -446,6 +458,11 @@ fn soak_traffic_pushes_rotations_and_a_control_plane_restart() {
         .zip(&csrs_before)
         .map(|(p, b)| agent_counter(p, csr_series).unwrap_or(0.0) - b)
         .collect();
+    // Envoy's connections to its agent: SDS (rotations are pushed on the one stream) and xDS.
+    let conns: Vec<[Option<u64>; 2]> = [&client, &server]
+        .iter()
+        .map(|p| ["sds-grpc", "xds-grpc"].map(|c| envoy_host_stat(p, c, "cx_total")))
+        .collect();
     for (i, pod) in [&mut client, &mut server].into_iter().enumerate() {
         assert!(
             pod.agent.as_mut().expect("agent").try_wait().is_none(),
@@ -480,6 +497,10 @@ fn soak_traffic_pushes_rotations_and_a_control_plane_restart() {
         .position(|s| s.rotations.iter().all(|&r| r >= 1))
         .expect("no sample after both agents' first rotation");
     let steady = &samples[warm..];
+    eprintln!(
+        "FIGURE soak: Envoy connections to the agent (cx_total): client SDS {:?} xDS {:?}, server SDS {:?} xDS {:?}",
+        conns[0][0], conns[0][1], conns[1][0], conns[1][1]
+    );
     let n = steady.len();
     assert!(n >= 8, "too few samples after warm-up: {n}");
     let (first, last) = (&steady[..n / 4], &steady[n - n / 4..]);
@@ -547,6 +568,15 @@ fn soak_traffic_pushes_rotations_and_a_control_plane_restart() {
             ["client", "server"][i],
             serials[i]
         );
+    }
+    for (i, c) in conns.iter().enumerate() {
+        if c[0] != Some(1) {
+            problems.push(format!(
+                "{} Envoy's SDS connection to the agent was re-established: cx_total {:?}",
+                ["client", "server"][i],
+                c[0]
+            ));
+        }
     }
     assert!(problems.is_empty(), "{problems:?}");
 }

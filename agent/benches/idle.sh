@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
 # Agent idle footprint and start-to-ready time, against a local istiod-lite and real Envoy.
-# Usage: agent/benches/idle.sh [profile-dir]   (default target/release; build it first with
-#   cargo build --release -p agent -p control-plane)
+# Usage: agent/benches/idle.sh [pilot-agent-dir]   (default target/dist, the shipped build; build
+#   first: cargo build --profile dist -p agent --bin pilot-agent
+#          cargo build --release -p control-plane --bin istiod-lite)
 # Prints: ms from agent exec to /healthz/ready 200 on Envoy's 15021 listener (through the xDS
-# proxy, SDS and NDS), and the agent's RSS after 5 s idle with Envoy connected.
+# proxy, SDS and NDS); the agent's RSS after 5 s idle with Envoy connected (anon/file split), and
+# again 30 s later (after the first 30 s HTTP/2 keepalive to istiod: the steady idle figure).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-bin="$(cd "${1:-$repo/target/release}" && pwd)"
+bin="$(cd "${1:-$repo/target/dist}" && pwd)"
+istiod="${ISTIOD_LITE:-$repo/target/release/istiod-lite}"
 envoy="${ENVOY_BIN:-$repo/.tools/bin/envoy}"
 work="$(mktemp -d)"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 mkdir -p "$work/ca" "$work/config" "$work/pod/var/run/secrets/tokens" "$work/pod/var/run/secrets/istio"
-RUST_LOG=warn "$bin/istiod-lite" serve --config-dir "$work/config" --ca-dir "$work/ca" \
+RUST_LOG=warn "$istiod" serve --config-dir "$work/config" --ca-dir "$work/ca" \
   --grpc-addr 127.0.0.1:35010 --secure-grpc-addr 127.0.0.1:35012 --monitoring-addr 127.0.0.1:35014 \
   >"$work/istiod.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [ -s "$work/ca/root-cert.pem" ] && break; sleep 0.05; done
-"$bin/istiod-lite" token --ca-dir "$work/ca" --namespace demo --service-account sa \
+"$istiod" token --ca-dir "$work/ca" --namespace demo --service-account sa \
   >"$work/pod/var/run/secrets/tokens/istio-token"
 cp "$work/ca/root-cert.pem" "$work/pod/var/run/secrets/istio/"
 cd "$work/pod"
@@ -39,4 +42,9 @@ ready_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 sleep 5
 rss_kb=$(awk '/VmRSS/ {print $2}' "/proc/$agent/status")
 hwm_kb=$(awk '/VmHWM/ {print $2}' "/proc/$agent/status")
-echo "start_to_ready_ms=$ready_ms agent_rss_kib=$rss_kb agent_peak_rss_kib=$hwm_kb"
+anon_kb=$(awk '/RssAnon/ {print $2}' "/proc/$agent/status")
+file_kb=$(awk '/RssFile/ {print $2}' "/proc/$agent/status")
+threads=$(awk '/Threads/ {print $2}' "/proc/$agent/status")
+echo "start_to_ready_ms=$ready_ms agent_rss_kib=$rss_kb agent_peak_rss_kib=$hwm_kb (anon $anon_kb, file-backed $file_kb: binary text and libc; $threads threads)"
+sleep 30
+echo "after 35 s idle: agent_rss_kib=$(awk '/VmRSS/ {print $2}' "/proc/$agent/status") agent_peak_rss_kib=$(awk '/VmHWM/ {print $2}' "/proc/$agent/status")"

@@ -9,7 +9,8 @@ use std::process::Command;
 fn dockerfile_final_stage_is_the_rootfs_script_tree() {
     let dockerfile = std::fs::read_to_string(repo_root().join("Dockerfile")).expect("Dockerfile");
     for needle in [
-        "scripts/image-rootfs.sh target/release .tools/bin/envoy /rootfs",
+        "cargo build --profile dist --locked -p agent -p iptables-init --bins",
+        "scripts/image-rootfs.sh target/dist .tools/bin/envoy /rootfs",
         "COPY --from=build /rootfs/ /",
         "--uid 1337",
         "WORKDIR /",

@@ -10,6 +10,8 @@
 //!   no istio#34097 unbounded queue).
 //! - When either side ends, the other is closed with the same status; Envoy's reconnect creates
 //!   a fresh upstream. The proxy never retries on its own.
+//! - One Envoy stream at a time (as Istio): a new stream, SotW or Delta, ends the previous one
+//!   (OK status) and closes its upstream.
 
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
@@ -130,13 +132,34 @@ impl Metrics {
 #[derive(Clone)]
 pub struct XdsProxy {
     inputs: Arc<Inputs>,
+    /// Stops the one active Envoy stream (SotW or Delta).
+    active: Arc<std::sync::Mutex<Option<CancellationToken>>>,
 }
 
 impl XdsProxy {
     pub fn new(inputs: Inputs) -> Self {
         XdsProxy {
             inputs: Arc::new(inputs),
+            active: Arc::default(),
         }
+    }
+
+    /// Makes a new Envoy stream the active one; as Istio, the previous stream (if still open)
+    /// is ended (OK status) and its upstream stream closed.
+    fn register(&self) -> CancellationToken {
+        let stop = CancellationToken::new();
+        let previous = self
+            .active
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .replace(stop.clone());
+        if let Some(previous) = previous
+            && !previous.is_cancelled()
+        {
+            tracing::info!("a new Envoy xDS stream replaces the previous one");
+            previous.cancel();
+        }
+        stop
     }
 
     /// The tonic service (also usable on other transports in tests).
@@ -161,6 +184,7 @@ impl AggregatedDiscoveryService for XdsProxy {
         Ok(tonic::Response::new(relay::start::<relay::Sotw>(
             self.inputs.clone(),
             request.into_inner(),
+            self.register(),
         )))
     }
 
@@ -171,6 +195,7 @@ impl AggregatedDiscoveryService for XdsProxy {
         Ok(tonic::Response::new(relay::start::<relay::Delta>(
             self.inputs.clone(),
             request.into_inner(),
+            self.register(),
         )))
     }
 }

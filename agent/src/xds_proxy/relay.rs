@@ -176,15 +176,16 @@ fn termination(status: &tonic::Status) -> &'static str {
     }
 }
 
-/// Starts relaying `downstream`; returns the stream of responses for Envoy at once.
+/// Starts relaying `downstream` until either side ends or `done` is cancelled (then Envoy's
+/// stream ends with OK); returns the stream of responses for Envoy at once.
 pub(crate) fn start<F: Flavor>(
     inputs: Arc<Inputs>,
     downstream: tonic::Streaming<F::Req>,
+    done: CancellationToken,
 ) -> ReceiverStream<Result<F::Resp, tonic::Status>> {
     let queue = inputs.queue.max(1);
     let (down_tx, down_rx) = mpsc::channel::<Result<F::Resp, tonic::Status>>(queue);
     let (up_tx, up_rx) = mpsc::channel::<F::Req>(queue);
-    let done = CancellationToken::new();
     tracing::info!(flavor = F::NAME, "Envoy connected to the xDS proxy");
     tokio::spawn(downstream_to_upstream::<F>(
         inputs.clone(),

@@ -252,6 +252,73 @@ async fn envoy_disconnect_closes_upstream_and_reconnect_gets_a_fresh_one() {
     assert_eq!(next(&mut up2.requests).await, req(type_url::CLUSTER, ""));
 }
 
+/// As Istio: one Envoy stream at a time. A new stream (here Delta after SotW) ends the previous
+/// one with OK and closes its upstream; the new one relays.
+#[tokio::test]
+async fn a_new_envoy_stream_replaces_the_previous_one() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), false).await;
+    let mut client = envoy_client(&h.path).await;
+    let (tx1, rx1) = mpsc::channel(8);
+    tx1.send(req(type_url::LISTENER, "")).await.unwrap();
+    let mut first = client
+        .stream_aggregated_resources(ReceiverStream::new(rx1))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up1 = next(&mut ads.sotw).await;
+    assert_eq!(next(&mut up1.requests).await, req(type_url::LISTENER, ""));
+
+    let (tx2, rx2) = mpsc::channel(8);
+    let cds = DeltaDiscoveryRequest {
+        type_url: type_url::CLUSTER.into(),
+        ..Default::default()
+    };
+    tx2.send(cds.clone()).await.unwrap();
+    let mut second = client
+        .delta_aggregated_resources(ReceiverStream::new(rx2))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up2 = next(&mut ads.delta).await;
+    assert_eq!(next(&mut up2.requests).await, cds);
+
+    // The first stream ends cleanly and its upstream stream closes, though Envoy's side of it
+    // (tx1) is still open.
+    let end = tokio::time::timeout(Duration::from_secs(10), first.message())
+        .await
+        .expect("the first stream ends");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    assert!(
+        tokio::time::timeout(Duration::from_secs(10), up1.requests.recv())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    drop(tx1);
+
+    // The second stream still relays both ways.
+    let pushed = DeltaDiscoveryResponse {
+        type_url: type_url::CLUSTER.into(),
+        nonce: "c1".into(),
+        ..Default::default()
+    };
+    up2.responses.send(Ok(pushed.clone())).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), second.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, pushed);
+    let ack = DeltaDiscoveryRequest {
+        type_url: type_url::CLUSTER.into(),
+        response_nonce: "c1".into(),
+        ..Default::default()
+    };
+    tx2.send(ack.clone()).await.unwrap();
+    assert_eq!(next(&mut up2.requests).await, ack);
+}
+
 #[tokio::test]
 async fn upstream_unreachable_fails_envoy_stream() {
     let unreachable: Connect =

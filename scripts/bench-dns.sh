@@ -12,7 +12,9 @@
 # one core). Prints QPS, average and p99 latency, server CPU seconds per million queries, and the ratios
 # against the issue's goals. Needs: dnsperf, dnsmasq, unbound, taskset (scripts/setup.sh).
 # The machine is shared, so every measurement is repeated ROUNDS times, interleaved across the
-# servers (all started up front, idle while another is measured), and the best round is kept.
+# servers (all started up front, idle while another is measured), and the best round is kept;
+# ratios are also given as the median over rounds of the two servers measured back to back in
+# the same round (less swayed by load swings from other work on the machine).
 # Usage: scripts/bench-dns.sh   (env: SKIP_BUILD=1 DURATION=5 ROUNDS=3 CLIENTS=4 OUTSTANDING=64 SERVER_CPU=0 CLIENT_CPU=1)
 set -euo pipefail
 
@@ -106,7 +108,7 @@ wait_answer() { # port name
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 CLK_TCK="$(getconf CLK_TCK)"
 
-declare -A QPS AVG P99 CPU
+declare -A QPS AVG P99 CPU ROUNDQ
 # measure label port queryfile pid [extra dnsperf args]: one round; keeps the best QPS per label.
 measure() {
   local label=$1 port=$2 file=$3 pid=$4
@@ -128,6 +130,7 @@ measure() {
     awk '/^> / {print $NF}' | sort -g |
     awk '{v[NR] = $1} END {i = int(NR * 0.99); if (i < 1) i = 1; printf "%.3f", v[i] * 1000}')
   printf '  round: %-26s %10.0f q/s\n' "$label" "$qps"
+  ROUNDQ["$label#$r"]=$qps
   # Best round: highest QPS; under fixed light load, lowest average latency.
   local better=0
   if [[ -z "${QPS[$label]:-}" ]]; then
@@ -226,13 +229,20 @@ done
 report "light: upstream direct" "light: proxy (forward)" "light: dnsmasq (forward)"
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "n/a"}'; }
+# median over rounds of a/b, each round's pair measured back to back
+paired() {
+  local i
+  for ((i = 1; i <= ROUNDS; i++)); do ratio "${ROUNDQ[$1#$i]}" "${ROUNDQ[$2#$i]}"; echo; done |
+    sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'
+}
 echo
 echo "== ratios (goal in brackets)"
-echo "table QPS   proxy/unbound  = $(ratio "${QPS[proxy (table)]}" "${QPS[unbound (local-data)]}")  [>= 1.00]"
+echo "table QPS   proxy/unbound  = $(ratio "${QPS[proxy (table)]}" "${QPS[unbound (local-data)]}")  [>= 1.00]  (median of paired rounds $(paired "proxy (table)" "unbound (local-data)"))"
 echo "table QPS   proxy/dnsmasq  = $(ratio "${QPS[proxy (table)]}" "${QPS[dnsmasq (hosts)]}")"
 echo "table CPU   proxy/unbound  = $(ratio "${CPU[proxy (table)]}" "${CPU[unbound (local-data)]}")  [< 1.00]"
 echo "table CPU   proxy/dnsmasq  = $(ratio "${CPU[proxy (table)]}" "${CPU[dnsmasq (hosts)]}")"
-echo "forward QPS proxy/dnsmasq  = $(ratio "${QPS[proxy (forward)]}" "${QPS[dnsmasq (forward)]}")  [>= 2.00]"
+echo "forward QPS proxy/dnsmasq  = $(ratio "${QPS[proxy (forward)]}" "${QPS[dnsmasq (forward)]}")  [>= 2.00]  (median of paired rounds $(paired "proxy (forward)" "dnsmasq (forward)"))"
+echo "forward CPU proxy/dnsmasq  = $(ratio "${CPU[proxy (forward)]}" "${CPU[dnsmasq (forward)]}")"
 echo "forward QPS proxy/direct   = $(ratio "${QPS[proxy (forward)]}" "${QPS[upstream direct]}")"
 added=$(awk -v a="${AVG[light: proxy (forward)]}" -v b="${AVG[light: upstream direct]}" 'BEGIN {printf "%.3f", a - b}')
 added_d=$(awk -v a="${AVG[light: dnsmasq (forward)]}" -v b="${AVG[light: upstream direct]}" 'BEGIN {printf "%.3f", a - b}')

@@ -381,30 +381,80 @@ fn stats_tags() -> Value {
     )
 }
 
-fn stats_matcher(config: &Config) -> Value {
-    let mut patterns = vec![json!({ "prefix": "reporter=" })];
-    for p in [
-        "cluster_manager",
-        "listener_manager",
-        "server",
-        "cluster.xds-grpc",
-        "wasm",
-    ] {
-        patterns.push(json!({ "prefix": p }));
+/// One inclusion list as Istio's bootstrap builds it: the pod annotation (comma-separated) or
+/// else ProxyConfig's `proxyStatsMatcher` list, then the required entries; `{pod_ip}` becomes one
+/// entry per instance IP. Empty entries (a stray comma) are dropped: an empty prefix would keep
+/// every stat.
+fn inclusion(
+    config: &Config,
+    annotation: &str,
+    configured: &[String],
+    required: &[&str],
+) -> Vec<String> {
+    let mut list: Vec<String> = match config.pod_annotations.get(annotation) {
+        Some(a) if !a.is_empty() => a.split(',').map(str::to_string).collect(),
+        _ => configured.to_vec(),
+    };
+    list.extend(required.iter().map(|s| s.to_string()));
+    let mut out = Vec::new();
+    for entry in list.into_iter().filter(|e| !e.is_empty()) {
+        if entry.contains("{pod_ip}") {
+            out.extend(
+                config
+                    .ips
+                    .iter()
+                    .map(|ip| entry.replace("{pod_ip}", &ip.to_string())),
+            );
+        } else {
+            out.push(entry);
+        }
     }
-    let mut suffixes = vec![
+    out
+}
+
+fn stats_matcher(config: &Config) -> Value {
+    let wanted = &config.proxy.stats_matcher;
+    let mut patterns = vec![json!({ "prefix": "reporter=" })];
+    let prefixes = inclusion(
+        config,
+        "sidecar.istio.io/statsInclusionPrefixes",
+        &wanted.inclusion_prefixes,
+        &[
+            "cluster_manager",
+            "listener_manager",
+            "server",
+            "cluster.xds-grpc",
+            "wasm",
+        ],
+    );
+    patterns.extend(prefixes.into_iter().map(|p| json!({ "prefix": p })));
+    let mut required_suffixes = vec![
         "rbac.allowed",
         "rbac.denied",
         "shadow_allowed",
         "shadow_denied",
     ];
     if config.exit_on_zero_active_connections {
-        suffixes.push("downstream_cx_active");
+        required_suffixes.push("downstream_cx_active");
     }
-    for s in suffixes {
-        patterns.push(json!({ "suffix": s }));
-    }
-    patterns.push(json!({ "safe_regex": { "regex": r"vhost\..*\.route\..*" } }));
+    let suffixes = inclusion(
+        config,
+        "sidecar.istio.io/statsInclusionSuffixes",
+        &wanted.inclusion_suffixes,
+        &required_suffixes,
+    );
+    patterns.extend(suffixes.into_iter().map(|s| json!({ "suffix": s })));
+    let regexps = inclusion(
+        config,
+        "sidecar.istio.io/statsInclusionRegexps",
+        &wanted.inclusion_regexps,
+        &[r"vhost\..*\.route\..*"],
+    );
+    patterns.extend(
+        regexps
+            .into_iter()
+            .map(|r| json!({ "safe_regex": { "regex": r } })),
+    );
     patterns.push(json!({ "prefix": "component" }));
     patterns.push(json!({ "prefix": "istio" }));
     json!({ "inclusion_list": { "patterns": patterns } })
@@ -799,6 +849,95 @@ mod tests {
             interface_ips: vec![],
         })
         .unwrap()
+    }
+
+    fn patterns(c: &Config) -> Vec<String> {
+        stats_matcher(c)["inclusion_list"]["patterns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                let (kind, v) = p.as_object().unwrap().iter().next().unwrap();
+                let v = if kind == "safe_regex" { &v["regex"] } else { v };
+                format!("{kind}:{}", v.as_str().unwrap())
+            })
+            .collect()
+    }
+
+    const REQUIRED_PREFIXES: [&str; 5] = [
+        "prefix:cluster_manager",
+        "prefix:listener_manager",
+        "prefix:server",
+        "prefix:cluster.xds-grpc",
+        "prefix:wasm",
+    ];
+    const REQUIRED_SUFFIXES: [&str; 4] = [
+        "suffix:rbac.allowed",
+        "suffix:rbac.denied",
+        "suffix:shadow_allowed",
+        "suffix:shadow_denied",
+    ];
+
+    /// Istio's `stats_matcher`: ProxyConfig's `proxyStatsMatcher` lists go before the required
+    /// entries of each kind, `{pod_ip}` is expanded per instance IP, and a pod annotation
+    /// replaces the matching ProxyConfig list.
+    #[test]
+    fn proxy_stats_matcher_extends_the_inclusion_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = [
+            ("POD_NAME", "p"),
+            ("POD_NAMESPACE", "ns1"),
+            ("INSTANCE_IP", "198.18.0.2"),
+        ];
+        let mut expected: Vec<String> = vec!["prefix:reporter=".into()];
+        expected.extend(REQUIRED_PREFIXES.iter().map(|s| s.to_string()));
+        expected.extend(REQUIRED_SUFFIXES.iter().map(|s| s.to_string()));
+        expected.push(r"safe_regex:vhost\..*\.route\..*".into());
+        expected.extend(["prefix:component".into(), "prefix:istio".into()]);
+        assert_eq!(patterns(&config(dir.path(), &base)), expected, "defaults");
+
+        let pc = r#"{"proxyStatsMatcher":{"inclusionPrefixes":["upstream_cx","http.{pod_ip}_"],"inclusionSuffixes":["upstream_rq_timeout"],"inclusionRegexps":[".*outlier_detection.*"]}}"#;
+        let mut env = base.to_vec();
+        env.push(("PROXY_CONFIG", pc));
+        let mut expected: Vec<String> = [
+            "prefix:reporter=",
+            "prefix:upstream_cx",
+            "prefix:http.198.18.0.2_",
+        ]
+        .map(String::from)
+        .to_vec();
+        expected.extend(REQUIRED_PREFIXES.iter().map(|s| s.to_string()));
+        expected.push("suffix:upstream_rq_timeout".into());
+        expected.extend(REQUIRED_SUFFIXES.iter().map(|s| s.to_string()));
+        expected.push("safe_regex:.*outlier_detection.*".into());
+        expected.push(r"safe_regex:vhost\..*\.route\..*".into());
+        expected.extend(["prefix:component".into(), "prefix:istio".into()]);
+        assert_eq!(patterns(&config(dir.path(), &env)), expected, "ProxyConfig");
+
+        // The annotation replaces ProxyConfig's prefixes (a stray comma adds nothing); the
+        // suffixes and regexps still come from ProxyConfig.
+        let pod = dir.path().join("etc/istio/pod");
+        std::fs::create_dir_all(&pod).unwrap();
+        std::fs::write(
+            pod.join("annotations"),
+            "sidecar.istio.io/statsInclusionPrefixes=\"a.,,b.\"\n",
+        )
+        .unwrap();
+        let got = patterns(&config(dir.path(), &env));
+        assert_eq!(
+            got[..4],
+            [
+                "prefix:reporter=",
+                "prefix:a.",
+                "prefix:b.",
+                "prefix:cluster_manager"
+            ]
+        );
+        assert!(
+            got.contains(&"suffix:upstream_rq_timeout".to_string()),
+            "{got:?}"
+        );
+        assert!(!got.iter().any(|p| p.contains("upstream_cx")), "{got:?}");
     }
 
     #[test]

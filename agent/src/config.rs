@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use proxy_config::{AuthPolicy, ProxyConfig, split_host_port};
+pub use proxy_config::{AuthPolicy, ProxyConfig, StatsMatcher, split_host_port};
 
 use crate::status::probe::{AppProbers, PrometheusAnnotations};
 

@@ -420,3 +420,76 @@ fn generated_bootstrap_validates_in_real_envoy() {
         );
     }
 }
+
+/// ProxyConfig's `proxyStatsMatcher` lands in the bootstrap's `stats_matcher` and real Envoy
+/// runs with it (`--mode validate` does not compile the regexps; a real start does) and keeps the
+/// stats it names: `runtime.*`, outside Istio's required list, is kept; `filesystem.*` is not.
+#[test]
+fn proxy_stats_matcher_is_honoured_by_real_envoy() {
+    let Some(envoy) = envoy_bin() else {
+        return;
+    };
+    use harness::local::free_port;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let admin = free_port();
+    let out = Command::new(harness::workspace_bin("pilot-agent"))
+        .args(["bootstrap", "sidecar", "--output", "envoy-rev.json"])
+        .current_dir(dir.path())
+        .env_clear()
+        .env("POD_NAME", "p")
+        .env("POD_NAMESPACE", NAMESPACE)
+        .env("INSTANCE_IP", "127.0.0.1")
+        .env("ENVOY_STATUS_PORT", free_port().to_string())
+        .env("ENVOY_PROMETHEUS_PORT", free_port().to_string())
+        .env(
+            "PROXY_CONFIG",
+            format!(
+                r#"{{"proxyAdminPort":{admin},"proxyStatsMatcher":{{"inclusionPrefixes":["runtime.","http.{{pod_ip}}_"],"inclusionSuffixes":["upstream_rq_timeout"],"inclusionRegexps":[".*outlier_detection.*","cluster\\.outbound\\|[0-9]+\\|.*"]}}}}"#
+            ),
+        )
+        .output()
+        .expect("pilot-agent bootstrap");
+    assert!(out.status.success(), "bootstrap: {out:?}");
+    let text = std::fs::read_to_string(dir.path().join("envoy-rev.json")).expect("bootstrap");
+    let bootstrap: serde_json::Value = serde_json::from_str(&text).expect("bootstrap JSON");
+    let patterns = bootstrap["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"]
+        .as_array()
+        .expect("inclusion patterns")
+        .clone();
+    for wanted in [
+        serde_json::json!({"prefix": "runtime."}),
+        serde_json::json!({"prefix": "http.127.0.0.1_"}),
+        serde_json::json!({"suffix": "upstream_rq_timeout"}),
+        serde_json::json!({"safe_regex": {"regex": ".*outlier_detection.*"}}),
+        serde_json::json!({"safe_regex": {"regex": r"cluster\.outbound\|[0-9]+\|.*"}}),
+    ] {
+        assert!(
+            patterns.contains(&wanted),
+            "{wanted} missing from {patterns:?}"
+        );
+    }
+
+    let mut cmd = Command::new(&envoy);
+    cmd.args([
+        "-c",
+        "envoy-rev.json",
+        "--base-id-path",
+        "base-id",
+        "--use-dynamic-base-id",
+    ])
+    .current_dir(dir.path());
+    let mut run = Child::spawn("envoy", cmd);
+    let admin_addr: std::net::SocketAddr = ([127, 0, 0, 1], admin).into();
+    let stats = assert_eventually(Duration::from_secs(10), || {
+        if let Some(status) = run.try_wait() {
+            return Err(format!("Envoy exited {status}: {:?}", run.output()));
+        }
+        match harness::http_get(admin_addr, "/stats") {
+            Ok((200, body)) => Ok(body),
+            other => Err(format!("admin /stats: {other:?}")),
+        }
+    });
+    assert!(stats.contains("runtime.load_success"), "{stats}");
+    assert!(stats.contains("server.live"), "{stats}");
+    assert!(!stats.contains("filesystem."), "{stats}");
+}

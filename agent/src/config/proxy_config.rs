@@ -37,8 +37,20 @@ pub struct ProxyConfig {
     pub file_flush_interval: Option<Duration>,
     pub file_flush_min_size_kb: u32,
     pub runtime_values: BTreeMap<String, String>,
+    /// `proxyStatsMatcher`: extra Envoy stats to keep.
+    pub stats_matcher: StatsMatcher,
     /// The merged layers as JSON (sent to istiod as node metadata `PROXY_CONFIG`).
     pub raw: Value,
+}
+
+/// `proxyStatsMatcher`: Envoy stats kept on top of Istio's required ones (the bootstrap's
+/// `stats_matcher` inclusion list). The pod annotations `sidecar.istio.io/statsInclusion*`
+/// replace the matching list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatsMatcher {
+    pub inclusion_prefixes: Vec<String>,
+    pub inclusion_suffixes: Vec<String>,
+    pub inclusion_regexps: Vec<String>,
 }
 
 /// Istio's `mesh.DefaultProxyConfig()` values for the fields we read.
@@ -160,6 +172,35 @@ fn string_map(obj: &Map<String, Value>, field: &str) -> Result<BTreeMap<String, 
     }
 }
 
+fn string_list(obj: &Map<String, Value>, parent: &str, field: &str) -> Result<Vec<String>, Error> {
+    let name = || format!("{parent}.{field}");
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::String(s) => Ok(s.clone()),
+                other => Err(bad(&format!("{}[{i}]", name()), other, "a string")),
+            })
+            .collect(),
+        Some(v) => Err(bad(&name(), v, "a list of strings")),
+    }
+}
+
+fn stats_matcher(obj: &Map<String, Value>) -> Result<StatsMatcher, Error> {
+    const FIELD: &str = "proxyStatsMatcher";
+    match obj.get(FIELD) {
+        None | Some(Value::Null) => Ok(StatsMatcher::default()),
+        Some(Value::Object(m)) => Ok(StatsMatcher {
+            inclusion_prefixes: string_list(m, FIELD, "inclusionPrefixes")?,
+            inclusion_suffixes: string_list(m, FIELD, "inclusionSuffixes")?,
+            inclusion_regexps: string_list(m, FIELD, "inclusionRegexps")?,
+        }),
+        Some(v) => Err(bad(FIELD, v, "a mapping")),
+    }
+}
+
 impl ProxyConfig {
     /// Validates merged layers into typed fields; errors name the field and the value.
     pub fn from_value(raw: Value) -> Result<Self, Error> {
@@ -238,6 +279,7 @@ impl ProxyConfig {
             file_flush_interval: duration(obj, "fileFlushInterval")?,
             file_flush_min_size_kb,
             runtime_values: string_map(obj, "runtimeValues")?,
+            stats_matcher: stats_matcher(obj)?,
             raw,
         })
     }
@@ -295,12 +337,45 @@ mod tests {
             ("controlPlaneAuthPolicy: MAYBE", "controlPlaneAuthPolicy"),
             ("concurrency: -1", "concurrency"),
             ("proxyMetadata: [1]", "proxyMetadata"),
+            ("proxyStatsMatcher: [a]", "proxyStatsMatcher"),
+            (
+                "proxyStatsMatcher: {inclusionPrefixes: http}",
+                "proxyStatsMatcher.inclusionPrefixes",
+            ),
+            (
+                "proxyStatsMatcher: {inclusionRegexps: [a, {b: c}]}",
+                "proxyStatsMatcher.inclusionRegexps[1]",
+            ),
         ] {
             let mut v = defaults();
             merge(&mut v, parse_layer("t", layer).unwrap());
             let err = ProxyConfig::from_value(v).unwrap_err().to_string();
             assert!(err.contains(field), "{layer}: {err}");
         }
+    }
+
+    #[test]
+    fn proxy_stats_matcher_lists() {
+        let mut v = defaults();
+        merge(
+            &mut v,
+            parse_layer(
+                "t",
+                "proxyStatsMatcher: {inclusionPrefixes: [upstream_cx, 'http.{pod_ip}_'], inclusionRegexps: ['.*outlier_detection.*']}",
+            )
+            .unwrap(),
+        );
+        let c = ProxyConfig::from_value(v).unwrap();
+        assert_eq!(
+            c.stats_matcher,
+            StatsMatcher {
+                inclusion_prefixes: vec!["upstream_cx".into(), "http.{pod_ip}_".into()],
+                inclusion_suffixes: vec![],
+                inclusion_regexps: vec![".*outlier_detection.*".into()],
+            }
+        );
+        let c = ProxyConfig::from_value(defaults()).unwrap();
+        assert_eq!(c.stats_matcher, StatsMatcher::default());
     }
 
     #[test]

@@ -8,22 +8,70 @@ use std::os::fd::RawFd;
 
 /// Datagrams per `recvmmsg` call.
 pub(crate) const BATCH: usize = 32;
-/// Largest datagram received in a batch; longer ones are reported as truncated. The buffers
-/// are allocated zeroed (lazily mapped): only the pages datagrams touch become resident.
+/// Largest datagram received in a batch; longer ones are reported as truncated.
 pub(crate) const SLOT: usize = 65_535;
+
+/// Anonymous memory mapped for the receive buffers: only the pages datagrams touch become
+/// resident (a 2 MiB heap allocation might be zeroed, hence resident, by the allocator).
+struct Pages {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: `Pages` owns its mapping exclusively; access goes through `&`/`&mut` borrows of the
+// owning `RecvBatch`.
+unsafe impl Send for Pages {}
+
+impl Pages {
+    fn new(len: usize) -> io::Result<Pages> {
+        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Pages {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    fn slice(&self, start: usize, len: usize) -> &[u8] {
+        assert!(start + len <= self.len);
+        // SAFETY: in bounds (checked), mapped readable for the life of `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(start), len) }
+    }
+}
+
+impl Drop for Pages {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; no borrows outlive `self`.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}
 
 /// Receive buffers for up to [`BATCH`] datagrams.
 pub(crate) struct RecvBatch {
-    bufs: Vec<u8>,
+    bufs: Pages,
     addrs: Box<[libc::sockaddr_storage]>,
     lens: [usize; BATCH],
     truncated: [bool; BATCH],
 }
 
 impl RecvBatch {
-    pub fn new() -> RecvBatch {
-        RecvBatch {
-            bufs: vec![0u8; SLOT * BATCH],
+    pub fn new() -> io::Result<RecvBatch> {
+        Ok(RecvBatch {
+            bufs: Pages::new(SLOT * BATCH)?,
             // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
             addrs: vec![
                 unsafe { MaybeUninit::<libc::sockaddr_storage>::zeroed().assume_init() };
@@ -32,13 +80,13 @@ impl RecvBatch {
             .into_boxed_slice(),
             lens: [0; BATCH],
             truncated: [false; BATCH],
-        }
+        })
     }
 
     /// Receives what is queued on the non-blocking socket `fd` (at least one datagram, or
     /// `WouldBlock`); returns how many.
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
-        let base = self.bufs.as_mut_ptr();
+        let base = self.bufs.ptr;
         let mut iovs: [libc::iovec; BATCH] = std::array::from_fn(|i| libc::iovec {
             // SAFETY: `i * SLOT` is within `bufs` (BATCH * SLOT bytes).
             iov_base: unsafe { base.add(i * SLOT) }.cast(),
@@ -79,7 +127,7 @@ impl RecvBatch {
     /// longer than [`SLOT`] (and cut).
     pub fn get(&self, i: usize) -> (&[u8], Option<SocketAddr>, bool) {
         (
-            &self.bufs[i * SLOT..i * SLOT + self.lens[i]],
+            self.bufs.slice(i * SLOT, self.lens[i]),
             to_socket_addr(&self.addrs[i]),
             self.truncated[i],
         )
@@ -198,7 +246,7 @@ mod tests {
                 .map(|i| (vec![i; usize::from(i) + 1], to))
                 .collect();
             assert_eq!(send_all(tx.as_raw_fd(), &out), 40);
-            let mut batch = RecvBatch::new();
+            let mut batch = RecvBatch::new().unwrap();
             let mut got = Vec::new();
             loop {
                 match batch.recv(rx.as_raw_fd()) {

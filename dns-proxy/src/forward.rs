@@ -562,7 +562,7 @@ async fn read_answers(chan: Arc<Chan>) {
     thread_local! {
         /// One set of receive buffers per thread for every pool socket (sockets come and go
         /// with rotation).
-        static BATCH: std::cell::RefCell<RecvBatch> = std::cell::RefCell::new(RecvBatch::new());
+        static BATCH: std::cell::RefCell<Option<RecvBatch>> = const { std::cell::RefCell::new(None) };
     }
     let stop = chan.stop.clone();
     let cancelled = stop.cancelled();
@@ -579,6 +579,13 @@ async fn read_answers(chan: Arc<Chan>) {
         // Drain what is queued, then wait for readiness again.
         loop {
             let done = BATCH.with_borrow_mut(|batch| {
+                let batch = match batch {
+                    Some(b) => b,
+                    None => match RecvBatch::new() {
+                        Ok(b) => batch.insert(b),
+                        Err(e) => return Err(e),
+                    },
+                };
                 let r = chan.sock.try_io(Interest::READABLE, || {
                     let n = batch.recv(fd)?;
                     for i in 0..n {
@@ -600,10 +607,16 @@ async fn read_answers(chan: Arc<Chan>) {
                     }
                 });
                 // Other errors (ICMP from a down upstream): the queries time out.
-                r.is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+                Ok(r.is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock))
             });
-            if done {
-                break;
+            match done {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => {
+                    // No receive buffers: this socket's queries time out.
+                    tracing::warn!(error = %e, "DNS upstream reader cannot map its buffers");
+                    return;
+                }
             }
         }
     }

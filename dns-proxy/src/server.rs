@@ -527,14 +527,14 @@ async fn udp_serve(
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) -> Result<(), Error> {
-    let mut batch = RecvBatch::new();
-    let mut replies: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
-    let fd = sock.as_raw_fd();
     let serve_err = |e: std::io::Error| Error::Serve {
         protocol: "UDP",
         addr,
         source: Arc::new(e),
     };
+    let mut batch = RecvBatch::new().map_err(serve_err)?;
+    let mut replies: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
+    let fd = sock.as_raw_fd();
     loop {
         sock.readable().await.map_err(serve_err)?;
         let r = sock.try_io(Interest::READABLE, || {

@@ -491,36 +491,43 @@ mod tests {
             .unwrap_or(1)
     }
 
+    /// A sidecar's configuration under `dir`: pod `p` in `ns` at 127.0.0.1, an unreachable CA,
+    /// the `extra` variables and `proxy_config` as PROXY_CONFIG.
+    fn sidecar_config(dir: &Path, extra: &[(&str, &str)], proxy_config: &str) -> Config {
+        let env: HashMap<String, String> = [
+            ("POD_NAME", "p"),
+            ("POD_NAMESPACE", "ns"),
+            ("INSTANCE_IP", "127.0.0.1"),
+            ("CA_ADDR", "127.0.0.1:1"),
+            ("PROXY_CONFIG", proxy_config),
+        ]
+        .iter()
+        .chain(extra)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        Config::load(crate::config::Inputs {
+            node_type: NodeType::Sidecar,
+            flags: ProxyFlags::default(),
+            env: &env,
+            base_dir: dir.to_path_buf(),
+            interface_ips: vec![],
+        })
+        .unwrap()
+    }
+
     /// `--external-envoy`: every listener is bound (port 0 for status), nothing launches Envoy,
     /// readiness reports the missing Envoy, and shutdown ends the run with 0.
     #[tokio::test]
     async fn external_envoy_binds_everything_and_shuts_down_cleanly() {
         let dir = tempfile::tempdir().unwrap();
-        let env: HashMap<String, String> = [
-            ("POD_NAME", "p"),
-            ("POD_NAMESPACE", "ns"),
-            ("INSTANCE_IP", "127.0.0.1"),
-            ("ISTIO_AGENT_EXTERNAL_ENVOY", "true"),
-            ("CA_ADDR", "127.0.0.1:1"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .chain([(
-            "PROXY_CONFIG".to_string(),
-            format!(
+        let config = sidecar_config(
+            dir.path(),
+            &[("ISTIO_AGENT_EXTERNAL_ENVOY", "true")],
+            &format!(
                 r#"{{"discoveryAddress":"127.0.0.1:1","proxyAdminPort":{}}}"#,
                 free_port()
             ),
-        )])
-        .collect();
-        let config = Config::load(crate::config::Inputs {
-            node_type: NodeType::Sidecar,
-            flags: ProxyFlags::default(),
-            env: &env,
-            base_dir: dir.path().to_path_buf(),
-            interface_ips: vec![],
-        })
-        .unwrap();
+        );
         assert!(!config.launches_envoy());
         let shutdown = Shutdown::default();
         let app = App::bind(Inputs {
@@ -588,24 +595,7 @@ mod tests {
     async fn failed_bind_leaves_no_socket_file() {
         let dir = tempfile::tempdir().unwrap();
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let env: HashMap<String, String> = [
-            ("POD_NAME", "p"),
-            ("POD_NAMESPACE", "ns"),
-            ("INSTANCE_IP", "127.0.0.1"),
-            ("CA_ADDR", "127.0.0.1:1"),
-            ("PROXY_CONFIG", r#"{"discoveryAddress":"127.0.0.1:1"}"#),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let config = Config::load(crate::config::Inputs {
-            node_type: NodeType::Sidecar,
-            flags: ProxyFlags::default(),
-            env: &env,
-            base_dir: dir.path().to_path_buf(),
-            interface_ips: vec![],
-        })
-        .unwrap();
+        let config = sidecar_config(dir.path(), &[], r#"{"discoveryAddress":"127.0.0.1:1"}"#);
         let xds = config.xds_socket();
         let sds = config.sds_socket();
         let err = App::bind(Inputs {
@@ -626,30 +616,14 @@ mod tests {
     #[tokio::test]
     async fn shutdown_before_run_starts_no_envoy() {
         let dir = tempfile::tempdir().unwrap();
-        let env: HashMap<String, String> = [
-            ("POD_NAME", "p"),
-            ("POD_NAMESPACE", "ns"),
-            ("INSTANCE_IP", "127.0.0.1"),
-            ("CA_ADDR", "127.0.0.1:1"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .chain([(
-            "PROXY_CONFIG".to_string(),
-            format!(
+        let config = sidecar_config(
+            dir.path(),
+            &[],
+            &format!(
                 r#"{{"discoveryAddress":"127.0.0.1:1","proxyAdminPort":{},"binaryPath":"/nonexistent/envoy"}}"#,
                 free_port()
             ),
-        )])
-        .collect();
-        let config = Config::load(crate::config::Inputs {
-            node_type: NodeType::Sidecar,
-            flags: ProxyFlags::default(),
-            env: &env,
-            base_dir: dir.path().to_path_buf(),
-            interface_ips: vec![],
-        })
-        .unwrap();
+        );
         assert!(config.launches_envoy());
         let shutdown = Shutdown::default();
         let app = App::bind(Inputs {

@@ -136,6 +136,60 @@ pub fn agent_env(cmd: &mut Command, discovery: SocketAddr, service_account: &str
         .env("RUST_LOG", "info");
 }
 
+/// Host of the ServiceEntry in [`httpbin_config`].
+pub const HTTPBIN_HOST: &str = "httpbin.demo.svc.cluster.local";
+
+/// istiod-lite's config for the local tests: one static ServiceEntry, [`HTTPBIN_HOST`] at
+/// 198.19.0.10:80 with one endpoint (198.18.0.5:8080).
+pub fn httpbin_config() -> String {
+    format!(
+        r#"apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{ name: httpbin, namespace: demo }}
+spec:
+  hosts: [{HTTPBIN_HOST}]
+  addresses: [198.19.0.10]
+  ports: [{{ number: 80, name: http, protocol: HTTP, targetPort: 8080 }}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  endpoints: [{{ address: 198.18.0.5 }}]
+"#
+    )
+}
+
+/// Runs `pilot-agent bootstrap sidecar` in `scratch` with [`agent_env`]; returns the path of
+/// the bootstrap it wrote (as it printed it).
+pub fn write_bootstrap(
+    user: &Unprivileged,
+    scratch: &Path,
+    discovery: SocketAddr,
+    service_account: &str,
+    ports: &Ports,
+) -> PathBuf {
+    let mut cmd = user.command("pilot-agent");
+    cmd.args(["bootstrap", "sidecar"]).current_dir(scratch);
+    agent_env(&mut cmd, discovery, service_account, ports);
+    let out = cmd.output().expect("pilot-agent bootstrap");
+    assert!(
+        out.status.success(),
+        "pilot-agent bootstrap failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Starts Envoy with `-c bootstrap` from `scratch` (the bootstrap's socket paths are Istio's
+/// relative ones), one worker, warnings only.
+pub fn start_envoy(user: &Unprivileged, bootstrap: &Path, scratch: &Path) -> Child {
+    let mut cmd = user.command("envoy");
+    cmd.arg("-c")
+        .arg(bootstrap)
+        .args(["--disable-hot-restart", "--log-level", "warning"])
+        .args(["--concurrency", "1", "--allow-unknown-static-fields"])
+        .current_dir(scratch);
+    Child::spawn("envoy", cmd)
+}
+
 /// istiod-lite on loopback with every listener on port 0, serving `config_yaml`.
 pub struct LocalIstiod {
     pub child: Child,

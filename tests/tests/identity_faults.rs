@@ -15,31 +15,16 @@
 //! `--no-capture` prints `FIGURE` lines (docs/reliability.md).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-use harness::local::{LocalIstiod, Ports, Unprivileged, agent_env};
+use harness::local::{
+    LocalIstiod, Ports, Unprivileged, agent_env, httpbin_config, start_envoy, write_bootstrap,
+};
 use harness::{Child, assert_eventually, envoy_bin, http_get};
 
-const HOST: &str = "httpbin.demo.svc.cluster.local";
 const SERVICE_ACCOUNT: &str = "faults-sa";
 const TOKEN: &str = "var/run/secrets/tokens/istio-token";
-
-fn config_yaml() -> String {
-    format!(
-        r#"apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{ name: httpbin, namespace: demo }}
-spec:
-  hosts: [{HOST}]
-  addresses: [198.19.0.10]
-  ports: [{{ number: 80, name: http, protocol: HTTP, targetPort: 8080 }}]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  endpoints: [{{ address: 198.18.0.5 }}]
-"#
-    )
-}
 
 /// istiod-lite, the agent and Envoy, running.
 struct Sidecar {
@@ -66,23 +51,19 @@ impl Sidecar {
             .prefix("idf-")
             .tempdir_in("/tmp")
             .expect("tempdir");
-        let istiod = LocalIstiod::start(&config_yaml());
+        let istiod = LocalIstiod::start(&httpbin_config());
         istiod.provision(scratch.path(), SERVICE_ACCOUNT);
         write_atomic(&scratch.path().join(TOKEN), &token(&istiod));
         let user = Unprivileged::new(scratch.path(), &envoy);
         let ports = Ports::free();
 
-        let mut cmd = user.command("pilot-agent");
-        cmd.args(["bootstrap", "sidecar"])
-            .current_dir(scratch.path());
-        agent_env(&mut cmd, istiod.secure, SERVICE_ACCOUNT, &ports);
-        let out = cmd.output().expect("pilot-agent bootstrap");
-        assert!(
-            out.status.success(),
-            "pilot-agent bootstrap failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let bootstrap = write_bootstrap(
+            &user,
+            scratch.path(),
+            istiod.secure,
+            SERVICE_ACCOUNT,
+            &ports,
         );
-        let bootstrap = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
 
         let mut cmd = user.command("pilot-agent");
         cmd.args(["proxy", "sidecar", "--external-envoy"])
@@ -93,13 +74,7 @@ impl Sidecar {
         agent.wait_for_line("workload certificate issued", Duration::from_secs(20));
         let issued = Instant::now();
 
-        let mut cmd = user.command("envoy");
-        cmd.arg("-c")
-            .arg(&bootstrap)
-            .args(["--disable-hot-restart", "--log-level", "warning"])
-            .args(["--concurrency", "1", "--allow-unknown-static-fields"])
-            .current_dir(scratch.path());
-        let envoy = Child::spawn("envoy", cmd);
+        let envoy = start_envoy(&user, &bootstrap, scratch.path());
         let mut sidecar = Sidecar {
             istiod,
             agent,

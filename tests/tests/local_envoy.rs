@@ -9,31 +9,16 @@
 //! (`PROXY_CONFIG` statusPort/proxyAdminPort, `ENVOY_STATUS_PORT`, `ENVOY_PROMETHEUS_PORT`), so
 //! the test can run beside others. The DNS proxy stays off (no `ISTIO_META_DNS_CAPTURE`).
 
-use harness::local::{LocalIstiod, Ports, Unprivileged, agent_env};
+use harness::local::{
+    HTTPBIN_HOST, LocalIstiod, Ports, Unprivileged, agent_env, httpbin_config, start_envoy,
+    write_bootstrap,
+};
 use harness::{Child, assert_eventually, envoy_bin, http_get};
 use serde_json::Value;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
-const HOST: &str = "httpbin.demo.svc.cluster.local";
 const SERVICE_ACCOUNT: &str = "local-sa";
-
-fn config_yaml() -> String {
-    format!(
-        r#"apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{ name: httpbin, namespace: demo }}
-spec:
-  hosts: [{HOST}]
-  addresses: [198.19.0.10]
-  ports: [{{ number: 80, name: http, protocol: HTTP, targetPort: 8080 }}]
-  location: MESH_INTERNAL
-  resolution: STATIC
-  endpoints: [{{ address: 198.18.0.5 }}]
-"#
-    )
-}
 
 fn config_dump_names(dump: &Value, type_suffix: &str, list: &str, path: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
@@ -70,7 +55,7 @@ fn external_envoy_gets_certificate_over_sds_and_config_over_the_xds_proxy() {
     let scratch = scratch_dir.path().to_path_buf();
     // The control plane on loopback, every listener on port 0; token and root certificate at
     // Istio's relative paths in the scratch dir.
-    let istiod = LocalIstiod::start(&config_yaml());
+    let istiod = LocalIstiod::start(&httpbin_config());
     let (secure, monitoring) = (istiod.secure, istiod.monitoring);
     istiod.provision(&scratch, SERVICE_ACCOUNT);
 
@@ -81,17 +66,7 @@ fn external_envoy_gets_certificate_over_sds_and_config_over_the_xds_proxy() {
     let ports = Ports::free();
 
     // `pilot-agent bootstrap` writes the file Envoy is started with.
-    let mut cmd = user.command("pilot-agent");
-    cmd.args(["bootstrap", "sidecar"]).current_dir(&scratch);
-    agent_env(&mut cmd, secure, SERVICE_ACCOUNT, &ports);
-    let out = cmd.output().expect("pilot-agent bootstrap");
-    assert!(
-        out.status.success(),
-        "pilot-agent bootstrap failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let printed = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let bootstrap = PathBuf::from(&printed);
+    let bootstrap = write_bootstrap(&user, &scratch, secure, SERVICE_ACCOUNT, &ports);
     assert_eq!(
         bootstrap,
         scratch.join("etc/istio/proxy/envoy-rev.json"),
@@ -127,13 +102,7 @@ fn external_envoy_gets_certificate_over_sds_and_config_over_the_xds_proxy() {
 
     // The test starts Envoy itself, from the scratch dir (the bootstrap's socket paths are
     // Istio's relative ones).
-    let mut cmd = user.command("envoy");
-    cmd.arg("-c")
-        .arg(&bootstrap)
-        .args(["--disable-hot-restart", "--log-level", "warning"])
-        .args(["--concurrency", "1", "--allow-unknown-static-fields"])
-        .current_dir(&scratch);
-    let _envoy = Child::spawn("envoy", cmd);
+    let _envoy = start_envoy(&user, &bootstrap, &scratch);
     let admin: SocketAddr = format!("127.0.0.1:{}", ports.admin).parse().expect("addr");
 
     // Certificate over SDS: the SPIFFE id of the token's service account.
@@ -162,7 +131,7 @@ fn external_envoy_gets_certificate_over_sds_and_config_over_the_xds_proxy() {
             "dynamic_active_clusters",
             &["cluster", "name"],
         );
-        let want_cluster = format!("outbound|80||{HOST}");
+        let want_cluster = format!("outbound|80||{HTTPBIN_HOST}");
         // INTERCEPTION_MODE NONE: the virtual listeners do not take 15001/15006 on the host.
         let unbound = dump.to_string().matches(r#""bind_to_port":false"#).count();
         if unbound < 2 {

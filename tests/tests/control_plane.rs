@@ -11,53 +11,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use harness::{Child, Envoy, assert_eventually, envoy_bin, http_get, workspace_bin};
+use harness::local::LocalIstiod;
+use harness::{Envoy, assert_eventually, envoy_bin, http_get, workspace_bin};
 use serde_json::Value;
-
-/// A running `istiod-lite serve` with the addresses read back from its log.
-struct Istiod {
-    child: Child,
-    grpc: SocketAddr,
-    monitoring: SocketAddr,
-}
-
-/// Parses `listening name=<name> addr=<ip:port>` from istiod-lite's log.
-fn listen_addr(child: &Child, name: &str) -> SocketAddr {
-    let needle = format!("listening name={name} addr=");
-    let line = child.wait_for_line(&needle, Duration::from_secs(30));
-    let rest = &line[line.find(&needle).expect("needle") + needle.len()..];
-    rest.split_whitespace()
-        .next()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("bad address in {line:?}"))
-}
-
-fn start_istiod(config_dir: &Path, ca_dir: &Path) -> Istiod {
-    let mut cmd = Command::new(workspace_bin("istiod-lite"));
-    cmd.arg("serve")
-        .arg("--config-dir")
-        .arg(config_dir)
-        .arg("--ca-dir")
-        .arg(ca_dir)
-        .args(["--grpc-addr", "127.0.0.1:0"])
-        .args(["--secure-grpc-addr", "127.0.0.1:0"])
-        .args(["--monitoring-addr", "127.0.0.1:0"])
-        .env("RUST_LOG", "info");
-    let child = Child::spawn("istiod-lite", cmd);
-    let grpc = listen_addr(&child, "grpc");
-    let monitoring = listen_addr(&child, "monitoring");
-    assert_eventually(Duration::from_secs(10), || {
-        match http_get(monitoring, "/ready") {
-            Ok((200, _)) => Ok(()),
-            other => Err(format!("/ready: {other:?}")),
-        }
-    });
-    Istiod {
-        child,
-        grpc,
-        monitoring,
-    }
-}
 
 const NODE_ID: &str = "sidecar~127.0.0.1~client-1.default~default.svc.cluster.local";
 
@@ -220,7 +176,7 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 }
 
 /// `/debug/syncz` row of our Envoy.
-fn syncz(istiod: &Istiod) -> Result<Value, String> {
+fn syncz(istiod: &LocalIstiod) -> Result<Value, String> {
     let (status, body) = http_get(istiod.monitoring, "/debug/syncz")?;
     if status != 200 {
         return Err(format!("syncz {status}"));
@@ -232,7 +188,7 @@ fn syncz(istiod: &Istiod) -> Result<Value, String> {
         .ok_or_else(|| format!("proxy not in syncz: {body}"))
 }
 
-fn all_synced(istiod: &Istiod) -> Result<Value, String> {
+fn all_synced(istiod: &LocalIstiod) -> Result<Value, String> {
     let row = syncz(istiod)?;
     for ty in ["CDS", "EDS", "LDS", "RDS"] {
         if row["types"][ty]["status"] != "SYNCED" {
@@ -248,10 +204,8 @@ fn run(api_type: &str, stream: &str) {
     let Some(envoy_path) = envoy_bin() else {
         return;
     };
-    let cfg = tempfile::tempdir().expect("tempdir");
-    let ca = tempfile::tempdir().expect("tempdir");
-    write_config(cfg.path(), &mesh_yaml(&["198.18.0.5"], "{prefix: /v1}"));
-    let istiod = start_istiod(cfg.path(), ca.path());
+    let istiod = LocalIstiod::start(&mesh_yaml(&["198.18.0.5"], "{prefix: /v1}"));
+    let cfg = &istiod.config_dir;
     let envoy = Envoy::start(&envoy_path, None, &bootstrap(api_type, istiod.grpc));
     envoy.wait_ready(Duration::from_secs(20));
 

@@ -4,6 +4,7 @@
 
 use harness::mesh::{HTTPBIN, Mesh, NAMESPACE, Pod, httpbin_service};
 use harness::{Child, assert_eventually, envoy_bin, require_bin};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -388,6 +389,22 @@ fn drain_waits_for_open_connections_with_exit_on_zero_active_connections() {
     );
 }
 
+/// Runs `pilot-agent bootstrap sidecar --output envoy-rev.json` in `dir` for pod `p` of
+/// NAMESPACE at `instance_ip`, with nothing else of our environment but `env`; it must succeed.
+fn write_bootstrap(dir: &Path, instance_ip: &str, env: &[(&str, &str)]) {
+    let out = Command::new(harness::workspace_bin("pilot-agent"))
+        .args(["bootstrap", "sidecar", "--output", "envoy-rev.json"])
+        .current_dir(dir)
+        .env_clear()
+        .env("POD_NAME", "p")
+        .env("POD_NAMESPACE", NAMESPACE)
+        .env("INSTANCE_IP", instance_ip)
+        .envs(env.iter().copied())
+        .output()
+        .expect("pilot-agent bootstrap");
+    assert!(out.status.success(), "bootstrap: {out:?}");
+}
+
 #[test]
 fn generated_bootstrap_validates_in_real_envoy() {
     let Some(envoy) = envoy_bin() else {
@@ -395,19 +412,15 @@ fn generated_bootstrap_validates_in_real_envoy() {
     };
     let dir = tempfile::tempdir().expect("tempdir");
     for delta in ["true", "false"] {
-        let out = Command::new(harness::workspace_bin("pilot-agent"))
-            .args(["bootstrap", "sidecar", "--output", "envoy-rev.json"])
-            .current_dir(dir.path())
-            .env_clear()
-            .env("POD_NAME", "p")
-            .env("POD_NAMESPACE", NAMESPACE)
-            .env("INSTANCE_IP", "198.18.0.2")
-            .env("ISTIO_META_CLUSTER_ID", "Kubernetes")
-            .env("ISTIO_METAJSON_LABELS", r#"{"app":"web"}"#)
-            .env("ISTIO_DELTA_XDS", delta)
-            .output()
-            .expect("pilot-agent bootstrap");
-        assert!(out.status.success(), "bootstrap: {out:?}");
+        write_bootstrap(
+            dir.path(),
+            "198.18.0.2",
+            &[
+                ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
+                ("ISTIO_METAJSON_LABELS", r#"{"app":"web"}"#),
+                ("ISTIO_DELTA_XDS", delta),
+            ],
+        );
         let out = Command::new(&envoy)
             .args(["--mode", "validate", "-c", "envoy-rev.json"])
             .current_dir(dir.path())
@@ -432,24 +445,18 @@ fn proxy_stats_matcher_is_honoured_by_real_envoy() {
     use harness::local::free_port;
     let dir = tempfile::tempdir().expect("tempdir");
     let admin = free_port();
-    let out = Command::new(harness::workspace_bin("pilot-agent"))
-        .args(["bootstrap", "sidecar", "--output", "envoy-rev.json"])
-        .current_dir(dir.path())
-        .env_clear()
-        .env("POD_NAME", "p")
-        .env("POD_NAMESPACE", NAMESPACE)
-        .env("INSTANCE_IP", "127.0.0.1")
-        .env("ENVOY_STATUS_PORT", free_port().to_string())
-        .env("ENVOY_PROMETHEUS_PORT", free_port().to_string())
-        .env(
-            "PROXY_CONFIG",
-            format!(
-                r#"{{"proxyAdminPort":{admin},"proxyStatsMatcher":{{"inclusionPrefixes":["runtime.","http.{{pod_ip}}_"],"inclusionSuffixes":["upstream_rq_timeout"],"inclusionRegexps":[".*outlier_detection.*","cluster\\.outbound\\|[0-9]+\\|.*"]}}}}"#
-            ),
-        )
-        .output()
-        .expect("pilot-agent bootstrap");
-    assert!(out.status.success(), "bootstrap: {out:?}");
+    let proxy_config = format!(
+        r#"{{"proxyAdminPort":{admin},"proxyStatsMatcher":{{"inclusionPrefixes":["runtime.","http.{{pod_ip}}_"],"inclusionSuffixes":["upstream_rq_timeout"],"inclusionRegexps":[".*outlier_detection.*","cluster\\.outbound\\|[0-9]+\\|.*"]}}}}"#
+    );
+    write_bootstrap(
+        dir.path(),
+        "127.0.0.1",
+        &[
+            ("ENVOY_STATUS_PORT", &free_port().to_string()),
+            ("ENVOY_PROMETHEUS_PORT", &free_port().to_string()),
+            ("PROXY_CONFIG", &proxy_config),
+        ],
+    );
     let text = std::fs::read_to_string(dir.path().join("envoy-rev.json")).expect("bootstrap");
     let bootstrap: serde_json::Value = serde_json::from_str(&text).expect("bootstrap JSON");
     let patterns = bootstrap["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"]

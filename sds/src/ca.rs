@@ -342,8 +342,18 @@ mod tests {
     use crate::testing::FakeCa;
 
     fn client(ca: &FakeCa, base: &Path, plaintext: bool) -> CaClient {
+        client_at(ca.ca_addr(), base, plaintext).0
+    }
+
+    /// A client of the CA at `ca_addr` with its config under `base`; also returns that config
+    /// and the registry holding the client's metrics.
+    fn client_at(
+        ca_addr: String,
+        base: &Path,
+        plaintext: bool,
+    ) -> (CaClient, Config, prometheus_client::registry::Registry) {
         let env: HashMap<String, String> = [
-            ("CA_ADDR", ca.ca_addr()),
+            ("CA_ADDR", ca_addr),
             ("ISTIOD_SAN", "istiod.istio-system.svc".into()),
         ]
         .into_iter()
@@ -352,7 +362,15 @@ mod tests {
         let mut cfg = Config::from_env(&env, base).expect("config");
         cfg.ca_plaintext = plaintext;
         let mut reg = prometheus_client::registry::Registry::default();
-        CaClient::new(&cfg, Arc::new(Metrics::new(&mut reg))).expect("client")
+        let client = CaClient::new(&cfg, Arc::new(Metrics::new(&mut reg))).expect("client");
+        (client, cfg, reg)
+    }
+
+    /// The metrics in `reg`, in the text format.
+    fn metrics_text(reg: &prometheus_client::registry::Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, reg).expect("encode");
+        out
     }
 
     fn csr() -> Vec<u8> {
@@ -469,15 +487,7 @@ mod tests {
     async fn expired_token_is_not_sent_and_a_replaced_one_is() {
         let ca = FakeCa::start_plaintext();
         let base = tempfile::tempdir().expect("tempdir");
-        let env: HashMap<String, String> = [("CA_ADDR", ca.ca_addr())]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-        let mut cfg = Config::from_env(&env, base.path()).expect("config");
-        cfg.ca_plaintext = true;
-        let mut reg = prometheus_client::registry::Registry::default();
-        let metrics = Arc::new(Metrics::new(&mut reg));
-        let c = CaClient::new(&cfg, metrics.clone()).expect("client");
+        let (c, cfg, reg) = client_at(ca.ca_addr(), base.path(), true);
         let token_path = &cfg.token_path;
         std::fs::create_dir_all(token_path.parent().expect("parent")).expect("mkdir");
 
@@ -507,8 +517,7 @@ mod tests {
         std::fs::write(token_path, "opaque").expect("write");
         c.sign(&csr()).await.expect("opaque token");
 
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &reg).expect("encode");
+        let out = metrics_text(&reg);
         assert!(
             out.contains("csr_failures_total{reason=\"token_expired\"} 1"),
             "{out}"
@@ -526,18 +535,10 @@ mod tests {
             .and_then(|l| l.local_addr())
             .expect("port")
             .port();
-        let env: HashMap<String, String> = [("CA_ADDR", format!("127.0.0.1:{port}"))]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-        let mut cfg = Config::from_env(&env, base.path()).expect("config");
-        cfg.ca_plaintext = true;
-        let mut reg = prometheus_client::registry::Registry::default();
-        let c = CaClient::new(&cfg, Arc::new(Metrics::new(&mut reg))).expect("client");
+        let (c, _, reg) = client_at(format!("127.0.0.1:{port}"), base.path(), true);
         let e = c.sign(&csr()).await.expect_err("nobody listens");
         assert_eq!(e.reason(), "unavailable", "{e}");
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &reg).expect("encode");
+        let out = metrics_text(&reg);
         assert!(
             out.contains("csr_failures_total{reason=\"unavailable\"} 1"),
             "{out}"

@@ -8,20 +8,21 @@
 //! initial sync at once; 0 = every proxy connects in one burst), PILOT_DEBOUNCE_AFTER passed
 //! through, default 100ms).
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use proto::envoy::config::core::v3::Node;
 use proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use proto::type_url::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::{Istiod, node};
 
 const EDS: &str = "outbound|80||api.example.com";
 
@@ -52,17 +53,6 @@ fn rss_kib(pid: u32) -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)
-}
-
-fn node(i: usize) -> Node {
-    Node {
-        id: format!(
-            "sidecar~198.18.{}.{}~pod-{i}.web~web.svc.cluster.local",
-            100 + i / 250,
-            i % 250
-        ),
-        ..Default::default()
-    }
 }
 
 struct Shared {
@@ -215,44 +205,9 @@ async fn run(mode: &str, n: usize) {
     let cfg = tempfile::tempdir().expect("tempdir");
     let ca = tempfile::tempdir().expect("tempdir");
     write_atomic(cfg.path(), &config("198.18.1.0"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_istiod-lite"))
-        .arg("serve")
-        .arg("--config-dir")
-        .arg(cfg.path())
-        .arg("--ca-dir")
-        .arg(ca.path())
-        .args([
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--secure-grpc-addr",
-            "127.0.0.1:0",
-            "--monitoring-addr",
-            "127.0.0.1:0",
-        ])
-        .env("RUST_LOG", "warn,istiod_lite=info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn istiod-lite");
-    let stderr = child.stderr.take().expect("stderr");
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening name=grpc addr=").nth(1) {
-                let _ = addr_tx.send(rest.trim().to_string());
-            } else if line.contains("listening name=monitoring")
-                || line.contains("WARN")
-                || line.contains("ERROR")
-            {
-                eprintln!("[istiod-lite] {line}");
-            }
-        }
-    });
-    let addr: SocketAddr = addr_rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("grpc address")
-        .parse()
-        .expect("addr");
-    let pid = child.id();
+    let server = Istiod::start(cfg.path(), ca.path(), "warn,istiod_lite=info");
+    let addr = server.grpc;
+    let pid = server.child.id();
     let rss0 = rss_kib(pid);
     let shared = Arc::new(Shared {
         synced: AtomicUsize::new(0),
@@ -315,8 +270,7 @@ async fn run(mode: &str, n: usize) {
         rss1,
         rss1.saturating_sub(rss0) as f64 / n as f64,
     );
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(server);
 }
 
 fn main() {

@@ -6,19 +6,19 @@
 //! `cargo nextest run -p control-plane --test reconnect_burst --no-capture` prints a
 //! `FIGURE reconnect_burst ...` line with the time until the last proxy had both responses.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use proto::envoy::config::core::v3::Node;
 use proto::envoy::service::discovery::v3::DiscoveryRequest;
 use proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::type_url::{CLUSTER, LISTENER};
 use tokio::sync::{Barrier, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
+
+mod common;
+use common::{Istiod, node};
 
 const PROXIES: usize = 2000;
 /// Everything (spawn, burst, convergence) must finish within this; the burst itself takes a few
@@ -33,15 +33,6 @@ struct Progress {
     cds: AtomicUsize,
     converged: AtomicUsize,
     errors: std::sync::Mutex<Vec<String>>,
-}
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Raises the soft open-file limit to the hard limit: 2,000 client sockets live in this process
@@ -60,56 +51,6 @@ fn raise_nofile() -> u64 {
         }
     }
     lim.rlim_cur
-}
-
-fn start_server(config: &std::path::Path, ca: &std::path::Path) -> (Server, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_istiod-lite"))
-        .arg("serve")
-        .arg("--config-dir")
-        .arg(config)
-        .arg("--ca-dir")
-        .arg(ca)
-        .args([
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--secure-grpc-addr",
-            "127.0.0.1:0",
-            "--monitoring-addr",
-            "127.0.0.1:0",
-        ])
-        .env("RUST_LOG", "warn,control_plane=info,istiod_lite=info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn istiod-lite");
-    let stderr = child.stderr.take().expect("stderr");
-    let server = Server(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening name=grpc addr=").nth(1) {
-                let _ = tx.send(rest.trim().to_string());
-            } else if line.contains("WARN") || line.contains("ERROR") {
-                eprintln!("[istiod-lite] {line}");
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("istiod-lite printed its grpc address")
-        .parse()
-        .expect("address");
-    (server, addr)
-}
-
-fn node(i: usize) -> Node {
-    Node {
-        id: format!(
-            "sidecar~198.18.{}.{}~pod-{i}.web~web.svc.cluster.local",
-            100 + i / 250,
-            i % 250
-        ),
-        ..Default::default()
-    }
 }
 
 /// One proxy: connect (once, no retry), open a SotW stream, ask for CDS, ACK it and ask for LDS
@@ -181,7 +122,12 @@ async fn two_thousand_proxies_reconnecting_at_once_all_get_cds_and_lds() {
         "kind: ServiceEntry\nmetadata: {name: api, namespace: web}\nspec: {hosts: [api.example.com], addresses: [198.18.10.1], ports: [{number: 80, name: http, protocol: HTTP}], resolution: STATIC, endpoints: [{address: 198.18.1.1}]}\n",
     )
     .expect("write config");
-    let (server, addr) = start_server(config.path(), ca.path());
+    let server = Istiod::start(
+        config.path(),
+        ca.path(),
+        "warn,control_plane=info,istiod_lite=info",
+    );
+    let addr = server.grpc;
 
     let progress = Arc::new(Progress::default());
     // Every proxy task is spawned and parked first, then all are released at once: one burst

@@ -227,27 +227,9 @@ async fn token_and_client_certificate_authentication() {
 
 #[tokio::test]
 async fn plugin_cacerts_chain_through_the_intermediate() {
-    use rcgen::{BasicConstraints, DnType, IsCa, Issuer, KeyUsagePurpose};
     let ca_dir = tempfile::tempdir().expect("tempdir");
-    let root_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
-    let mut rp = CertificateParams::default();
-    rp.distinguished_name.push(DnType::CommonName, "org root");
-    rp.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    rp.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let root = rp.self_signed(&root_key).expect("root");
-    let root_issuer = Issuer::new(rp, root_key);
-    let int_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
-    let mut ip = CertificateParams::default();
-    ip.distinguished_name
-        .push(DnType::CommonName, "cluster intermediate");
-    ip.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ip.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let int = ip.signed_by(&int_key, &root_issuer).expect("int");
     let d = ca_dir.path();
-    std::fs::write(d.join("ca-cert.pem"), int.pem()).expect("w");
-    std::fs::write(d.join("ca-key.pem"), int_key.serialize_pem()).expect("w");
-    std::fs::write(d.join("root-cert.pem"), root.pem()).expect("w");
-    std::fs::write(d.join("cert-chain.pem"), int.pem() + &root.pem()).expect("w");
+    let (root, int) = write_cacerts(d, "org root");
 
     let config = tempfile::tempdir().expect("tempdir");
     let (running, cancel) = start(config.path(), d).await;
@@ -258,7 +240,7 @@ async fn plugin_cacerts_chain_through_the_intermediate() {
         Duration::from_secs(60),
     );
     // The serving certificate chains to the plug-in root too.
-    let mut client = tls(running.secure_grpc_addr, &root.pem(), None).await;
+    let mut client = tls(running.secure_grpc_addr, &root, None).await;
     let (pem, _) = csr("spiffe://cluster.local/ns/ns/sa/sa");
     let resp = client
         .create_certificate(request(&pem, Some(&token)))
@@ -266,8 +248,8 @@ async fn plugin_cacerts_chain_through_the_intermediate() {
         .expect("signed")
         .into_inner();
     assert_eq!(resp.cert_chain.len(), 3, "leaf, intermediate, root");
-    assert_eq!(resp.cert_chain[1], int.pem());
-    assert_eq!(resp.cert_chain[2], root.pem());
+    assert_eq!(resp.cert_chain[1], int);
+    assert_eq!(resp.cert_chain[2], root);
     cancel.cancel();
     running.wait().await;
 }

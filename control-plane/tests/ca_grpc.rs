@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use control_plane::ca::{Claims, TokenIssuer};
 use control_plane::server::{Running, ServeInputs, serve};
-use proto::istio::ca::IstioCertificateRequest;
 use proto::istio::ca::istio_certificate_service_client::IstioCertificateServiceClient;
+use proto::istio::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair, PKCS_ECDSA_P256_SHA256, SanType};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
@@ -107,6 +107,48 @@ async fn tls(
     IstioCertificateServiceClient::new(ch)
 }
 
+/// Sends `csr` (with `token` as the bearer token, if any); `what` names the call if it fails.
+async fn signed(
+    client: &mut IstioCertificateServiceClient<Channel>,
+    csr: &str,
+    token: Option<&str>,
+    what: &str,
+) -> IstioCertificateResponse {
+    client
+        .create_certificate(request(csr, token))
+        .await
+        .expect(what)
+        .into_inner()
+}
+
+/// A running server whose CA is plug-in cacerts, and a token for `ns/sa`.
+struct PluginCa {
+    running: Running,
+    cancel: CancellationToken,
+    root: String,
+    int: String,
+    token: String,
+}
+
+/// Writes plug-in cacerts (a root named `root_name`) into `ca_dir` and starts a server on them.
+async fn start_plugin(config: &Path, ca_dir: &Path, root_name: &str) -> PluginCa {
+    let (root, int) = write_cacerts(ca_dir, root_name);
+    let (running, cancel) = start(config, ca_dir).await;
+    let token = TokenIssuer::load_or_create(ca_dir).expect("issuer").issue(
+        "ns",
+        "sa",
+        "istio-ca",
+        Duration::from_secs(600),
+    );
+    PluginCa {
+        running,
+        cancel,
+        root,
+        int,
+        token,
+    }
+}
+
 #[tokio::test]
 async fn token_and_client_certificate_authentication() {
     let config = tempfile::tempdir().expect("tempdir");
@@ -119,11 +161,7 @@ async fn token_and_client_certificate_authentication() {
     // Good token: the SAN is the token's identity, even though the CSR asks for another one.
     let (pem, key) = csr("spiffe://cluster.local/ns/kube-system/sa/admin");
     let mut client = plaintext(running.grpc_addr).await;
-    let resp = client
-        .create_certificate(request(&pem, Some(&token)))
-        .await
-        .expect("signed")
-        .into_inner();
+    let resp = signed(&mut client, &pem, Some(&token), "signed").await;
     assert_eq!(
         uri_sans(&resp.cert_chain[0]),
         vec!["spiffe://cluster.local/ns/app/sa/web"]
@@ -134,11 +172,7 @@ async fn token_and_client_certificate_authentication() {
     // The same over TLS on the secure port (server cert for istiod.istio-system.svc).
     let mut secure = tls(running.secure_grpc_addr, &root, None).await;
     let (pem2, _) = csr("spiffe://cluster.local/ns/app/sa/web");
-    let resp2 = secure
-        .create_certificate(request(&pem2, Some(&token)))
-        .await
-        .expect("signed over TLS")
-        .into_inner();
+    let resp2 = signed(&mut secure, &pem2, Some(&token), "signed over TLS").await;
     assert_eq!(
         uri_sans(&resp2.cert_chain[0]),
         vec!["spiffe://cluster.local/ns/app/sa/web"]
@@ -153,11 +187,7 @@ async fn token_and_client_certificate_authentication() {
     )
     .await;
     let (pem3, _) = csr("spiffe://cluster.local/ns/other/sa/other");
-    let resp3 = renew
-        .create_certificate(request(&pem3, None))
-        .await
-        .expect("renewed with mTLS")
-        .into_inner();
+    let resp3 = signed(&mut renew, &pem3, None, "renewed with mTLS").await;
     assert_eq!(
         uri_sans(&resp3.cert_chain[0]),
         vec!["spiffe://cluster.local/ns/app/sa/web"]
@@ -228,30 +258,17 @@ async fn token_and_client_certificate_authentication() {
 #[tokio::test]
 async fn plugin_cacerts_chain_through_the_intermediate() {
     let ca_dir = tempfile::tempdir().expect("tempdir");
-    let d = ca_dir.path();
-    let (root, int) = write_cacerts(d, "org root");
-
     let config = tempfile::tempdir().expect("tempdir");
-    let (running, cancel) = start(config.path(), d).await;
-    let token = TokenIssuer::load_or_create(d).expect("issuer").issue(
-        "ns",
-        "sa",
-        "istio-ca",
-        Duration::from_secs(60),
-    );
+    let ca = start_plugin(config.path(), ca_dir.path(), "org root").await;
     // The serving certificate chains to the plug-in root too.
-    let mut client = tls(running.secure_grpc_addr, &root, None).await;
+    let mut client = tls(ca.running.secure_grpc_addr, &ca.root, None).await;
     let (pem, _) = csr("spiffe://cluster.local/ns/ns/sa/sa");
-    let resp = client
-        .create_certificate(request(&pem, Some(&token)))
-        .await
-        .expect("signed")
-        .into_inner();
+    let resp = signed(&mut client, &pem, Some(&ca.token), "signed").await;
     assert_eq!(resp.cert_chain.len(), 3, "leaf, intermediate, root");
-    assert_eq!(resp.cert_chain[1], int);
-    assert_eq!(resp.cert_chain[2], root);
-    cancel.cancel();
-    running.wait().await;
+    assert_eq!(resp.cert_chain[1], ca.int);
+    assert_eq!(resp.cert_chain[2], ca.root);
+    ca.cancel.cancel();
+    ca.running.wait().await;
 }
 
 /// `citadel_server_success_cert_issuance_count` from the monitoring port.
@@ -441,22 +458,17 @@ fn verifies(leaf_pem: &str, issuer_pem: &str) -> bool {
 async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
     let ca_dir = tempfile::tempdir().expect("tempdir");
     let d = ca_dir.path();
-    let (root_a, int_a) = write_cacerts(d, "root A");
     let config = tempfile::tempdir().expect("tempdir");
-    let (running, cancel) = start(config.path(), d).await;
-    let token = TokenIssuer::load_or_create(d).expect("issuer").issue(
-        "ns",
-        "sa",
-        "istio-ca",
-        Duration::from_secs(600),
-    );
+    let PluginCa {
+        running,
+        cancel,
+        root: root_a,
+        int: int_a,
+        token,
+    } = start_plugin(config.path(), d, "root A").await;
     let mut client = tls(running.secure_grpc_addr, &root_a, None).await;
     let (pem, before_key) = csr("spiffe://cluster.local/ns/ns/sa/sa");
-    let before = client
-        .create_certificate(request(&pem, Some(&token)))
-        .await
-        .expect("signed")
-        .into_inner();
+    let before = signed(&mut client, &pem, Some(&token), "signed").await;
     assert!(verifies(&before.cert_chain[0], &int_a));
     assert_eq!(
         before.root_cert.expect("roots").ca_cert,
@@ -466,11 +478,7 @@ async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
     let (root_b, int_b) = write_cacerts(d, "root B");
     let t0 = std::time::Instant::now();
     let after = loop {
-        let r = client
-            .create_certificate(request(&pem, Some(&token)))
-            .await
-            .expect("signed during the change")
-            .into_inner();
+        let r = signed(&mut client, &pem, Some(&token), "signed during the change").await;
         if verifies(&r.cert_chain[0], &int_b) {
             break r;
         }
@@ -500,12 +508,14 @@ async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
     let old_chain = before.cert_chain.concat();
     let mut fresh = tls(running.secure_grpc_addr, &root_b, None).await;
     let (new_pem, new_key) = csr("spiffe://cluster.local/ns/ns/sa/sa");
-    let new_chain = fresh
-        .create_certificate(request(&new_pem, Some(&token)))
-        .await
-        .expect("new-root clients reach the CA")
-        .into_inner()
-        .cert_chain;
+    let new_chain = signed(
+        &mut fresh,
+        &new_pem,
+        Some(&token),
+        "new-root clients reach the CA",
+    )
+    .await
+    .cert_chain;
     assert!(verifies(&new_chain[0], &int_b));
     for (what, chain, key) in [
         ("old-CA", old_chain, before_key.serialize_pem()),
@@ -518,11 +528,13 @@ async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
         )
         .await;
         let (p, _) = csr("spiffe://cluster.local/ns/x/sa/y");
-        let r = c
-            .create_certificate(request(&p, None))
-            .await
-            .unwrap_or_else(|e| panic!("{what} client certificate refused: {e:?}"))
-            .into_inner();
+        let r = signed(
+            &mut c,
+            &p,
+            None,
+            &format!("{what} client certificate refused"),
+        )
+        .await;
         assert_eq!(
             uri_sans(&r.cert_chain[0]),
             vec!["spiffe://cluster.local/ns/ns/sa/sa"],

@@ -394,7 +394,7 @@ fn soak_traffic_pushes_rotations_and_a_control_plane_restart() {
                         rss: [r0.0, r1.0],
                         anon: [r0.1, r1.1],
                         fds: [f0, f1],
-                        rotations: serials.clone().map(|s| s.len().saturating_sub(1)),
+                        rotations: [0, 1].map(|i| serials[i].len().saturating_sub(1)),
                     });
                 }
                 std::thread::sleep(Duration::from_millis(250));

@@ -16,6 +16,8 @@ use crate::process::{Child, workspace_bin};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// The namespace every test workload lives in.
@@ -380,6 +382,51 @@ impl Pod {
             .output()
             .expect("run dig");
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// Steady traffic from a pod's app across a disruption: `curl` as the app user (5 s timeout per
+/// request) in a loop on its own thread until [`Load::stop`].
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl Load {
+    /// GETs `url` from `pod`, pausing `pause` after each answer; a request succeeds when curl
+    /// does and the body contains `want`.
+    pub fn start(pod: &Pod, url: &str, want: &str, pause: Duration) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let (ns, url, want) = (pod.ns.name().to_string(), url.to_string(), want.to_string());
+        let thread = std::thread::spawn(move || {
+            let (mut ok, mut failed) = (0usize, Vec::new());
+            while !stopped.load(Ordering::Relaxed) {
+                let out = Command::new("ip")
+                    .args(["netns", "exec", &ns, "setpriv"])
+                    .arg(format!("--reuid={APP_UID}"))
+                    .arg(format!("--regid={APP_UID}"))
+                    .args(["--clear-groups", "curl", "-sS", "--max-time", "5", &url])
+                    .output()
+                    .expect("curl");
+                let body = String::from_utf8_lossy(&out.stdout).into_owned();
+                if out.status.success() && body.contains(&want) {
+                    ok += 1;
+                } else {
+                    failed.push(body + &String::from_utf8_lossy(&out.stderr));
+                }
+                std::thread::sleep(pause);
+            }
+            (ok, failed)
+        });
+        Load { stop, thread }
+    }
+
+    /// Stops after the request under way; returns how many succeeded and the output of each
+    /// one that failed.
+    pub fn stop(self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("load thread")
     }
 }
 

@@ -183,37 +183,12 @@ fn virtual_service_weights_move_traffic_and_control_plane_outage_costs_nothing()
     eprintln!("weight change took effect within {:?}", changed.elapsed());
 
     // Control plane down for 20 s under steady traffic: no request fails.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let loader = {
-        let stop = stop.clone();
-        let client_ns = client.ns.name().to_string();
-        std::thread::spawn(move || {
-            let (mut ok, mut failed) = (0usize, Vec::new());
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let out = std::process::Command::new("ip")
-                    .args(["netns", "exec", &client_ns, "setpriv", "--reuid=1000"])
-                    .args([
-                        "--regid=1000",
-                        "--clear-groups",
-                        "curl",
-                        "-sS",
-                        "--max-time",
-                        "5",
-                    ])
-                    .arg(format!("http://{HOST}/"))
-                    .output()
-                    .expect("curl");
-                let body = String::from_utf8_lossy(&out.stdout).into_owned();
-                if out.status.success() && body.contains("hello from httpbin-v2") {
-                    ok += 1;
-                } else {
-                    failed.push(body + &String::from_utf8_lossy(&out.stderr));
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            (ok, failed)
-        })
-    };
+    let load = harness::mesh::Load::start(
+        &client,
+        &format!("http://{HOST}/"),
+        "hello from httpbin-v2",
+        Duration::from_millis(100),
+    );
     std::thread::sleep(Duration::from_secs(1));
     mesh.stop_istiod();
     std::thread::sleep(Duration::from_secs(20));
@@ -236,8 +211,7 @@ fn virtual_service_weights_move_traffic_and_control_plane_outage_costs_nothing()
         "FIGURE control_plane_outage: all 3 proxies reconnected and synced {} ms after istiod-lite was ready again",
         ready.elapsed().as_millis()
     );
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (ok, failed) = loader.join().unwrap();
+    let (ok, failed) = load.stop();
     eprintln!("outage: {ok} requests succeeded, {} failed", failed.len());
     assert!(ok > 50, "too few requests during the outage: {ok}");
     assert!(

@@ -11,12 +11,10 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use harness::assert_eventually;
-use harness::mesh::{HTTPBIN, Mesh, Pod, httpbin_service, istio_mutual, strict_mtls};
+use harness::mesh::{HTTPBIN, Load, Mesh, Pod, httpbin_service, istio_mutual, strict_mtls};
 
 /// Root serials, so Envoy's `/certs` tells the roots apart.
 const ROOT_A_SERIAL: &str = "1a2b3c4d5e";
@@ -201,6 +199,29 @@ fn replacements(mesh: &Mesh) -> usize {
         .unwrap_or(0)
 }
 
+/// One step of the change: istiod-lite's cacerts become `signer` with `roots`, and once it has
+/// logged its `n`th replacement, each pod's root file becomes `roots` (as the kubelet would).
+/// Returns how long istiod-lite took to take the cacerts.
+fn replace_ca(
+    mesh: &Mesh,
+    pods: [&Pod; 2],
+    n: usize,
+    signer: &CaSet,
+    roots: &[&CaSet],
+) -> Duration {
+    let t = Instant::now();
+    write_cacerts(&mesh.ca_dir(), signer, roots);
+    assert_eventually(Duration::from_secs(10), || match replacements(mesh) {
+        m if m == n => Ok(()),
+        m => Err(format!("{m} CA replacements logged")),
+    });
+    let reload = t.elapsed();
+    for pod in pods {
+        kubelet_update_root(pod, roots);
+    }
+    reload
+}
+
 #[test]
 fn root_ca_replaced_while_serving_traffic_costs_nothing() {
     if !harness::mesh::prerequisites(&["openssl"]) {
@@ -247,43 +268,16 @@ fn root_ca_replaced_while_serving_traffic_costs_nothing() {
 
     // Steady traffic (client → server, STRICT mTLS) across both steps.
     let cx_start = upstream_connections(&client);
-    let stop = Arc::new(AtomicBool::new(false));
-    let loader = {
-        let stop = stop.clone();
-        let client_ns = client.ns.name().to_string();
-        std::thread::spawn(move || {
-            let (mut ok, mut failed) = (0usize, Vec::new());
-            while !stop.load(Ordering::Relaxed) {
-                #[rustfmt::skip]
-                let out = Command::new("ip")
-                    .args(["netns", "exec", &client_ns, "setpriv", "--reuid=1000", "--regid=1000",
-                        "--clear-groups", "curl", "-sS", "--max-time", "5"])
-                    .arg(format!("http://{HTTPBIN}/"))
-                    .output()
-                    .expect("curl");
-                let body = String::from_utf8_lossy(&out.stdout).into_owned();
-                if out.status.success() && body.contains("hello from httpbin-v1") {
-                    ok += 1;
-                } else {
-                    failed.push(body + &String::from_utf8_lossy(&out.stderr));
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            (ok, failed)
-        })
-    };
+    let load = Load::start(
+        &client,
+        &format!("http://{HTTPBIN}/"),
+        "hello from httpbin-v1",
+        Duration::from_millis(50),
+    );
 
     // Step 1: both roots trusted, the old intermediate still signs.
     let t1 = Instant::now();
-    write_cacerts(&mesh.ca_dir(), &a, &[&a, &b]);
-    assert_eventually(Duration::from_secs(10), || match replacements(&mesh) {
-        1 => Ok(()),
-        n => Err(format!("{n} CA replacements logged")),
-    });
-    let reload1 = t1.elapsed();
-    for pod in [&client, &server] {
-        kubelet_update_root(pod, &[&a, &b]);
-    }
+    let reload1 = replace_ca(&mesh, [&client, &server], 1, &a, &[&a, &b]);
     for pod in [&client, &server] {
         assert_eventually(Duration::from_secs(15), || {
             let root = body(&secret(pod, "ROOTCA")?);
@@ -301,15 +295,7 @@ fn root_ca_replaced_while_serving_traffic_costs_nothing() {
 
     // Step 2: the new intermediate signs; the new root comes first in the bundle.
     let t2 = Instant::now();
-    write_cacerts(&mesh.ca_dir(), &b, &[&b, &a]);
-    assert_eventually(Duration::from_secs(10), || match replacements(&mesh) {
-        2 => Ok(()),
-        n => Err(format!("{n} CA replacements logged")),
-    });
-    let reload2 = t2.elapsed();
-    for pod in [&client, &server] {
-        kubelet_update_root(pod, &[&b, &a]);
-    }
+    let reload2 = replace_ca(&mesh, [&client, &server], 2, &b, &[&b, &a]);
     for pod in [&client, &server] {
         assert_eventually(Duration::from_secs(15), || {
             let chain = body(&secret(pod, "default")?);
@@ -338,8 +324,7 @@ fn root_ca_replaced_while_serving_traffic_costs_nothing() {
     // More requests with both sides on the new certificates only.
     let cx_new_ca = upstream_connections(&client);
     std::thread::sleep(Duration::from_secs(1));
-    stop.store(true, Ordering::Relaxed);
-    let (ok, failed) = loader.join().expect("loader");
+    let (ok, failed) = load.stop();
     let cx_end = upstream_connections(&client);
     println!(
         "FIGURE root_ca_rotation istiod_reload_step1={reload1:?} both_envoys_trust_new_root={step1:?} istiod_reload_step2={reload2:?} both_envoys_on_new_ca={step2:?} requests_ok={ok} failed={} mtls_connections_opened={} of_them_on_new_ca={}",

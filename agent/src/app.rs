@@ -515,6 +515,21 @@ mod tests {
         .unwrap()
     }
 
+    /// Binds an app on `config` (status server on a free port); returns it with its shutdown
+    /// signal and what it bound.
+    async fn bind(config: Config) -> (App, Shutdown, Bound) {
+        let shutdown = Shutdown::default();
+        let app = App::bind(Inputs {
+            config,
+            shutdown: shutdown.clone(),
+            status_addr: Some("127.0.0.1:0".parse().unwrap()),
+        })
+        .await
+        .unwrap();
+        let bound = app.bound().clone();
+        (app, shutdown, bound)
+    }
+
     /// `--external-envoy`: every listener is bound (port 0 for status), nothing launches Envoy,
     /// readiness reports the missing Envoy, and shutdown ends the run with 0.
     #[tokio::test]
@@ -529,15 +544,7 @@ mod tests {
             ),
         );
         assert!(!config.launches_envoy());
-        let shutdown = Shutdown::default();
-        let app = App::bind(Inputs {
-            config,
-            shutdown: shutdown.clone(),
-            status_addr: Some("127.0.0.1:0".parse().unwrap()),
-        })
-        .await
-        .unwrap();
-        let bound = app.bound().clone();
+        let (app, shutdown, bound) = bind(config).await;
         assert_ne!(bound.status.port(), 0);
         assert_eq!(bound.xds, dir.path().join("etc/istio/proxy/XDS"));
         assert_eq!(
@@ -625,15 +632,7 @@ mod tests {
             ),
         );
         assert!(config.launches_envoy());
-        let shutdown = Shutdown::default();
-        let app = App::bind(Inputs {
-            config,
-            shutdown: shutdown.clone(),
-            status_addr: Some("127.0.0.1:0".parse().unwrap()),
-        })
-        .await
-        .unwrap();
-        let bound = app.bound().clone();
+        let (app, shutdown, bound) = bind(config).await;
         shutdown.trigger();
         // Starting the (nonexistent) Envoy would have failed with 1.
         let code = tokio::time::timeout(Duration::from_secs(10), app.run())

@@ -35,6 +35,18 @@ struct Progress {
     errors: std::sync::Mutex<Vec<String>>,
 }
 
+impl Progress {
+    /// `connected=<n> streams=<n> cds=<n>`: how many proxies reached each stage so far.
+    fn stages(&self) -> String {
+        format!(
+            "connected={} streams={} cds={}",
+            self.connected.load(Ordering::Relaxed),
+            self.streams.load(Ordering::Relaxed),
+            self.cds.load(Ordering::Relaxed),
+        )
+    }
+}
+
 /// Raises the soft open-file limit to the hard limit: 2,000 client sockets live in this process
 /// and 2,000 server sockets in the child, which inherits the limit.
 fn raise_nofile() -> u64 {
@@ -149,11 +161,9 @@ async fn two_thousand_proxies_reconnecting_at_once_all_get_cds_and_lds() {
         if last_report.elapsed() > Duration::from_secs(5) {
             last_report = Instant::now();
             eprintln!(
-                "after {:?}: connected {} streams {} cds {} converged {converged} failed {failed}",
+                "after {:?}: {} converged={converged} failed={failed}",
                 t0.elapsed(),
-                progress.connected.load(Ordering::Relaxed),
-                progress.streams.load(Ordering::Relaxed),
-                progress.cds.load(Ordering::Relaxed),
+                progress.stages(),
             );
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -162,11 +172,9 @@ async fn two_thousand_proxies_reconnecting_at_once_all_get_cds_and_lds() {
     let converged = progress.converged.load(Ordering::Relaxed);
     let errors = progress.errors.lock().expect("errors").clone();
     println!(
-        "FIGURE reconnect_burst proxies={PROXIES} converged={converged} failed={} connected={} streams={} cds={} all_cds_lds_in={elapsed:?}",
+        "FIGURE reconnect_burst proxies={PROXIES} converged={converged} failed={} {} all_cds_lds_in={elapsed:?}",
         errors.len(),
-        progress.connected.load(Ordering::Relaxed),
-        progress.streams.load(Ordering::Relaxed),
-        progress.cds.load(Ordering::Relaxed),
+        progress.stages(),
     );
     tasks.abort_all();
     drop(server);

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use harness::assert_eventually;
 use harness::mesh::{HTTPBIN, Load, Mesh, Pod, httpbin_service, istio_mutual, strict_mtls};
+use harness::netns::sh;
 
 /// Root serials, so Envoy's `/certs` tells the roots apart.
 const ROOT_A_SERIAL: &str = "1a2b3c4d5e";
@@ -27,16 +28,7 @@ struct CaSet {
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    sh(Command::new("openssl").current_dir(dir).args(args));
 }
 
 /// A root (P-256, serial `root_serial`) and an intermediate signed by it.

@@ -393,6 +393,16 @@ fn signed_by(leaf_pem: &str, ca_pem: &str) -> bool {
     leaf.verify_signature(Some(ca.public_key())).is_ok()
 }
 
+/// Plug-in cacerts in a fresh directory, the CA on them and a reloader watching it:
+/// (directory, (root, intermediate), CA, reloader).
+fn reloading_plugin_ca() -> (tempfile::TempDir, (String, String), SharedCa, Reloader) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pems = write_plugin_cacerts(dir.path());
+    let shared = SharedCa::new(Ca::load_or_create(dir.path()).expect("A"));
+    let reloader = Reloader::new(shared.clone());
+    (dir, pems, shared, reloader)
+}
+
 /// Polls until the reloader settles on something other than `Settling`.
 fn settle(r: &mut Reloader) -> Result<Reloaded, Error> {
     for _ in 0..5 {
@@ -406,10 +416,7 @@ fn settle(r: &mut Reloader) -> Result<Reloaded, Error> {
 
 #[test]
 fn replaced_cacerts_sign_from_then_on_and_the_bundle_keeps_the_old_root() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (root_a, int_a) = write_plugin_cacerts(dir.path());
-    let shared = SharedCa::new(Ca::load_or_create(dir.path()).expect("A"));
-    let mut reloader = Reloader::new(shared.clone());
+    let (dir, (root_a, int_a), shared, mut reloader) = reloading_plugin_ca();
     assert_eq!(reloader.poll().expect("poll"), Reloaded::Unchanged);
     let before = sign_with(&shared.current());
     assert_eq!(
@@ -450,15 +457,12 @@ fn replaced_cacerts_sign_from_then_on_and_the_bundle_keeps_the_old_root() {
 
 #[test]
 fn an_old_root_that_signed_no_workload_certificate_leaves_the_bundle() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_plugin_cacerts(dir.path());
-    let shared = SharedCa::new(Ca::load_or_create(dir.path()).expect("A"));
+    let (dir, _, shared, mut reloader) = reloading_plugin_ca();
     // The serving certificate does not count: it is re-issued by the new CA.
     shared
         .current()
         .issue_serving(&["istiod".to_string()], Duration::from_secs(3600))
         .expect("serving");
-    let mut reloader = Reloader::new(shared.clone());
     let (root_b, _) = write_plugin_cacerts(dir.path());
     assert_eq!(settle(&mut reloader).expect("poll"), Reloaded::Replaced);
     assert_eq!(shared.current().trust_bundle(), vec![root_b]);
@@ -466,10 +470,7 @@ fn an_old_root_that_signed_no_workload_certificate_leaves_the_bundle() {
 
 #[test]
 fn a_half_replaced_set_is_rejected_once_and_the_old_ca_keeps_signing() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (root_a, int_a) = write_plugin_cacerts(dir.path());
-    let shared = SharedCa::new(Ca::load_or_create(dir.path()).expect("A"));
-    let mut reloader = Reloader::new(shared.clone());
+    let (dir, (root_a, int_a), shared, mut reloader) = reloading_plugin_ca();
     // The new certificate without its key.
     let b = tempfile::tempdir().expect("tempdir");
     let (root_b, _) = write_plugin_cacerts(b.path());
@@ -498,10 +499,7 @@ fn a_half_replaced_set_is_rejected_once_and_the_old_ca_keeps_signing() {
 
 #[test]
 fn a_file_missing_mid_replacement_changes_nothing() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (root_a, _) = write_plugin_cacerts(dir.path());
-    let shared = SharedCa::new(Ca::load_or_create(dir.path()).expect("A"));
-    let mut reloader = Reloader::new(shared.clone());
+    let (dir, (root_a, _), shared, mut reloader) = reloading_plugin_ca();
     std::fs::remove_file(dir.path().join(CA_KEY)).expect("rm");
     for _ in 0..3 {
         assert_eq!(reloader.poll().expect("poll"), Reloaded::Unchanged);

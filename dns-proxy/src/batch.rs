@@ -227,6 +227,44 @@ pub(crate) fn send_all(fd: RawFd, out: &[(Vec<u8>, SocketAddr)]) -> usize {
     sent
 }
 
+/// Sends the datagrams `out` on the connected non-blocking socket `fd` with as few `sendmmsg`
+/// calls as the kernel allows; returns, per datagram, `None` when sent or the error it met.
+pub(crate) fn send_connected(fd: RawFd, out: &[(*const u8, usize)]) -> Vec<Option<io::Error>> {
+    let mut result: Vec<Option<io::Error>> = Vec::with_capacity(out.len());
+    while result.len() < out.len() {
+        let start = result.len();
+        let chunk = &out[start..out.len().min(start + BATCH)];
+        let mut iovs: [libc::iovec; BATCH] = std::array::from_fn(|_| libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        });
+        // SAFETY: plain old data; all zeroes is valid.
+        let mut msgs: [libc::mmsghdr; BATCH] =
+            unsafe { MaybeUninit::<[libc::mmsghdr; BATCH]>::zeroed().assume_init() };
+        for (i, &(ptr, len)) in chunk.iter().enumerate() {
+            iovs[i].iov_base = ptr.cast_mut().cast();
+            iovs[i].iov_len = len;
+            msgs[i].msg_hdr.msg_iov = &raw mut iovs[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: the caller's pointers are live buffers of the given lengths for the call;
+        // `msgs` points into `iovs`, which outlives it; the kernel only reads the buffers.
+        let n =
+            unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), chunk.len() as _, libc::MSG_DONTWAIT) };
+        if n <= 0 {
+            // The first datagram of the chunk failed: note why, carry on with the rest.
+            result.push(Some(if n < 0 {
+                io::Error::last_os_error()
+            } else {
+                io::ErrorKind::WriteZero.into()
+            }));
+            continue;
+        }
+        result.extend((0..n).map(|_| None));
+    }
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,11 +7,18 @@
 //! [`ROTATE_AFTER_QUERIES`] queries or [`ROTATE_AFTER`], and an answer is accepted only from
 //! the upstream's address and port, with the id and question of a query pending on that very
 //! socket; anything else is dropped and the real answer still gets through.
+//!
+//! Plain UDP queries are relayed ([`Forwarder::relay_batch`]): no task, channel or timer per
+//! query. The query's state waits in its socket's pending table; the socket's reader handles
+//! the answer there (the next server after SERVFAIL/REFUSED, TCP after TC, else the client's
+//! answer, sent with the other answers of its receive batch), and a periodic sweep times out
+//! queries past their server's deadline and moves them on. Queries arriving together are sent
+//! upstream with one `sendmmsg` per server.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
@@ -100,8 +107,14 @@ impl Answer for Raw {
         Ok(Raw(raw))
     }
     fn usable(&self) -> bool {
-        // SERVFAIL (2) and REFUSED (5).
-        !matches!(self.0[3] & 0x0f, 2 | 5)
+        Raw::usable_bytes(&self.0)
+    }
+}
+
+impl Raw {
+    /// Not SERVFAIL (2) nor REFUSED (5).
+    fn usable_bytes(answer: &[u8]) -> bool {
+        !matches!(answer[3] & 0x0f, 2 | 5)
     }
 }
 
@@ -125,6 +138,9 @@ impl Forwarder {
                 })
                 .collect(),
             stop,
+            timeout,
+            live: Mutex::new(Vec::new()),
+            relays: AtomicUsize::new(0),
             rotate_queries: ROTATE_AFTER_QUERIES,
             rotate_after: ROTATE_AFTER,
             opened: AtomicU64::new(0),
@@ -240,6 +256,95 @@ impl Forwarder {
         last
     }
 
+    /// Whether [`Forwarder::relay`] can take UDP queries (sequential mode, few upstreams).
+    pub fn can_relay(&self) -> bool {
+        !(self.parallel && self.upstreams.len() > 1)
+            && (1..=MAX_RELAY_UPSTREAMS).contains(&self.upstreams.len())
+    }
+
+    /// Forwards the UDP query `bytes` (as [`Forwarder::forward_bytes`]) without a task of its
+    /// own: the answer is handled where it arrives, timeouts by the pool's sweep, and `ctx`
+    /// makes the client's answer from the result. Returns that answer when the query is
+    /// already finished (every send failed). Needs [`Forwarder::can_relay`].
+    pub fn relay(&self, bytes: Vec<u8>, ctx: Box<dyn Relay>) -> Option<ClientReply> {
+        let n = self.upstreams.len();
+        let Some(qlen) = question_bytes(&bytes).map(<[u8]>::len) else {
+            return ctx.finish(Err(ForwardError::Encode("no question".into())));
+        };
+        if !self.can_relay() {
+            return ctx.finish(Err(ForwardError::NoUpstreams));
+        }
+        self.pool.touch();
+        let mut order = [0u8; MAX_RELAY_UPSTREAMS];
+        for (i, o) in order.iter_mut().enumerate() {
+            *o = i as u8;
+        }
+        order[..n].shuffle(&mut rand::rng());
+        let st = Box::new(RelayState {
+            id: [bytes[0], bytes[1]],
+            query: bytes,
+            qlen,
+            order,
+            len: n as u8,
+            next: 0,
+            last: None,
+            ctx,
+        });
+        self.pool.advance(st, None)
+    }
+
+    /// [`Forwarder::relay`] for several queries at once: those going to the same server are
+    /// sent with one system call. Returns the answers of queries already finished.
+    pub fn relay_batch(&self, batch: &mut Vec<(Vec<u8>, Box<dyn Relay>)>) -> Vec<ClientReply> {
+        let mut replies = Vec::new();
+        if batch.len() == 1 {
+            if let Some((bytes, ctx)) = batch.pop() {
+                replies.extend(self.relay(bytes, ctx));
+            }
+            return replies;
+        }
+        let n = self.upstreams.len();
+        let mut groups: [Vec<Box<RelayState>>; MAX_RELAY_UPSTREAMS] = Default::default();
+        for (bytes, ctx) in batch.drain(..) {
+            let Some(qlen) = question_bytes(&bytes).map(<[u8]>::len) else {
+                replies.extend(ctx.finish(Err(ForwardError::Encode("no question".into()))));
+                continue;
+            };
+            if !self.can_relay() {
+                replies.extend(ctx.finish(Err(ForwardError::NoUpstreams)));
+                continue;
+            }
+            let mut order = [0u8; MAX_RELAY_UPSTREAMS];
+            for (i, o) in order.iter_mut().enumerate() {
+                *o = i as u8;
+            }
+            order[..n].shuffle(&mut rand::rng());
+            groups[usize::from(order[0])].push(Box::new(RelayState {
+                id: [bytes[0], bytes[1]],
+                query: bytes,
+                qlen,
+                order,
+                len: n as u8,
+                next: 1,
+                last: None,
+                ctx,
+            }));
+        }
+        if groups.iter().all(Vec::is_empty) {
+            return replies;
+        }
+        self.pool.touch();
+        for (idx, group) in groups.into_iter().enumerate() {
+            if group.is_empty() {
+                continue;
+            }
+            for (st, e) in self.pool.send_relays(idx, group) {
+                replies.extend(self.pool.advance(st, Some(Err(e))));
+            }
+        }
+        replies
+    }
+
     async fn parallel<T: Answer>(
         &self,
         bytes: Vec<u8>,
@@ -274,7 +379,7 @@ impl Forwarder {
 /// query (its id is overwritten with the one used on the wire); the answer carries the id
 /// `bytes` had on entry.
 async fn exchange(
-    pool: &UdpPool,
+    pool: &Arc<UdpPool>,
     server: SocketAddr,
     bytes: &mut [u8],
     qlen: usize,
@@ -282,7 +387,7 @@ async fn exchange(
     timeout: Duration,
 ) -> Result<Vec<u8>, ForwardError> {
     // `bytes` keeps its id: the pool writes its own for the wire and restores it.
-    pool.touch(timeout);
+    pool.touch();
     let deadline = Instant::now() + timeout;
     let id = [bytes[0], bytes[1]];
     let fut = async {
@@ -312,8 +417,51 @@ const SOCKETS_PER_UPSTREAM: usize = 8;
 struct Pending {
     /// The query's question section as sent; the answer must echo it.
     question: Box<[u8]>,
-    tx: oneshot::Sender<Vec<u8>>,
+    waiter: Waiter,
 }
+
+/// Who gets a pending query's answer.
+enum Waiter {
+    /// A task awaiting it (with its own timeout).
+    Task(oneshot::Sender<Vec<u8>>),
+    /// A relayed query: handled where the answer arrives; timed out by the pool's sweep.
+    Relay {
+        state: Box<RelayState>,
+        deadline: Instant,
+    },
+}
+
+/// The end of a relayed query: turns the forwarding result into the client's answer.
+pub(crate) trait Relay: Send + 'static {
+    /// `result` is the first usable answer (carrying the query's own id), else the last
+    /// unusable one, else the last error.
+    fn finish(self: Box<Self>, result: Result<Vec<u8>, ForwardError>) -> Option<ClientReply>;
+}
+
+/// An answer for a UDP client, sent by whoever completes the query.
+pub(crate) struct ClientReply {
+    pub sock: Arc<UdpSocket>,
+    pub bytes: Vec<u8>,
+    pub to: SocketAddr,
+}
+
+/// A relayed UDP query between servers.
+struct RelayState {
+    /// The query as sent upstream (its first two bytes hold the id last used on the wire).
+    query: Vec<u8>,
+    /// The query's own id, put back into the answer.
+    id: [u8; 2],
+    qlen: usize,
+    /// Servers (indices into the pool's upstreams) in the order tried, `next` the next one.
+    order: [u8; MAX_RELAY_UPSTREAMS],
+    len: u8,
+    next: u8,
+    last: Option<Result<Vec<u8>, ForwardError>>,
+    ctx: Box<dyn Relay>,
+}
+
+/// Relayed queries support up to this many upstreams (resolv.conf allows 3).
+const MAX_RELAY_UPSTREAMS: usize = 8;
 
 /// One connected upstream socket: the kernel only delivers datagrams from the upstream's
 /// address and port to it.
@@ -330,8 +478,10 @@ struct Chan {
 impl Chan {
     fn retire(&self) {
         self.retired.store(true, Ordering::Release);
-        if self.pending.lock().map(|p| p.is_empty()).unwrap_or(true) {
-            self.stop.cancel();
+        // Under the lock: a relay registering checks `stop` under it too.
+        match self.pending.lock() {
+            Ok(p) if !p.is_empty() => {}
+            _ => self.stop.cancel(),
         }
     }
 }
@@ -350,6 +500,12 @@ type Slots = Box<[Mutex<Slot>]>;
 pub(crate) struct UdpPool {
     upstreams: Box<[(SocketAddr, Slots)]>,
     stop: CancellationToken,
+    /// Per-server timeout.
+    timeout: Duration,
+    /// Every socket opened whose reader may still run (the sweep looks for expired relays).
+    live: Mutex<Vec<Weak<Chan>>>,
+    /// Relayed queries pending.
+    relays: AtomicUsize,
     rotate_queries: u32,
     rotate_after: Duration,
     /// Sockets opened so far.
@@ -377,9 +533,16 @@ impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
         if let Ok(mut p) = self.chan.pending.lock() {
             p.remove(&self.id);
-            if p.is_empty() && self.chan.retired.load(Ordering::Acquire) {
-                self.chan.stop.cancel();
-            }
+            self.chan.removed(&p);
+        }
+    }
+}
+
+impl Chan {
+    /// After a removal from `pending`: a retired socket with nothing pending closes.
+    fn removed(&self, pending: &HashMap<u16, Pending>) {
+        if pending.is_empty() && self.retired.load(Ordering::Acquire) {
+            self.stop.cancel();
         }
     }
 }
@@ -390,15 +553,11 @@ fn poisoned() -> ForwardError {
 
 impl UdpPool {
     /// Notes a query for the timer anchor, starting it on first use.
-    fn touch(&self, timeout: Duration) {
+    fn touch(self: &Arc<Self>) {
         if !self.anchor_started.swap(true, Ordering::Relaxed) {
-            let tick = (timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
-            tokio::spawn(anchor(
-                self.busy.clone(),
-                self.wake_anchor.clone(),
-                tick,
-                self.stop.clone(),
-            ));
+            let tick =
+                (self.timeout / 10).clamp(Duration::from_millis(5), Duration::from_millis(100));
+            tokio::spawn(anchor(Arc::downgrade(self), tick, self.stop.clone()));
         }
         if !self.busy.swap(true, Ordering::Relaxed) {
             self.wake_anchor.notify_one();
@@ -407,7 +566,7 @@ impl UdpPool {
 
     /// A fresh socket connected to `server` on a kernel-chosen (random) ephemeral port, with
     /// its reader running.
-    fn open(&self, server: SocketAddr) -> Result<Arc<Chan>, ForwardError> {
+    fn open(self: &Arc<Self>, server: SocketAddr) -> Result<Arc<Chan>, ForwardError> {
         let io = |source| ForwardError::Io { server, source };
         let local: SocketAddr = if server.is_ipv4() {
             (Ipv4Addr::UNSPECIFIED, 0).into()
@@ -424,75 +583,108 @@ impl UdpPool {
             retired: AtomicBool::new(false),
             stop: self.stop.child_token(),
         });
-        tokio::spawn(read_answers(chan.clone()));
+        tokio::spawn(read_answers(self.clone(), chan.clone()));
         self.opened.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut live) = self.live.lock() {
+            live.retain(|c| c.strong_count() > 0);
+            live.push(Arc::downgrade(&chan));
+        }
         Ok(chan)
+    }
+
+    /// One of `slots`' sockets to `server`, replaced first when due for rotation.
+    fn pick(
+        self: &Arc<Self>,
+        server: SocketAddr,
+        slots: &Slots,
+    ) -> Result<Arc<Chan>, ForwardError> {
+        self.pick_for(server, slots, 1)
+    }
+
+    /// [`UdpPool::pick`] for `queries` queries.
+    fn pick_for(
+        self: &Arc<Self>,
+        server: SocketAddr,
+        slots: &Slots,
+        queries: u32,
+    ) -> Result<Arc<Chan>, ForwardError> {
+        let mut slot = slots[rand::random_range(0..slots.len())]
+            .lock()
+            .map_err(|_| poisoned())?;
+        let now = Instant::now();
+        let stale = slot.sent >= self.rotate_queries
+            || slot
+                .born
+                .is_none_or(|b| now.duration_since(b) >= self.rotate_after);
+        let chan = match &slot.chan {
+            Some(c) if !stale => c.clone(),
+            _ => {
+                let fresh = self.open(server)?;
+                if let Some(old) = slot.chan.replace(fresh.clone()) {
+                    old.retire();
+                }
+                slot.sent = 0;
+                slot.born = Some(now);
+                fresh
+            }
+        };
+        slot.sent = slot.sent.saturating_add(queries);
+        Ok(chan)
+    }
+
+    fn slots(&self, server: SocketAddr) -> Result<&Slots, ForwardError> {
+        self.upstreams
+            .iter()
+            .find(|(s, _)| *s == server)
+            .map(|(_, slots)| slots)
+            .ok_or(ForwardError::NoUpstreams)
+    }
+
+    /// Registers a query pending on `chan` under a fresh random id, unique among the socket's
+    /// pending ones; `waiter(id)` makes its waiter. Must be called with the socket just picked:
+    /// a retired socket's reader sees every query it has to wait for.
+    fn register<'c>(
+        chan: &'c Chan,
+        question: &[u8],
+        waiter: impl FnOnce(u16) -> Waiter,
+    ) -> Result<(std::sync::MutexGuard<'c, HashMap<u16, Pending>>, u16), ForwardError> {
+        let mut pending = chan.pending.lock().map_err(|_| poisoned())?;
+        if pending.len() > 30_000 {
+            return Err(ForwardError::Io {
+                server: chan.server,
+                source: std::io::ErrorKind::WouldBlock.into(),
+            });
+        }
+        let mut id: u16 = rand::random();
+        while pending.contains_key(&id) {
+            id = rand::random();
+        }
+        pending.insert(
+            id,
+            Pending {
+                question: question.into(),
+                waiter: waiter(id),
+            },
+        );
+        Ok((pending, id))
     }
 
     /// Sends `bytes` (with a fresh random id on the wire; `bytes` is left as it was) on one of
     /// `server`'s sockets and waits for the matching answer (which carries the wire id).
     async fn exchange(
-        &self,
+        self: &Arc<Self>,
         server: SocketAddr,
         bytes: &mut [u8],
         qlen: usize,
     ) -> Result<Vec<u8>, ForwardError> {
-        let slots = self
-            .upstreams
-            .iter()
-            .find(|(s, _)| *s == server)
-            .map(|(_, slots)| slots)
-            .ok_or(ForwardError::NoUpstreams)?;
+        let slots = self.slots(server)?;
         let question = bytes
             .get(12..12 + qlen)
             .ok_or_else(|| ForwardError::Encode("no question".into()))?;
         let (tx, rx) = oneshot::channel();
-        // Under the slot lock: rotation, and registration of the query with the socket (so a
-        // retired socket's reader sees every query it has to wait for).
-        let (chan, id) = {
-            let mut slot = slots[rand::random_range(0..slots.len())]
-                .lock()
-                .map_err(|_| poisoned())?;
-            let now = Instant::now();
-            let stale = slot.sent >= self.rotate_queries
-                || slot
-                    .born
-                    .is_none_or(|b| now.duration_since(b) >= self.rotate_after);
-            let chan = match &slot.chan {
-                Some(c) if !stale => c.clone(),
-                _ => {
-                    let fresh = self.open(server)?;
-                    if let Some(old) = slot.chan.replace(fresh.clone()) {
-                        old.retire();
-                    }
-                    slot.sent = 0;
-                    slot.born = Some(now);
-                    fresh
-                }
-            };
-            slot.sent += 1;
-            let mut pending = chan.pending.lock().map_err(|_| poisoned())?;
-            if pending.len() > 30_000 {
-                return Err(ForwardError::Io {
-                    server,
-                    source: std::io::ErrorKind::WouldBlock.into(),
-                });
-            }
-            // A random id per upstream query, unique among this socket's pending ones.
-            let mut id: u16 = rand::random();
-            while pending.contains_key(&id) {
-                id = rand::random();
-            }
-            pending.insert(
-                id,
-                Pending {
-                    question: question.into(),
-                    tx,
-                },
-            );
-            drop(pending);
-            (chan, id)
-        };
+        let chan = self.pick(server, slots)?;
+        let (pending, id) = Self::register(&chan, question, |_| Waiter::Task(tx))?;
+        drop(pending);
         let _guard = PendingGuard { chan: &chan, id };
         let original = [bytes[0], bytes[1]];
         bytes[..2].copy_from_slice(&id.to_be_bytes());
@@ -500,6 +692,220 @@ impl UdpPool {
         bytes[..2].copy_from_slice(&original);
         sent.map_err(|source| ForwardError::Io { server, source })?;
         rx.await.map_err(|_| ForwardError::Timeout { server })
+    }
+
+    /// Sends the relayed query to upstream `idx` on one of its sockets; on failure hands the
+    /// query back.
+    fn send_relay(
+        self: &Arc<Self>,
+        idx: usize,
+        st: Box<RelayState>,
+    ) -> Result<(), (Box<RelayState>, ForwardError)> {
+        match self.send_relays(idx, vec![st]).pop() {
+            Some(failed) => Err(failed),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends relayed queries to upstream `idx` on one of its sockets with one `sendmmsg`;
+    /// hands back those that could not be sent.
+    #[expect(
+        clippy::vec_box,
+        reason = "the boxes move into the pending table as they are"
+    )]
+    fn send_relays(
+        self: &Arc<Self>,
+        idx: usize,
+        mut states: Vec<Box<RelayState>>,
+    ) -> Vec<(Box<RelayState>, ForwardError)> {
+        let (server, slots) = &self.upstreams[idx];
+        let server = *server;
+        let fail = |states: Vec<Box<RelayState>>, e: &dyn Fn() -> ForwardError| {
+            states.into_iter().map(|st| (st, e())).collect()
+        };
+        let count = u32::try_from(states.len()).unwrap_or(u32::MAX);
+        let mut tries = 0;
+        let chan = loop {
+            let chan = match self.pick_for(server, slots, count) {
+                Ok(c) => c,
+                Err(e) => {
+                    let why = e.to_string();
+                    return fail(states, &|| ForwardError::Encode(why.clone()));
+                }
+            };
+            // Retired and closed by another thread's rotation since the pick: pick again.
+            if !chan.stop.is_cancelled() || tries == 3 {
+                break chan;
+            }
+            tries += 1;
+        };
+        let Ok(mut pending) = chan.pending.lock() else {
+            return fail(states, &poisoned);
+        };
+        // Closed (checked under the lock `retire` closes under): its reader is gone.
+        if chan.stop.is_cancelled() {
+            return fail(states, &|| ForwardError::Io {
+                server,
+                source: std::io::ErrorKind::NotConnected.into(),
+            });
+        }
+        if pending.len() + states.len() > 30_001 {
+            return fail(states, &|| ForwardError::Io {
+                server,
+                source: std::io::ErrorKind::WouldBlock.into(),
+            });
+        }
+        let deadline = Instant::now() + self.timeout;
+        let mut ids = Vec::with_capacity(states.len());
+        let mut bufs = Vec::with_capacity(states.len());
+        for mut st in states.drain(..) {
+            let mut id: u16 = rand::random();
+            while pending.contains_key(&id) {
+                id = rand::random();
+            }
+            st.query[..2].copy_from_slice(&id.to_be_bytes());
+            // The query's heap buffer does not move when the box moves into the map.
+            bufs.push((st.query.as_ptr(), st.query.len()));
+            let question: Box<[u8]> = st.query[12..12 + st.qlen].into();
+            pending.insert(
+                id,
+                Pending {
+                    question,
+                    waiter: Waiter::Relay {
+                        state: st,
+                        deadline,
+                    },
+                },
+            );
+            ids.push(id);
+        }
+        // The buffers stay put: `pending` is locked and only read until the send returns.
+        let sent = crate::batch::send_connected(chan.sock.as_raw_fd(), &bufs);
+        let mut failed = Vec::new();
+        for (id, err) in ids.into_iter().zip(sent) {
+            match err {
+                None => {
+                    self.relays.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(source) => {
+                    if let Some(Pending {
+                        waiter: Waiter::Relay { state, .. },
+                        ..
+                    }) = pending.remove(&id)
+                    {
+                        failed.push((state, ForwardError::Io { server, source }));
+                    }
+                }
+            }
+        }
+        chan.removed(&pending);
+        failed
+    }
+
+    /// Moves a relayed query on after `result` from its last server: finished (the client's
+    /// answer is returned), or sent to the next server.
+    fn advance(
+        self: &Arc<Self>,
+        mut st: Box<RelayState>,
+        mut result: Option<Result<Vec<u8>, ForwardError>>,
+    ) -> Option<ClientReply> {
+        loop {
+            match result.take() {
+                Some(Ok(mut a)) => {
+                    a[..2].copy_from_slice(&st.id);
+                    if Raw::usable_bytes(&a) {
+                        return st.ctx.finish(Ok(a));
+                    }
+                    st.last = Some(Ok(a));
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "DNS upstream failed, trying next");
+                    if !matches!(st.last, Some(Ok(_))) {
+                        st.last = Some(Err(e));
+                    }
+                }
+                None => {}
+            }
+            if st.next >= st.len {
+                let last = st.last.take().unwrap_or(Err(ForwardError::NoUpstreams));
+                return st.ctx.finish(last);
+            }
+            let idx = usize::from(st.order[usize::from(st.next)]);
+            st.next += 1;
+            match self.send_relay(idx, st) {
+                Ok(()) => return None,
+                Err((back, e)) => {
+                    st = back;
+                    result = Some(Err(e));
+                }
+            }
+        }
+    }
+
+    /// An answer to a relayed query sent to `server` arrived: truncated ones are retried over
+    /// TCP (in a task, until `deadline`), the rest move the query on.
+    fn answered(
+        self: &Arc<Self>,
+        server: SocketAddr,
+        st: Box<RelayState>,
+        answer: Vec<u8>,
+        deadline: Instant,
+    ) -> Option<ClientReply> {
+        if answer[2] & 0x02 == 0 {
+            return self.advance(st, Some(Ok(answer)));
+        }
+        let pool = self.clone();
+        tokio::spawn(async move {
+            let r = timeout_at(deadline, exchange_tcp(server, &st.query, st.qlen))
+                .await
+                .unwrap_or(Err(ForwardError::Timeout { server }));
+            if let Some(reply) = pool.advance(st, Some(r)) {
+                send_client_replies(vec![reply]).await;
+            }
+        });
+        None
+    }
+
+    /// Times out relayed queries past their server's deadline (each moves on to its next
+    /// server); returns the client answers of those that finished.
+    fn sweep(self: &Arc<Self>, now: Instant) -> Vec<ClientReply> {
+        let chans: Vec<Arc<Chan>> = match self.live.lock() {
+            Ok(mut live) => {
+                live.retain(|c| c.strong_count() > 0);
+                live.iter().filter_map(Weak::upgrade).collect()
+            }
+            Err(_) => return Vec::new(),
+        };
+        let mut expired = Vec::new();
+        for chan in &chans {
+            let Ok(mut pending) = chan.pending.lock() else {
+                continue;
+            };
+            let ids: Vec<u16> = pending
+                .iter()
+                .filter(
+                    |(_, p)| matches!(p.waiter, Waiter::Relay { deadline, .. } if deadline <= now),
+                )
+                .map(|(&id, _)| id)
+                .collect();
+            for id in ids {
+                if let Some(Pending {
+                    waiter: Waiter::Relay { state, .. },
+                    ..
+                }) = pending.remove(&id)
+                {
+                    self.relays.fetch_sub(1, Ordering::Relaxed);
+                    expired.push((chan.server, state));
+                }
+            }
+            chan.removed(&pending);
+        }
+        expired
+            .into_iter()
+            .filter_map(|(server, st)| {
+                self.advance(st, Some(Err(ForwardError::Timeout { server })))
+            })
+            .collect()
     }
 
     /// The live sockets to `server` (tests).
@@ -518,9 +924,16 @@ impl UdpPool {
 /// Keeps a timer armed earlier than any query's timeout while queries flow, so arming a query's
 /// timeout never has to wake the runtime's driver: tokio does so (an eventfd write, then one
 /// more epoll_wait) whenever a new timer is due before every armed one, which at light load is
-/// every query. Ticks every `tick` while there were queries since the last tick, then waits
-/// for the next one: no wake-ups when idle.
-async fn anchor(busy: Arc<AtomicBool>, wake: Arc<Notify>, tick: Duration, stop: CancellationToken) {
+/// every query. Also the sweep timing out relayed queries. Ticks every `tick` while there were
+/// queries since the last tick or relays are pending, then waits for the next query: no
+/// wake-ups when idle.
+async fn anchor(pool: Weak<UdpPool>, tick: Duration, stop: CancellationToken) {
+    let Some((busy, wake)) = pool
+        .upgrade()
+        .map(|p| (p.busy.clone(), p.wake_anchor.clone()))
+    else {
+        return;
+    };
     let cancelled = stop.cancelled();
     tokio::pin!(cancelled);
     loop {
@@ -533,11 +946,45 @@ async fn anchor(busy: Arc<AtomicBool>, wake: Arc<Notify>, tick: Duration, stop: 
                 _ = tokio::time::sleep(tick) => {}
                 _ = &mut cancelled => return,
             }
-            if !busy.swap(false, Ordering::Relaxed) {
+            let Some(pool) = pool.upgrade() else { return };
+            let relays = pool.relays.load(Ordering::Relaxed) > 0;
+            if relays {
+                let replies = pool.sweep(Instant::now());
+                drop(pool);
+                send_client_replies(replies).await;
+            }
+            if !busy.swap(false, Ordering::Relaxed) && !relays {
                 break;
             }
         }
     }
+}
+
+/// Sends client answers, batched per listening socket.
+pub(crate) async fn send_client_replies(replies: Vec<ClientReply>) {
+    let mut batch: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
+    let mut sock: Option<Arc<UdpSocket>> = None;
+    for r in replies {
+        if sock.as_ref().is_some_and(|s| !Arc::ptr_eq(s, &r.sock))
+            && let Some(s) = sock.take()
+        {
+            send_batch(&s, &mut batch).await;
+        }
+        sock.get_or_insert(r.sock);
+        batch.push((r.bytes, r.to));
+    }
+    if let Some(s) = sock {
+        send_batch(&s, &mut batch).await;
+    }
+}
+
+/// Sends `out` on `sock` with `sendmmsg`, waiting for the socket only when it is full.
+pub(crate) async fn send_batch(sock: &UdpSocket, out: &mut Vec<(Vec<u8>, SocketAddr)>) {
+    let sent = crate::batch::send_all(sock.as_raw_fd(), out);
+    for (b, to) in &out[sent..] {
+        let _ = sock.send_to(b, *to).await;
+    }
+    out.clear();
 }
 
 /// Whether `answer` answers the query whose question section is `question`: QR set and the
@@ -558,7 +1005,7 @@ fn answers(answer: &[u8], question: &[u8]) -> bool {
 
 /// Dispatches answers arriving on a pool socket to the waiting queries; anything that does not
 /// match a pending query's id and question is dropped.
-async fn read_answers(chan: Arc<Chan>) {
+async fn read_answers(pool: Arc<UdpPool>, chan: Arc<Chan>) {
     thread_local! {
         /// One set of receive buffers per thread for every pool socket (sockets come and go
         /// with rotation).
@@ -568,13 +1015,15 @@ async fn read_answers(chan: Arc<Chan>) {
     let cancelled = stop.cancelled();
     tokio::pin!(cancelled);
     let fd = chan.sock.as_raw_fd();
-    loop {
+    let mut relayed = Vec::new();
+    let mut replies = Vec::new();
+    'serve: loop {
         tokio::select! {
             biased;
             r = chan.sock.readable() => if r.is_err() {
-                return;
+                break;
             },
-            _ = &mut cancelled => return,
+            _ = &mut cancelled => break,
         }
         // Drain what is queued, then wait for readiness again.
         loop {
@@ -596,7 +1045,7 @@ async fn read_answers(chan: Arc<Chan>) {
                             f.ip() == chan.server.ip() && f.port() == chan.server.port()
                         });
                         if from_server && !truncated {
-                            dispatch(&chan, answer);
+                            dispatch(&pool, &chan, answer, &mut relayed);
                         }
                     }
                     // A short batch emptied the queue: wait for the next readiness edge
@@ -609,21 +1058,41 @@ async fn read_answers(chan: Arc<Chan>) {
                 // Other errors (ICMP from a down upstream): the queries time out.
                 Ok(r.is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock))
             });
+            for (st, answer, deadline) in relayed.drain(..) {
+                replies.extend(pool.answered(chan.server, st, answer, deadline));
+            }
             match done {
                 Ok(true) => break,
                 Ok(false) => {}
                 Err(e) => {
                     // No receive buffers: this socket's queries time out.
                     tracing::warn!(error = %e, "DNS upstream reader cannot map its buffers");
-                    return;
+                    break 'serve;
                 }
             }
         }
+        if !replies.is_empty() {
+            send_client_replies(std::mem::take(&mut replies)).await;
+        }
+    }
+    // Stopped: relayed queries still pending here are abandoned (they hold the request path).
+    let abandoned = chan.pending.lock().map(|mut p| std::mem::take(&mut *p));
+    if let Ok(p) = abandoned {
+        let relays = p
+            .values()
+            .filter(|p| matches!(p.waiter, Waiter::Relay { .. }))
+            .count();
+        pool.relays.fetch_sub(relays, Ordering::Relaxed);
+        drop(p);
     }
 }
 
-/// Hands `answer` to the pending query it matches (id and question), if any.
-fn dispatch(chan: &Chan, answer: &[u8]) {
+/// A relayed query answered: its state, the answer, and its server's deadline.
+type Relayed = (Box<RelayState>, Vec<u8>, Instant);
+
+/// Hands `answer` to the pending query it matches (id and question), if any; answers to relayed
+/// queries go to `relayed`.
+fn dispatch(pool: &UdpPool, chan: &Chan, answer: &[u8], relayed: &mut Vec<Relayed>) {
     if answer.len() < 12 {
         return;
     }
@@ -635,7 +1104,16 @@ fn dispatch(chan: &Chan, answer: &[u8]) {
         .get(&id)
         .is_some_and(|p| answers(answer, &p.question));
     if matches && let Some(p) = pending.remove(&id) {
-        let _ = p.tx.send(answer.to_vec());
+        match p.waiter {
+            Waiter::Task(tx) => {
+                let _ = tx.send(answer.to_vec());
+            }
+            Waiter::Relay { state, deadline } => {
+                pool.relays.fetch_sub(1, Ordering::Relaxed);
+                chan.removed(&pending);
+                relayed.push((state, answer.to_vec(), deadline));
+            }
+        }
     }
 }
 
@@ -953,5 +1431,123 @@ mod tests {
         while let Some(r) = set.join_next().await {
             assert_eq!(ips(&r.unwrap().unwrap()), vec!["192.0.2.1"]);
         }
+    }
+
+    /// A relay end handing the result to a channel.
+    struct ToChannel(oneshot::Sender<Result<Vec<u8>, ForwardError>>);
+
+    impl Relay for ToChannel {
+        fn finish(self: Box<Self>, result: Result<Vec<u8>, ForwardError>) -> Option<ClientReply> {
+            let _ = self.0.send(result);
+            None
+        }
+    }
+
+    async fn relay(f: &Forwarder, query: &Message) -> Result<Message, ForwardError> {
+        let (tx, rx) = oneshot::channel();
+        let mut q = query.clone();
+        q.set_edns(hickory_proto::op::Edns::new());
+        if let Some(e) = q.edns.as_mut() {
+            e.set_max_payload(1232);
+        }
+        assert!(
+            f.relay(q.to_vec().unwrap(), Box::new(ToChannel(tx)))
+                .is_none()
+        );
+        let raw = rx.await.unwrap()?;
+        Ok(Message::from_vec(&raw).unwrap())
+    }
+
+    #[tokio::test]
+    async fn relayed_queries_time_out_and_move_on() {
+        let dead = fake(None, Duration::ZERO).await;
+        let failing = fake(Some(ResponseCode::ServFail), Duration::ZERO).await;
+        let good = fake(Some(ResponseCode::NXDomain), Duration::ZERO).await;
+        assert!(!fwd(vec![dead, good], true).can_relay());
+        assert!(fwd(vec![dead], true).can_relay());
+        for _ in 0..3 {
+            let f = fwd(vec![dead, failing, good], false);
+            let m = relay(&f, &query()).await.unwrap();
+            assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
+            assert_eq!(m.metadata.id, 42);
+        }
+        let f = fwd(vec![dead, failing], false);
+        let m = relay(&f, &query()).await.unwrap();
+        assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
+        let f = fwd(vec![dead], false);
+        assert!(matches!(
+            relay(&f, &query()).await,
+            Err(ForwardError::Timeout { .. })
+        ));
+        assert_eq!(f.pool.relays.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn relayed_queries_ignore_spoofs_and_survive_rotation() {
+        let (up, seen) = recording(|req| {
+            let mut wrong_id = a_answer(req, "6.6.6.2");
+            wrong_id.metadata.id ^= 1;
+            let mut wrong_question = a_answer(req, "6.6.6.3");
+            wrong_question.queries[0] =
+                Query::query(Name::from_ascii("b.example.com.").unwrap(), RecordType::A);
+            vec![
+                (false, a_answer(req, "6.6.6.1")),
+                (true, wrong_id),
+                (true, wrong_question),
+            ]
+        })
+        .await;
+        // A new socket every 2 queries while earlier ones still wait for their answers.
+        let f = Arc::new(fwd(vec![up], false).with_rotation(2, Duration::from_secs(3600)));
+        let mut set = JoinSet::new();
+        for _ in 0..40 {
+            let f = f.clone();
+            set.spawn(async move { relay(&f, &query()).await });
+        }
+        while let Some(r) = set.join_next().await {
+            let m = r.unwrap().unwrap();
+            assert_eq!(ips(&m), vec!["192.0.2.1"]);
+            assert_eq!(m.metadata.id, 42);
+        }
+        let seen = seen.lock().unwrap();
+        let ids: std::collections::HashSet<u16> = seen.iter().map(|&(_, id)| id).collect();
+        assert!(ids.len() >= 35, "{} distinct ids in 40 queries", ids.len());
+        let ports: std::collections::HashSet<u16> = seen.iter().map(|&(p, _)| p).collect();
+        assert!(ports.len() >= 15, "{} source ports", ports.len());
+        assert_eq!(f.pool.relays.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn truncated_relayed_answer_retried_over_tcp() {
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let udp = UdpSocket::bind(addr).await.unwrap();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            while let Ok((n, from)) = udp.recv_from(&mut buf).await {
+                let mut resp = Message::from_vec(&buf[..n]).unwrap();
+                resp.metadata.message_type = MessageType::Response;
+                resp.metadata.truncation = true;
+                let _ = udp.send_to(&resp.to_vec().unwrap(), from).await;
+            }
+        });
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = tcp.accept().await {
+                let mut len = [0u8; 2];
+                s.read_exact(&mut len).await.unwrap();
+                let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
+                s.read_exact(&mut q).await.unwrap();
+                let a = a_answer(&Message::from_vec(&q).unwrap(), "192.0.2.7")
+                    .to_vec()
+                    .unwrap();
+                s.write_all(&(a.len() as u16).to_be_bytes()).await.unwrap();
+                s.write_all(&a).await.unwrap();
+            }
+        });
+        let f = fwd(vec![addr], false);
+        let m = relay(&f, &query()).await.unwrap();
+        assert_eq!(ips(&m), vec!["192.0.2.7"]);
+        assert_eq!(m.metadata.id, 42);
+        assert!(!m.metadata.truncation);
     }
 }

@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 use crate::batch::RecvBatch;
 use crate::cache::{Cache, Key};
 use crate::fast;
-use crate::forward::{Forwarder, Raw, Transport};
+use crate::forward::{ClientReply, ForwardError, Forwarder, Raw, Relay, Transport};
 use crate::message::{self, MAX_SIZE, OUR_UDP_PAYLOAD};
 use crate::table::{Expansion, LookupTable, TableHandle};
 use crate::wire;
@@ -533,7 +533,7 @@ async fn udp_serve(
         source: Arc::new(e),
     };
     let mut batch = RecvBatch::new().map_err(serve_err)?;
-    let mut replies: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
+    let mut out = Outgoing::default();
     let fd = sock.as_raw_fd();
     loop {
         sock.readable().await.map_err(serve_err)?;
@@ -542,7 +542,7 @@ async fn udp_serve(
             for i in 0..n {
                 // Queries longer than a datagram buffer cannot be whole: dropped.
                 if let (bytes, Some(src), false) = batch.get(i) {
-                    packet(&sock, &inner, &shutdown, &tracker, bytes, src, &mut replies);
+                    packet(&sock, &inner, &shutdown, &tracker, bytes, src, &mut out);
                 }
             }
             // A short batch emptied the queue: wait for the next readiness edge rather than
@@ -558,31 +558,32 @@ async fn udp_serve(
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || is_transient(&e) => {}
             Err(e) => return Err(serve_err(e)),
         }
-        if !replies.is_empty() {
-            send_replies(&sock, &mut replies).await;
+        if !out.relays.is_empty() {
+            for r in inner.forwarder.relay_batch(&mut out.relays) {
+                out.replies.push((r.bytes, r.to));
+            }
+        }
+        if !out.replies.is_empty() {
+            send_replies(&sock, &mut out.replies).await;
         }
     }
 }
 
 /// Sends the batch's answers with `sendmmsg`, waiting for the socket only when it is full.
 async fn send_replies(sock: &UdpSocket, replies: &mut Vec<(Vec<u8>, SocketAddr)>) {
-    let fd = sock.as_raw_fd();
-    let mut sent = 0;
-    let _ = sock.try_io(Interest::WRITABLE, || {
-        sent = crate::batch::send_all(fd, replies);
-        if sent < replies.len() {
-            Err(std::io::ErrorKind::WouldBlock.into())
-        } else {
-            Ok(())
-        }
-    });
-    for (b, to) in &replies[sent..] {
-        let _ = sock.send_to(b, *to).await;
-    }
-    replies.clear();
+    crate::forward::send_batch(sock, replies).await;
 }
 
-/// One received UDP datagram: an answer now (queued in `replies`), or a forward in its own task.
+/// What a receive batch produced: answers to send, and queries to relay upstream (sent
+/// together after the batch).
+#[derive(Default)]
+struct Outgoing {
+    replies: Vec<(Vec<u8>, SocketAddr)>,
+    relays: Vec<(Vec<u8>, Box<dyn Relay>)>,
+}
+
+/// One received UDP datagram: an answer now, a query to relay (both queued in `out`), or a
+/// forward in its own task (parallel mode, the `Message` path).
 fn packet(
     sock: &Arc<UdpSocket>,
     inner: &Arc<Inner>,
@@ -590,12 +591,26 @@ fn packet(
     tracker: &TaskTracker,
     bytes: &[u8],
     src: SocketAddr,
-    replies: &mut Vec<(Vec<u8>, SocketAddr)>,
+    out: &mut Outgoing,
 ) {
+    let Outgoing { replies, relays } = out;
     match inner.handle(bytes, Transport::Udp) {
         Action::Reply(b) => replies.push((b, src)),
         Action::Drop => {}
         Action::ForwardWire(w) => match inner.forwards.clone().try_acquire_owned() {
+            Ok(permit) if inner.forwarder.can_relay() => {
+                inner.metrics.upstream_requests.inc();
+                let query = wire::upstream_query(&w.req, &w.q, inner.forwarder.udp_payload);
+                let ctx = Box::new(WireRelay {
+                    inner: inner.clone(),
+                    w,
+                    sock: sock.clone(),
+                    src,
+                    start: tokio::time::Instant::now(),
+                    _permit: permit,
+                });
+                relays.push((query, ctx));
+            }
             Ok(permit) => {
                 let (sock, inner, shutdown) = (sock.clone(), inner.clone(), shutdown.clone());
                 tracker.spawn(async move {
@@ -634,6 +649,41 @@ fn packet(
                 }
             }
         },
+    }
+}
+
+/// A wire-path query relayed upstream without a task of its own (see [`Forwarder::relay`]):
+/// the client's answer is made and sent where the upstream's answer (or timeout) is handled.
+struct WireRelay {
+    inner: Arc<Inner>,
+    w: Box<WireQuery>,
+    sock: Arc<UdpSocket>,
+    src: SocketAddr,
+    start: tokio::time::Instant,
+    /// Counts against the bound on queries in flight until the answer is made.
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Relay for WireRelay {
+    fn finish(self: Box<Self>, result: Result<Vec<u8>, ForwardError>) -> Option<ClientReply> {
+        let inner = &self.inner;
+        inner
+            .metrics
+            .upstream_duration
+            .observe(self.start.elapsed().as_secs_f64());
+        let bytes = match result {
+            Ok(answer) => inner.wire_answer(&self.w, answer)?,
+            Err(e) => {
+                inner.metrics.upstream_failures.inc();
+                tracing::debug!(error = %e, "DNS forward failed");
+                wire::error_answer(&self.w.req, &self.w.q, 2)
+            }
+        };
+        Some(ClientReply {
+            sock: self.sock.clone(),
+            bytes,
+            to: self.src,
+        })
     }
 }
 

@@ -89,6 +89,37 @@ impl Envoy {
     }
 }
 
+/// Serials of the certificates for `spiffe_id` (a URI SAN) in Envoy's answer to `/certs`
+/// (status, body), each once, in Envoy's order. An error when the answer is not 200 JSON or
+/// holds no such certificate yet.
+pub fn cert_serials(certs: (u16, String), spiffe_id: &str) -> Result<Vec<String>, String> {
+    let (code, body) = certs;
+    if code != 200 {
+        return Err(format!("/certs {code}: {body}"));
+    }
+    let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+    let mut out: Vec<String> = Vec::new();
+    for c in v["certificates"].as_array().into_iter().flatten() {
+        for cert in c["cert_chain"].as_array().into_iter().flatten() {
+            let ours = cert["subject_alt_names"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|s| s["uri"].as_str() == Some(spiffe_id));
+            if ours
+                && let Some(serial) = cert["serial_number"].as_str()
+                && !out.iter().any(|s| s == serial)
+            {
+                out.push(serial.to_string());
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("no certificate for {spiffe_id} yet"));
+    }
+    Ok(out)
+}
+
 fn read_admin_address(path: &Path) -> SocketAddr {
     crate::assert_eventually(Duration::from_secs(20), || {
         let s = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -96,4 +127,49 @@ fn read_admin_address(path: &Path) -> SocketAddr {
             .parse()
             .map_err(|e| format!("admin address {s:?}: {e}"))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cert_serials;
+
+    const ID: &str = "spiffe://cluster.local/ns/demo/sa/a";
+
+    fn leaf(serial: &str, uri: &str) -> String {
+        format!(r#"{{"serial_number":"{serial}","subject_alt_names":[{{"uri":"{uri}"}}]}}"#)
+    }
+
+    #[test]
+    fn cert_serials_lists_ours_once_in_order() {
+        let other = "spiffe://cluster.local/ns/demo/sa/b";
+        let body = format!(
+            r#"{{"certificates":[
+                {{"ca_cert":[{{"serial_number":"r1"}}],"cert_chain":[]}},
+                {{"cert_chain":[{},{}]}},
+                {{"cert_chain":[{},{}]}}]}}"#,
+            leaf("s2", ID),
+            leaf("x", other),
+            leaf("s1", ID),
+            leaf("s2", ID),
+        );
+        assert_eq!(
+            cert_serials((200, body), ID),
+            Ok(vec!["s2".into(), "s1".into()])
+        );
+    }
+
+    #[test]
+    fn cert_serials_errs_without_our_certificate_or_a_good_answer() {
+        let none = format!(
+            r#"{{"certificates":[{{"cert_chain":[{}]}}]}}"#,
+            leaf("x", "u")
+        );
+        let no_id = cert_serials((200, none), ID).expect_err("no certificate for the id");
+        assert!(no_id.contains(ID), "{no_id}");
+        let empty = r#"{"certificates":[]}"#.to_string();
+        assert!(cert_serials((200, empty), ID).is_err());
+        let status = cert_serials((503, "down".into()), ID).expect_err("503");
+        assert!(status.contains("503"), "{status}");
+        assert!(cert_serials((200, "not json".into()), ID).is_err());
+    }
 }

@@ -18,6 +18,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
+use harness::envoy::cert_serials;
 use harness::local::{
     LocalIstiod, Ports, Unprivileged, agent_env, httpbin_config, start_envoy, write_bootstrap,
 };
@@ -100,31 +101,8 @@ impl Sidecar {
 
     /// Serials of the certificates with our SPIFFE id that Envoy holds (`/certs`).
     fn serials(&self) -> Result<Vec<String>, String> {
-        let (code, body) = http_get(self.admin(), "/certs")?;
-        if code != 200 {
-            return Err(format!("/certs {code}: {body}"));
-        }
-        let want = format!("spiffe://cluster.local/ns/demo/sa/{SERVICE_ACCOUNT}");
-        let v: serde_json::Value =
-            serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
-        let mut out = Vec::new();
-        for c in v["certificates"].as_array().into_iter().flatten() {
-            for cert in c["cert_chain"].as_array().into_iter().flatten() {
-                let ours = cert["subject_alt_names"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|s| s["uri"].as_str() == Some(want.as_str()));
-                let serial = cert["serial_number"].as_str().unwrap_or_default();
-                if ours && !out.iter().any(|s| s == serial) {
-                    out.push(serial.to_string());
-                }
-            }
-        }
-        if out.is_empty() {
-            return Err(format!("no certificate for {want} yet"));
-        }
-        Ok(out)
+        let id = format!("spiffe://cluster.local/ns/demo/sa/{SERVICE_ACCOUNT}");
+        cert_serials(http_get(self.admin(), "/certs")?, &id)
     }
 
     /// The agent's metrics (`/stats/prometheus` on the status port).

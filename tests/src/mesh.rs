@@ -385,49 +385,89 @@ impl Pod {
     }
 }
 
-/// Steady traffic from a pod's app across a disruption: `curl` as the app user (5 s timeout per
-/// request) in a loop on its own thread until [`Load::stop`].
+/// Steady traffic from a pod across a disruption: one request after another on its own thread,
+/// pausing between them, until [`Load::stop`] (or until dropped, without waiting).
 pub struct Load {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<(usize, Vec<String>)>,
+    thread: Option<std::thread::JoinHandle<(usize, Vec<String>)>>,
 }
 
 impl Load {
-    /// GETs `url` from `pod`, pausing `pause` after each answer; a request succeeds when curl
-    /// does and the body contains `want`.
+    /// GETs `url` from `pod` with `curl` as the app user (5 s timeout per request), pausing
+    /// `pause` after each answer; a request succeeds when curl does and the body contains `want`.
     pub fn start(pod: &Pod, url: &str, want: &str, pause: Duration) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
         let (ns, url, want) = (pod.ns.name().to_string(), url.to_string(), want.to_string());
-        let thread = std::thread::spawn(move || {
-            let (mut ok, mut failed) = (0usize, Vec::new());
-            while !stopped.load(Ordering::Relaxed) {
-                let out = Command::new("ip")
-                    .args(["netns", "exec", &ns, "setpriv"])
-                    .arg(format!("--reuid={APP_UID}"))
-                    .arg(format!("--regid={APP_UID}"))
-                    .args(["--clear-groups", "curl", "-sS", "--max-time", "5", &url])
-                    .output()
-                    .expect("curl");
-                let body = String::from_utf8_lossy(&out.stdout).into_owned();
-                if out.status.success() && body.contains(&want) {
-                    ok += 1;
-                } else {
-                    failed.push(body + &String::from_utf8_lossy(&out.stderr));
-                }
-                std::thread::sleep(pause);
-            }
-            (ok, failed)
-        });
+        Load::on(|stop| {
+            std::thread::spawn(move || {
+                repeat(&stop, pause, || {
+                    let out = Command::new("ip")
+                        .args(["netns", "exec", &ns, "setpriv"])
+                        .arg(format!("--reuid={APP_UID}"))
+                        .arg(format!("--regid={APP_UID}"))
+                        .args(["--clear-groups", "curl", "-sS", "--max-time", "5", &url])
+                        .output()
+                        .expect("curl");
+                    let body = String::from_utf8_lossy(&out.stdout).into_owned();
+                    if out.status.success() && body.contains(&want) {
+                        Ok(())
+                    } else {
+                        Err(body + &String::from_utf8_lossy(&out.stderr))
+                    }
+                })
+            })
+        })
+    }
+
+    /// Runs `request` from a thread inside `pod`'s namespace, as root (captured like an app's
+    /// traffic except to 127.0.0.1), pausing `pause` after each; an `Err` is a failed request.
+    pub fn run_in(
+        pod: &Pod,
+        pause: Duration,
+        request: impl FnMut() -> Result<(), String> + Send + 'static,
+    ) -> Load {
+        Load::on(|stop| pod.ns.spawn(move || repeat(&stop, pause, request)))
+    }
+
+    /// A load on the thread `spawn` starts, given the stop flag.
+    fn on(
+        spawn: impl FnOnce(Arc<AtomicBool>) -> std::thread::JoinHandle<(usize, Vec<String>)>,
+    ) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = Some(spawn(stop.clone()));
         Load { stop, thread }
     }
 
-    /// Stops after the request under way; returns how many succeeded and the output of each
-    /// one that failed.
-    pub fn stop(self) -> (usize, Vec<String>) {
+    /// Stops after the request under way; returns how many succeeded and the error of each one
+    /// that failed.
+    pub fn stop(mut self) -> (usize, Vec<String>) {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("load thread")
+        let thread = self.thread.take().expect("stopped once");
+        thread.join().expect("load thread")
     }
+}
+
+impl Drop for Load {
+    /// A test that panics with the load running stops it too.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// [`Load`]'s loop: `request`, then `pause`, until `stop`.
+fn repeat(
+    stop: &AtomicBool,
+    pause: Duration,
+    mut request: impl FnMut() -> Result<(), String>,
+) -> (usize, Vec<String>) {
+    let (mut ok, mut failed) = (0usize, Vec::new());
+    while !stop.load(Ordering::Relaxed) {
+        match request() {
+            Ok(()) => ok += 1,
+            Err(e) => failed.push(e),
+        }
+        std::thread::sleep(pause);
+    }
+    (ok, failed)
 }
 
 /// The service the end-to-end tests and the demo call.
@@ -476,13 +516,18 @@ spec:
 
 /// A DestinationRule with ISTIO_MUTUAL for httpbin, as a YAML document to append.
 pub fn istio_mutual() -> String {
+    istio_mutual_for("httpbin", HTTPBIN)
+}
+
+/// A DestinationRule `name` with ISTIO_MUTUAL for `host`, as a YAML document to append.
+pub fn istio_mutual_for(name: &str, host: &str) -> String {
     format!(
         r#"---
 apiVersion: networking.istio.io/v1
 kind: DestinationRule
-metadata: {{ name: httpbin, namespace: {NAMESPACE} }}
+metadata: {{ name: {name}, namespace: {NAMESPACE} }}
 spec:
-  host: {HTTPBIN}
+  host: {host}
   trafficPolicy: {{ tls: {{ mode: ISTIO_MUTUAL }} }}
 "#
     )

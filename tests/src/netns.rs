@@ -75,6 +75,16 @@ impl Netns {
 
     /// Runs `f` on a thread that has entered the namespace; returns its result.
     pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        self.spawn(f)
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    }
+
+    /// Starts `f` on a new thread that has entered the namespace.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
         let path = PathBuf::from("/run/netns").join(&self.name);
         std::thread::spawn(move || {
             let fd = File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
@@ -82,8 +92,6 @@ impl Netns {
                 .unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
             f()
         })
-        .join()
-        .unwrap_or_else(|e| std::panic::resume_unwind(e))
     }
 
     /// Presents `content` as /etc/resolv.conf to commands run with [`Netns::cmd`].

@@ -12,8 +12,10 @@
 //! Long runs: `scripts/soak.sh 30m`.
 
 use harness::assert_eventually;
-use harness::mesh::{HTTPBIN, HTTPBIN_VIP, Mesh, NAMESPACE, Pod, pod_in_a_box_config};
-use std::collections::BTreeSet;
+use harness::envoy::cert_serials;
+use harness::mesh::{
+    HTTPBIN, HTTPBIN_VIP, Load, Mesh, NAMESPACE, Pod, istio_mutual_for, pod_in_a_box_config,
+};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,6 +50,7 @@ fn soak_seconds() -> u64 {
 /// The base config (httpbin over HTTP, STRICT mTLS, ISTIO_MUTUAL) plus a TCP service on the
 /// same workload (port 81 → the app's second port, 8081).
 fn base_config(server_ip: &str) -> String {
+    let host = format!("echo-tcp.{NAMESPACE}.svc.cluster.local");
     pod_in_a_box_config(server_ip)
         + &format!(
             r#"---
@@ -55,21 +58,15 @@ apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {{ name: echo-tcp, namespace: {NAMESPACE} }}
 spec:
-  hosts: [echo-tcp.{NAMESPACE}.svc.cluster.local]
+  hosts: [{host}]
   addresses: [{TCP_VIP}]
   ports: [{{ number: {TCP_PORT}, name: tcp, protocol: TCP, targetPort: 8081 }}]
   location: MESH_INTERNAL
   resolution: STATIC
   workloadSelector: {{ labels: {{ app: httpbin }} }}
----
-apiVersion: networking.istio.io/v1
-kind: DestinationRule
-metadata: {{ name: echo-tcp, namespace: {NAMESPACE} }}
-spec:
-  host: echo-tcp.{NAMESPACE}.svc.cluster.local
-  trafficPolicy: {{ tls: {{ mode: ISTIO_MUTUAL }} }}
 "#
         )
+        + &istio_mutual_for("echo-tcp", &host)
 }
 
 /// Generation `g` of the churned config: the VirtualService on the traffic's route (its
@@ -166,29 +163,13 @@ fn request(tcp: bool) -> Result<(), String> {
 
 /// Serial of the workload certificate Envoy holds (`/certs`), if exactly one.
 fn envoy_serial(pod: &Pod) -> Option<String> {
-    let (code, body) = pod.envoy_admin("/certs").ok()?;
-    if code != 200 {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-    let want = format!(
+    let id = format!(
         "spiffe://cluster.local/ns/{NAMESPACE}/sa/{}",
         pod.service_account
     );
-    let mut serials = BTreeSet::new();
-    for c in v["certificates"].as_array().into_iter().flatten() {
-        for cert in c["cert_chain"].as_array().into_iter().flatten() {
-            let ours = cert["subject_alt_names"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|s| s["uri"].as_str() == Some(want.as_str()));
-            if ours && let Some(s) = cert["serial_number"].as_str() {
-                serials.insert(s.to_string());
-            }
-        }
-    }
-    (serials.len() == 1).then(|| serials.into_iter().next().expect("one"))
+    let serials = cert_serials(pod.envoy_admin("/certs").ok()?, &id).ok()?;
+    let [one] = <[String; 1]>::try_from(serials).ok()?;
+    Some(one)
 }
 
 /// Envoy's per-host counter `name` of its cluster `cluster` (`/clusters`: host statistics are
@@ -297,7 +278,7 @@ struct Sample {
     rotations: [usize; 2],
 }
 
-/// Sets the stop flag when dropped, so a panic in the test body ends the worker threads.
+/// Sets the stop flag when dropped, so a panic in the test body ends the sampler thread.
 struct StopOnDrop<'a>(&'a AtomicBool);
 impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
@@ -336,7 +317,6 @@ fn soak_traffic_pushes_rotations_and_a_control_plane_restart() {
     mesh.inject_with(&mut client, &ttl);
     mesh.wait_ready(&server, Duration::from_secs(30));
     mesh.wait_ready(&client, Duration::from_secs(30));
-    let client_ns = client.ns.name().to_string();
     for tcp in [false, true] {
         assert_eventually(Duration::from_secs(20), || {
             client.ns.run(move || request(tcp))
@@ -357,22 +337,12 @@ fn soak_traffic_pushes_rotations_and_a_control_plane_restart() {
     let start = Instant::now();
     let (traffic, samples, serials, restart, generations) = std::thread::scope(|scope| {
         let _stop_guard = StopOnDrop(&stop);
-        // Steady traffic, alternating HTTP and TCP, one request every ~50 ms.
-        let loader = scope.spawn(|| {
-            let ns = std::fs::File::open(format!("/run/netns/{client_ns}")).expect("client ns");
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            let (mut ok, mut failed) = ([0usize; 2], Vec::new());
-            let mut i = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                let tcp = i % 2 == 1;
-                match request(tcp) {
-                    Ok(()) => ok[tcp as usize] += 1,
-                    Err(e) => failed.push(format!("{:.1}s: {e}", start.elapsed().as_secs_f64())),
-                }
-                i += 1;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            (ok, failed)
+        // Steady traffic, HTTP and TCP side by side, each one request every ~100 ms; a failure
+        // is stamped with the time since the start.
+        let [http, tcp] = [false, true].map(|tcp| {
+            Load::run_in(&client, Duration::from_millis(100), move || {
+                request(tcp).map_err(|e| format!("{:.1}s: {e}", start.elapsed().as_secs_f64()))
+            })
         });
         // Agents' memory and descriptors, and the serial each Envoy serves, every 250 ms.
         let sampler = scope.spawn(|| {
@@ -434,7 +404,9 @@ fn soak_traffic_pushes_rotations_and_a_control_plane_restart() {
         // The last generation reached both Envoys.
         wait_synced(&mesh, &[&client, &server], Duration::from_secs(20));
         stop.store(true, Ordering::Relaxed);
-        let traffic = loader.join().expect("loader");
+        let ((http_ok, mut failed), (tcp_ok, tcp_failed)) = (http.stop(), tcp.stop());
+        failed.extend(tcp_failed);
+        let traffic = ([http_ok, tcp_ok], failed);
         let (samples, serials) = sampler.join().expect("sampler");
         (traffic, samples, serials, restart, generation)
     });

@@ -10,6 +10,8 @@ use serde_json::{Map, Value, json};
 
 use crate::config::{AuthPolicy, Config, NodeType, parse_bool, split_host_port};
 
+pub mod template;
+
 /// Bootstrap errors.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -24,6 +26,11 @@ pub enum Error {
     Template {
         path: PathBuf,
         source: std::io::Error,
+    },
+    #[error("cannot render bootstrap template {path}")]
+    Render {
+        path: PathBuf,
+        source: template::Error,
     },
 }
 
@@ -412,9 +419,9 @@ fn inclusion(
     out
 }
 
-fn stats_matcher(config: &Config) -> Value {
+/// The stats inclusion lists (prefixes, suffixes, regexps), each with Istio's required entries.
+fn inclusion_lists(config: &Config) -> (Vec<String>, Vec<String>, Vec<String>) {
     let wanted = &config.proxy.stats_matcher;
-    let mut patterns = vec![json!({ "prefix": "reporter=" })];
     let prefixes = inclusion(
         config,
         "sidecar.istio.io/statsInclusionPrefixes",
@@ -427,7 +434,6 @@ fn stats_matcher(config: &Config) -> Value {
             "wasm",
         ],
     );
-    patterns.extend(prefixes.into_iter().map(|p| json!({ "prefix": p })));
     let mut required_suffixes = vec![
         "rbac.allowed",
         "rbac.denied",
@@ -443,13 +449,20 @@ fn stats_matcher(config: &Config) -> Value {
         &wanted.inclusion_suffixes,
         &required_suffixes,
     );
-    patterns.extend(suffixes.into_iter().map(|s| json!({ "suffix": s })));
     let regexps = inclusion(
         config,
         "sidecar.istio.io/statsInclusionRegexps",
         &wanted.inclusion_regexps,
         &[r"vhost\..*\.route\..*"],
     );
+    (prefixes, suffixes, regexps)
+}
+
+fn stats_matcher(config: &Config) -> Value {
+    let (prefixes, suffixes, regexps) = inclusion_lists(config);
+    let mut patterns = vec![json!({ "prefix": "reporter=" })];
+    patterns.extend(prefixes.into_iter().map(|p| json!({ "prefix": p })));
+    patterns.extend(suffixes.into_iter().map(|s| json!({ "suffix": s })));
     patterns.extend(
         regexps
             .into_iter()
@@ -460,11 +473,9 @@ fn stats_matcher(config: &Config) -> Value {
     json!({ "inclusion_list": { "patterns": patterns } })
 }
 
-/// Renders the bootstrap as JSON.
-pub fn render(config: &Config, ports: Ports) -> Result<Value, Error> {
-    let fam = family(config);
-    let admin_port = config.proxy.proxy_admin_port;
-    let meta = node_metadata(config)?;
+/// `node.locality` from the pod's `topology.istio.io/locality` (or `istio-locality`) label:
+/// `region`, `zone` and `sub_zone`, each only when set.
+fn locality(config: &Config) -> Map<String, Value> {
     let mut locality = Map::new();
     if let Some(loc) = config
         .pod_labels
@@ -478,6 +489,15 @@ pub fn render(config: &Config, ports: Ports) -> Result<Value, Error> {
             }
         }
     }
+    locality
+}
+
+/// Renders the bootstrap as JSON.
+pub fn render(config: &Config, ports: Ports) -> Result<Value, Error> {
+    let fam = family(config);
+    let admin_port = config.proxy.proxy_admin_port;
+    let meta = node_metadata(config)?;
+    let locality = locality(config);
     let log_format = if config.flags.log_as_json {
         json!({ "json_format": {
             "time": "%Y-%m-%dT%T.%fZ", "level": "%l", "scope": "envoy %n",
@@ -630,81 +650,139 @@ pub fn render(config: &Config, ports: Ports) -> Result<Value, Error> {
     Ok(bootstrap)
 }
 
-/// Template parameters a user template (`ISTIO_BOOTSTRAP`, `--templateFile`) may reference as
-/// `{{ .name }}` (Istio's Go templates; only plain substitutions are supported).
-fn template_params(config: &Config, ports: Ports) -> Result<BTreeMap<&'static str, String>, Error> {
+/// The data a user template (`ISTIO_BOOTSTRAP`, `--templateFile`) is rendered with: Istio's
+/// bootstrap option keys (§8.2 of the reference) that the agent can compute. As in Istio,
+/// `meta_json_str`, `runtime_flags` and `pilot_grpc_address` are JSON text to embed as is,
+/// optional keys are absent when unset, and `config` is ProxyConfig with Go field names
+/// (durations as strings such as `"45s"`; `StatusPort` is the bound status port).
+pub fn template_data(config: &Config, ports: Ports) -> Result<Value, Error> {
     let fam = family(config);
     let meta = node_metadata(config)?;
-    let mut p = BTreeMap::new();
-    p.insert("nodeID", config.node_id());
-    p.insert("nodeType", config.node_type.as_str().to_string());
-    p.insert("cluster", service_cluster(config));
-    p.insert("meta_json_str", Value::Object(meta).to_string());
-    p.insert(
-        "runtime_flags",
-        Value::Object(runtime_flags(config)).to_string(),
+    let pilot_san = meta.get("PILOT_SAN").cloned();
+    let node_id = config.node_id();
+    let proxy = &config.proxy;
+    let mut d = Map::new();
+    let mut put = |k: &str, v: Value| {
+        d.insert(k.to_string(), v);
+    };
+    put(
+        "nodeType",
+        json!(node_id.split('~').next().unwrap_or_default()),
     );
-    p.insert("localhost", fam.localhost.into());
-    p.insert("wildcard", fam.wildcard.into());
-    p.insert("dns_lookup_family", fam.lookup.into());
-    p.insert(
+    put("nodeID", json!(node_id));
+    put("cluster", json!(service_cluster(config)));
+    for (k, v) in locality(config) {
+        put(&k, v);
+    }
+    put("meta_json_str", json!(Value::Object(meta).to_string()));
+    put(
+        "runtime_flags",
+        json!(Value::Object(runtime_flags(config)).to_string()),
+    );
+    let mut pc = json!({
+        "ConfigPath": proxy.config_path,
+        "BinaryPath": proxy.binary_path,
+        "ServiceCluster": proxy.service_cluster,
+        "DrainDuration": format!("{}s", proxy.drain_duration.as_secs_f64()),
+        "TerminationDrainDuration": format!("{}s", proxy.termination_drain_duration.as_secs_f64()),
+        "DiscoveryAddress": proxy.discovery_address,
+        "ProxyAdminPort": proxy.proxy_admin_port,
+        "StatusPort": ports.status,
+        "ControlPlaneAuthPolicy": match proxy.control_plane_auth_policy {
+            AuthPolicy::None => "NONE",
+            AuthPolicy::MutualTls => "MUTUAL_TLS",
+        },
+        "ProxyMetadata": proxy.proxy_metadata,
+        "RuntimeValues": proxy.runtime_values,
+        "CustomConfigFile": proxy.custom_config_file,
+        "ProxyBootstrapTemplatePath": proxy.proxy_bootstrap_template_path,
+    });
+    if let Some(c) = proxy.concurrency {
+        pc["Concurrency"] = json!(c);
+    }
+    put("config", pc);
+    if !proxy.discovery_address.is_empty() {
+        put("discovery_address", json!(proxy.discovery_address));
+    }
+    if let Some((host, port)) = split_host_port(&proxy.discovery_address) {
+        put("discovery_host", json!(host));
+        // Istio's address option: JSON text `{"address": "<host>", "port_value": <port>}`.
+        put(
+            "pilot_grpc_address",
+            json!(format!(
+                "{{\"address\": \"{host}\", \"port_value\": {port}}}"
+            )),
+        );
+    }
+    if let Some(san) = pilot_san {
+        put("pilot_SAN", san);
+    }
+    put(
         "xds_type",
-        if config.delta_xds {
+        json!(if config.delta_xds {
             "DELTA_GRPC"
         } else {
             "GRPC"
-        }
-        .into(),
+        }),
     );
-    p.insert("envoy_status_port", config.envoy_status_port.to_string());
-    p.insert(
-        "envoy_prometheus_port",
-        config.envoy_prometheus_port.to_string(),
-    );
-    p.insert(
-        "config.ProxyAdminPort",
-        config.proxy.proxy_admin_port.to_string(),
-    );
-    p.insert("config.StatusPort", ports.status.to_string());
-    p.insert("config.ConfigPath", config.proxy.config_path.clone());
-    p.insert("discovery_address", config.proxy.discovery_address.clone());
-    p.insert(
-        "workload_identity_socket_file",
-        config.workload_identity_socket_file.clone(),
-    );
-    p.insert(
-        "global_downstream_max_connections",
-        global_downstream_max_connections(config).to_string(),
-    );
-    Ok(p)
-}
-
-/// Substitutes `{{ .name }}` placeholders; unknown names become empty (Go's `<no value>` is
-/// never useful in JSON).
-fn render_template(text: &str, params: &BTreeMap<&'static str, String>) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let Some(end) = after.find("}}") else {
-            out.push_str(&rest[start..]);
-            return out;
-        };
-        let key = after[..end]
-            .trim()
-            .trim_start_matches('-')
-            .trim_end_matches('-')
-            .trim();
-        if let Some(name) = key.strip_prefix('.')
-            && let Some(v) = params.get(name)
-        {
-            out.push_str(v);
-        }
-        rest = &after[end + 2..];
+    if !config.xds_root_ca.is_empty() {
+        put("xds_root_cert", json!(config.xds_root_ca));
     }
-    out.push_str(rest);
-    out
+    put("localhost", json!(fam.localhost));
+    put("wildcard", json!(fam.wildcard));
+    put("dns_lookup_family", json!(fam.lookup));
+    if fam.lookup == "ALL" {
+        let (l, w) = if fam.localhost == "::1" {
+            ("127.0.0.1", "0.0.0.0")
+        } else {
+            ("::1", "::")
+        };
+        put("additional_localhost", json!(l));
+        put("additional_wildcard", json!(w));
+        put("dual_stack", json!(true));
+    }
+    put("envoy_status_port", json!(config.envoy_status_port));
+    put("envoy_prometheus_port", json!(config.envoy_prometheus_port));
+    put(
+        "global_downstream_max_connections",
+        json!(global_downstream_max_connections(config)),
+    );
+    if config
+        .env
+        .get("ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL")
+        .and_then(|v| parse_bool(v))
+        .unwrap_or(false)
+    {
+        put("envoy_status_port_enable_proxy_protocol", json!(true));
+    }
+    let metrics_local = config.metrics_localhost_only
+        || proxy
+            .proxy_metadata
+            .get("METRICS_LOCALHOST_ACCESS_ONLY")
+            .and_then(|v| parse_bool(v))
+            .unwrap_or(false);
+    if metrics_local {
+        put("metrics_localhost_access_only", json!(true));
+    }
+    put(
+        "workload_identity_socket_file",
+        json!(config.workload_identity_socket_file),
+    );
+    if config.flags.log_as_json {
+        put("log_json", json!(true));
+    }
+    if !config.flags.outlier_log_path.is_empty() {
+        put("outlier_log_path", json!(config.flags.outlier_log_path));
+    }
+    if config.flags.sts_port > 0 {
+        put("sts", json!(true));
+        put("sts_port", json!(config.flags.sts_port));
+    }
+    let (prefixes, suffixes, regexps) = inclusion_lists(config);
+    put("inclusionPrefix", json!(prefixes));
+    put("inclusionSuffix", json!(suffixes));
+    put("inclusionRegexps", json!(regexps));
+    Ok(Value::Object(d))
 }
 
 /// What Envoy is started with.
@@ -745,10 +823,12 @@ pub fn write(config: &Config, ports: Ports, out: Option<&Path>) -> Result<Writte
             } else {
                 "json"
             };
-            (
-                render_template(&text, &template_params(config, ports)?),
-                ext,
-            )
+            let data = template_data(config, ports)?;
+            let rendered = template::render(&text, &data).map_err(|source| Error::Render {
+                path: t.clone(),
+                source,
+            })?;
+            (rendered, ext)
         }
         None => {
             let v = render(config, ports)?;
@@ -1017,7 +1097,8 @@ mod tests {
         assert!(w.generated);
         let v: Value = serde_json::from_str(&std::fs::read_to_string(&w.path).unwrap()).unwrap();
         assert_eq!(v["p"], 123);
-        assert_eq!(v["x"], "");
+        // Go's default for a missing key (Istio sets no `missingkey` option).
+        assert_eq!(v["x"], "<no value>");
         assert!(v["id"].as_str().unwrap().starts_with("sidecar~"));
 
         let c = config(
@@ -1027,6 +1108,123 @@ mod tests {
         let w = write(&c, Ports { status: 1 }, None).unwrap();
         assert_eq!(w.path, PathBuf::from("/x/custom.json"));
         assert!(!w.generated);
+    }
+
+    /// The structured data model: nested `config`, Istio's JSON-text keys, lists and the
+    /// keys that are absent unless set.
+    #[test]
+    fn template_data_has_istio_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let pod = dir.path().join("etc/istio/pod");
+        std::fs::create_dir_all(&pod).unwrap();
+        std::fs::write(
+            pod.join("labels"),
+            "topology.istio.io/locality=\"us-east1.us-east1-b.rack1\"\n",
+        )
+        .unwrap();
+        let c = config(
+            dir.path(),
+            &[
+                ("POD_NAME", "p"),
+                ("POD_NAMESPACE", "ns1"),
+                ("INSTANCE_IP", "198.18.0.2"),
+                ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
+            ],
+        );
+        let d = template_data(&c, Ports { status: 15020 }).unwrap();
+        assert_eq!(d["nodeType"], "sidecar");
+        assert_eq!(
+            d["nodeID"],
+            "sidecar~198.18.0.2~p.ns1~ns1.svc.cluster.local"
+        );
+        assert_eq!(d["cluster"], "istio-proxy.ns1");
+        assert_eq!(
+            (&d["region"], &d["zone"], &d["sub_zone"]),
+            (&json!("us-east1"), &json!("us-east1-b"), &json!("rack1"))
+        );
+        let meta: Value = serde_json::from_str(d["meta_json_str"].as_str().unwrap()).unwrap();
+        assert_eq!(meta["CLUSTER_ID"], "Kubernetes");
+        let flags: Value = serde_json::from_str(d["runtime_flags"].as_str().unwrap()).unwrap();
+        assert_eq!(flags["re2.max_program_size.error_level"], "32768");
+        assert_eq!(d["config"]["ProxyAdminPort"], 15000);
+        assert_eq!(d["config"]["StatusPort"], 15020);
+        assert_eq!(d["config"]["ConfigPath"], "./etc/istio/proxy");
+        assert_eq!(
+            d["config"]["DiscoveryAddress"],
+            "istiod.istio-system.svc:15012"
+        );
+        assert_eq!(d["discovery_host"], "istiod.istio-system.svc");
+        let grpc: Value = serde_json::from_str(d["pilot_grpc_address"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            grpc,
+            json!({"address": "istiod.istio-system.svc", "port_value": 15012})
+        );
+        assert_eq!(d["pilot_SAN"], json!(["istiod.istio-system.svc"]));
+        assert_eq!(d["xds_type"], "DELTA_GRPC");
+        assert_eq!(
+            (&d["localhost"], &d["wildcard"], &d["dns_lookup_family"]),
+            (&json!("127.0.0.1"), &json!("0.0.0.0"), &json!("V4_ONLY"))
+        );
+        assert_eq!(d["envoy_status_port"], 15021);
+        assert_eq!(d["envoy_prometheus_port"], 15090);
+        assert_eq!(d["global_downstream_max_connections"], i32::MAX);
+        assert_eq!(d["workload_identity_socket_file"], "socket");
+        assert_eq!(d["inclusionPrefix"][0], "cluster_manager");
+        assert_eq!(d["inclusionSuffix"][0], "rbac.allowed");
+        assert_eq!(d["inclusionRegexps"], json!([r"vhost\..*\.route\..*"]));
+        for absent in [
+            "outlier_log_path",
+            "sts",
+            "log_json",
+            "additional_localhost",
+        ] {
+            assert!(d.get(absent).is_none(), "{absent}");
+        }
+    }
+
+    /// A realistic Istio-style template (if/else, range, toJSON, nested `.config`) renders to
+    /// JSON that carries the data model (real Envoy validates it in tests/tests/agent.rs).
+    #[test]
+    fn istio_style_template_renders_json() {
+        let text = include_str!("../testdata/istio_style_bootstrap_tmpl.json");
+        let dir = tempfile::tempdir().unwrap();
+        let pc = r#"{"proxyStatsMatcher":{"inclusionPrefixes":["upstream_cx"]}}"#;
+        let c = config(
+            dir.path(),
+            &[
+                ("POD_NAME", "p"),
+                ("POD_NAMESPACE", "ns1"),
+                ("INSTANCE_IP", "198.18.0.2"),
+                ("PROXY_CONFIG", pc),
+            ],
+        );
+        let data = template_data(&c, Ports { status: 15020 }).unwrap();
+        let out = template::render(text, &data).unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
+        assert_eq!(v["node"]["id"], data["nodeID"]);
+        assert_eq!(v["node"]["locality"], json!({}));
+        assert_eq!(v["admin"]["address"]["socket_address"]["port_value"], 15000);
+        assert_eq!(
+            v["layered_runtime"]["layers"][0]["static_layer"]["re2.max_program_size.error_level"],
+            "32768"
+        );
+        let patterns = v["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"]
+            .as_array()
+            .unwrap();
+        assert_eq!(patterns[1], json!({"prefix": "upstream_cx"}));
+        assert!(patterns.contains(&json!({"safe_regex": {"regex": r"vhost\..*\.route\..*"}})));
+        let clusters = v["static_resources"]["clusters"].as_array().unwrap();
+        assert_eq!(
+            clusters[4]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+                ["socket_address"]["port_value"],
+            15012
+        );
+        assert_eq!(
+            v["static_resources"]["listeners"][1]["name"],
+            "0.0.0.0_15021"
+        );
+        assert!(v.get("cluster_manager").is_none());
+        assert!(v["application_log_config"]["log_format"]["text_format"].is_string());
     }
 
     #[test]

@@ -434,6 +434,56 @@ fn generated_bootstrap_validates_in_real_envoy() {
     }
 }
 
+/// A user bootstrap template in Istio's Go-template style (`ISTIO_BOOTSTRAP`; if/else, range,
+/// toJSON, nested `.config`, embedded `.meta_json_str`/`.runtime_flags`/`.pilot_grpc_address`)
+/// renders into a bootstrap real Envoy accepts, with and without the optional blocks.
+#[test]
+fn istio_style_template_validates_in_real_envoy() {
+    let Some(envoy) = envoy_bin() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("tmpl.json"),
+        include_str!("../../agent/testdata/istio_style_bootstrap_tmpl.json"),
+    )
+    .expect("write template");
+    let pod = dir.path().join("etc/istio/pod");
+    std::fs::create_dir_all(&pod).expect("pod dir");
+    for (labels, extra) in [
+        ("", ("ISTIO_DELTA_XDS", "false")),
+        (
+            "topology.istio.io/locality=\"r1.z1.s1\"\n",
+            ("ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", "true"),
+        ),
+    ] {
+        std::fs::write(pod.join("labels"), labels).expect("labels");
+        write_bootstrap(
+            dir.path(),
+            "198.18.0.2",
+            &[
+                ("ISTIO_BOOTSTRAP", "tmpl.json"),
+                ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
+                ("ISTIO_METAJSON_LABELS", r#"{"app":"web"}"#),
+                extra,
+            ],
+        );
+        let text = std::fs::read_to_string(dir.path().join("envoy-rev.json")).expect("read");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("rendered JSON");
+        assert_eq!(v["node"]["metadata"]["LABELS"]["app"], "web");
+        let out = Command::new(&envoy)
+            .args(["--mode", "validate", "-c", "envoy-rev.json"])
+            .current_dir(dir.path())
+            .output()
+            .expect("envoy --mode validate");
+        assert!(
+            out.status.success(),
+            "Envoy rejects the rendered template ({extra:?}): {}\n{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// ProxyConfig's `proxyStatsMatcher` lands in the bootstrap's `stats_matcher` and real Envoy
 /// runs with it (`--mode validate` does not compile the regexps; a real start does) and keeps the
 /// stats it names: `runtime.*`, outside Istio's required list, is kept; `filesystem.*` is not.

@@ -4,7 +4,8 @@
 //! Supported: text and `{{ }}` actions, `{{-` / `-}}` trimming, `{{/* comments */}}`, field
 //! chains (`.a.b`, `$.a`, `$x.a`), variables (`$x := p`, `$x = p`), pipelines (`p | f a`),
 //! parenthesised pipelines, string/number/bool/nil literals, `if`/`else if`/`else`, `range`
-//! (arrays, maps in key order, integers; `$i, $v :=`; `else`; `break`/`continue`), `with`/`else`,
+//! (arrays, maps in key order, integers; `$i, $v :=`; `else`; `break`/`continue`),
+//! `with`/`else with`/`else`,
 //! and the functions `and or not eq ne lt le gt ge len index print printf println` (Go) and
 //! `toJSON toJson quote squote default empty join contains hasPrefix hasSuffix trim trimPrefix
 //! trimSuffix upper lower replace toString` (Istio/sprig).
@@ -458,7 +459,7 @@ impl Parser<'_> {
         perr(self.src, pos, msg)
     }
 
-    /// Parses nodes until `{{end}}`/`{{else ...}}` (left for the caller in `self.pending`) or EOF.
+    /// Parses nodes until `{{end}}` (consumed), `{{else ...}}` (left in place for the caller) or EOF.
     fn list(&mut self) -> Result<(Vec<Node>, ListEnd), Error> {
         let mut nodes = Vec::new();
         while self.i < self.items.len() {
@@ -572,6 +573,13 @@ impl Parser<'_> {
                         branches.push((p, body));
                         end = e;
                         continue;
+                    }
+                    // `{{else with p}}` (Go 1.23): a nested with sharing this block's `{{end}}`.
+                    if kw == "with"
+                        && matches!(rest.first(), Some((Tok::Ident(k), _)) if k == "with")
+                    {
+                        else_body = vec![self.block("with", &rest[1..], epos)?];
+                        break;
                     }
                     if let Some((_, p)) = rest.first() {
                         return Err(self.err(*p, "unexpected token after else"));

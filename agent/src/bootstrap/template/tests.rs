@@ -151,6 +151,13 @@ fn conditionals_and_truthiness() {
     );
     assert_eq!(r("{{ with .nope }}x{{ else }}{{ .name }}{{ end }}"), "web");
     assert_eq!(r("{{ if $v := .name }}{{ $v }}{{ end }}"), "web");
+    let else_with =
+        "{{ with .nope }}1{{ else with .config }}{{ .ProxyAdminPort }}{{ else }}3{{ end }}";
+    assert_eq!(r(else_with), "15000");
+    assert_eq!(
+        r("{{ with .nope }}1{{ else with .none }}2{{ else }}3{{ end }}"),
+        "3"
+    );
 }
 
 #[test]

@@ -459,7 +459,7 @@ impl Parser<'_> {
         perr(self.src, pos, msg)
     }
 
-    /// Parses nodes until `{{end}}` (consumed), `{{else ...}}` (left in place for the caller) or EOF.
+    /// Parses nodes until `{{end}}` (consumed), `{{else ...}}` (left for the caller) or EOF.
     fn list(&mut self) -> Result<(Vec<Node>, ListEnd), Error> {
         let mut nodes = Vec::new();
         while self.i < self.items.len() {

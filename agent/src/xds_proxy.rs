@@ -2,8 +2,11 @@
 //! istiod over one fresh upstream connection per Envoy stream.
 //!
 //! - Requests, ACKs, NACKs and responses pass verbatim and in order; the proxy never acks for
-//!   Envoy. Only NDS (the DNS name table) is the proxy's own: subscribed after Envoy's first LDS
-//!   request when DNS capture is on, acked or nacked by the proxy, never shown to Envoy.
+//!   Envoy. Responses are relayed as the bytes istiod sent, never decoded beyond their type
+//!   URL, version and nonce (see [`wire`]); requests are decoded (the proxy reads their type URL).
+//! - Only NDS (the DNS name table) is the proxy's own: subscribed after Envoy's first LDS
+//!   request when DNS capture is on, decoded in full, acked or nacked by the proxy (a malformed
+//!   table is nacked), never shown to Envoy.
 //! - Memory is bounded by construction: each direction is one bounded channel drained by its own
 //!   task, so a slow reader on either side pushes back (HTTP/2 flow control) on the writer
 //!   instead of queueing, and neither direction can block the other (no istio#39209 deadlock,
@@ -16,24 +19,33 @@
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 mod relay;
+mod wire;
 
+use std::convert::Infallible;
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use proto::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
-use proto::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
 use proto::istio::nds::NameTable;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
+
+pub use wire::RawResponse;
+
+/// The ADS service's gRPC name and its two methods.
+const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+const SOTW_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+const DELTA_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+/// Largest request accepted from Envoy.
+const MAX_REQUEST: usize = 4 << 20;
 
 /// xDS proxy errors.
 #[derive(Debug, thiserror::Error)]
@@ -163,40 +175,81 @@ impl XdsProxy {
     }
 
     /// The tonic service (also usable on other transports in tests).
-    pub fn service(&self) -> AggregatedDiscoveryServiceServer<XdsProxy> {
-        AggregatedDiscoveryServiceServer::new(self.clone())
-            .max_decoding_message_size(4 << 20)
-            .max_encoding_message_size(usize::MAX)
+    pub fn service(&self) -> AdsService {
+        AdsService {
+            proxy: self.clone(),
+        }
     }
 }
 
-type RespStream<T> = tokio_stream::wrappers::ReceiverStream<Result<T, tonic::Status>>;
+/// Envoy's ADS service, hand-written rather than generated so that responses are written with
+/// [`wire::DownstreamCodec`] (bytes as received from istiod) instead of being re-encoded.
+#[derive(Clone)]
+pub struct AdsService {
+    proxy: XdsProxy,
+}
 
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for XdsProxy {
-    type StreamAggregatedResourcesStream = RespStream<DiscoveryResponse>;
-    type DeltaAggregatedResourcesStream = RespStream<DeltaDiscoveryResponse>;
+impl tonic::server::NamedService for AdsService {
+    const NAME: &'static str = SERVICE;
+}
 
-    async fn stream_aggregated_resources(
-        &self,
-        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
-    ) -> Result<tonic::Response<Self::StreamAggregatedResourcesStream>, tonic::Status> {
-        Ok(tonic::Response::new(relay::start::<relay::Sotw>(
-            self.inputs.clone(),
+/// One ADS method (SotW or Delta) as a tonic streaming service.
+struct Method<F> {
+    proxy: XdsProxy,
+    flavor: PhantomData<fn() -> F>,
+}
+
+impl<F: relay::Flavor> tonic::server::StreamingService<F::Req> for Method<F> {
+    type Response = RawResponse;
+    type ResponseStream =
+        tokio_stream::wrappers::ReceiverStream<Result<RawResponse, tonic::Status>>;
+    type Future = std::future::Ready<Result<tonic::Response<Self::ResponseStream>, tonic::Status>>;
+
+    fn call(&mut self, request: tonic::Request<tonic::Streaming<F::Req>>) -> Self::Future {
+        std::future::ready(Ok(tonic::Response::new(relay::start::<F>(
+            self.proxy.inputs.clone(),
             request.into_inner(),
-            self.register(),
-        )))
+            self.proxy.register(),
+        ))))
+    }
+}
+
+async fn serve_method<F: relay::Flavor>(
+    proxy: XdsProxy,
+    request: http::Request<tonic::body::Body>,
+) -> http::Response<tonic::body::Body> {
+    let mut grpc = tonic::server::Grpc::new(wire::DownstreamCodec::<F::Req>::default())
+        .max_decoding_message_size(MAX_REQUEST)
+        .max_encoding_message_size(usize::MAX);
+    let method = Method::<F> {
+        proxy,
+        flavor: PhantomData,
+    };
+    grpc.streaming(method, request).await
+}
+
+impl tonic::codegen::Service<http::Request<tonic::body::Body>> for AdsService {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
     }
 
-    async fn delta_aggregated_resources(
-        &self,
-        request: tonic::Request<tonic::Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<tonic::Response<Self::DeltaAggregatedResourcesStream>, tonic::Status> {
-        Ok(tonic::Response::new(relay::start::<relay::Delta>(
-            self.inputs.clone(),
-            request.into_inner(),
-            self.register(),
-        )))
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let proxy = self.proxy.clone();
+        match request.uri().path() {
+            SOTW_PATH => {
+                Box::pin(async move { Ok(serve_method::<relay::Sotw>(proxy, request).await) })
+            }
+            DELTA_PATH => {
+                Box::pin(async move { Ok(serve_method::<relay::Delta>(proxy, request).await) })
+            }
+            _ => Box::pin(async move {
+                Ok(tonic::Status::unimplemented("unknown ADS method").into_http())
+            }),
+        }
     }
 }
 

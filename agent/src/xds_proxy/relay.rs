@@ -1,10 +1,8 @@
 //! One Envoy stream relayed to one upstream stream; generic over SotW and Delta.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
@@ -15,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use super::wire::{Head, RawResponse, UpstreamCodec};
 use super::{Inputs, TerminationLabels};
 use crate::health::Health;
 
@@ -25,27 +24,51 @@ fn health_error(h: &Health) -> Option<RpcStatus> {
     }
 }
 
-type Client = AggregatedDiscoveryServiceClient<tonic::transport::Channel>;
-
 /// What differs between SotW and Delta.
 pub(crate) trait Flavor: Send + Sync + 'static {
-    type Req: prost::Message + Clone + Default + Send + 'static;
-    type Resp: prost::Message + Clone + Default + Send + 'static;
+    type Req: prost::Message + Clone + Default + Send + Sync + 'static;
+    /// The full response message (decoded only for NDS).
+    type Resp: prost::Message + Default;
     const NAME: &'static str;
+    /// The ADS method's gRPC path.
+    const PATH: &'static str;
     fn req_type(r: &Self::Req) -> &str;
-    fn resp_type(r: &Self::Resp) -> &str;
     /// The proxy's own initial NDS request.
     fn nds_subscribe() -> Self::Req;
     /// The proxy's ACK (error `None`) or NACK for an NDS response.
-    fn nds_ack(resp: &Self::Resp, error: Option<String>) -> Self::Req;
+    fn nds_ack(resp: &Head, error: Option<String>) -> Self::Req;
     /// Workload health for istiod: a request with `error_detail` when unhealthy.
     fn health(h: &Health) -> Self::Req;
-    /// The first resource of an NDS response, decoded.
+    /// The first resource of a decoded NDS response.
     fn nds_table(resp: &Self::Resp) -> Result<NameTable, String>;
-    fn call(
-        client: Client,
-        req: tonic::Request<ReceiverStream<Self::Req>>,
-    ) -> impl Future<Output = Result<tonic::Streaming<Self::Resp>, tonic::Status>> + Send;
+}
+
+/// Opens the upstream ADS stream: typed requests out, responses in as received.
+async fn call<F: Flavor>(
+    channel: tonic::transport::Channel,
+    req: tonic::Request<ReceiverStream<F::Req>>,
+) -> Result<tonic::Streaming<RawResponse>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel)
+        .max_decoding_message_size(i32::MAX as usize)
+        .max_encoding_message_size(usize::MAX);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+    grpc.streaming(
+        req,
+        http::uri::PathAndQuery::from_static(F::PATH),
+        UpstreamCodec::<F::Req>::default(),
+    )
+    .await
+    .map(tonic::Response::into_inner)
+}
+
+/// The first resource of an NDS response, decoded from the raw response.
+fn nds_table<F: Flavor>(resp: &RawResponse) -> Result<NameTable, String> {
+    let full = resp
+        .decode::<F::Resp>()
+        .map_err(|e| format!("malformed NDS response: {e}"))?;
+    F::nds_table(&full)
 }
 
 /// State-of-the-world ADS.
@@ -65,10 +88,8 @@ impl Flavor for Sotw {
     type Req = DiscoveryRequest;
     type Resp = DiscoveryResponse;
     const NAME: &'static str = "sotw";
+    const PATH: &'static str = super::SOTW_PATH;
     fn req_type(r: &DiscoveryRequest) -> &str {
-        &r.type_url
-    }
-    fn resp_type(r: &DiscoveryResponse) -> &str {
         &r.type_url
     }
     fn nds_subscribe() -> DiscoveryRequest {
@@ -77,7 +98,7 @@ impl Flavor for Sotw {
             ..Default::default()
         }
     }
-    fn nds_ack(resp: &DiscoveryResponse, error: Option<String>) -> DiscoveryRequest {
+    fn nds_ack(resp: &Head, error: Option<String>) -> DiscoveryRequest {
         DiscoveryRequest {
             type_url: type_url::NAME_TABLE.into(),
             version_info: resp.version_info.clone(),
@@ -100,25 +121,14 @@ impl Flavor for Sotw {
             .ok_or("NDS response without a resource")?;
         proto::unpack::<NameTable>(any).map_err(|e| e.to_string())
     }
-    async fn call(
-        mut client: Client,
-        req: tonic::Request<ReceiverStream<DiscoveryRequest>>,
-    ) -> Result<tonic::Streaming<DiscoveryResponse>, tonic::Status> {
-        client
-            .stream_aggregated_resources(req)
-            .await
-            .map(tonic::Response::into_inner)
-    }
 }
 
 impl Flavor for Delta {
     type Req = DeltaDiscoveryRequest;
     type Resp = DeltaDiscoveryResponse;
     const NAME: &'static str = "delta";
+    const PATH: &'static str = super::DELTA_PATH;
     fn req_type(r: &DeltaDiscoveryRequest) -> &str {
-        &r.type_url
-    }
-    fn resp_type(r: &DeltaDiscoveryResponse) -> &str {
         &r.type_url
     }
     fn nds_subscribe() -> DeltaDiscoveryRequest {
@@ -127,7 +137,7 @@ impl Flavor for Delta {
             ..Default::default()
         }
     }
-    fn nds_ack(resp: &DeltaDiscoveryResponse, error: Option<String>) -> DeltaDiscoveryRequest {
+    fn nds_ack(resp: &Head, error: Option<String>) -> DeltaDiscoveryRequest {
         DeltaDiscoveryRequest {
             type_url: type_url::NAME_TABLE.into(),
             response_nonce: resp.nonce.clone(),
@@ -149,15 +159,6 @@ impl Flavor for Delta {
             .and_then(|r| r.resource.as_ref())
             .ok_or("NDS response without a resource")?;
         proto::unpack::<NameTable>(any).map_err(|e| e.to_string())
-    }
-    async fn call(
-        mut client: Client,
-        req: tonic::Request<ReceiverStream<DeltaDiscoveryRequest>>,
-    ) -> Result<tonic::Streaming<DeltaDiscoveryResponse>, tonic::Status> {
-        client
-            .delta_aggregated_resources(req)
-            .await
-            .map(tonic::Response::into_inner)
     }
 }
 
@@ -182,9 +183,9 @@ pub(crate) fn start<F: Flavor>(
     inputs: Arc<Inputs>,
     downstream: tonic::Streaming<F::Req>,
     done: CancellationToken,
-) -> ReceiverStream<Result<F::Resp, tonic::Status>> {
+) -> ReceiverStream<Result<RawResponse, tonic::Status>> {
     let queue = inputs.queue.max(1);
-    let (down_tx, down_rx) = mpsc::channel::<Result<F::Resp, tonic::Status>>(queue);
+    let (down_tx, down_rx) = mpsc::channel::<Result<RawResponse, tonic::Status>>(queue);
     let (up_tx, up_rx) = mpsc::channel::<F::Req>(queue);
     tracing::info!(flavor = F::NAME, "Envoy connected to the xDS proxy");
     tokio::spawn(downstream_to_upstream::<F>(
@@ -306,7 +307,7 @@ async fn upstream_to_downstream<F: Flavor>(
     inputs: Arc<Inputs>,
     up_rx: mpsc::Receiver<F::Req>,
     up_tx: mpsc::Sender<F::Req>,
-    down_tx: mpsc::Sender<Result<F::Resp, tonic::Status>>,
+    down_tx: mpsc::Sender<Result<RawResponse, tonic::Status>>,
     done: CancellationToken,
 ) {
     let fail = |status: tonic::Status| {
@@ -329,9 +330,6 @@ async fn upstream_to_downstream<F: Flavor>(
             return;
         }
     };
-    let client = Client::new(channel)
-        .max_decoding_message_size(i32::MAX as usize)
-        .max_encoding_message_size(usize::MAX);
     let mut request = tonic::Request::new(ReceiverStream::new(up_rx));
     for (k, v) in &inputs.upstream.metadata {
         match (
@@ -351,7 +349,7 @@ async fn upstream_to_downstream<F: Flavor>(
     }
     let upstream = tokio::select! {
         _ = done.cancelled() => return,
-        s = F::call(client, request) => s,
+        s = call::<F>(channel, request) => s,
     };
     let mut upstream = match upstream {
         Ok(s) => s,
@@ -379,17 +377,24 @@ async fn upstream_to_downstream<F: Flavor>(
         match msg {
             Ok(Some(resp)) => {
                 inputs.metrics.responses.inc();
-                let t = F::resp_type(&resp);
+                let t = resp.type_url();
                 if t == type_url::NAME_TABLE {
                     let Some(sink) = &inputs.nds else {
                         tracing::warn!("dropping an NDS response: DNS capture is off");
                         continue;
                     };
-                    let result = F::nds_table(&resp).and_then(|table| sink(table));
+                    let result = nds_table::<F>(&resp).and_then(|table| sink(table));
                     if let Err(e) = &result {
                         tracing::warn!(error = %e, "rejecting NDS response");
                     }
-                    if !send(&up_tx, F::nds_ack(&resp, result.err()), &done, "istiod").await {
+                    if !send(
+                        &up_tx,
+                        F::nds_ack(&resp.head, result.err()),
+                        &done,
+                        "istiod",
+                    )
+                    .await
+                    {
                         break;
                     }
                 } else if forwarded(t) {

@@ -84,8 +84,13 @@ async fn proxy_with_health(
 }
 
 async fn envoy_client(path: &Path) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {
+    AggregatedDiscoveryServiceClient::new(uds_channel(path).await)
+        .max_decoding_message_size(usize::MAX)
+}
+
+async fn uds_channel(path: &Path) -> tonic::transport::Channel {
     let path = path.to_path_buf();
-    let channel = tonic::transport::Endpoint::from_static("http://xds")
+    tonic::transport::Endpoint::from_static("http://xds")
         .connect_with_connector(tower::service_fn(move |_| {
             let path = path.clone();
             async move {
@@ -94,8 +99,7 @@ async fn envoy_client(path: &Path) -> AggregatedDiscoveryServiceClient<tonic::tr
             }
         }))
         .await
-        .unwrap();
-    AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(usize::MAX)
+        .unwrap()
 }
 
 fn req(t: &str, nonce: &str) -> DiscoveryRequest {
@@ -525,4 +529,53 @@ async fn health_goes_upstream_after_lds_and_on_change() {
     assert_eq!(unhealthy.type_url, type_url::HEALTH_INFO);
     let detail = unhealthy.error_detail.unwrap();
     assert_eq!((detail.code, detail.message.as_str()), (13, "app down"));
+}
+
+/// Envoy receives each response as the bytes istiod sent (read here without decoding), and an
+/// unknown method of the ADS service is UNIMPLEMENTED.
+#[tokio::test]
+async fn responses_reach_envoy_as_sent() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), false).await;
+    let mut grpc = tonic::client::Grpc::new(uds_channel(&h.path).await);
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
+    grpc.ready().await.unwrap();
+    let mut from_proxy = grpc
+        .streaming(
+            tonic::Request::new(ReceiverStream::new(rx)),
+            http::uri::PathAndQuery::from_static(SOTW_PATH),
+            wire::UpstreamCodec::<DiscoveryRequest>::default(),
+        )
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.sotw).await;
+    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
+    let mut cds = resp(type_url::CLUSTER, "n1");
+    for i in 0..100 {
+        cds.resources
+            .push(proto::envoy_types_crate::pb::google::protobuf::Any {
+                type_url: type_url::CLUSTER.into(),
+                value: format!("cluster-{i}").into_bytes(),
+            });
+    }
+    up.responses.send(Ok(cds.clone())).await.unwrap();
+    let got = from_proxy.message().await.unwrap().unwrap();
+    assert_eq!(got.bytes()[..], prost::Message::encode_to_vec(&cds)[..]);
+    assert_eq!(got.type_url(), type_url::CLUSTER);
+
+    let (_tx2, rx2) = mpsc::channel::<DiscoveryRequest>(1);
+    grpc.ready().await.unwrap();
+    let status = grpc
+        .streaming(
+            tonic::Request::new(ReceiverStream::new(rx2)),
+            http::uri::PathAndQuery::from_static(
+                "/envoy.service.discovery.v3.AggregatedDiscoveryService/NoSuchMethod",
+            ),
+            wire::UpstreamCodec::<DiscoveryRequest>::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unimplemented);
 }

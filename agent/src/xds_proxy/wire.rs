@@ -1,0 +1,241 @@
+//! The proxy's gRPC codecs. Responses (istiod → Envoy) are relayed as the bytes istiod sent:
+//! only the three header fields the proxy reads are decoded (a 10,000-cluster CDS is never
+//! decoded into structs nor re-encoded). Requests (Envoy → istiod) stay typed: they are small and
+//! the proxy looks into them (first LDS request) and adds its own (NDS, health).
+
+use std::marker::PhantomData;
+
+use bytes::{Buf, BufMut, Bytes};
+use prost::Message;
+use tonic::Status;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+
+/// The fields of a `DiscoveryResponse` or `DeltaDiscoveryResponse` the proxy reads; their
+/// numbers are the same in both messages (`version_info` / `system_version_info` 1, `type_url`
+/// 4, `nonce` 5). Every other field (the resources) is skipped, not decoded.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct Head {
+    #[prost(string, tag = "1")]
+    pub(crate) version_info: String,
+    #[prost(string, tag = "4")]
+    pub(crate) type_url: String,
+    #[prost(string, tag = "5")]
+    pub(crate) nonce: String,
+}
+
+/// A response as istiod sent it: its encoded bytes (relayed unchanged) and its [`Head`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct RawResponse {
+    pub(crate) head: Head,
+    pub(crate) bytes: Bytes,
+}
+
+impl RawResponse {
+    /// Reads the head of an encoded response; the bytes are kept as they are.
+    pub fn new(bytes: Bytes) -> Result<Self, prost::DecodeError> {
+        let head = Head::decode(&bytes[..])?;
+        Ok(RawResponse { head, bytes })
+    }
+
+    /// The response's `type_url`.
+    pub fn type_url(&self) -> &str {
+        &self.head.type_url
+    }
+
+    /// The encoded response, exactly as received.
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// The whole response, decoded (for the few the proxy consumes itself).
+    pub(crate) fn decode<M: Message + Default>(&self) -> Result<M, prost::DecodeError> {
+        M::decode(&self.bytes[..])
+    }
+}
+
+/// As tonic's prost codec: a malformed message is an INTERNAL status.
+fn decode_error(e: prost::DecodeError) -> Status {
+    Status::internal(e.to_string())
+}
+
+/// Decodes a [`RawResponse`] without copying the message out of tonic's receive buffer.
+pub(crate) struct RawDecoder;
+
+impl Decoder for RawDecoder {
+    type Item = RawResponse;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<RawResponse>, Status> {
+        let bytes = src.copy_to_bytes(src.remaining());
+        RawResponse::new(bytes).map(Some).map_err(decode_error)
+    }
+}
+
+/// Writes a [`RawResponse`]'s bytes unchanged.
+pub(crate) struct RawEncoder;
+
+impl Encoder for RawEncoder {
+    type Item = RawResponse;
+    type Error = Status;
+
+    fn encode(&mut self, item: RawResponse, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.reserve(item.bytes.len());
+        dst.put_slice(&item.bytes);
+        Ok(())
+    }
+}
+
+/// Encodes a typed message with prost.
+pub(crate) struct TypedEncoder<M>(PhantomData<M>);
+
+impl<M: Message> Encoder for TypedEncoder<M> {
+    type Item = M;
+    type Error = Status;
+
+    fn encode(&mut self, item: M, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode(dst)
+            .map_err(|e| Status::internal(format!("encoding a request: {e}")))
+    }
+}
+
+/// Decodes a typed message with prost.
+pub(crate) struct TypedDecoder<M>(PhantomData<M>);
+
+impl<M: Message + Default> Decoder for TypedDecoder<M> {
+    type Item = M;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<M>, Status> {
+        M::decode(src).map(Some).map_err(decode_error)
+    }
+}
+
+/// Towards istiod: typed requests out, raw responses in.
+pub(crate) struct UpstreamCodec<Req>(PhantomData<fn() -> Req>);
+
+impl<Req> Default for UpstreamCodec<Req> {
+    fn default() -> Self {
+        UpstreamCodec(PhantomData)
+    }
+}
+
+impl<Req: Message + Send + 'static> Codec for UpstreamCodec<Req> {
+    type Encode = Req;
+    type Decode = RawResponse;
+    type Encoder = TypedEncoder<Req>;
+    type Decoder = RawDecoder;
+
+    fn encoder(&mut self) -> TypedEncoder<Req> {
+        TypedEncoder(PhantomData)
+    }
+
+    fn decoder(&mut self) -> RawDecoder {
+        RawDecoder
+    }
+}
+
+/// Towards Envoy: typed requests in, raw responses out.
+pub(crate) struct DownstreamCodec<Req>(PhantomData<fn() -> Req>);
+
+impl<Req> Default for DownstreamCodec<Req> {
+    fn default() -> Self {
+        DownstreamCodec(PhantomData)
+    }
+}
+
+impl<Req: Message + Default + Send + 'static> Codec for DownstreamCodec<Req> {
+    type Encode = RawResponse;
+    type Decode = Req;
+    type Encoder = RawEncoder;
+    type Decoder = TypedDecoder<Req>;
+
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+
+    fn decoder(&mut self) -> TypedDecoder<Req> {
+        TypedDecoder(PhantomData)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::envoy::service::discovery::v3::{
+        DeltaDiscoveryResponse, DiscoveryResponse, Resource,
+    };
+    use proto::envoy_types_crate::pb::google::protobuf::Any;
+    use proto::type_url;
+
+    use super::*;
+
+    #[test]
+    fn sotw_head_is_read_and_bytes_kept_verbatim() {
+        let resp = DiscoveryResponse {
+            version_info: "v7".into(),
+            type_url: type_url::CLUSTER.into(),
+            nonce: "n7".into(),
+            // Nested fields with the head's numbers are not the head's.
+            resources: vec![Any {
+                type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+                value: DiscoveryResponse {
+                    type_url: "inner, not the head".into(),
+                    nonce: "inner".into(),
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            }],
+            canary: true,
+            ..Default::default()
+        };
+        let mut wire = resp.encode_to_vec();
+        // A field this build does not know (tag 99, length-delimited) survives the relay,
+        // though a decode and re-encode would drop it.
+        wire.extend_from_slice(&[0x9a, 0x06, 0x03, b'a', b'b', b'c']);
+        let raw = RawResponse::new(Bytes::from(wire.clone())).unwrap();
+        assert_eq!(raw.type_url(), type_url::CLUSTER);
+        assert_eq!(raw.head.version_info, "v7");
+        assert_eq!(raw.head.nonce, "n7");
+        assert_eq!(raw.bytes()[..], wire[..]);
+        assert_eq!(raw.decode::<DiscoveryResponse>().unwrap(), resp);
+    }
+
+    #[test]
+    fn delta_head_uses_the_same_field_numbers() {
+        let resp = DeltaDiscoveryResponse {
+            system_version_info: "sys1".into(),
+            type_url: type_url::LISTENER.into(),
+            nonce: "d1".into(),
+            removed_resources: vec!["gone".into()],
+            resources: vec![Resource {
+                name: "l1".into(),
+                version: "r1".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let raw = RawResponse::new(Bytes::from(resp.encode_to_vec())).unwrap();
+        assert_eq!(
+            (
+                raw.head.version_info.as_str(),
+                raw.type_url(),
+                raw.head.nonce.as_str()
+            ),
+            ("sys1", type_url::LISTENER, "d1")
+        );
+        assert_eq!(raw.decode::<DeltaDiscoveryResponse>().unwrap(), resp);
+    }
+
+    #[test]
+    fn malformed_responses_are_errors() {
+        // Truncated: a length-delimited field longer than the message.
+        assert!(RawResponse::new(Bytes::from_static(&[0x12, 0x10, 1, 2])).is_err());
+        // A type_url that is not UTF-8.
+        assert!(RawResponse::new(Bytes::from_static(&[0x22, 0x02, 0xff, 0xfe])).is_err());
+        // A head field with the wrong wire type (varint for type_url).
+        assert!(RawResponse::new(Bytes::from_static(&[0x20, 0x01])).is_err());
+        assert_eq!(
+            decode_error(RawResponse::new(Bytes::from_static(&[0x20, 0x01])).unwrap_err()).code(),
+            tonic::Code::Internal
+        );
+    }
+}

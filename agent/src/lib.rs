@@ -21,3 +21,10 @@ pub mod lifecycle;
 pub mod runtime;
 pub mod status;
 pub mod xds_proxy;
+
+/// Entry points for the fuzz targets in `fuzz/`; not part of the stable API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::xds_proxy::fuzzing::{ResponseHead, decode_response_head};
+}

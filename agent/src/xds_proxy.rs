@@ -38,6 +38,11 @@ use tokio_util::sync::CancellationToken;
 
 pub use wire::RawResponse;
 
+#[cfg(feature = "fuzzing")]
+pub(crate) mod fuzzing {
+    pub use super::wire::{ResponseHead, decode_response_head};
+}
+
 /// The ADS service's gRPC name and its two methods.
 const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const SOTW_PATH: &str =

@@ -1,5 +1,7 @@
 //! xDS and NDS from the wire into our types: `DiscoveryResponse` / `DeltaDiscoveryResponse` /
-//! `NameTable` decoding and `proto::unpack` of every resource into the type its URL names.
+//! `NameTable` decoding and `proto::unpack` of every resource into the type its URL names; and the
+//! agent's xDS proxy header codec (`version_info`/`type_url`/`nonce` only), which must never panic
+//! and must agree with prost's full decode whenever that succeeds.
 #![no_main]
 
 use prost::Message;
@@ -32,12 +34,25 @@ fn unpack_any(any: &Any) {
 }
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let head = agent::fuzzing::decode_response_head(data);
     if let Ok(resp) = DiscoveryResponse::decode(data) {
+        let head = head
+            .as_ref()
+            .expect("full decode succeeded, header decode failed");
+        assert_eq!(head.version_info, resp.version_info);
+        assert_eq!(head.type_url, resp.type_url);
+        assert_eq!(head.nonce, resp.nonce);
         for any in &resp.resources {
             unpack_any(any);
         }
     }
     if let Ok(resp) = DeltaDiscoveryResponse::decode(data) {
+        let head = head
+            .as_ref()
+            .expect("full delta decode succeeded, header decode failed");
+        assert_eq!(head.version_info, resp.system_version_info);
+        assert_eq!(head.type_url, resp.type_url);
+        assert_eq!(head.nonce, resp.nonce);
         for r in &resp.resources {
             if let Some(any) = &r.resource {
                 unpack_any(any);

@@ -53,6 +53,28 @@ impl RawResponse {
     }
 }
 
+/// The header fields [`RawResponse::new`] read, for the fuzz target (it compares them with a
+/// full prost decode of the same bytes).
+#[cfg(feature = "fuzzing")]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResponseHead {
+    pub version_info: String,
+    pub type_url: String,
+    pub nonce: String,
+}
+
+/// Runs the proxy's response decoding (as [`RawDecoder`] does) on `bytes`.
+#[cfg(feature = "fuzzing")]
+pub fn decode_response_head(bytes: &[u8]) -> Result<ResponseHead, prost::DecodeError> {
+    let raw = RawResponse::new(Bytes::copy_from_slice(bytes))?;
+    debug_assert_eq!(&raw.bytes()[..], bytes);
+    Ok(ResponseHead {
+        version_info: raw.head.version_info,
+        type_url: raw.head.type_url,
+        nonce: raw.head.nonce,
+    })
+}
+
 /// As tonic's prost codec: a malformed message is an INTERNAL status.
 fn decode_error(e: prost::DecodeError) -> Status {
     Status::internal(e.to_string())

@@ -13,11 +13,15 @@
 //!
 //! Replaced `cacerts` are picked up while serving ([`Reloader`]): the new CA signs from then on
 //! and the old roots stay in the trust bundle until the certificates signed under them expire.
+//! Those old roots are kept in `previous-roots.json` (with the time each may leave the bundle),
+//! so a restart during that overlap still trusts them.
 
+mod previous_roots;
 mod reload;
 mod service;
 mod token;
 
+pub use previous_roots::PREVIOUS_ROOTS;
 pub use reload::{Reloaded, Reloader, SharedCa};
 pub use service::{CaMetrics, CaService};
 pub use token::{Claims, TokenError, TokenIssuer};
@@ -280,7 +284,27 @@ fn to_offset(t: SystemTime) -> time::OffsetDateTime {
 
 impl Ca {
     /// Loads the plug-in `cacerts` in `dir`, or creates a self-signed root there on first start.
+    /// The roots of CAs replaced before a restart are read back from `previous-roots.json`
+    /// (expired and malformed entries dropped, with a warning for the malformed ones).
     pub fn load_or_create(dir: &Path) -> Result<Ca, Error> {
+        let mut ca = Self::load_or_create_cacerts(dir)?;
+        let now = SystemTime::now();
+        let (retired, stale) = previous_roots::load(dir, &ca.roots, now);
+        if !retired.is_empty() {
+            tracing::info!(
+                dir = %dir.display(),
+                previous_roots = retired.len(),
+                "trust bundle holds the roots of replaced CAs until the certificates they signed expire"
+            );
+        }
+        ca.retired = retired;
+        if stale && let Err(e) = ca.persist_previous_roots_at(now) {
+            tracing::warn!(error = %e, "cannot rewrite the previous CA roots without their expired entries");
+        }
+        Ok(ca)
+    }
+
+    fn load_or_create_cacerts(dir: &Path) -> Result<Ca, Error> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let names = [CA_CERT, CA_KEY, ROOT_CERT, CERT_CHAIN];
         let present: Vec<bool> = names.iter().map(|n| dir.join(n).exists()).collect();
@@ -435,6 +459,21 @@ impl Ca {
         }
         next.retired = retired;
         Ok(next)
+    }
+
+    /// Writes the retired roots still in their overlap at `now` to `previous-roots.json` in the
+    /// CA directory (removes it when there are none).
+    pub fn persist_previous_roots_at(&self, now: SystemTime) -> Result<(), Error> {
+        previous_roots::store(&self.dir, &self.retired, now)
+    }
+
+    /// The earliest time after `now` a retired root leaves the trust bundle.
+    pub fn next_root_expiry(&self, now: SystemTime) -> Option<SystemTime> {
+        self.retired
+            .iter()
+            .map(|r| r.until)
+            .filter(|t| *t > now)
+            .min()
     }
 
     /// The contents of the `cacerts` files this CA was loaded from.

@@ -506,6 +506,7 @@ async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
     // trust the new root reach it, and both a certificate from the old CA (its root is still
     // in the bundle) and one from the new CA authenticate as client certificates.
     let old_chain = before.cert_chain.concat();
+    let old_client = (old_chain.clone(), before_key.serialize_pem());
     let mut fresh = tls(running.secure_grpc_addr, &root_b, None).await;
     let (new_pem, new_key) = csr("spiffe://cluster.local/ns/ns/sa/sa");
     let new_chain = signed(
@@ -541,6 +542,37 @@ async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
             "{what}"
         );
     }
+    cancel.cancel();
+    running.wait().await;
+
+    // A restart during the overlap: the old root was saved in previous-roots.json, so it is
+    // still in the bundle, and the old CA's client certificates still authenticate.
+    assert!(d.join(control_plane::ca::PREVIOUS_ROOTS).exists());
+    let (running, cancel) = start(config.path(), d).await;
+    let mut c = tls(
+        running.secure_grpc_addr,
+        &root_b,
+        Some(Identity::from_pem(old_client.0, old_client.1)),
+    )
+    .await;
+    let (p, _) = csr("spiffe://cluster.local/ns/x/sa/y");
+    let r = signed(
+        &mut c,
+        &p,
+        None,
+        "old-CA client certificate after a restart",
+    )
+    .await;
+    assert!(verifies(&r.cert_chain[0], &int_b), "the new CA still signs");
+    assert_eq!(
+        r.root_cert.expect("roots").ca_cert,
+        vec![root_b.clone(), root_a.clone()],
+        "the old root survived the restart"
+    );
+    assert_eq!(
+        r.cert_chain.last().expect("bundle"),
+        &format!("{root_b}{root_a}")
+    );
     cancel.cancel();
     running.wait().await;
 }

@@ -59,6 +59,8 @@ pub struct Reloader {
     pending: Option<CaFiles>,
     rejected: Option<CaFiles>,
     on_replace: Option<OnReplace>,
+    /// When `previous-roots.json` next holds an expired root and is rewritten without it.
+    prune_at: Option<SystemTime>,
 }
 
 /// How often the CA directory is read.
@@ -66,12 +68,26 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
 impl Reloader {
     pub fn new(ca: SharedCa) -> Self {
+        let prune_at = ca.current().next_root_expiry(SystemTime::now());
         Reloader {
             ca,
             pending: None,
             rejected: None,
             on_replace: None,
+            prune_at,
         }
+    }
+
+    /// Rewrites `previous-roots.json` without the roots expired at `now`, once one has.
+    pub fn prune_expired_roots_at(&mut self, now: SystemTime) {
+        if self.prune_at.is_none_or(|t| t > now) {
+            return;
+        }
+        let current = self.ca.current();
+        if let Err(e) = current.persist_previous_roots_at(now) {
+            tracing::warn!(error = %e, "cannot rewrite the previous CA roots without the expired ones");
+        }
+        self.prune_at = current.next_root_expiry(now);
     }
 
     /// Calls `f` with each new CA right after it took over (e.g. to re-issue the serving
@@ -83,6 +99,7 @@ impl Reloader {
 
     /// Reads the directory once and acts on what it finds.
     pub fn poll(&mut self) -> Result<Reloaded, Error> {
+        self.prune_expired_roots_at(SystemTime::now());
         let current = self.ca.current();
         let dir = current.dir.clone();
         let Some(files) = CaFiles::read(&dir) else {
@@ -112,6 +129,11 @@ impl Reloader {
                     old_roots_trusted_until = ?retired_until.map(humantime_utc),
                     "plug-in cacerts replaced: signing with the new CA; trust bundle holds the old and new roots"
                 );
+                let now = SystemTime::now();
+                if let Err(e) = next.persist_previous_roots_at(now) {
+                    tracing::warn!(error = %e, "cannot save the old CA roots: a restart during the overlap would drop them from the trust bundle");
+                }
+                self.prune_at = next.next_root_expiry(now);
                 self.ca.replace(next);
                 self.rejected = None;
                 if let Some(f) = &self.on_replace {

@@ -506,3 +506,171 @@ fn a_file_missing_mid_replacement_changes_nothing() {
     }
     assert_eq!(shared.current().root_pem(), root_a);
 }
+
+fn previous_roots_json(entries: &[(&str, u64)]) -> String {
+    let roots: Vec<serde_json::Value> = entries
+        .iter()
+        .map(|(pem, until)| serde_json::json!({"pem": pem, "keep_until": until}))
+        .collect();
+    serde_json::json!({ "roots": roots }).to_string()
+}
+
+/// The PEMs in `previous-roots.json`.
+fn previous_root_pems(path: &std::path::Path) -> Vec<String> {
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("read")).expect("json");
+    file["roots"]
+        .as_array()
+        .expect("roots")
+        .iter()
+        .map(|e| e["pem"].as_str().expect("pem").to_string())
+        .collect()
+}
+
+#[test]
+fn old_roots_survive_a_restart_during_the_overlap() {
+    let (dir, (root_a, _), shared, mut reloader) = reloading_plugin_ca();
+    sign_with(&shared.current());
+    let path = dir.path().join(PREVIOUS_ROOTS);
+    assert!(!path.exists(), "nothing to keep before a replacement");
+
+    let (root_b, _) = write_plugin_cacerts(dir.path());
+    assert_eq!(settle(&mut reloader).expect("poll"), Reloaded::Replaced);
+    assert_eq!(
+        shared.current().trust_bundle(),
+        vec![root_b.clone(), root_a.clone()]
+    );
+    let mode = std::fs::metadata(&path)
+        .expect("written")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o644, "public certificates only");
+    assert!(!dir.path().join("previous-roots.json.tmp").exists());
+
+    // A restart: a new CA from the same directory still trusts A, and signs with B.
+    let restarted = Ca::load_or_create(dir.path()).expect("restart");
+    assert_eq!(
+        restarted.trust_bundle(),
+        vec![root_b.clone(), root_a.clone()]
+    );
+    let chain = sign_with(&restarted);
+    assert_eq!(
+        split_pem_certs(chain.last().expect("bundle")),
+        vec![root_b.clone(), root_a.clone()]
+    );
+    // Kept until the certificates A signed expire (24 h), rounded up to the second.
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+    let until = file["roots"][0]["keep_until"].as_u64().expect("keep_until");
+    let ttl = DEFAULT_WORKLOAD_TTL.as_secs();
+    assert!(
+        until > now() + ttl - 3600 && until <= now() + ttl + 1,
+        "{until}"
+    );
+
+    // A further replacement after the restart keeps A and adds B.
+    let shared = SharedCa::new(restarted);
+    let mut reloader = Reloader::new(shared.clone());
+    let (root_c, _) = write_plugin_cacerts(dir.path());
+    assert_eq!(settle(&mut reloader).expect("poll"), Reloaded::Replaced);
+    assert_eq!(
+        Ca::load_or_create(dir.path())
+            .expect("restart")
+            .trust_bundle(),
+        vec![root_c, root_b, root_a]
+    );
+}
+
+#[test]
+fn expired_previous_roots_are_dropped_at_start_and_when_they_expire() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root_a, _) = write_plugin_cacerts(dir.path());
+    let other = tempfile::tempdir().expect("tempdir");
+    let (old_1, _) = write_plugin_cacerts(other.path());
+    let (old_2, _) = write_plugin_cacerts(other.path());
+    let (old_3, _) = write_plugin_cacerts(other.path());
+    let path = dir.path().join(PREVIOUS_ROOTS);
+    let t = now();
+    std::fs::write(
+        &path,
+        previous_roots_json(&[
+            (&old_1, t - 10),
+            (&old_2, t + 3600),
+            (&old_3, t + 7200),
+            // The current root: not a previous one.
+            (&root_a, t + 3600),
+        ]),
+    )
+    .expect("write");
+
+    let ca = Ca::load_or_create(dir.path()).expect("start");
+    assert_eq!(
+        ca.trust_bundle(),
+        vec![root_a.clone(), old_2.clone(), old_3.clone()]
+    );
+    assert_eq!(
+        previous_root_pems(&path),
+        vec![old_2.clone(), old_3.clone()]
+    );
+
+    // When old_2's time comes, the reloader rewrites the file without it.
+    let shared = SharedCa::new(ca);
+    let mut reloader = Reloader::new(shared);
+    let when = std::time::UNIX_EPOCH + Duration::from_secs(t + 3601);
+    reloader.prune_expired_roots_at(when);
+    assert_eq!(previous_root_pems(&path), vec![old_3.clone()]);
+    reloader.prune_expired_roots_at(std::time::UNIX_EPOCH + Duration::from_secs(t + 7201));
+    assert!(!path.exists(), "no previous root left: no file");
+}
+
+#[test]
+fn a_malformed_previous_roots_file_is_ignored() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root_a, _) = write_plugin_cacerts(dir.path());
+    let other = tempfile::tempdir().expect("tempdir");
+    let (old, _) = write_plugin_cacerts(other.path());
+    let path = dir.path().join(PREVIOUS_ROOTS);
+    let t = now();
+    for bad in [
+        "not json".to_string(),
+        "{}".to_string(),
+        r#"{"roots": [{"pem": "x"}]}"#.to_string(),
+        r#"{"roots": [{"pem": 1, "keep_until": 1}]}"#.to_string(),
+        format!(r#"{{"roots": [{{"pem": "x", "keep_until": {}}}]}}"#, t + 60),
+        previous_roots_json(&[(&old[..40], t + 60)]),
+        previous_roots_json(&[(&old, u64::MAX)]),
+    ] {
+        std::fs::write(&path, &bad).expect("write");
+        let ca =
+            Ca::load_or_create(dir.path()).expect("a bad previous-roots.json never stops the CA");
+        assert_eq!(ca.trust_bundle(), vec![root_a.clone()], "{bad}");
+    }
+    std::fs::write(&path, b"\xff\xfe{").expect("write");
+    let ca = Ca::load_or_create(dir.path()).expect("not UTF-8");
+    assert_eq!(ca.trust_bundle(), vec![root_a.clone()]);
+    // A good entry beside a bad one is kept.
+    std::fs::write(
+        &path,
+        format!(
+            r#"{{"roots": [{{"pem": "junk", "keep_until": {}}}, {{"pem": {}, "keep_until": {}}}]}}"#,
+            t + 60,
+            serde_json::Value::from(old.clone()),
+            t + 60
+        ),
+    )
+    .expect("write");
+    let ca = Ca::load_or_create(dir.path()).expect("start");
+    assert_eq!(ca.trust_bundle(), vec![root_a.clone(), old.clone()]);
+    // Far beyond any certificate's lifetime: kept, but only up to the longest lifetime.
+    std::fs::write(
+        &path,
+        previous_roots_json(&[(&old, t + 10 * MAX_WORKLOAD_TTL.as_secs())]),
+    )
+    .expect("write");
+    let ca = Ca::load_or_create(dir.path()).expect("start");
+    assert_eq!(ca.trust_bundle(), vec![root_a, old]);
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+    let until = file["roots"][0]["keep_until"].as_u64().expect("keep_until");
+    assert!(until <= now() + MAX_WORKLOAD_TTL.as_secs() + 1, "{until}");
+}

@@ -16,11 +16,13 @@
 //! Those old roots are kept in `previous-roots.json` (with the time each may leave the bundle),
 //! so a restart during that overlap still trusts them.
 
+mod issued_until;
 mod previous_roots;
 mod reload;
 mod service;
 mod token;
 
+pub use issued_until::ISSUED_UNTIL;
 pub use previous_roots::PREVIOUS_ROOTS;
 pub use reload::{Reloaded, Reloader, SharedCa};
 pub use service::{CaMetrics, CaService};
@@ -137,6 +139,8 @@ pub struct Ca {
     retired: Vec<RetiredRoot>,
     /// Latest `not_after` of any workload certificate this CA signed.
     issued_until: Mutex<SystemTime>,
+    /// What `issued-until.json` holds for this CA (rounded up to the hour).
+    recorded_until: Mutex<SystemTime>,
     /// Contents of the four `cacerts` files this CA was loaded from.
     files: CaFiles,
     dir: PathBuf,
@@ -298,6 +302,11 @@ impl Ca {
             );
         }
         ca.retired = retired;
+        // Certificates this CA signed before the restart: a replacement keeps its root for them.
+        if let Some(until) = issued_until::load(dir, ca.ca_cert_pem(), now) {
+            *ca.issued_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+            *ca.recorded_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+        }
         if stale && let Err(e) = ca.persist_previous_roots_at(now) {
             tracing::warn!(error = %e, "cannot rewrite the previous CA roots without their expired entries");
         }
@@ -424,6 +433,7 @@ impl Ca {
             roots,
             retired: Vec::new(),
             issued_until: Mutex::new(SystemTime::UNIX_EPOCH),
+            recorded_until: Mutex::new(SystemTime::UNIX_EPOCH),
             files: files.unwrap_or(CaFiles(Vec::new())),
             dir: dir.to_path_buf(),
             plugin,
@@ -503,8 +513,30 @@ impl Ca {
     }
 
     fn note_issued(&self, not_after: SystemTime) {
-        let mut until = self.issued_until.lock().unwrap_or_else(|p| p.into_inner());
-        *until = (*until).max(not_after);
+        {
+            let mut until = self.issued_until.lock().unwrap_or_else(|p| p.into_inner());
+            *until = (*until).max(not_after);
+        }
+        // Kept on disk too (at most once an hour), so a restart does not forget it.
+        let rounded = issued_until::round_up(not_after);
+        let mut recorded = self
+            .recorded_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if rounded > *recorded {
+            match issued_until::store(&self.dir, self.ca_cert_pem(), rounded) {
+                Ok(()) => *recorded = rounded,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot record when this CA's certificates expire; a replacement after a restart may drop its root early")
+                }
+            }
+        }
+    }
+
+    /// The signing CA's certificate (PEM): the first of the chain, or the root when the root
+    /// signs itself.
+    fn ca_cert_pem(&self) -> &str {
+        self.chain.first().unwrap_or(&self.roots[0])
     }
 
     /// The first root of `root-cert.pem` (PEM).

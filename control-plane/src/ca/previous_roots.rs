@@ -139,7 +139,7 @@ pub(super) fn store(dir: &Path, retired: &[RetiredRoot], now: SystemTime) -> Res
 }
 
 /// A temporary file beside `path` (mode 0644), synced, then renamed over `path`.
-fn write_atomically(path: &Path, contents: &[u8]) -> Result<(), Error> {
+pub(super) fn write_atomically(path: &Path, contents: &[u8]) -> Result<(), Error> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp: PathBuf = path.with_extension("json.tmp");
     let _ = std::fs::remove_file(&tmp);

@@ -674,3 +674,77 @@ fn a_malformed_previous_roots_file_is_ignored() {
     let until = file["roots"][0]["keep_until"].as_u64().expect("keep_until");
     assert!(until <= now() + MAX_WORKLOAD_TTL.as_secs() + 1, "{until}");
 }
+
+/// A CA that signed certificates, then was restarted and replaced before signing again: its
+/// root stays in the bundle for the certificates signed before the restart.
+#[test]
+fn a_restart_remembers_what_the_signing_ca_issued() {
+    let (dir, (root_a, _), shared, _) = reloading_plugin_ca();
+    sign_with(&shared.current());
+    let record = dir.path().join(ISSUED_UNTIL);
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&record).expect("recorded")).expect("json");
+    let until = file["until"].as_u64().expect("until");
+    let ttl = DEFAULT_WORKLOAD_TTL.as_secs();
+    assert!(
+        until.is_multiple_of(3600),
+        "rounded up to the hour: {until}"
+    );
+    assert!(
+        until >= now() + ttl && until <= now() + ttl + 3600,
+        "{until}"
+    );
+    let mode = std::fs::metadata(&record)
+        .expect("record")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o644, "a public certificate only");
+    // More certificates within the same hour do not rewrite the file.
+    let before = std::fs::metadata(&record)
+        .expect("record")
+        .modified()
+        .expect("mtime");
+    std::thread::sleep(Duration::from_millis(20));
+    sign_with(&shared.current());
+    let after = std::fs::metadata(&record)
+        .expect("record")
+        .modified()
+        .expect("mtime");
+    assert_eq!(before, after, "rewritten within the hour");
+
+    // Restart, then the cacerts are replaced before the restarted CA signs anything.
+    drop(shared);
+    let shared = SharedCa::new(Ca::load_or_create(dir.path()).expect("restart"));
+    let mut reloader = Reloader::new(shared.clone());
+    let (root_b, _) = write_plugin_cacerts(dir.path());
+    assert_eq!(settle(&mut reloader).expect("poll"), Reloaded::Replaced);
+    assert_eq!(shared.current().trust_bundle(), vec![root_b, root_a]);
+}
+
+/// Another CA's record, or a malformed one, is ignored: the CA starts and a replacement keeps
+/// the old root only for what it signs from then on.
+#[test]
+fn a_foreign_or_malformed_issued_until_record_is_ignored() {
+    let other = tempfile::tempdir().expect("tempdir");
+    let (_, int_other) = write_plugin_cacerts(other.path());
+    for text in [
+        format!(r#"{{"ca_cert": {:?}, "until": 99999999999}}"#, int_other),
+        "{not json".to_string(),
+        r#"{"ca_cert": "no pem", "until": 1}"#.to_string(),
+        r#"{"until": 1}"#.to_string(),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (root_a, _) = write_plugin_cacerts(dir.path());
+        std::fs::write(dir.path().join(ISSUED_UNTIL), &text).expect("write");
+        let shared = SharedCa::new(Ca::load_or_create(dir.path()).expect("starts"));
+        let mut reloader = Reloader::new(shared.clone());
+        let (root_b, _) = write_plugin_cacerts(dir.path());
+        assert_eq!(settle(&mut reloader).expect("poll"), Reloaded::Replaced);
+        assert_eq!(
+            shared.current().trust_bundle(),
+            vec![root_b],
+            "{text}: nothing signed, nothing to keep"
+        );
+        assert!(!root_a.is_empty());
+    }
+}

@@ -405,6 +405,15 @@ fn write_bootstrap(dir: &Path, instance_ip: &str, env: &[(&str, &str)]) {
     assert!(out.status.success(), "bootstrap: {out:?}");
 }
 
+/// Runs `envoy --mode validate` on the `envoy-rev.json` that `write_bootstrap` left in `dir`.
+fn envoy_validate(envoy: &Path, dir: &Path) -> std::process::Output {
+    Command::new(envoy)
+        .args(["--mode", "validate", "-c", "envoy-rev.json"])
+        .current_dir(dir)
+        .output()
+        .expect("envoy --mode validate")
+}
+
 #[test]
 fn generated_bootstrap_validates_in_real_envoy() {
     let Some(envoy) = envoy_bin() else {
@@ -421,11 +430,7 @@ fn generated_bootstrap_validates_in_real_envoy() {
                 ("ISTIO_DELTA_XDS", delta),
             ],
         );
-        let out = Command::new(&envoy)
-            .args(["--mode", "validate", "-c", "envoy-rev.json"])
-            .current_dir(dir.path())
-            .output()
-            .expect("envoy --mode validate");
+        let out = envoy_validate(&envoy, dir.path());
         assert!(
             out.status.success(),
             "Envoy rejects the bootstrap: {}",
@@ -471,11 +476,7 @@ fn istio_style_template_validates_in_real_envoy() {
         let text = std::fs::read_to_string(dir.path().join("envoy-rev.json")).expect("read");
         let v: serde_json::Value = serde_json::from_str(&text).expect("rendered JSON");
         assert_eq!(v["node"]["metadata"]["LABELS"]["app"], "web");
-        let out = Command::new(&envoy)
-            .args(["--mode", "validate", "-c", "envoy-rev.json"])
-            .current_dir(dir.path())
-            .output()
-            .expect("envoy --mode validate");
+        let out = envoy_validate(&envoy, dir.path());
         assert!(
             out.status.success(),
             "Envoy rejects the rendered template ({extra:?}): {}\n{text}",

@@ -269,33 +269,38 @@ pub fn go_unquote(s: &str) -> Option<String> {
             out.push(c);
             continue;
         }
-        match chars.next()? {
-            'n' => out.push('\n'),
-            't' => out.push('\t'),
-            'r' => out.push('\r'),
-            '\\' => out.push('\\'),
-            '"' => out.push('"'),
-            '\'' => out.push('\''),
-            'a' => out.push('\x07'),
-            'b' => out.push('\x08'),
-            'f' => out.push('\x0c'),
-            'v' => out.push('\x0b'),
-            'x' => {
-                let h: String = chars.by_ref().take(2).collect();
-                out.push(char::from(u8::from_str_radix(&h, 16).ok()?));
-            }
-            'u' => {
-                let h: String = chars.by_ref().take(4).collect();
-                out.push(char::from_u32(u32::from_str_radix(&h, 16).ok()?)?);
-            }
-            'U' => {
-                let h: String = chars.by_ref().take(8).collect();
-                out.push(char::from_u32(u32::from_str_radix(&h, 16).ok()?)?);
-            }
-            _ => return None,
-        }
+        let e = chars.next()?;
+        out.push(go_escape(e, &mut chars)?);
     }
     Some(out)
+}
+
+/// One Go string escape after its backslash: `e` is the escape letter and `rest` yields what
+/// follows it (the hex digits of `\x`, `\u`, `\U` are taken from it). `None` for an unknown
+/// escape or bad hex.
+pub(crate) fn go_escape(e: char, rest: &mut impl Iterator<Item = char>) -> Option<char> {
+    Some(match e {
+        'n' => '\n',
+        't' => '\t',
+        'r' => '\r',
+        '\\' => '\\',
+        '"' => '"',
+        '\'' => '\'',
+        'a' => '\x07',
+        'b' => '\x08',
+        'f' => '\x0c',
+        'v' => '\x0b',
+        'x' | 'u' | 'U' => {
+            let n = match e {
+                'x' => 2,
+                'u' => 4,
+                _ => 8,
+            };
+            let hex: String = rest.take(n).collect();
+            char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?
+        }
+        _ => return None,
+    })
 }
 
 impl Config {

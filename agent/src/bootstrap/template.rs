@@ -340,33 +340,15 @@ fn lex_string(src: &str, start: usize) -> Result<(String, usize), Error> {
             '\n' => break,
             '\\' => {
                 let Some((_, e)) = chars.next() else { break };
-                match e {
-                    'n' => out.push('\n'),
-                    't' => out.push('\t'),
-                    'r' => out.push('\r'),
-                    '\\' => out.push('\\'),
-                    '"' => out.push('"'),
-                    '\'' => out.push('\''),
-                    'a' => out.push('\x07'),
-                    'b' => out.push('\x08'),
-                    'f' => out.push('\x0c'),
-                    'v' => out.push('\x0b'),
-                    'x' | 'u' | 'U' => {
-                        let n = match e {
-                            'x' => 2,
-                            'u' => 4,
-                            _ => 8,
-                        };
-                        let hex: String = chars.by_ref().take(n).map(|(_, c)| c).collect();
-                        let ch = (hex.len() == n)
-                            .then(|| u32::from_str_radix(&hex, 16).ok())
-                            .flatten()
-                            .and_then(char::from_u32)
-                            .ok_or_else(|| perr(src, start + 1 + o, "bad escape in string"))?;
-                        out.push(ch);
+                let ch = crate::config::go_escape(e, &mut chars.by_ref().map(|(_, c)| c));
+                let ch = ch.ok_or_else(|| {
+                    let at = start + 1 + o;
+                    match e {
+                        'x' | 'u' | 'U' => perr(src, at, "bad escape in string"),
+                        _ => perr(src, at, format!("unknown escape \\{e}")),
                     }
-                    _ => return Err(perr(src, start + 1 + o, format!("unknown escape \\{e}"))),
-                }
+                })?;
+                out.push(ch);
             }
             c => out.push(c),
         }

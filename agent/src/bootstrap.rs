@@ -931,6 +931,13 @@ mod tests {
         .unwrap()
     }
 
+    /// Writes one downward-API pod file (`labels`, `annotations`) under `<dir>/etc/istio/pod`.
+    fn write_pod_info(dir: &Path, name: &str, text: &str) {
+        let pod = dir.join("etc/istio/pod");
+        std::fs::create_dir_all(&pod).unwrap();
+        std::fs::write(pod.join(name), text).unwrap();
+    }
+
     fn patterns(c: &Config) -> Vec<String> {
         stats_matcher(c)["inclusion_list"]["patterns"]
             .as_array()
@@ -996,13 +1003,11 @@ mod tests {
 
         // The annotation replaces ProxyConfig's prefixes (a stray comma adds nothing); the
         // suffixes and regexps still come from ProxyConfig.
-        let pod = dir.path().join("etc/istio/pod");
-        std::fs::create_dir_all(&pod).unwrap();
-        std::fs::write(
-            pod.join("annotations"),
+        write_pod_info(
+            dir.path(),
+            "annotations",
             "sidecar.istio.io/statsInclusionPrefixes=\"a.,,b.\"\n",
-        )
-        .unwrap();
+        );
         let got = patterns(&config(dir.path(), &env));
         assert_eq!(
             got[..4],
@@ -1115,13 +1120,11 @@ mod tests {
     #[test]
     fn template_data_has_istio_keys() {
         let dir = tempfile::tempdir().unwrap();
-        let pod = dir.path().join("etc/istio/pod");
-        std::fs::create_dir_all(&pod).unwrap();
-        std::fs::write(
-            pod.join("labels"),
+        write_pod_info(
+            dir.path(),
+            "labels",
             "topology.istio.io/locality=\"us-east1.us-east1-b.rack1\"\n",
-        )
-        .unwrap();
+        );
         let c = config(
             dir.path(),
             &[

@@ -1332,6 +1332,17 @@ mod tests {
         resp
     }
 
+    /// Spoofed answers to `req`: one with another id (6.6.6.2), one for another question
+    /// (6.6.6.3).
+    fn wrong_id_and_question(req: &Message) -> (Message, Message) {
+        let mut wrong_id = a_answer(req, "6.6.6.2");
+        wrong_id.metadata.id ^= 1;
+        let mut wrong_question = a_answer(req, "6.6.6.3");
+        wrong_question.queries[0] =
+            Query::query(Name::from_ascii("b.example.com.").unwrap(), RecordType::A);
+        (wrong_id, wrong_question)
+    }
+
     fn ips(m: &Message) -> Vec<String> {
         m.answers.iter().map(|r| r.data.to_string()).collect()
     }
@@ -1339,11 +1350,7 @@ mod tests {
     #[tokio::test]
     async fn spoofed_answers_are_ignored() {
         let (up, seen) = recording(|req| {
-            let mut wrong_id = a_answer(req, "6.6.6.2");
-            wrong_id.metadata.id ^= 1;
-            let mut wrong_question = a_answer(req, "6.6.6.3");
-            wrong_question.queries[0] =
-                Query::query(Name::from_ascii("b.example.com.").unwrap(), RecordType::A);
+            let (wrong_id, wrong_question) = wrong_id_and_question(req);
             let mut not_a_response = a_answer(req, "6.6.6.4");
             not_a_response.metadata.message_type = MessageType::Query;
             let mut wrong_type = a_answer(req, "6.6.6.5");
@@ -1485,11 +1492,7 @@ mod tests {
     #[tokio::test]
     async fn relayed_queries_ignore_spoofs_and_survive_rotation() {
         let (up, seen) = recording(|req| {
-            let mut wrong_id = a_answer(req, "6.6.6.2");
-            wrong_id.metadata.id ^= 1;
-            let mut wrong_question = a_answer(req, "6.6.6.3");
-            wrong_question.queries[0] =
-                Query::query(Name::from_ascii("b.example.com.").unwrap(), RecordType::A);
+            let (wrong_id, wrong_question) = wrong_id_and_question(req);
             vec![
                 (false, a_answer(req, "6.6.6.1")),
                 (true, wrong_id),

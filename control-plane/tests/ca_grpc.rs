@@ -108,6 +108,20 @@ async fn tls(
 }
 
 /// Sends `csr` (with `token` as the bearer token, if any); `what` names the call if it fails.
+/// Signs a fresh CSR for `uri` over mTLS with no token, authenticating with the client
+/// certificate `client` (chain PEM, key PEM).
+async fn signed_with_client_cert(
+    addr: std::net::SocketAddr,
+    root: &str,
+    client: (String, String),
+    uri: &str,
+    what: &str,
+) -> IstioCertificateResponse {
+    let mut c = tls(addr, root, Some(Identity::from_pem(client.0, client.1))).await;
+    let (p, _) = csr(uri);
+    signed(&mut c, &p, None, what).await
+}
+
 async fn signed(
     client: &mut IstioCertificateServiceClient<Channel>,
     csr: &str,
@@ -180,14 +194,14 @@ async fn token_and_client_certificate_authentication() {
 
     // Renewal with the issued certificate as client certificate, no token.
     let chain_pem: String = resp.cert_chain.concat();
-    let mut renew = tls(
+    let resp3 = signed_with_client_cert(
         running.secure_grpc_addr,
         &root,
-        Some(Identity::from_pem(chain_pem, key.serialize_pem())),
+        (chain_pem, key.serialize_pem()),
+        "spiffe://cluster.local/ns/other/sa/other",
+        "renewed with mTLS",
     )
     .await;
-    let (pem3, _) = csr("spiffe://cluster.local/ns/other/sa/other");
-    let resp3 = signed(&mut renew, &pem3, None, "renewed with mTLS").await;
     assert_eq!(
         uri_sans(&resp3.cert_chain[0]),
         vec!["spiffe://cluster.local/ns/app/sa/web"]
@@ -522,17 +536,11 @@ async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
         ("old-CA", old_chain, before_key.serialize_pem()),
         ("new-CA", new_chain.concat(), new_key.serialize_pem()),
     ] {
-        let mut c = tls(
+        let r = signed_with_client_cert(
             running.secure_grpc_addr,
             &format!("{root_b}{root_a}"),
-            Some(Identity::from_pem(chain, key)),
-        )
-        .await;
-        let (p, _) = csr("spiffe://cluster.local/ns/x/sa/y");
-        let r = signed(
-            &mut c,
-            &p,
-            None,
+            (chain, key),
+            "spiffe://cluster.local/ns/x/sa/y",
             &format!("{what} client certificate refused"),
         )
         .await;
@@ -549,17 +557,11 @@ async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
     // still in the bundle, and the old CA's client certificates still authenticate.
     assert!(d.join(control_plane::ca::PREVIOUS_ROOTS).exists());
     let (running, cancel) = start(config.path(), d).await;
-    let mut c = tls(
+    let r = signed_with_client_cert(
         running.secure_grpc_addr,
         &root_b,
-        Some(Identity::from_pem(old_client.0, old_client.1)),
-    )
-    .await;
-    let (p, _) = csr("spiffe://cluster.local/ns/x/sa/y");
-    let r = signed(
-        &mut c,
-        &p,
-        None,
+        old_client,
+        "spiffe://cluster.local/ns/x/sa/y",
         "old-CA client certificate after a restart",
     )
     .await;

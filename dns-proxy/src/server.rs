@@ -612,16 +612,9 @@ fn packet(
                 relays.push((query, ctx));
             }
             Ok(permit) => {
-                let (sock, inner, shutdown) = (sock.clone(), inner.clone(), shutdown.clone());
-                tracker.spawn(async move {
-                    let _permit: OwnedSemaphorePermit = permit;
-                    let answer = tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        a = inner.complete_wire(&w) => a,
-                    };
-                    if let Some(b) = answer {
-                        let _ = sock.send_to(&b, src).await;
-                    }
+                let inner = inner.clone();
+                spawn_answer(tracker, permit, sock, shutdown, src, async move {
+                    inner.complete_wire(&w).await
                 });
             }
             Err(_) => {
@@ -631,16 +624,9 @@ fn packet(
         },
         Action::Forward(req) => match inner.forwards.clone().try_acquire_owned() {
             Ok(permit) => {
-                let (sock, inner, shutdown) = (sock.clone(), inner.clone(), shutdown.clone());
-                tracker.spawn(async move {
-                    let _permit: OwnedSemaphorePermit = permit;
-                    let answer = tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        a = inner.complete(&req, Transport::Udp) => a,
-                    };
-                    if let Some(b) = answer {
-                        let _ = sock.send_to(&b, src).await;
-                    }
+                let inner = inner.clone();
+                spawn_answer(tracker, permit, sock, shutdown, src, async move {
+                    inner.complete(&req, Transport::Udp).await
                 });
             }
             Err(_) => {
@@ -650,6 +636,29 @@ fn packet(
             }
         },
     }
+}
+
+/// Runs `answer` in a task of its own (holding `permit`) and sends what it gives to `src`;
+/// dropped unsent at shutdown.
+fn spawn_answer(
+    tracker: &TaskTracker,
+    permit: OwnedSemaphorePermit,
+    sock: &Arc<UdpSocket>,
+    shutdown: &CancellationToken,
+    src: SocketAddr,
+    answer: impl std::future::Future<Output = Option<Vec<u8>>> + Send + 'static,
+) {
+    let (sock, shutdown) = (sock.clone(), shutdown.clone());
+    tracker.spawn(async move {
+        let _permit = permit;
+        let answer = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            a = answer => a,
+        };
+        if let Some(b) = answer {
+            let _ = sock.send_to(&b, src).await;
+        }
+    });
 }
 
 /// A wire-path query relayed upstream without a task of its own (see [`Forwarder::relay`]):

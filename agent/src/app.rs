@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::bootstrap::{self, Ports};
-use crate::config::{AuthPolicy, Config, NodeType, split_host_port};
+use crate::config::{Config, NodeType};
 use crate::envoy::{self, admin::Admin};
 use crate::lifecycle::{Readiness, Shutdown};
 use crate::status::{self, StatusServer, probe::Prober};
@@ -73,77 +73,27 @@ impl Drop for SocketFiles {
     }
 }
 
-/// The XDS root of trust, as Istio's `FindRootCAForXDS`.
-fn xds_root(config: &Config) -> anyhow::Result<sds::RootSource> {
-    if !config.xds_root_ca.is_empty() {
-        if config.xds_root_ca.eq_ignore_ascii_case("SYSTEM") {
-            return Ok(sds::RootSource::System);
-        }
-        return Ok(sds::RootSource::File(config.path(&config.xds_root_ca)));
-    }
-    let etc = config.path("./etc/certs/root-cert.pem");
-    if etc.exists() {
-        return Ok(sds::RootSource::File(etc));
-    }
-    if !config.prov_cert.is_empty() {
-        return Ok(sds::RootSource::File(
-            config.path(&config.prov_cert).join("root-cert.pem"),
-        ));
-    }
-    if config.pilot_cert_provider == "none" {
-        anyhow::bail!("PILOT_CERT_PROVIDER=none and no XDS_ROOT_CA: no root to verify istiod with");
-    }
-    Ok(sds::RootSource::File(
-        config.path("./var/run/secrets/istio/root-cert.pem"),
-    ))
-}
-
-/// The upstream connection to istiod: TLS per Istio's rules, plaintext for `:15010` or
-/// `controlPlaneAuthPolicy: NONE`; bearer token read for each stream.
-fn upstream(config: &Config) -> anyhow::Result<xds_proxy::Upstream> {
-    let addr = config.proxy.discovery_address.clone();
-    let plaintext =
-        config.proxy.control_plane_auth_policy == AuthPolicy::None || addr.ends_with(":15010");
-    let root = if plaintext {
-        sds::RootSource::System
-    } else {
-        xds_root(config)?
-    };
-    let server_name = if config.istiod_san.is_empty() {
-        split_host_port(&addr).map(|(h, _)| h).unwrap_or_default()
-    } else {
-        config.istiod_san.clone()
-    };
-    let client_identity = if config.prov_cert.is_empty() {
-        None
-    } else {
-        let dir = config.path(&config.prov_cert);
-        match (
-            std::fs::read(dir.join("cert-chain.pem")),
-            std::fs::read(dir.join("key.pem")),
-        ) {
-            (Ok(c), Ok(k)) => Some((c, k)),
-            _ => None,
-        }
-    };
-    let mut inputs = sds::ChannelInputs::new(addr, root, server_name);
-    inputs.plaintext = plaintext;
-    inputs.client_identity = client_identity;
+/// The xDS proxy's connection to istiod, from its sub-config; the bearer token is read for each
+/// stream and the `PROV_CERT` identity for each connection (with the CA client's policy).
+fn upstream(config: &crate::config::XdsUpstream) -> xds_proxy::Upstream {
+    let mut inputs = sds::ChannelInputs::new(
+        config.address.clone(),
+        config.root.clone(),
+        config.server_name.clone(),
+    );
+    inputs.plaintext = config.plaintext;
+    let prov_cert = config.prov_cert.clone();
     let connect: xds_proxy::Connect = Arc::new(move || {
-        let inputs = inputs.clone();
+        let mut inputs = inputs.clone();
+        inputs.client_identity = prov_cert.as_ref().and_then(sds::ca::prov_cert_identity);
         Box::pin(async move { sds::grpc_channel(&inputs).map_err(|e| e.to_string()) })
     });
-    let token_path = config.path("./var/run/secrets/tokens/istio-token");
-    let mut metadata = Vec::new();
-    if !config.cluster_id.is_empty() {
-        metadata.push(("ClusterID".to_string(), config.cluster_id.clone()));
-    }
-    metadata.extend(config.xds_headers.iter().cloned());
-    Ok(xds_proxy::Upstream {
+    let token_path = config.token_path.clone();
+    xds_proxy::Upstream {
         connect,
-        metadata,
+        metadata: config.metadata.clone(),
         token: Arc::new(move || sds::read_token(&token_path)),
-    })
+    }
 }
 
 /// The host's private addresses: up, not loopback, not link-local.
@@ -182,19 +132,18 @@ impl App {
     /// Binds every listener; nothing is served yet.
     pub async fn bind(inputs: Inputs) -> anyhow::Result<App> {
         let config = Arc::new(inputs.config);
+        let config_dump = config.dump().to_string();
+        tracing::info!(config = %config_dump, "effective configuration");
         let shutdown = inputs.shutdown;
         let mut registry = Registry::with_prefix("istio_agent");
         let readiness = Readiness::default();
 
         // 1. DNS proxy.
         let mut dns = None;
-        if config.dns_enabled {
+        if let Some(dns_config) = &config.dns {
             let metrics = Arc::new(dns_proxy::Metrics::new(&mut registry));
-            let dns_config =
-                dns_proxy::Config::from_env(&config.env, Path::new("/etc/resolv.conf"))
-                    .context("DNS proxy configuration")?;
             dns = Some(
-                dns_proxy::DnsProxy::bind(dns_config, metrics)
+                dns_proxy::DnsProxy::bind(dns_config.clone(), metrics)
                     .await
                     .context("starting the DNS proxy")?,
             );
@@ -202,15 +151,9 @@ impl App {
         let table = dns.as_ref().map(dns_proxy::DnsProxy::table);
 
         // 2. Secret manager and SDS server (not with DISABLE_ENVOY: certs go to OUTPUT_CERTS).
-        let mut sds_config =
-            sds::Config::from_env(&config.env, &config.base_dir).context("SDS configuration")?;
-        if !config.env.contains_key("CA_ADDR") {
-            let san = (!config.istiod_san.is_empty()).then_some(config.istiod_san.as_str());
-            sds_config.set_ca_addr(&config.proxy.discovery_address, san);
-        }
         let sds_metrics = Arc::new(sds::Metrics::new(&mut registry));
-        let manager =
-            sds::SecretManager::new(Arc::new(sds_config), sds_metrics).context("secret manager")?;
+        let manager = sds::SecretManager::new(Arc::new(config.identity.clone()), sds_metrics)
+            .context("secret manager")?;
         let mut sockets = SocketFiles::default();
         let sds = if config.disable_envoy {
             None
@@ -234,11 +177,12 @@ impl App {
         });
         let xds_metrics = xds_proxy::Metrics::new(&mut registry);
         let health_channel = config
+            .status
             .health_probe
             .as_ref()
             .map(|_| tokio::sync::watch::channel(None));
         let proxy = XdsProxy::new(xds_proxy::Inputs {
-            upstream: upstream(&config)?,
+            upstream: upstream(&config.upstream),
             nds,
             metrics: xds_metrics,
             health: health_channel.as_ref().map(|(_, rx)| rx.clone()),
@@ -271,15 +215,9 @@ impl App {
         } else {
             Ipv4Addr::LOCALHOST.into()
         };
-        let destination = if config.rewrite_probe_legacy_localhost {
-            localhost
-        } else {
-            config
-                .env
-                .get("INSTANCE_IP")
-                .and_then(|i| i.parse().ok())
-                .unwrap_or(localhost)
-        };
+        let destination = config
+            .status
+            .probe_destination(config.instance_ip, localhost);
         let ndsz: Option<status::NdszFn> = table.map(|t| {
             let f: status::NdszFn =
                 Arc::new(move || t.is_synced().then(|| t.debug_json().to_string()));
@@ -290,27 +228,28 @@ impl App {
             status::Inputs {
                 node_type: config.node_type,
                 admin,
-                envoy_prometheus: (admin.is_some() && config.merge_envoy_stats)
+                envoy_prometheus: (admin.is_some() && config.status.merge_envoy_stats)
                     .then(|| SocketAddr::new(localhost, config.envoy_prometheus_port)),
                 app_metrics: if config.node_type == NodeType::Sidecar {
-                    config.prometheus_annotations.clone()
+                    config.status.prometheus_annotations.clone()
                 } else {
                     None
                 },
                 metrics_localhost_only: config.metrics_localhost_only,
-                probers: config.app_probers.clone(),
+                probers: config.status.app_probers.clone(),
                 prober: Prober { destination },
                 registry: Arc::new(registry),
                 metrics: status_metrics,
                 readiness,
                 shutdown: shutdown.clone(),
                 ndsz,
+                config_dump,
             },
         );
 
-        let health = match (config.health_probe.clone(), health_channel) {
+        let health = match (config.status.health_probe.clone(), health_channel) {
             (Some(probe), Some((tx, _))) => {
-                let dest = if config.rewrite_probe_legacy_localhost {
+                let dest = if config.status.rewrite_probe_legacy_localhost {
                     localhost
                 } else {
                     config.ips.first().copied().unwrap_or(localhost)

@@ -1,9 +1,19 @@
 //! The status server (`statusPort`, default 15020): `/healthz/ready`, merged
-//! `/stats/prometheus`, app probes, `/quitquitquit`, `/drain`, `/debug/ndsz`.
+//! `/stats/prometheus`, app probes, `/quitquitquit`, `/drain`, `/debug/ndsz`,
+//! `/debug/config_dump` (the agent's effective configuration, secrets redacted).
 
 pub mod grpc_health;
 pub mod probe;
 pub mod stats;
+fn json_response(body: String) -> http::Response<Body> {
+    let mut r = full(200, body);
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -82,6 +92,8 @@ pub struct Inputs {
     pub readiness: Readiness,
     pub shutdown: Shutdown,
     pub ndsz: Option<NdszFn>,
+    /// The effective configuration (`/debug/config_dump`), as JSON, secrets redacted.
+    pub config_dump: String,
 }
 
 struct State {
@@ -223,16 +235,15 @@ async fn handle(
                 return full(403, "");
             }
             match state.inputs.ndsz.as_ref().and_then(|f| f()) {
-                Some(json) => {
-                    let mut r = full(200, json);
-                    r.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/json"),
-                    );
-                    r
-                }
+                Some(json) => json_response(json),
                 None => full(404, "{}"),
             }
+        }
+        "/debug/config_dump" => {
+            if !loopback {
+                return full(403, "");
+            }
+            json_response(state.inputs.config_dump.clone())
         }
         p if p.starts_with("/app-health/") || p.starts_with("/app-lifecycle/") => {
             let Some(probe) = state.inputs.probers.get(p) else {

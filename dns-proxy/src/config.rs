@@ -17,7 +17,7 @@ pub const ISTIO_RESOLV_CONF: &str = "/var/lib/istio/resolv.conf";
 
 /// Everything the DNS proxy needs; build with [`Config::from_env`] and adjust fields if needed
 /// (the agent sets `domain` from `--domain`).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Config {
     /// Addresses to serve on, UDP and TCP each. Port 0 picks one port (shared by all addresses).
     pub listen_addrs: Vec<SocketAddr>,

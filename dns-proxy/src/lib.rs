@@ -37,7 +37,10 @@ mod wire;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use config::{Config, DEFAULT_FORWARD_TIMEOUT, DEFAULT_PROXY_ADDR, ISTIO_RESOLV_CONF, Inputs};
+pub use config::{
+    Config, DEFAULT_FORWARD_TIMEOUT, DEFAULT_PROXY_ADDR, ISTIO_RESOLV_CONF, Inputs, ResolvConf,
+    parse_resolv_conf,
+};
 pub use metrics::Metrics;
 pub use server::DnsProxy;
 pub use table::TableHandle;

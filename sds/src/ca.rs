@@ -286,6 +286,12 @@ fn load_client_identity(dir: &CertDir) -> Option<(Vec<u8>, Vec<u8>)> {
     }
 }
 
+/// The `PROV_CERT` client identity (chain, key): one policy for the CA client and the agent's
+/// xDS upstream, so the same files are offered or refused by both.
+pub fn prov_cert_identity(dir: &CertDir) -> Option<(Vec<u8>, Vec<u8>)> {
+    load_client_identity(dir)
+}
+
 /// Watches the root file's directory; a change of the root file's content drops the cached
 /// channel and bumps `changes`.
 fn watch_root(

@@ -39,7 +39,7 @@ pub const SYSTEM_ROOT_CANDIDATES: &[&str] = &[
 ];
 
 /// Workload key type (`ECC_SIGNATURE_ALGORITHM`, `ECC_CURVE`, `WORKLOAD_RSA_KEY_SIZE`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum KeyAlgorithm {
     /// RSA with this many bits (2048, 3072 or 4096).
     Rsa(u32),
@@ -48,7 +48,7 @@ pub enum KeyAlgorithm {
 }
 
 /// A directory holding `cert-chain.pem`, `key.pem` and `root-cert.pem`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct CertDir {
     pub cert_chain: PathBuf,
     pub key: PathBuf,
@@ -67,7 +67,7 @@ impl CertDir {
 }
 
 /// Everything the identity crate needs, parsed and validated once.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct Config {
     /// Directory Istio's relative paths are resolved against (`/` in a pod).
     pub base_dir: PathBuf,

@@ -8,7 +8,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use crate::Error;
 
 /// Where the server's root of trust comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum RootSource {
     /// The OS trust store (`CA_ROOT_CA=SYSTEM`).
     System,

@@ -36,7 +36,10 @@ pub struct Inputs {
 /// The addresses the agent is serving on.
 #[derive(Debug, Clone)]
 pub struct Bound {
-    pub status: SocketAddr,
+    /// The status server (the first of `status_all`); `None` when `statusPort` is 0.
+    pub status: Option<SocketAddr>,
+    /// Every status listener: one per address family of the pod.
+    pub status_all: Vec<SocketAddr>,
     pub xds: PathBuf,
     pub sds: Option<PathBuf>,
     pub dns: Vec<SocketAddr>,
@@ -96,8 +99,55 @@ fn upstream(config: &crate::config::XdsUpstream) -> xds_proxy::Upstream {
     }
 }
 
-/// The host's private addresses: up, not loopback, not link-local.
-pub fn interface_ips() -> Vec<IpAddr> {
+/// The status server's listeners: `addr` when given (tests), else `statusPort` on each address
+/// family the pod has, IPv4 and IPv6 on their own sockets (kubelet probes `[podIPv6]:15020` in a
+/// dual-stack pod); none when `statusPort` is 0 (`status.sidecar.istio.io/port: "0"`).
+fn bind_status(
+    config: &Config,
+    addr: Option<SocketAddr>,
+) -> anyhow::Result<Vec<tokio::net::TcpListener>> {
+    let bind = |addr: SocketAddr| -> std::io::Result<tokio::net::TcpListener> {
+        let domain = socket2::Domain::for_address(addr);
+        let socket = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+        if addr.is_ipv6() {
+            socket.set_only_v6(true)?;
+        }
+        socket.set_reuse_address(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(1024)?;
+        tokio::net::TcpListener::from_std(socket.into())
+    };
+    let context = |a: SocketAddr| format!("binding the status server on {a}");
+    if let Some(addr) = addr {
+        return Ok(vec![bind(addr).with_context(|| context(addr))?]);
+    }
+    let port = config.proxy.status_port;
+    if port == 0 {
+        tracing::info!("statusPort is 0: no status server");
+        return Ok(Vec::new());
+    }
+    let v4 = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port);
+    let v6 = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port);
+    let has_v4 = config.ips.iter().any(IpAddr::is_ipv4);
+    let has_v6 = config.ips.iter().any(IpAddr::is_ipv6);
+    Ok(match (has_v4, has_v6) {
+        (true, true) => {
+            let mut out = vec![bind(v4).with_context(|| context(v4))?];
+            match bind(v6) {
+                Ok(l) => out.push(l),
+                // A host with IPv6 disabled still serves IPv4.
+                Err(e) => tracing::warn!(error = %e, addr = %v6, "no IPv6 status listener"),
+            }
+            out
+        }
+        (false, true) => vec![bind(v6).with_context(|| context(v6))?],
+        _ => vec![bind(v4).with_context(|| context(v4))?],
+    })
+}
+
+/// The host's private addresses with their interface names: up, not loopback, not link-local.
+pub fn host_interfaces() -> Vec<(String, IpAddr)> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
         return Vec::new();
     };
@@ -121,8 +171,8 @@ pub fn interface_ips() -> Vec<IpAddr> {
             IpAddr::V4(v4) => v4.is_link_local(),
             IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
         };
-        if !link_local && !ip.is_unspecified() && !ip.is_loopback() && !out.contains(&ip) {
-            out.push(ip);
+        if !link_local && !ip.is_unspecified() && !ip.is_loopback() {
+            out.push((a.interface_name.clone(), ip));
         }
     }
     out
@@ -195,18 +245,7 @@ impl App {
         // 4. Status server.
         let status_metrics = status::Metrics::new(&mut registry);
         let all_v6 = !config.ips.is_empty() && config.ips.iter().all(IpAddr::is_ipv6);
-        let status_addr = inputs.status_addr.unwrap_or_else(|| {
-            let ip: IpAddr = if all_v6 {
-                Ipv6Addr::UNSPECIFIED.into()
-            } else {
-                Ipv4Addr::UNSPECIFIED.into()
-            };
-            SocketAddr::new(ip, config.proxy.status_port)
-        });
-        let status_listener = tokio::net::TcpListener::bind(status_addr)
-            .await
-            .with_context(|| format!("binding the status server on {status_addr}"))?;
-        let status_bound = status_listener.local_addr()?;
+        let status_listeners = bind_status(&config, inputs.status_addr)?;
         let admin = (!config.disable_envoy).then(|| Admin {
             addr: envoy::admin_addr(&config),
         });
@@ -224,7 +263,7 @@ impl App {
             f
         });
         let status = StatusServer::new(
-            status_listener,
+            status_listeners,
             status::Inputs {
                 node_type: config.node_type,
                 admin,
@@ -259,13 +298,14 @@ impl App {
             _ => None,
         };
         let bound = Bound {
-            status: status_bound,
+            status: status.local_addr().ok(),
+            status_all: status.local_addrs(),
             xds: xds_path,
             sds: sds.as_ref().map(|s| s.path().to_path_buf()),
             dns: dns.as_ref().map(|d| d.local_addrs()).unwrap_or_default(),
         };
         tracing::info!(
-            status = %bound.status,
+            status = ?bound.status_all,
             xds = %bound.xds.display(),
             sds = ?bound.sds,
             dns = ?bound.dns,
@@ -377,7 +417,7 @@ async fn run_envoy(config: &Config, bound: &Bound, shutdown: &Shutdown) -> anyho
     let written = bootstrap::write(
         config,
         Ports {
-            status: bound.status.port(),
+            status: bound.status.map_or(config.proxy.status_port, |a| a.port()),
         },
         None,
     )
@@ -409,12 +449,13 @@ pub fn load_config(
     env: &HashMap<String, String>,
     base_dir: PathBuf,
 ) -> Result<Config, crate::config::Error> {
+    let interface_ips = crate::config::private_ips(&base_dir, host_interfaces())?;
     Config::load(crate::config::Inputs {
         node_type,
         flags,
         env,
         base_dir,
-        interface_ips: interface_ips(),
+        interface_ips,
     })
 }
 
@@ -484,7 +525,8 @@ mod tests {
         );
         assert!(!config.launches_envoy());
         let (app, shutdown, bound) = bind(config).await;
-        assert_ne!(bound.status.port(), 0);
+        let status = bound.status.expect("status server");
+        assert_ne!(status.port(), 0);
         assert_eq!(bound.xds, dir.path().join("etc/istio/proxy/XDS"));
         assert_eq!(
             bound.sds.as_deref(),
@@ -497,7 +539,7 @@ mod tests {
         assert!(bound.dns.is_empty());
         let run = tokio::spawn(app.run());
 
-        let url = format!("http://{}/healthz/ready", bound.status);
+        let url = format!("http://{status}/healthz/ready");
         let (code, body) = crate::client::send("GET", &url, None, Duration::from_secs(5))
             .await
             .unwrap();
@@ -505,7 +547,7 @@ mod tests {
         assert!(body.contains("readiness stats"), "{body}");
         let (code, metrics) = crate::client::send(
             "GET",
-            &format!("http://{}/stats/prometheus", bound.status),
+            &format!("http://{status}/stats/prometheus"),
             None,
             Duration::from_secs(5),
         )
@@ -582,5 +624,70 @@ mod tests {
         assert!(!bound.xds.exists());
         assert!(!bound.sds.unwrap().exists());
         assert!(!dir.path().join("etc/istio/proxy/envoy-rev.json").exists());
+    }
+
+    /// Binds with the status server on its configured port(s), as in a pod.
+    async fn bind_on_config_port(config: Config) -> (App, Shutdown, Bound) {
+        let shutdown = Shutdown::default();
+        let app = App::bind(Inputs {
+            config,
+            shutdown: shutdown.clone(),
+            status_addr: None,
+        })
+        .await
+        .unwrap();
+        let bound = app.bound().clone();
+        (app, shutdown, bound)
+    }
+
+    /// `status.sidecar.istio.io/port: "0"` turns the status server off instead of failing.
+    #[tokio::test]
+    async fn status_port_zero_disables_the_status_server() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("etc/istio/pod")).unwrap();
+        std::fs::write(
+            dir.path().join("etc/istio/pod/annotations"),
+            "status.sidecar.istio.io/port=\"0\"\n",
+        )
+        .unwrap();
+        let config = sidecar_config(
+            dir.path(),
+            &[("ISTIO_AGENT_EXTERNAL_ENVOY", "true")],
+            r#"{"discoveryAddress":"127.0.0.1:1"}"#,
+        );
+        assert_eq!(config.proxy.status_port, 0);
+        let (app, shutdown, bound) = bind_on_config_port(config).await;
+        assert_eq!(bound.status, None);
+        assert!(bound.status_all.is_empty());
+        let run = tokio::spawn(app.run());
+        shutdown.trigger();
+        assert_eq!(run.await.unwrap().unwrap(), 0);
+    }
+
+    /// A dual-stack pod's status port answers on both families (kubelet probes
+    /// `[podIPv6]:15020`).
+    #[tokio::test]
+    async fn dual_stack_pod_serves_status_on_both_families() {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut config = sidecar_config(
+            dir.path(),
+            &[("ISTIO_AGENT_EXTERNAL_ENVOY", "true")],
+            &format!(r#"{{"discoveryAddress":"127.0.0.1:1","statusPort":{port}}}"#),
+        );
+        config.ips.push("::1".parse().unwrap());
+        let (app, shutdown, bound) = bind_on_config_port(config).await;
+        let families: Vec<bool> = bound.status_all.iter().map(SocketAddr::is_ipv6).collect();
+        assert_eq!(families, vec![false, true], "{:?}", bound.status_all);
+        let run = tokio::spawn(app.run());
+        for host in ["127.0.0.1", "[::1]"] {
+            let url = format!("http://{host}:{port}/healthz/ready");
+            let (code, _) = crate::client::send("GET", &url, None, Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(code, 503, "{url}");
+        }
+        shutdown.trigger();
+        assert_eq!(run.await.unwrap().unwrap(), 0);
     }
 }

@@ -276,11 +276,29 @@ fn node_type(positional: &[String]) -> Result<NodeType, Error> {
     }
 }
 
+/// The subcommand is the first argument that is neither a root flag nor the separate value of
+/// one (`pilot-agent --log_output_level default:debug proxy sidecar`, as cobra parses it).
+/// Unknown root flags are taken as booleans.
+fn subcommand_position(args: &[String]) -> Option<usize> {
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        let Some(flag) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
+            return Some(i);
+        };
+        let takes_value = !flag.contains('=')
+            && LOG_FLAGS
+                .iter()
+                .any(|(name, value)| *value && *name == flag);
+        i += if takes_value { 2 } else { 1 };
+    }
+    None
+}
+
 /// Parses `argv[1..]`.
 pub fn parse(args: &[String]) -> Result<Cli, Error> {
     let mut log = LogFlags::default();
-    // The subcommand is the first argument that is not a (root) flag.
-    let Some(pos) = args.iter().position(|a| !a.starts_with('-')) else {
+    let Some(pos) = subcommand_position(args) else {
         return Ok(Cli {
             log,
             command: Command::Help,
@@ -496,6 +514,24 @@ mod tests {
         assert_eq!(flags.proxy_log_level, "warning");
         assert_eq!(flags.proxy_component_log_level, "misc:error");
         assert_eq!(cli.log.output_level, "default:info");
+    }
+
+    #[test]
+    fn root_flags_before_the_subcommand() {
+        for line in [
+            "--log_output_level default:debug proxy waypoint",
+            "--log_output_level=default:debug proxy waypoint",
+            "--log_as_json --log_output_level default:debug proxy waypoint --domain d",
+        ] {
+            let cli = parse(&argv(line)).unwrap();
+            let Command::Proxy { node_type, .. } = cli.command else {
+                panic!("{line}: not proxy")
+            };
+            assert_eq!(node_type, NodeType::Waypoint, "{line}");
+            assert_eq!(cli.log.output_level, "default:debug", "{line}");
+        }
+        let err = parse(&argv("proxy gateway")).unwrap_err().to_string();
+        assert!(err.contains("sidecar, router or waypoint"), "{err}");
     }
 
     #[test]

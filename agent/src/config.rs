@@ -43,7 +43,7 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("invalid proxy type {0:?}: expected sidecar or router")]
+    #[error("invalid proxy type {0:?}: expected sidecar, router or waypoint")]
     NodeType(String),
     #[error("invalid flag --{flag}={value:?}: expected {expected}")]
     Flag {
@@ -53,12 +53,16 @@ pub enum Error {
     },
 }
 
-/// The proxy's role (`proxy sidecar|router`).
+/// The proxy's role (`proxy sidecar|router|waypoint`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NodeType {
     Sidecar,
+    /// Gateways (`proxy router`).
     Router,
+    /// Ambient waypoints (`proxy waypoint`, Istio's waypoint template): a gateway-like proxy
+    /// whose node id starts `waypoint~`.
+    Waypoint,
 }
 
 impl NodeType {
@@ -66,6 +70,7 @@ impl NodeType {
         match s {
             "sidecar" => Ok(NodeType::Sidecar),
             "router" => Ok(NodeType::Router),
+            "waypoint" => Ok(NodeType::Waypoint),
             other => Err(Error::NodeType(other.to_string())),
         }
     }
@@ -73,6 +78,7 @@ impl NodeType {
         match self {
             NodeType::Sidecar => "sidecar",
             NodeType::Router => "router",
+            NodeType::Waypoint => "waypoint",
         }
     }
 }
@@ -195,6 +201,32 @@ pub fn parse_bool(s: &str) -> Option<bool> {
 /// Go durations ([`proto::go::parse_duration`]).
 pub fn parse_duration(s: &str) -> Option<Duration> {
     proto::go::parse_duration(s).ok()
+}
+
+/// The host's private IPs for `INSTANCE_IPS`, without those of the interfaces the pod annotation
+/// `traffic.sidecar.istio.io/excludeInterfaces` names (comma-separated), as Istio; duplicates
+/// dropped, order kept.
+pub fn private_ips(
+    base_dir: &Path,
+    interfaces: Vec<(String, IpAddr)>,
+) -> Result<Vec<IpAddr>, Error> {
+    let annotations = read_downward_api(&resolve(base_dir, "./etc/istio/pod/annotations"))?;
+    let excluded: Vec<&str> = annotations
+        .get("traffic.sidecar.istio.io/excludeInterfaces")
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for (name, ip) in interfaces {
+        if !excluded.contains(&name.as_str()) && !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    Ok(out)
 }
 
 /// Reads a downward-API file (`key="quoted value"` per line). A missing file is empty.
@@ -346,14 +378,16 @@ impl Config {
             }
             proxy.discovery_address = addr.clone();
         }
+        // "0" turns the status server off, as Istio.
         if let Some(port) = pod_annotations.get("status.sidecar.istio.io/port") {
-            proxy.status_port = port.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-                Error::ProxyConfigField {
-                    field: "status.sidecar.istio.io/port".into(),
-                    value: port.clone(),
-                    expected: "a port in 1-65535".into(),
-                }
-            })?;
+            proxy.status_port =
+                port.trim()
+                    .parse::<u16>()
+                    .map_err(|_| Error::ProxyConfigField {
+                        field: "status.sidecar.istio.io/port".into(),
+                        value: port.clone(),
+                        expected: "a port in 0-65535 (0: no status server)".into(),
+                    })?;
         }
 
         // Proxy IPs: INSTANCE_IP first, then the private interface addresses.

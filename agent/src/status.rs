@@ -102,9 +102,10 @@ struct State {
     envoy_live: AtomicBool,
 }
 
-/// The bound status server.
+/// The bound status server: one listener, or one per address family (a dual-stack pod is
+/// probed on its IPv4 and its IPv6 address).
 pub struct StatusServer {
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     state: Arc<State>,
 }
 
@@ -120,9 +121,9 @@ fn full(status: u16, body: impl Into<bytes::Bytes>) -> http::Response<Body> {
 }
 
 impl StatusServer {
-    pub fn new(listener: TcpListener, inputs: Inputs) -> Self {
+    pub fn new(listeners: Vec<TcpListener>, inputs: Inputs) -> Self {
         StatusServer {
-            listener,
+            listeners,
             state: Arc::new(State {
                 inputs,
                 config_received: AtomicBool::new(false),
@@ -131,45 +132,64 @@ impl StatusServer {
         }
     }
 
+    /// The first listener's address.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+        match self.listeners.first() {
+            Some(l) => l.local_addr(),
+            None => Err(std::io::Error::other("no status listener")),
+        }
     }
 
-    /// Serves until shutdown starts; the listener closes at once then (as Istio: readiness
+    /// Every listener's address.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
+    }
+
+    /// Serves until shutdown starts; the listeners close at once then (as Istio: readiness
     /// fails as soon as shutdown begins).
     pub async fn run(self) {
-        let token = self.state.inputs.shutdown.token().clone();
-        loop {
-            let accepted = tokio::select! {
-                _ = token.cancelled() => break,
-                a = self.listener.accept() => a,
-            };
-            let (stream, peer) = match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "status server accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let state = self.state.clone();
-            let token = token.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    let state = state.clone();
-                    async move { Ok::<_, Infallible>(handle(state, peer, req).await) }
-                });
-                let builder = hyper_util::server::conn::auto::Builder::new(
-                    hyper_util::rt::TokioExecutor::new(),
-                );
-                let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-                tokio::select! {
-                    _ = conn => {}
-                    _ = token.cancelled() => {}
-                }
-            });
+        let mut tasks = tokio::task::JoinSet::new();
+        for listener in self.listeners {
+            tasks.spawn(accept_loop(listener, self.state.clone()));
         }
+        while tasks.join_next().await.is_some() {}
         tracing::info!("status server stopped");
+    }
+}
+
+async fn accept_loop(listener: TcpListener, state: Arc<State>) {
+    let token = state.inputs.shutdown.token().clone();
+    loop {
+        let accepted = tokio::select! {
+            _ = token.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "status server accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let state = state.clone();
+        let token = token.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(state, peer, req).await) }
+            });
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            tokio::select! {
+                _ = conn => {}
+                _ = token.cancelled() => {}
+            }
+        });
     }
 }
 
@@ -216,7 +236,7 @@ async fn handle(
             if let Some(admin) = state.inputs.admin {
                 let q = match state.inputs.node_type {
                     NodeType::Sidecar => "/drain_listeners?inboundonly&graceful&skip_exit",
-                    NodeType::Router => "/drain_listeners?graceful&skip_exit",
+                    NodeType::Router | NodeType::Waypoint => "/drain_listeners?graceful&skip_exit",
                 };
                 if let Err(e) = admin
                     .request(http::Method::POST, q, Duration::from_secs(5))

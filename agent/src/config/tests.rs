@@ -308,3 +308,39 @@ fn config_dump_redacts_credentials() {
     assert_eq!(v["node_id"], c.node_id());
     assert_eq!(v["identity"]["secret_ttl"]["secs"], 86400);
 }
+
+/// `traffic.sidecar.istio.io/excludeInterfaces`: those interfaces' IPs leave `INSTANCE_IPS`.
+#[test]
+fn excluded_interfaces_leave_instance_ips() {
+    let dir = tempfile::tempdir().unwrap();
+    let ifs = || {
+        vec![
+            ("eth0".to_string(), "198.18.0.2".parse().unwrap()),
+            ("net1".to_string(), "198.18.1.2".parse().unwrap()),
+            ("eth0".to_string(), "fd00::2".parse().unwrap()),
+            ("net2".to_string(), "198.18.2.2".parse().unwrap()),
+            ("eth1".to_string(), "198.18.0.2".parse().unwrap()),
+        ]
+    };
+    let all: Vec<IpAddr> = private_ips(dir.path(), ifs()).unwrap();
+    assert_eq!(all.len(), 4, "duplicates dropped: {all:?}");
+    std::fs::create_dir_all(dir.path().join("etc/istio/pod")).unwrap();
+    std::fs::write(
+        dir.path().join("etc/istio/pod/annotations"),
+        "traffic.sidecar.istio.io/excludeInterfaces=\"net1, net2\"\n",
+    )
+    .unwrap();
+    let kept = private_ips(dir.path(), ifs()).unwrap();
+    let want: Vec<IpAddr> = vec!["198.18.0.2".parse().unwrap(), "fd00::2".parse().unwrap()];
+    assert_eq!(kept, want);
+    let e = env(&[("INSTANCE_IP", "198.18.0.2")]);
+    let c = Config::load(Inputs {
+        node_type: NodeType::Sidecar,
+        flags: ProxyFlags::default(),
+        env: &e,
+        base_dir: dir.path().to_path_buf(),
+        interface_ips: kept,
+    })
+    .unwrap();
+    assert_eq!(c.ips, want);
+}

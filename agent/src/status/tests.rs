@@ -110,7 +110,7 @@ async fn setup(envoy_stats: &str, ready_stats: &str, app_port: Option<u16>) -> S
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server = StatusServer::new(
-        listener,
+        vec![listener],
         Inputs {
             node_type: NodeType::Sidecar,
             admin: Some(Admin { addr: admin }),

@@ -34,7 +34,7 @@ pub(super) struct Chan {
 }
 
 impl Chan {
-    pub(super) fn retire(&self) {
+    fn retire(&self) {
         self.retired.store(true, Ordering::Release);
         // Under the lock: a relay registering checks `stop` under it too.
         match self.pending.lock() {
@@ -114,7 +114,7 @@ impl UdpPool {
 
     /// A fresh socket connected to `server` on a kernel-chosen (random) ephemeral port, with
     /// its reader running.
-    pub(super) fn open(self: &Arc<Self>, server: SocketAddr) -> Result<Arc<Chan>, ForwardError> {
+    fn open(self: &Arc<Self>, server: SocketAddr) -> Result<Arc<Chan>, ForwardError> {
         let io = |source| ForwardError::Io { server, source };
         let local: SocketAddr = if server.is_ipv4() {
             (Ipv4Addr::UNSPECIFIED, 0).into()
@@ -141,7 +141,7 @@ impl UdpPool {
     }
 
     /// One of `slots`' sockets to `server`, replaced first when due for rotation.
-    pub(super) fn pick(
+    fn pick(
         self: &Arc<Self>,
         server: SocketAddr,
         slots: &Slots,
@@ -180,7 +180,7 @@ impl UdpPool {
         Ok(chan)
     }
 
-    pub(super) fn slots(&self, server: SocketAddr) -> Result<&Slots, ForwardError> {
+    fn slots(&self, server: SocketAddr) -> Result<&Slots, ForwardError> {
         self.upstreams
             .iter()
             .find(|(s, _)| *s == server)

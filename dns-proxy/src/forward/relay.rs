@@ -139,7 +139,7 @@ impl Forwarder {
 impl UdpPool {
     /// Sends the relayed query to upstream `idx` on one of its sockets; on failure hands the
     /// query back.
-    pub(super) fn send_relay(
+    fn send_relay(
         self: &Arc<Self>,
         idx: usize,
         st: Box<RelayState>,
@@ -156,7 +156,7 @@ impl UdpPool {
         clippy::vec_box,
         reason = "the boxes move into the pending table as they are"
     )]
-    pub(super) fn send_relays(
+    fn send_relays(
         self: &Arc<Self>,
         idx: usize,
         mut states: Vec<Box<RelayState>>,

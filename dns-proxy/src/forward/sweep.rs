@@ -29,7 +29,7 @@ impl UdpPool {
 
     /// Times out relayed queries past their server's deadline (each moves on to its next
     /// server); returns the client answers of those that finished.
-    pub(super) fn sweep(self: &Arc<Self>, now: Instant) -> Vec<ClientReply> {
+    fn sweep(self: &Arc<Self>, now: Instant) -> Vec<ClientReply> {
         let chans: Vec<Arc<Chan>> = match self.live.lock() {
             Ok(mut live) => {
                 live.retain(|c| c.strong_count() > 0);
@@ -76,7 +76,7 @@ impl UdpPool {
 /// every query. Also the sweep timing out relayed queries. Ticks every `tick` while there were
 /// queries since the last tick or relays are pending, then waits for the next query: no
 /// wake-ups when idle.
-pub(super) async fn anchor(pool: Weak<UdpPool>, tick: Duration, stop: CancellationToken) {
+async fn anchor(pool: Weak<UdpPool>, tick: Duration, stop: CancellationToken) {
     let Some((busy, wake)) = pool
         .upgrade()
         .map(|p| (p.busy.clone(), p.wake_anchor.clone()))

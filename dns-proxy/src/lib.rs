@@ -10,6 +10,14 @@
 //! (no parse and re-encode), with batched socket I/O; upstream sockets rotate to fresh random
 //! ports and every upstream query gets a random id (cache-poisoning defence, see `forward`).
 //!
+//! Modules, top down: `server` binds the listeners and runs the UDP and TCP loops; `answer` is
+//! the answer path (query in, table hit, cache or forward, answer out) with its parts
+//! (`answer/local`: table answers, `answer/rewrite`: wire-path byte rewrites,
+//! `answer/respond` and `answer/truncate`: `Message` answers sized for the client); `table`
+//! (NDS name table), `cache` (upstream answers) and `forward` (upstream socket pool, pending
+//! tables, relayed queries, timeout sweep, TCP fallback) below it; `packet` (transport, size
+//! limits, plain-query parser) and `datagrams` (batched UDP I/O) are leaves every layer uses.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), dns_proxy::Error> {
 //! use std::{collections::HashMap, path::Path, sync::Arc};
@@ -23,16 +31,15 @@
 //! # }
 //! ```
 
-mod batch;
+mod answer;
 mod cache;
 mod config;
-mod fast;
+mod datagrams;
 mod forward;
-mod message;
 mod metrics;
+mod packet;
 mod server;
 mod table;
-mod wire;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -81,5 +88,5 @@ pub enum Error {
 /// Request-path entry points for the fuzz target; not part of the stable API.
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use crate::server::fuzz_request;
+    pub use crate::answer::fuzz_request;
 }

@@ -1,11 +1,10 @@
-//! Wire-level forwarding of plain queries (see [`crate::fast::parse`]): the client's bytes go
-//! upstream advertising our EDNS size, and the upstream's answer goes back with the client's
-//! id, flags, question and OPT record, without building `Message`s. Anything unusual (an
-//! answer to cut to the client's size, TSIG, extended rcodes, odd layouts) is left to the
-//! `Message` path.
+//! The byte rewrites of a plain query forwarded without parsing (see [`crate::packet::parse`]):
+//! the client's bytes go upstream advertising our EDNS size, and the upstream's answer goes back
+//! with the client's id, flags, question and OPT record, without building `Message`s. Anything
+//! unusual (an answer to cut to the client's size, TSIG, extended rcodes, odd layouts) is left
+//! to the `Message` path.
 
-use crate::fast::Question;
-use crate::message::{MIN_UDP_SIZE, OUR_UDP_PAYLOAD};
+use crate::packet::{MIN_UDP_SIZE, OUR_UDP_PAYLOAD, Question, push_opt};
 
 const TYPE_OPT: u16 = 41;
 const TYPE_SIG: u16 = 24;
@@ -17,13 +16,6 @@ fn count(msg: &[u8], at: usize) -> u16 {
 
 fn set_count(msg: &mut [u8], at: usize, n: u16) {
     msg[at..at + 2].copy_from_slice(&n.to_be_bytes());
-}
-
-/// Our OPT record: `payload`, no extended rcode, version 0, DO as given, no options.
-fn push_opt(out: &mut Vec<u8>, payload: u16, dnssec_ok: bool) {
-    out.extend_from_slice(&[0, 0, 41]);
-    out.extend_from_slice(&payload.to_be_bytes());
-    out.extend_from_slice(&[0, 0, if dnssec_ok { 0x80 } else { 0 }, 0, 0, 0]);
 }
 
 /// The query to send upstream for the plain request `req`: its bytes, advertising at least
@@ -171,7 +163,7 @@ pub(crate) fn to_client(mut ans: Vec<u8>, req: &[u8], q: &Question) -> Result<Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fast::parse;
+    use crate::packet::parse;
     use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
     use hickory_proto::rr::rdata::{A, CNAME};
     use hickory_proto::rr::{Name, RData, Record, RecordType};

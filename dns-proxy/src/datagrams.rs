@@ -1,10 +1,15 @@
-//! Batched UDP receive (`recvmmsg`) and send (`sendmmsg`): one system call for every datagram
-//! queued on a socket instead of one each, plus the one that finds the queue empty.
+//! UDP datagrams received and sent in batches (`recvmmsg`, `sendmmsg`): one system call for
+//! every datagram queued on a socket instead of one each, plus the one that finds the queue
+//! empty; and the answers for UDP clients, sent batched per listening socket by whichever part
+//! completes them (a listener's loop, or an upstream socket's reader for relayed queries).
 
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+
+use tokio::net::UdpSocket;
 
 /// Datagrams per `recvmmsg` call.
 pub(crate) const BATCH: usize = 32;
@@ -265,10 +270,43 @@ pub(crate) fn send_connected(fd: RawFd, out: &[(*const u8, usize)]) -> Vec<Optio
     result
 }
 
+/// An answer for a UDP client, sent by whoever completes the query.
+pub(crate) struct ClientReply {
+    pub sock: Arc<UdpSocket>,
+    pub bytes: Vec<u8>,
+    pub to: SocketAddr,
+}
+
+/// Sends client answers, batched per listening socket.
+pub(crate) async fn send_client_replies(replies: Vec<ClientReply>) {
+    let mut batch: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
+    let mut sock: Option<Arc<UdpSocket>> = None;
+    for r in replies {
+        if sock.as_ref().is_some_and(|s| !Arc::ptr_eq(s, &r.sock))
+            && let Some(s) = sock.take()
+        {
+            send_batch(&s, &mut batch).await;
+        }
+        sock.get_or_insert(r.sock);
+        batch.push((r.bytes, r.to));
+    }
+    if let Some(s) = sock {
+        send_batch(&s, &mut batch).await;
+    }
+}
+
+/// Sends `out` on `sock` with `sendmmsg`, waiting for the socket only when it is full.
+pub(crate) async fn send_batch(sock: &UdpSocket, out: &mut Vec<(Vec<u8>, SocketAddr)>) {
+    let sent = send_all(sock.as_raw_fd(), out);
+    for (b, to) in &out[sent..] {
+        let _ = sock.send_to(b, *to).await;
+    }
+    out.clear();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsRawFd;
 
     #[test]
     fn round_trip_v4_and_v6() {

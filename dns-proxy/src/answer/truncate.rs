@@ -1,15 +1,11 @@
-//! Wire helpers: size-limited encoding with the TC bit, and header-only error answers.
+//! Answers cut to the client's size: size-limited encoding of a `Message` that leaves out whole
+//! records and sets the TC bit, and the size limit a UDP client asks for.
 
-use hickory_proto::op::{Edns, Message, ResponseCode, emit_message_parts};
+use hickory_proto::op::{Edns, Message, emit_message_parts};
 use hickory_proto::rr::Record;
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder};
 
-/// Smallest UDP answer size every client accepts (RFC 1035).
-pub const MIN_UDP_SIZE: usize = 512;
-/// Largest DNS message (TCP, or EDNS maximum).
-pub const MAX_SIZE: usize = 65_535;
-/// UDP payload size we advertise in our OPT records (DNS flag day 2020).
-pub const OUR_UDP_PAYLOAD: u16 = 1232;
+use crate::packet::{MAX_SIZE, MIN_UDP_SIZE};
 
 /// Encodes `msg` in at most `limit` bytes. Records that do not fit are left out (whole records,
 /// answer section first) and the TC bit is set; the OPT record always fits.
@@ -88,21 +84,6 @@ pub fn encode(msg: &Message, limit: usize) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-/// A header-only answer to a request we could not (or will not) process: same id and opcode,
-/// RD copied, QR set, no question.
-pub fn error_header(request: &[u8], rcode: ResponseCode) -> Option<Vec<u8>> {
-    if request.len() < 12 {
-        return None;
-    }
-    let mut out = vec![0u8; 12];
-    out[0] = request[0];
-    out[1] = request[1];
-    // QR=1, opcode copied, RD copied.
-    out[2] = 0x80 | (request[2] & 0x78) | (request[2] & 0x01);
-    out[3] = 0x80 | (u16::from(rcode) as u8 & 0x0f); // RA=1
-    Some(out)
-}
-
 /// Largest answer the client accepts over UDP: its EDNS payload size, else 512.
 pub fn udp_limit(req: &Message) -> usize {
     match &req.edns {
@@ -114,6 +95,7 @@ pub fn udp_limit(req: &Message) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::packet::OUR_UDP_PAYLOAD;
     use hickory_proto::op::{MessageType, OpCode, Query};
     use hickory_proto::rr::rdata::A;
     use hickory_proto::rr::{Name, RData, RecordType};
@@ -163,17 +145,5 @@ mod tests {
         let full = Message::from_vec(&encode(&m, 4096).unwrap()).unwrap();
         assert_eq!(full.answers.len(), 60);
         assert!(full.edns.is_some() && !full.metadata.truncation);
-    }
-
-    #[test]
-    fn error_header_keeps_id_and_rd() {
-        let req = [0xab, 0xcd, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0xff];
-        let out = error_header(&req, ResponseCode::FormErr).unwrap();
-        let m = Message::from_vec(&out).unwrap();
-        assert_eq!(m.metadata.id, 0xabcd);
-        assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
-        assert!(m.metadata.recursion_desired);
-        assert_eq!(m.metadata.message_type, MessageType::Response);
-        assert!(error_header(&req[..5], ResponseCode::FormErr).is_none());
     }
 }

@@ -1,26 +1,21 @@
-//! Wire-level fast path for the common case: one A/AAAA question (optionally with a plain OPT
-//! record) for a name the table holds directly. Answers are written straight from the request
-//! bytes without building messages; anything else (CNAME, wildcard, truncation, odd packets)
-//! returns `false` and takes the full path in `server`.
+//! Answers from the name table: written straight on the wire for the common case (one A/AAAA
+//! question, optionally with a plain OPT record, for a name the table holds directly) without
+//! building messages, and as a `Message` for everything else the table answers (CNAMEs,
+//! wildcards, answers to cut to the client's size).
 
-use hickory_proto::rr::{RData, RecordType};
+use hickory_proto::op::{Message, ResponseCode};
+use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
 use rand::Rng;
+use rand::seq::SliceRandom;
 
-use crate::message::OUR_UDP_PAYLOAD;
+use super::respond::respond;
+use crate::packet::{OUR_UDP_PAYLOAD, Question, push_opt};
 use crate::table::{LOCAL_TTL, LookupTable};
 
-/// Writes the answer to `req` into `out` when the fast path applies. `limit` is the largest
-/// answer the client accepts (UDP) or 65535 (TCP) before considering its EDNS size.
-#[cfg(test)]
-pub(crate) fn answer(table: &LookupTable, req: &[u8], udp: bool, out: &mut Vec<u8>) -> bool {
-    match parse(req) {
-        Some(q) => answer_parsed(table, &q, req, udp, out),
-        None => false,
-    }
-}
-
-/// [`answer`] for a request already parsed by [`parse`].
-pub(crate) fn answer_parsed(
+/// Writes the table's answer to the plain request `req` (parsed into `q`) into `out`, sized
+/// for the client (`udp`: its EDNS size, else 512; TCP: 65535). `false` when there is no plain
+/// answer (CNAME, wildcard, too big, not A/AAAA, not IN): [`message`] takes it.
+pub(crate) fn wire(
     table: &LookupTable,
     q: &Question,
     req: &[u8],
@@ -87,121 +82,45 @@ pub(crate) fn answer_parsed(
         }
     }
     if let Some(e) = q.edns {
-        out.extend_from_slice(&[0, 0, 41]);
-        out.extend_from_slice(&OUR_UDP_PAYLOAD.to_be_bytes());
-        out.extend_from_slice(&[0, 0, if e.dnssec_ok { 0x80 } else { 0 }, 0, 0, 0]);
+        push_opt(out, OUR_UDP_PAYLOAD, e.dnssec_ok);
     }
     true
 }
 
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ClientEdns {
-    pub payload: u16,
-    pub dnssec_ok: bool,
-    /// Offset of the OPT record in the request.
-    pub opt_start: usize,
-}
-
-/// A plain query: one question with a simple name, at most an OPT record besides.
-pub(crate) struct Question {
-    /// Lowercase name with trailing dot, as the table keys it.
-    lower: [u8; 256],
-    lower_len: usize,
-    pub qtype: RecordType,
-    pub qclass: u16,
-    pub question_end: usize,
-    pub edns: Option<ClientEdns>,
-}
-
-impl Question {
-    pub fn lower_name(&self) -> &str {
-        // Only ASCII letters, digits, '-', '_' and '.' are ever written (checked in `parse`).
-        std::str::from_utf8(&self.lower[..self.lower_len]).unwrap_or("")
-    }
-}
-
-/// Accepts only the plain shape: standard query, one question with a simple name (letters,
-/// digits, `-`, `_`, `*`), no answer/authority records, at most one OPT (version 0), nothing
-/// after it.
-pub(crate) fn parse(req: &[u8]) -> Option<Question> {
-    if req.len() < 17 || req[2] & 0xf8 != 0 || req[3] & 0x4f != 0 {
+/// The table's answer for `req`, or `None` to forward it.
+pub(crate) fn message(table: &LookupTable, req: &Message) -> Option<Message> {
+    let q = req.queries.first()?;
+    if q.query_class() != DNSClass::IN {
         return None;
     }
-    let count = |i: usize| u16::from_be_bytes([req[i], req[i + 1]]);
-    if count(4) != 1 || count(6) != 0 || count(8) != 0 || count(10) > 1 {
-        return None;
+    let lower = q.name().to_lowercase().to_ascii();
+    let answer = table.lookup(q.name(), &lower, q.query_type())?;
+    let mut resp = respond(req, ResponseCode::NoError);
+    resp.metadata.authoritative = true;
+    let mut addrs: Vec<Record> = answer.addrs;
+    // Round robin: shuffled on every answer.
+    if addrs.len() > 1 {
+        addrs.shuffle(&mut rand::rng());
     }
-    let mut lower = [0u8; 256];
-    let mut lower_len = 0;
-    let mut i = 12;
-    loop {
-        let len = usize::from(*req.get(i)?);
-        if len == 0 {
-            i += 1;
-            break;
-        }
-        if len > 63 || lower_len + len + 1 > 254 {
-            return None;
-        }
-        let label = req.get(i + 1..i + 1 + len)?;
-        for &b in label {
-            if !(b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'*') {
-                return None;
-            }
-            lower[lower_len] = b.to_ascii_lowercase();
-            lower_len += 1;
-        }
-        lower[lower_len] = b'.';
-        lower_len += 1;
-        i += 1 + len;
-    }
-    if lower_len == 0 {
-        return None;
-    }
-    let qtype = RecordType::from(u16::from_be_bytes([*req.get(i)?, *req.get(i + 1)?]));
-    let qclass = u16::from_be_bytes([*req.get(i + 2)?, *req.get(i + 3)?]);
-    // Meta classes (NONE, ANY) and OPT-like oddities take the full path.
-    if qclass != 1 && !(2..=4).contains(&qclass) {
-        return None;
-    }
-    let question_end = i + 4;
-    let edns = if count(10) == 1 {
-        let opt = req.get(question_end..question_end + 11)?;
-        // Root owner, type OPT, version 0.
-        if opt[0] != 0 || opt[1..3] != [0, 41] || opt[6] != 0 {
-            return None;
-        }
-        let rdlen = usize::from(u16::from_be_bytes([opt[9], opt[10]]));
-        if question_end + 11 + rdlen != req.len() {
-            return None;
-        }
-        Some(ClientEdns {
-            payload: u16::from_be_bytes([opt[3], opt[4]]),
-            dnssec_ok: opt[7] & 0x80 != 0,
-            opt_start: question_end,
-        })
-    } else {
-        if question_end != req.len() {
-            return None;
-        }
-        None
-    };
-    Some(Question {
-        lower,
-        lower_len,
-        qtype,
-        qclass,
-        question_end,
-        edns,
-    })
+    resp.answers = answer.cnames;
+    resp.answers.extend(addrs);
+    Some(resp)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::table::tests::{expansion, sample};
-    use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
+    use hickory_proto::op::{Edns, MessageType, OpCode, Query};
     use hickory_proto::rr::Name;
+
+    /// [`wire`] on the raw request, parsed first.
+    fn answer(table: &LookupTable, req: &[u8], udp: bool, out: &mut Vec<u8>) -> bool {
+        match crate::packet::parse(req) {
+            Some(q) => wire(table, &q, req, udp, out),
+            None => false,
+        }
+    }
 
     fn q(name: &str, qtype: RecordType, edns: Option<u16>) -> Vec<u8> {
         let mut m = Message::new(0x4242, MessageType::Query, OpCode::Query);

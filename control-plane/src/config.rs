@@ -8,7 +8,7 @@
 pub mod kinds;
 mod watch;
 
-pub use watch::{ConfigStatus, WatchError, Watcher, WatcherInputs};
+pub use watch::{ConfigStatus, Revision, WatchError, Watcher, WatcherInputs};
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

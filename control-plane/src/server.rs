@@ -20,13 +20,11 @@ use crate::ca::{
     self, Ca, CaMetrics, CaService, DEFAULT_SERVING_SANS, Reloader, SharedCa, TokenIssuer,
 };
 use crate::config::{Watcher, WatcherInputs};
+use crate::listen::{self, Acceptor};
 use crate::model::MeshSettings;
 use crate::xds::{AdsInputs, AdsServer, SyncTable, XdsMetrics};
 
-pub mod listen;
 pub mod tls;
-
-use listen::Acceptor;
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
@@ -237,13 +235,14 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
             dir: inputs.config_dir.clone(),
             debounce_after: tunables.debounce_after,
             debounce_max: tunables.debounce_max,
-            mesh,
         },
         cancel.clone(),
     )?;
+    // Config revisions become model snapshots; the ADS server generates (and caches) from those.
+    let snapshots = crate::model::follow(watcher.revisions.clone(), Arc::new(mesh), cancel.clone());
     let sync = SyncTable::default();
     let ads = AdsServer::new(AdsInputs {
-        snapshots: watcher.snapshots.clone(),
+        snapshots: snapshots.clone(),
         push_throttle: tunables.push_throttle,
         metrics: xds_metrics,
         sync: sync.clone(),
@@ -314,7 +313,7 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
             registry: Arc::new(registry),
             sync,
             config_status: watcher.status.clone(),
-            snapshots: watcher.snapshots.clone(),
+            snapshots,
             ready: ready_rx,
         },
         cancel.clone(),

@@ -1,5 +1,6 @@
-//! xDS: resource generation for upstream Envoy 1.40 and the ADS server (SotW and Delta) with its
-//! push machinery.
+//! xDS: resource generation for upstream Envoy 1.40 from a model snapshot, the cache of what was
+//! generated ([`CachedSnapshot`], owned here, not by the model), and the ADS server (SotW and
+//! Delta) with its push machinery.
 //!
 //! Names follow Istio: listeners `virtualOutbound` (15001) and `virtualInbound` (15006);
 //! clusters `outbound|<port>|<subset>|<host>`, `inbound|<port>||`, `PassthroughCluster`,
@@ -7,6 +8,7 @@
 //! port named after the port (`"80"`); the NDS `NameTable` has the empty name.
 
 mod ads;
+mod cache;
 mod clusters;
 mod endpoints;
 mod listeners;
@@ -15,6 +17,7 @@ mod routes;
 mod status;
 
 pub use ads::{AdsInputs, AdsServer, XdsMetrics};
+pub use cache::CachedSnapshot;
 pub use status::{SyncStatus, SyncTable};
 
 use proto::envoy::config::core::v3::{
@@ -117,7 +120,7 @@ pub(crate) fn resource<M: prost::Name>(name: impl Into<String>, msg: &M) -> Reso
     }
 }
 
-/// Generates every resource of `ty` for a proxy view (no caching; see [`Snapshot::resources`]).
+/// Generates every resource of `ty` for a proxy view (no caching; see [`CachedSnapshot::resources`]).
 pub fn generate(snap: &Snapshot, view: &ProxyView, ty: XdsType) -> Resources {
     let mut out = match ty {
         XdsType::Cds => clusters::generate(snap, view),

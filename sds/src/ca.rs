@@ -19,10 +19,10 @@ use proto::istio::ca::istio_certificate_service_client::IstioCertificateServiceC
 use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
-use crate::config::CertDir;
-use crate::metrics::csr_labels;
+use crate::Error;
+use crate::config::{CertDir, Config};
+use crate::metrics::{Metrics, csr_labels};
 use crate::tls::{ChannelInputs, RootSource, grpc_channel, read_token};
-use crate::{Config, Error, Metrics};
 
 /// Number of attempts per signing call (Istio's retry interceptor).
 pub const MAX_ATTEMPTS: u32 = 5;
@@ -276,8 +276,8 @@ impl CaClient {
 fn load_client_identity(dir: &CertDir) -> Option<(Vec<u8>, Vec<u8>)> {
     let cert = std::fs::read(&dir.cert_chain).ok()?;
     let key = std::fs::read(&dir.key).ok()?;
-    let leaf = crate::manager::parse_certs(&cert).into_iter().next()?;
-    match crate::manager::cert_validity(&leaf) {
+    let leaf = crate::pem::parse_certs(&cert).into_iter().next()?;
+    match crate::x509::cert_validity(&leaf) {
         Some((_, not_after)) if not_after > SystemTime::now() => Some((cert, key)),
         _ => {
             warn!(path = %dir.cert_chain.display(), "PROV_CERT certificate is expired or unparsable; using the token alone");

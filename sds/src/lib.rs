@@ -32,7 +32,24 @@
 //! token::jwt_expiry(&str) -> Option<SystemTime>   // `exp` of a JWT, signature not checked
 //! csr::generate(identity, KeyAlgorithm, pkcs8) -> Result<KeyAndCsr, Error>
 //! CaClient::new(&Config, Arc<Metrics>)?.sign(csr_pem).await -> Result<Vec<String>, Error>
-//! manager::{parse_certs, cert_validity, write_atomic}, server::to_secret
+//! pem::{parse_certs, encode}, x509::{cert_validity, check_key_matches}, timestamp::rfc3339
+//! manager::{write_atomic, parse_certs, cert_validity}, server::to_secret   // the last two re-exported
+//! ```
+//!
+//! # Modules, lowest first (a module uses only those above it)
+//!
+//! ```text
+//! pem, x509, timestamp      leaf helpers: PEM blocks, certificate validity and key match, RFC 3339
+//! metrics                   prometheus metrics of the crate
+//! tls                       gRPC channels (one TLS policy for CA and xDS)          -> pem
+//! config                    Istio's variables -> Config                            -> tls
+//! token                     the bearer token's own expiry                          -> timestamp
+//! csr                       key generation and Istio's CSR                         -> config, pem
+//! ca                        IstioCertificateService client     -> config, tls, token, pem, x509, metrics
+//! manager (+ rotation, file_secrets, output_certs)
+//!                           the secret cache                   -> ca, csr, config, pem, x509, timestamp
+//! server                    the SDS gRPC server on a Unix socket          -> manager, timestamp
+//! testing                   (feature) a fake Istio CA
 //! ```
 //!
 //! Feature `testing` adds [`testing::FakeCa`], an in-process Istio CA (real tonic server on
@@ -52,9 +69,12 @@ pub mod config;
 pub mod csr;
 pub mod manager;
 pub mod metrics;
+pub mod pem;
 pub mod server;
+pub mod timestamp;
 pub mod tls;
 pub mod token;
+pub mod x509;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

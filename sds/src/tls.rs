@@ -102,7 +102,7 @@ pub fn grpc_channel(inputs: &ChannelInputs) -> Result<Channel, Error> {
                         path.display()
                     ))
                 })?;
-                if crate::manager::parse_certs(&pem).is_empty() {
+                if crate::pem::parse_certs(&pem).is_empty() {
                     return Err(err(format!(
                         "no certificate in root file {}",
                         path.display()

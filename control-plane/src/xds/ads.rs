@@ -32,6 +32,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::cache::{CacheSlot, CachedSnapshot};
 use super::{SyncTable, XdsType};
 use crate::model::{Proxy, Snapshot};
 
@@ -94,6 +95,8 @@ pub struct AdsInputs {
 
 struct Inner {
     snapshots: watch::Receiver<Arc<Snapshot>>,
+    /// What was generated from the newest snapshot, shared by every stream.
+    cache: CacheSlot,
     throttle: Arc<Semaphore>,
     metrics: XdsMetrics,
     sync: SyncTable,
@@ -113,6 +116,7 @@ impl AdsServer {
         AdsServer {
             inner: Arc::new(Inner {
                 snapshots: inputs.snapshots,
+                cache: CacheSlot::new(),
                 throttle: Arc::new(Semaphore::new(inputs.push_throttle.max(1))),
                 metrics: inputs.metrics,
                 sync: inputs.sync,
@@ -201,7 +205,7 @@ struct Conn {
     out: Out,
     conn_id: String,
     proxy: Option<Proxy>,
-    snap: Arc<Snapshot>,
+    snap: Arc<CachedSnapshot>,
     types: BTreeMap<XdsType, TypeState>,
 }
 
@@ -216,7 +220,10 @@ impl Conn {
 
     async fn run(mut self, mut requests: ReqStream) {
         let mut snapshots = self.inner.snapshots.clone();
-        self.snap = snapshots.borrow_and_update().clone();
+        self.snap = self
+            .inner
+            .cache
+            .for_snapshot(&snapshots.borrow_and_update());
         let cancel = self.inner.cancel.clone();
         loop {
             tokio::select! {
@@ -237,7 +244,7 @@ impl Conn {
                 },
                 changed = snapshots.changed() => {
                     if changed.is_err() { break; }
-                    let snap = snapshots.borrow_and_update().clone();
+                    let snap = self.inner.cache.for_snapshot(&snapshots.borrow_and_update());
                     if self.proxy.is_some() && self.on_snapshot(snap).await.is_err() {
                         break;
                     }
@@ -262,7 +269,7 @@ impl Conn {
         }
     }
 
-    async fn on_snapshot(&mut self, snap: Arc<Snapshot>) -> Result<(), ()> {
+    async fn on_snapshot(&mut self, snap: Arc<CachedSnapshot>) -> Result<(), ()> {
         self.snap = snap;
         let _permit = self
             .inner
@@ -282,7 +289,8 @@ impl Conn {
                 st.dirty = true;
                 continue;
             }
-            self.push(ty, false, Some(self.snap.created)).await?;
+            self.push(ty, false, Some(self.snap.snapshot().created))
+                .await?;
         }
         Ok(())
     }
@@ -317,7 +325,7 @@ impl Conn {
     /// ACK/NACK bookkeeping when `nonce` answers our latest push. Returns false for a stale nonce.
     fn on_response(&mut self, ty: XdsType, nonce: &str, error: Option<String>) -> bool {
         let conn_id = self.conn_id.clone();
-        let version = self.snap.version.clone();
+        let version = self.snap.snapshot().version.clone();
         let Some(st) = self.types.get_mut(&ty) else {
             return false;
         };
@@ -472,7 +480,7 @@ impl Conn {
             "{:x}",
             self.inner.next_nonce.fetch_add(1, Ordering::Relaxed)
         );
-        let version = self.snap.version.clone();
+        let version = self.snap.snapshot().version.clone();
         let count;
         match &self.out {
             Out::Sotw(tx) => {
@@ -550,7 +558,10 @@ impl AdsServer {
             out,
             conn_id: String::new(),
             proxy: None,
-            snap: self.inner.snapshots.borrow().clone(),
+            snap: self
+                .inner
+                .cache
+                .for_snapshot(&self.inner.snapshots.borrow()),
             types: BTreeMap::new(),
         };
         tokio::spawn(conn.run(requests));

@@ -472,8 +472,10 @@ fn name_table_only_with_dns_capture() {
 
 #[test]
 fn a_workload_entry_change_changes_only_endpoints() {
-    let before = snapshot(BASE);
-    let after = snapshot(&BASE.replace("198.18.0.6", "198.18.0.16"));
+    let before = CachedSnapshot::new(Arc::new(snapshot(BASE)));
+    let after = CachedSnapshot::new(Arc::new(snapshot(
+        &BASE.replace("198.18.0.6", "198.18.0.16"),
+    )));
     let v = client("web", false);
     for ty in XdsType::ALL {
         let a = before.resources(&v, ty);

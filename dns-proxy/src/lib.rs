@@ -20,10 +20,10 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), dns_proxy::Error> {
-//! use std::{collections::HashMap, path::Path, sync::Arc};
+//! use std::{path::Path, sync::Arc};
 //! let mut registry = prometheus_client::registry::Registry::default();
 //! let metrics = Arc::new(dns_proxy::Metrics::new(&mut registry));
-//! let config = dns_proxy::Config::from_env(&HashMap::new(), Path::new("/etc/resolv.conf"))?;
+//! let config = dns_proxy::Config::from_resolv_conf(Path::new("/etc/resolv.conf"))?;
 //! let proxy = dns_proxy::DnsProxy::bind(config, metrics).await?;
 //! let table = proxy.table(); // feed NDS pushes: table.update(&name_table)
 //! let shutdown = tokio_util::sync::CancellationToken::new();
@@ -45,8 +45,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use config::{
-    Config, DEFAULT_FORWARD_TIMEOUT, DEFAULT_PROXY_ADDR, ISTIO_RESOLV_CONF, Inputs, ResolvConf,
-    parse_resolv_conf,
+    Config, DEFAULT_FORWARD_TIMEOUT, DEFAULT_PROXY_ADDR, ISTIO_RESOLV_CONF, ResolvConf,
+    parse_resolv_conf, resolve_listen_addr,
 };
 pub use metrics::Metrics;
 pub use server::DnsProxy;
@@ -55,12 +55,6 @@ pub use table::TableHandle;
 /// Errors of the DNS proxy.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
-    #[error("invalid {name}={value:?}: expected {expected}")]
-    InvalidEnv {
-        name: &'static str,
-        value: String,
-        expected: String,
-    },
     #[error("cannot read resolv.conf {path:?}: {source}")]
     ResolvConf {
         path: PathBuf,

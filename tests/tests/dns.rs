@@ -1,7 +1,6 @@
 //! The DNS proxy against real clients and servers: `dig` queries a proxy running in this process
 //! with a name table loaded; a real `dnsmasq` on a loopback port is the upstream.
 
-use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::process::Command;
 use std::sync::Arc;
@@ -23,7 +22,8 @@ struct Proxy {
 }
 
 impl Proxy {
-    fn start(upstreams: &[SocketAddr], env: &[(&str, &str)]) -> Proxy {
+    /// `tune` adjusts the config the agent would build (Istio's defaults, namespace ns1).
+    fn start(upstreams: &[SocketAddr], tune: impl FnOnce(&mut Config)) -> Proxy {
         let dir = tempfile::tempdir().expect("tempdir");
         let resolv = dir.path().join("resolv.conf");
         let mut text = String::from(
@@ -33,16 +33,13 @@ impl Proxy {
             text.push_str(&format!("nameserver {}\n", u.ip()));
         }
         std::fs::write(&resolv, text).expect("write resolv.conf");
-        let mut env: HashMap<String, String> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        env.insert("POD_NAMESPACE".into(), "ns1".into());
-        env.entry("DNS_PROXY_ADDR".into())
-            .or_insert("127.0.0.1:0".into());
-        let mut config = Config::from_env(&env, &resolv).expect("config");
+        let mut config = Config::from_resolv_conf(&resolv).expect("config");
+        config.namespace = "ns1".into();
+        config.domain = "ns1.svc.cluster.local".into();
+        config.listen_addrs = vec!["127.0.0.1:0".parse().unwrap()];
         // resolv.conf has no ports; the test upstreams listen on loopback ports.
         config.upstreams = upstreams.to_vec();
+        tune(&mut config);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -247,7 +244,7 @@ fn table_answers_a_aaaa_short_forms_cname_wildcard() {
     if !prereqs() {
         return;
     }
-    let p = Proxy::start(&[], &[]);
+    let p = Proxy::start(&[], |_| {});
     // Before the first table: SERVFAIL.
     assert_eq!(
         dig(p.addr, &["productpage.ns1.svc.cluster.local"]).status,
@@ -310,7 +307,7 @@ fn edns_sizes_and_truncation_with_60_addresses() {
     if !prereqs() {
         return;
     }
-    let p = Proxy::start(&[], &[]);
+    let p = Proxy::start(&[], |_| {});
     p.table.update(&table());
     let all: Vec<String> = {
         let mut v: Vec<String> = (0..60).map(|i| format!("198.18.2.{i}")).collect();
@@ -356,7 +353,7 @@ fn forwards_to_dnsmasq_and_passes_nxdomain_through() {
         return;
     }
     let (_dnsmasq, up) = dnsmasq();
-    let p = Proxy::start(&[up], &[("DNS_PROXY_CACHE", "false")]);
+    let p = Proxy::start(&[up], |c| c.cache_enabled = false);
     p.table.update(&table());
     for tcp in [false, true] {
         let proto = if tcp { "+tcp" } else { "+notcp" };
@@ -383,7 +380,9 @@ fn upstream_down_servfail_second_upstream_and_cache() {
     let black_hole = UdpSocket::bind("127.0.0.1:0").expect("bind black hole");
     black_hole.set_nonblocking(true).expect("nonblocking");
     let dead = black_hole.local_addr().expect("addr");
-    let p = Proxy::start(&[dead, up], &[("DNS_FORWARD_TIMEOUT", "400ms")]);
+    let p = Proxy::start(&[dead, up], |c| {
+        c.forward_timeout = Duration::from_millis(400)
+    });
     p.table.update(&table());
 
     // Servers are tried in shuffled order: keep asking until one query went to the dead one
@@ -489,9 +488,9 @@ fn captured_in_a_pod_namespace_with_redirect_dns() {
             .build()
             .expect("runtime");
         rt.block_on(async move {
-            let env: HashMap<String, String> =
-                [("POD_NAMESPACE".to_string(), "ns1".to_string())].into();
-            let config = Config::from_env(&env, &resolv).expect("config");
+            let mut config = Config::from_resolv_conf(&resolv).expect("config");
+            config.namespace = "ns1".into();
+            config.domain = "ns1.svc.cluster.local".into();
             assert_eq!(
                 config.upstreams,
                 vec!["198.18.0.53:53".parse::<SocketAddr>().unwrap()]

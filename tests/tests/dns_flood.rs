@@ -36,12 +36,10 @@ impl Proxy {
             "search ns1.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n",
         )
         .expect("write resolv.conf");
-        let env: HashMap<String, String> = [
-            ("POD_NAMESPACE".to_string(), "ns1".to_string()),
-            ("DNS_PROXY_ADDR".to_string(), "127.0.0.1:0".to_string()),
-        ]
-        .into();
-        let mut config = Config::from_env(&env, &resolv).expect("config");
+        let mut config = Config::from_resolv_conf(&resolv).expect("config");
+        config.namespace = "ns1".into();
+        config.domain = "ns1.svc.cluster.local".into();
+        config.listen_addrs = vec!["127.0.0.1:0".parse().unwrap()];
         config.upstreams = Vec::new();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -2,11 +2,12 @@
 //! `DNS_PROXY_CACHE`, the upstreams and search list of resolv.conf, and the proxy's domain
 //! (`--domain`).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use dns_proxy::{DEFAULT_FORWARD_TIMEOUT, DEFAULT_PROXY_ADDR, parse_resolv_conf};
+use dns_proxy::{
+    DEFAULT_FORWARD_TIMEOUT, DEFAULT_PROXY_ADDR, parse_resolv_conf, resolve_listen_addr,
+};
 
 use super::{Error, env::Env};
 
@@ -54,67 +55,34 @@ pub fn load(i: Inputs<'_>) -> Result<dns_proxy::Config, Error> {
             });
         }
     };
-    let listen_addrs = listen_addrs(&addr, &resolv.nameservers)
+    let listen_addrs = resolve_listen_addr(&addr, &resolv.nameservers)
         .map_err(|why| env.invalid("DNS_PROXY_ADDR", &addr, &format!("host:port ({why})")))?;
-    let domain = if !i.domain.is_empty() {
+    let mut config = dns_proxy::Config::defaults(resolv, resolv_conf);
+    config.listen_addrs = listen_addrs;
+    config.respond_before_sync = respond_before_sync;
+    config.namespace = i.namespace.to_string();
+    config.domain = if !i.domain.is_empty() {
         i.domain.to_string()
     } else if i.namespace.is_empty() {
         "svc.cluster.local".to_string()
     } else {
         format!("{}.svc.cluster.local", i.namespace)
     };
-    Ok(dns_proxy::Config {
-        listen_addrs,
-        upstreams: resolv.nameservers,
-        search_domains: resolv.search,
-        forward_timeout: env.duration(
-            "DNS_FORWARD_TIMEOUT",
-            DEFAULT_FORWARD_TIMEOUT,
-            Duration::from_nanos(1),
-        )?,
-        forward_parallel: env.bool("DNS_FORWARD_PARALLEL", false)?,
-        cache_enabled: env.bool("DNS_PROXY_CACHE", true)?,
-        cache_max_entries: 10_000,
-        namespace: i.namespace.to_string(),
-        domain,
-        respond_before_sync,
-        max_in_flight: 4096,
-        max_tcp_connections: 512,
-        tcp_idle_timeout: Duration::from_secs(10),
-        upstream_udp_payload: 1232,
-        resolv_conf,
-    })
-}
-
-/// Resolves `DNS_PROXY_ADDR` into socket addresses: `localhost` becomes 127.0.0.1 when any IPv4
-/// nameserver and ::1 when any IPv6 nameserver (127.0.0.1 when there are none), as Istio.
-fn listen_addrs(addr: &str, nameservers: &[SocketAddr]) -> Result<Vec<SocketAddr>, &'static str> {
-    let (host, port) = addr.rsplit_once(':').ok_or("missing port")?;
-    let port: u16 = port.parse().map_err(|_| "port is not a number")?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.eq_ignore_ascii_case("localhost") {
-        let mut out = Vec::new();
-        if nameservers.is_empty() || nameservers.iter().any(SocketAddr::is_ipv4) {
-            out.push(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port));
-        }
-        if nameservers.iter().any(SocketAddr::is_ipv6) {
-            out.push(SocketAddr::new(Ipv6Addr::LOCALHOST.into(), port));
-        }
-        return Ok(out);
-    }
-    if host.is_empty() {
-        return Ok(vec![SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port)]);
-    }
-    let ip: IpAddr = host
-        .parse()
-        .map_err(|_| "host must be localhost or an IP")?;
-    Ok(vec![SocketAddr::new(ip, port)])
+    config.forward_timeout = env.duration(
+        "DNS_FORWARD_TIMEOUT",
+        DEFAULT_FORWARD_TIMEOUT,
+        Duration::from_nanos(1),
+    )?;
+    config.forward_parallel = env.bool("DNS_FORWARD_PARALLEL", false)?;
+    config.cache_enabled = env.bool("DNS_PROXY_CACHE", true)?;
+    Ok(config)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::net::SocketAddr;
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs

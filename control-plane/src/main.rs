@@ -31,7 +31,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Serve the CA and ADS on the plaintext and TLS gRPC ports, plus monitoring.
+    /// Serve ADS on the plaintext gRPC port, CA and ADS on the TLS gRPC port, plus monitoring.
     Serve {
         #[arg(long, env = "ISTIOD_LITE_CONFIG_DIR")]
         config_dir: PathBuf,
@@ -63,6 +63,9 @@ enum Command {
         /// MeshConfig YAML (rootNamespace, trustDomain, outboundTrafficPolicy.mode).
         #[arg(long, env = "ISTIOD_LITE_MESH")]
         mesh: Option<PathBuf>,
+        /// Clock skew between hosts allowed on a token's `exp` and `nbf` (whole seconds count).
+        #[arg(long, env = "ISTIOD_LITE_TOKEN_CLOCK_SKEW", default_value = "60s", value_parser = parse_duration)]
+        token_clock_skew: Duration,
     },
     /// Print a service-account token (JWT) that the CA accepts.
     Token {
@@ -141,6 +144,7 @@ async fn main() -> anyhow::Result<()> {
             monitoring_addr,
             sans,
             mesh,
+            token_clock_skew,
         } => {
             init_logging();
             let env: HashMap<String, String> = std::env::vars().collect();
@@ -155,6 +159,7 @@ async fn main() -> anyhow::Result<()> {
                     monitoring_addr,
                     sans,
                     mesh_file: mesh,
+                    token_clock_skew,
                     env,
                 },
                 cancel.clone(),

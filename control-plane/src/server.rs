@@ -1,6 +1,7 @@
 //! Composition root of `istiod-lite serve`: binds every listener first (so port 0 works and the
-//! bound addresses can be reported), then serves CA + ADS on the plaintext and TLS gRPC ports and
-//! the monitoring endpoints.
+//! bound addresses can be reported), then serves ADS on the plaintext gRPC port (15010), CA + ADS
+//! on the TLS gRPC port (15012) and the monitoring endpoints. As in Istio, the CA is never offered
+//! in plaintext: a bearer token sent there would cross the network in clear.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -64,6 +65,9 @@ pub struct ServeInputs {
     /// Extra DNS names for the serving certificate.
     pub sans: Vec<String>,
     pub mesh_file: Option<PathBuf>,
+    /// Clock skew allowed when verifying a token's `exp` and `nbf`
+    /// ([`ca::DEFAULT_TOKEN_CLOCK_SKEW`] unless configured).
+    pub token_clock_skew: Duration,
     /// Environment (PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, PILOT_PUSH_THROTTLE,
     /// PILOT_ENABLE_IP_AUTOALLOCATE).
     pub env: HashMap<String, String>,
@@ -196,10 +200,12 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
     tracing::info!(config_dir = %inputs.config_dir.display(), ca_dir = %inputs.ca_dir.display(),
         trust_domain = %mesh.trust_domain, root_namespace = %mesh.root_namespace, allow_any = mesh.allow_any,
         debounce_after = ?tunables.debounce_after, debounce_max = ?tunables.debounce_max,
-        push_throttle = tunables.push_throttle, "starting istiod-lite");
+        push_throttle = tunables.push_throttle, token_clock_skew = ?inputs.token_clock_skew, "starting istiod-lite");
 
     let ca = SharedCa::new(Ca::load_or_create(&inputs.ca_dir)?);
-    let tokens = Arc::new(TokenIssuer::load_or_create(&inputs.ca_dir)?);
+    let tokens = Arc::new(
+        TokenIssuer::load_or_create(&inputs.ca_dir)?.with_clock_skew(inputs.token_clock_skew),
+    );
     let mut names: Vec<String> = DEFAULT_SERVING_SANS.iter().map(|s| s.to_string()).collect();
     for s in &inputs.sans {
         if !names.contains(s) {
@@ -261,9 +267,9 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(false);
     let mut tasks = JoinSet::new();
     {
+        // Plaintext: xDS only (no CA: `IstioCertificateService` answers UNIMPLEMENTED here).
         let router = Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(IstioCertificateServiceServer::new(ca_svc.clone()))
             .add_service(
                 AggregatedDiscoveryServiceServer::new(ads.clone())
                     .max_decoding_message_size(64 << 20),

@@ -1,12 +1,12 @@
-//! `IstioCertificateService` over real gRPC, on the plaintext and the TLS port of a running
-//! `server::serve`: token and client-certificate authentication, identity from the caller,
-//! rejections with precise codes and reasons, plug-in cacerts.
+//! `IstioCertificateService` over real gRPC on the TLS port of a running `server::serve` (the
+//! plaintext port offers none, as Istio's 15010): token and client-certificate authentication,
+//! identity from the caller, rejections with precise codes and reasons, plug-in cacerts.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use control_plane::ca::{Claims, TokenIssuer};
+use control_plane::ca::{Claims, DEFAULT_TOKEN_CLOCK_SKEW, TokenIssuer};
 use control_plane::server::{Running, ServeInputs, serve};
 use proto::istio::ca::istio_certificate_service_client::IstioCertificateServiceClient;
 use proto::istio::ca::{IstioCertificateRequest, IstioCertificateResponse};
@@ -27,6 +27,7 @@ async fn start(config: &Path, ca: &Path) -> (Running, CancellationToken) {
             monitoring_addr: "127.0.0.1:0".parse().expect("addr"),
             sans: vec!["cp.test".into()],
             mesh_file: None,
+            token_clock_skew: DEFAULT_TOKEN_CLOCK_SKEW,
             env: HashMap::new(),
         },
         cancel.clone(),
@@ -174,7 +175,7 @@ async fn token_and_client_certificate_authentication() {
 
     // Good token: the SAN is the token's identity, even though the CSR asks for another one.
     let (pem, key) = csr("spiffe://cluster.local/ns/kube-system/sa/admin");
-    let mut client = plaintext(running.grpc_addr).await;
+    let mut client = tls(running.secure_grpc_addr, &root, None).await;
     let resp = signed(&mut client, &pem, Some(&token), "signed").await;
     assert_eq!(
         uri_sans(&resp.cert_chain[0]),
@@ -183,10 +184,18 @@ async fn token_and_client_certificate_authentication() {
     assert_eq!(resp.cert_chain.last(), Some(&root), "root last");
     assert_eq!(resp.root_cert.map(|r| r.ca_cert), Some(vec![root.clone()]));
 
-    // The same over TLS on the secure port (server cert for istiod.istio-system.svc).
+    // A second TLS connection to the secure port (server cert for istiod.istio-system.svc).
     let mut secure = tls(running.secure_grpc_addr, &root, None).await;
     let (pem2, _) = csr("spiffe://cluster.local/ns/app/sa/web");
     let resp2 = signed(&mut secure, &pem2, Some(&token), "signed over TLS").await;
+
+    // The plaintext port serves xDS only: no CA there, so no token crosses the wire in clear.
+    let mut clear = plaintext(running.grpc_addr).await;
+    let s = clear
+        .create_certificate(request(&pem2, None))
+        .await
+        .expect_err("no CA on the plaintext port");
+    assert_eq!(s.code(), Code::Unimplemented, "{s:?}");
     assert_eq!(
         uri_sans(&resp2.cert_chain[0]),
         vec!["spiffe://cluster.local/ns/app/sa/web"]
@@ -239,7 +248,8 @@ async fn token_and_client_certificate_authentication() {
         iss: "istiod-lite".into(),
         sub: "system:serviceaccount:app:web".into(),
         aud: vec!["istio-ca".into()],
-        exp: now - 5,
+        // Expired beyond the allowed clock skew.
+        exp: now - DEFAULT_TOKEN_CLOCK_SKEW.as_secs() - 5,
         nbf: now - 100,
         iat: now - 100,
     });
@@ -315,7 +325,8 @@ async fn hostile_requests_are_rejected_and_issue_nothing() {
     let (running, cancel) = start(config.path(), ca_dir.path()).await;
     let issuer = TokenIssuer::load_or_create(ca_dir.path()).expect("issuer");
     let token = issuer.issue("app", "web", "istio-ca", Duration::from_secs(600));
-    let mut client = plaintext(running.grpc_addr).await;
+    let root = std::fs::read_to_string(ca_dir.path().join("root-cert.pem")).expect("root");
+    let mut client = tls(running.secure_grpc_addr, &root, None).await;
     let (pem, _) = csr("spiffe://cluster.local/ns/app/sa/web");
     let before = issued_count(running.monitoring_addr).await;
 

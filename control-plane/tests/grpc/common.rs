@@ -1,4 +1,4 @@
-//! What the reconnect-burst test and the ADS load bench (`benches/ads_load.rs`, which includes
+//! What the reconnect-burst tests and the ADS load bench (`benches/ads_load.rs`, which includes
 //! this file with `#[path]`) share: a real `istiod-lite serve` process on loopback and the node
 //! ids of the simulated proxies.
 

@@ -3,7 +3,7 @@
 //! istiod restart) against a real `istiod-lite serve` process on loopback. Every proxy must get
 //! its first CDS and LDS response on its first connection attempt.
 //!
-//! `cargo nextest run -p control-plane --test reconnect_burst --no-capture` prints a
+//! `cargo nextest run -p control-plane --test grpc --no-capture reconnect_burst::` prints a
 //! `FIGURE reconnect_burst ...` line with the time until the last proxy had both responses.
 
 use std::net::SocketAddr;
@@ -17,8 +17,7 @@ use proto::type_url::{CLUSTER, LISTENER};
 use tokio::sync::{Barrier, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
-mod common;
-use common::{Istiod, node};
+use crate::common::{Istiod, node};
 
 const PROXIES: usize = 2000;
 /// Everything (spawn, burst, convergence) must finish within this; the burst itself takes a few

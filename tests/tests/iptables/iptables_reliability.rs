@@ -10,7 +10,7 @@
 //!
 //! Each test does as many iterations as fit its time budget (up to its target, which is what
 //! the issue asks for on an idle machine) and asserts on every iteration it does; the figures
-//! are printed (`cargo nextest run -p tests --test iptables_reliability --no-capture`).
+//! are printed (`cargo nextest run -p tests --test iptables --no-capture iptables_reliability::`).
 //! `RELIABILITY_SEED` replays the kill points of an earlier run.
 
 use std::io::ErrorKind;

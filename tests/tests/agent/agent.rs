@@ -450,7 +450,7 @@ fn istio_style_template_validates_in_real_envoy() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         dir.path().join("tmpl.json"),
-        include_str!("../../agent/testdata/istio_style_bootstrap_tmpl.json"),
+        include_str!("../../../agent/testdata/istio_style_bootstrap_tmpl.json"),
     )
     .expect("write template");
     let pod = dir.path().join("etc/istio/pod");

@@ -376,7 +376,7 @@ async fn hostile_requests_are_rejected_and_issue_nothing() {
         (
             "1024-bit RSA key",
             token.clone(),
-            include_str!("data/rsa1024.csr.pem").to_string(),
+            include_str!("../data/rsa1024.csr.pem").to_string(),
             Code::InvalidArgument,
             "1024-bit RSA",
         ),

@@ -436,7 +436,7 @@ pub fn replace_script(state: &State, plan: &[Rule], deletes: &[Rule]) -> String 
     out
 }
 
-fn tproxy_routes_wanted(cfg: &Config) -> bool {
+pub(crate) fn tproxy_routes_wanted(cfg: &Config) -> bool {
     !cfg.inbound_ports_include.is_empty()
         && cfg.inbound_interception_mode == InterceptionMode::Tproxy
 }
@@ -469,6 +469,11 @@ pub(crate) fn configure_routes(cfg: &Config) -> Result<(), Error> {
         ])?;
     }
     Ok(())
+}
+
+/// Whether a TPROXY policy rule of `cfg`'s mark and table exists in either family.
+pub(crate) fn tproxy_rule_present(cfg: &Config) -> bool {
+    count_rules("-4", cfg) > 0 || count_rules("-6", cfg) > 0
 }
 
 fn count_rules(fam: &str, cfg: &Config) -> usize {

@@ -145,6 +145,10 @@ fn run_iptables(cfg: &Config, exec_env: &apply::ExecEnv) -> Result<(), i32> {
             return Err(1);
         }
         tracing::info!("removed the nftables tables of an earlier --native-nftables run");
+        if !apply::tproxy_routes_wanted(cfg) {
+            // That run may have been in TPROXY mode; these rules do not mark.
+            apply::cleanup_routes(cfg);
+        }
     }
     Ok(())
 }

@@ -189,11 +189,18 @@ pub fn run(cfg: &Config, rules: &NftRuleBuilder, env: &ExecEnv) -> Result<(), Er
     } else {
         super::apply_script(rules)
     };
-    // Look for the other backend's rules while the transaction runs.
-    let (applied, leftovers) = std::thread::scope(|s| {
-        let probe = s.spawn(|| iptables_leftovers(&nft));
+    // While the transaction runs: look for the other backend's rules, and for TPROXY policy
+    // routing an earlier run left that these flags no longer want.
+    let check_routes = cfg.cleanup_only || !crate::apply::tproxy_routes_wanted(cfg);
+    let (applied, leftovers, stale_routes) = std::thread::scope(|s| {
+        let iptables = s.spawn(|| iptables_leftovers(&nft));
+        let routes = s.spawn(|| check_routes && crate::apply::tproxy_rule_present(cfg));
         let applied = nft.apply(&script);
-        (applied, probe.join().unwrap_or(true))
+        (
+            applied,
+            iptables.join().unwrap_or(true),
+            routes.join().unwrap_or(true),
+        )
     });
     applied?;
     tracing::info!(
@@ -209,9 +216,10 @@ pub fn run(cfg: &Config, rules: &NftRuleBuilder, env: &ExecEnv) -> Result<(), Er
         let removed = crate::apply::remove_istio_rules(cfg, &iptables_rules, env)?;
         tracing::info!(?removed, "removed iptables rules of an earlier run");
     }
-    if cfg.cleanup_only {
+    if stale_routes {
         crate::apply::cleanup_routes(cfg);
-    } else {
+    }
+    if !cfg.cleanup_only {
         crate::apply::configure_routes(cfg)?;
     }
     Ok(())

@@ -8,6 +8,7 @@ pub mod builder;
 pub mod capture;
 pub mod config;
 pub mod dryrun;
+pub mod netlink;
 pub mod nft;
 pub mod validation;
 
@@ -126,19 +127,14 @@ fn run_iptables(cfg: &Config, exec_env: &apply::ExecEnv) -> Result<(), i32> {
     if cfg.dry_run {
         return write_dry_run(cfg, &dryrun::stream(cfg, &rules));
     }
-    // Meanwhile: did an earlier --native-nftables run leave its tables?
-    let nft = nft::apply::Nft::find(exec_env, cfg.cni_mode).ok();
-    let (applied, nft_leftovers) = std::thread::scope(|s| {
-        let probe = s.spawn(|| nft.as_ref().is_some_and(|n| n.istio_tables_present()));
-        let applied = apply::run(cfg, &rules, exec_env);
-        (applied, probe.join().unwrap_or(false))
-    });
-    if let Err(e) = applied {
+    if let Err(e) = apply::run(cfg, &rules, exec_env) {
         tracing::error!("{e}");
         return Err(1);
     }
-    if let (true, Some(nft)) = (nft_leftovers, &nft) {
-        if let Err(e) = nft.remove_tables() {
+    // Did an earlier --native-nftables run leave its tables? (Read over netlink: no process.)
+    if nft::istio_tables_present() {
+        let removed = nft::apply::Nft::find(exec_env, cfg.cni_mode).and_then(|n| n.remove_tables());
+        if let Err(e) = removed {
             tracing::error!(
                 "removing the nftables tables of an earlier --native-nftables run: {e}"
             );

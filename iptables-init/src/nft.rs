@@ -106,6 +106,16 @@ pub fn cleanup_script() -> String {
         .collect()
 }
 
+/// Whether any of Istio's nftables tables exists in this namespace (read over netlink; no
+/// nf_tables means none).
+pub fn istio_tables_present() -> bool {
+    crate::netlink::nft_tables().is_some_and(|tables| {
+        tables.iter().any(|(family, name)| {
+            *family == crate::netlink::NFPROTO_INET && TABLES.iter().any(|(t, _)| t == name)
+        })
+    })
+}
+
 /// What `--dry-run` writes for `cfg`: the cleanup transaction with `--cleanup-only`, else the
 /// capture transaction.
 pub fn dry_run_script(cfg: &Config, rules: &NftRuleBuilder) -> String {

@@ -126,25 +126,6 @@ impl Nft {
         Error::Rejected { status, stderr }
     }
 
-    /// `nft <args>` output, `None` when it fails.
-    fn list(&self, args: &[&str]) -> Option<String> {
-        let out = self.output(args, None).ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// Whether any of Istio's nftables tables exists.
-    pub fn istio_tables_present(&self) -> bool {
-        self.list(&["list", "tables"]).is_some_and(|s| {
-            s.lines().any(|l| {
-                super::TABLES
-                    .iter()
-                    .any(|(t, _)| l.trim() == format!("table {} {t}", super::FAMILY))
-            })
-        })
-    }
-
     /// Removes Istio's nftables tables (no-op for missing ones).
     pub fn remove_tables(&self) -> Result<(), Error> {
         self.apply(&super::cleanup_script())
@@ -169,15 +150,24 @@ pub fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
 }
 
 /// Whether the iptables backend may have left rules: legacy x_tables tables exist, or an
-/// nf_tables chain carries an iptables `ISTIO_*` name (iptables-nft).
-fn iptables_leftovers(nft: &Nft) -> bool {
+/// nf_tables chain of the ip/ip6 families carries an iptables `ISTIO_*` name (iptables-nft).
+fn iptables_leftovers() -> bool {
+    use crate::netlink::{NFPROTO_IPV4, NFPROTO_IPV6, nft_chains};
     let legacy = ["/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"]
         .iter()
         .any(|p| std::fs::read_to_string(p).is_ok_and(|s| !s.trim().is_empty()));
     legacy
-        || nft
-            .list(&["list", "chains"])
-            .is_some_and(|s| s.contains("ISTIO_"))
+        || nft_chains().is_some_and(|chains| {
+            chains.iter().any(|(family, _, chain)| {
+                (*family == NFPROTO_IPV4 || *family == NFPROTO_IPV6) && chain.starts_with("ISTIO_")
+            })
+        })
+}
+
+/// Whether TPROXY's policy rule is in place (over netlink; `ip rule` when that fails).
+fn tproxy_rule_present(cfg: &Config) -> bool {
+    crate::netlink::fwmark_rule_present(cfg.inbound_tproxy_mark, cfg.inbound_tproxy_route_table)
+        .unwrap_or_else(|| crate::apply::tproxy_rule_present(cfg))
 }
 
 /// Applies the nftables ruleset for `cfg` (or with `--cleanup-only` removes it), then removes
@@ -189,19 +179,11 @@ pub fn run(cfg: &Config, rules: &NftRuleBuilder, env: &ExecEnv) -> Result<(), Er
     } else {
         super::apply_script(rules)
     };
-    // While the transaction runs: look for the other backend's rules, and for TPROXY policy
-    // routing an earlier run left that these flags no longer want.
-    let check_routes = cfg.cleanup_only || !crate::apply::tproxy_routes_wanted(cfg);
-    let (applied, leftovers, stale_routes) = std::thread::scope(|s| {
-        let iptables = s.spawn(|| iptables_leftovers(&nft));
-        let routes = s.spawn(|| check_routes && crate::apply::tproxy_rule_present(cfg));
-        let applied = nft.apply(&script);
-        (
-            applied,
-            iptables.join().unwrap_or(true),
-            routes.join().unwrap_or(true),
-        )
-    });
+    // What the other backend or an earlier TPROXY run left, read before the change.
+    let leftovers = iptables_leftovers();
+    let stale_routes =
+        (cfg.cleanup_only || !crate::apply::tproxy_routes_wanted(cfg)) && tproxy_rule_present(cfg);
+    let applied = nft.apply(&script);
     applied?;
     tracing::info!(
         tables = script

@@ -1,4 +1,4 @@
-//! End-to-end tests of istio-iptables with real iptables in network namespaces: the conformance
+//! End-to-end tests of istio-iptables with real iptables and nftables in network namespaces: the conformance
 //! corpus through the real binary, the capture it programs, and its reliability (repeated,
 //! alternating and killed runs).
 //!
@@ -7,3 +7,4 @@
 
 mod iptables;
 mod iptables_reliability;
+mod nftables;

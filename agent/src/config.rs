@@ -171,6 +171,19 @@ pub struct Config {
     pub output_certs: String,
     pub pod_labels: BTreeMap<String, String>,
     pub pod_annotations: BTreeMap<String, String>,
+    // bootstrap settings
+    /// `ENVOY_SECURE_METRICS_PORT` (0: no mTLS listener for Envoy's own stats).
+    pub envoy_secure_metrics_port: u16,
+    /// `ENVOY_SECURE_MERGED_METRICS_PORT` (0: no mTLS listener for the merged metrics).
+    pub envoy_secure_merged_metrics_port: u16,
+    /// `PEER_METADATA_DISCOVERY` when set; unset, metadata discovery follows `ENABLE_HBONE`.
+    pub peer_metadata_discovery: Option<bool>,
+    /// `COMPLIANCE_POLICY` (`fips-140-2` limits Envoy's Google gRPC clients to TLS 1.2).
+    pub compliance_policy: String,
+    /// `ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL`: the 15021 listener accepts PROXY protocol.
+    pub envoy_status_port_enable_proxy_protocol: bool,
+    /// `DNS_PROXY_ADDR`, reported to istiod as node metadata.
+    pub dns_proxy_addr: String,
 }
 
 /// Go's `strconv.ParseBool`.
@@ -564,6 +577,17 @@ impl Config {
             base_dir,
             pod_labels,
             pod_annotations,
+            // bootstrap settings
+            envoy_secure_metrics_port: env.port("ENVOY_SECURE_METRICS_PORT", 0)?,
+            envoy_secure_merged_metrics_port: env.port("ENVOY_SECURE_MERGED_METRICS_PORT", 0)?,
+            peer_metadata_discovery: match inputs.env.get("PEER_METADATA_DISCOVERY") {
+                None => None,
+                Some(_) => Some(env.bool("PEER_METADATA_DISCOVERY", false)?),
+            },
+            compliance_policy: env.str("COMPLIANCE_POLICY", ""),
+            envoy_status_port_enable_proxy_protocol: env
+                .bool("ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false)?,
+            dns_proxy_addr: env.str("DNS_PROXY_ADDR", ""),
         })
     }
 }

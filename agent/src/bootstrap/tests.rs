@@ -331,3 +331,77 @@ fn grpc_bootstrap_written() {
     assert_eq!(v["node"]["metadata"]["GENERATOR"], "grpc");
     assert!(v["certificate_providers"]["default"].is_object());
 }
+
+/// `ISTIO_VERSION` is the targeted Istio release unless `ISTIO_META_ISTIO_VERSION` sets one;
+/// without a namespace the cluster is plain `istio-proxy`.
+#[test]
+fn istio_version_and_cluster_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = render(&config(dir.path(), &[]), Ports { status: 1 }).unwrap();
+    assert_eq!(b["node"]["metadata"]["ISTIO_VERSION"], ISTIO_RELEASE);
+    assert_eq!(b["node"]["cluster"], "istio-proxy");
+    let c = config(dir.path(), &[("ISTIO_META_ISTIO_VERSION", "1.29.2")]);
+    let b = render(&c, Ports { status: 1 }).unwrap();
+    assert_eq!(b["node"]["metadata"]["ISTIO_VERSION"], "1.29.2");
+}
+
+/// `METADATA_DISCOVERY` follows `ENABLE_HBONE` unless `PEER_METADATA_DISCOVERY` decides; the
+/// extension and the `workload_discovery` prefix come with it, and never with SotW xDS.
+#[test]
+fn metadata_discovery_resolution() {
+    let dir = tempfile::tempdir().unwrap();
+    let on = |pairs: &[(&str, &str)]| {
+        let b = render(&config(dir.path(), pairs), Ports { status: 1 }).unwrap();
+        let ext = b["bootstrap_extensions"][0]["name"] == "metadata_discovery";
+        let prefix = b["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"][1]
+            == json!({"prefix": "workload_discovery"});
+        assert_eq!(ext, prefix, "{pairs:?}");
+        (b["node"]["metadata"]["METADATA_DISCOVERY"].clone(), ext)
+    };
+    assert_eq!(on(&[]), (json!("false"), false));
+    assert_eq!(
+        on(&[("ISTIO_META_ENABLE_HBONE", "true")]),
+        (json!("true"), true)
+    );
+    assert_eq!(
+        on(&[
+            ("ISTIO_META_ENABLE_HBONE", "true"),
+            ("PEER_METADATA_DISCOVERY", "false")
+        ]),
+        (json!("false"), false)
+    );
+    assert_eq!(
+        on(&[("PEER_METADATA_DISCOVERY", "true")]),
+        (json!("true"), true)
+    );
+    assert_eq!(
+        on(&[
+            ("PEER_METADATA_DISCOVERY", "true"),
+            ("ISTIO_DELTA_XDS", "false")
+        ]),
+        (json!("true"), false)
+    );
+}
+
+/// Bad telemetry settings are errors naming the ProxyConfig field.
+#[test]
+fn bad_telemetry_settings_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    for (pc, field) in [
+        (
+            r#"{"tracing":{"zipkin":{"address":"nohost"}}}"#,
+            "tracing.zipkin.address",
+        ),
+        (r#"{"statsdUdpAddress":"x:y"}"#, "statsdUdpAddress"),
+        (
+            r#"{"envoyMetricsService":{"address":"m:1","tlsSettings":{"mode":"SOMETIMES"}}}"#,
+            "envoyMetricsService.tlsSettings.mode",
+        ),
+        (r#"{"tracing":{"stackdriver":{}}}"#, "tracing.stackdriver"),
+        (r#"{"extraStatTags":"a"}"#, "extraStatTags"),
+    ] {
+        let c = config(dir.path(), &[("PROXY_CONFIG", pc)]);
+        let err = render(&c, Ports { status: 1 }).unwrap_err().to_string();
+        assert!(err.contains(field), "{pc}: {err}");
+    }
+}

@@ -184,6 +184,8 @@ pub struct Config {
     pub envoy_status_port_enable_proxy_protocol: bool,
     /// `DNS_PROXY_ADDR`, reported to istiod as node metadata.
     pub dns_proxy_addr: String,
+    /// `GCP_METADATA` (`project|number|cluster|zone`): the GCP project a Stackdriver tracer needs.
+    pub gcp_metadata: String,
 }
 
 /// Go's `strconv.ParseBool`.
@@ -588,6 +590,7 @@ impl Config {
             envoy_status_port_enable_proxy_protocol: env
                 .bool("ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false)?,
             dns_proxy_addr: env.str("DNS_PROXY_ADDR", ""),
+            gcp_metadata: env.str("GCP_METADATA", ""),
         })
     }
 }

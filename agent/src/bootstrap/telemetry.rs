@@ -234,9 +234,9 @@ pub fn telemetry(config: &Config, meta: &Map<String, Value>) -> Result<Telemetry
 /// GCP platform detection.
 fn gcp_project(config: &Config) -> Option<String> {
     config
-        .env
-        .get("GCP_METADATA")
-        .and_then(|m| m.split('|').next())
+        .gcp_metadata
+        .split('|')
+        .next()
         .filter(|p| !p.is_empty())
         .map(str::to_string)
 }

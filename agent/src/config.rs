@@ -186,6 +186,9 @@ pub struct Config {
     pub dns_proxy_addr: String,
     /// `GCP_METADATA` (`project|number|cluster|zone`): the GCP project a Stackdriver tracer needs.
     pub gcp_metadata: String,
+    /// `HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED` (default true; false adds Envoy's
+    /// runtime flag of that name as `"false"`).
+    pub http_strip_fragment_from_path: bool,
 }
 
 /// Go's `strconv.ParseBool`.
@@ -591,6 +594,8 @@ impl Config {
                 .bool("ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false)?,
             dns_proxy_addr: env.str("DNS_PROXY_ADDR", ""),
             gcp_metadata: env.str("GCP_METADATA", ""),
+            http_strip_fragment_from_path: env
+                .bool("HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true)?,
         })
     }
 }

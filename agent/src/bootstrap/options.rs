@@ -99,7 +99,7 @@ pub struct Options {
     pub workload_identity_socket_file: String,
 }
 
-/// Envoy runtime defaults, the FIPS flag, then ProxyConfig `runtimeValues` (`"true"`/`"false"`
+/// Envoy runtime defaults, the FIPS and fragment flags, then ProxyConfig `runtimeValues` (`"true"`/`"false"`
 /// become booleans, an empty value removes a default, anything else stays a string).
 fn runtime_flags(config: &Config) -> Map<String, Value> {
     let mut flags = Map::new();
@@ -124,6 +124,13 @@ fn runtime_flags(config: &Config) -> Map<String, Value> {
         flags.insert(
             "envoy.reloadable_features.google_grpc_disable_tls_13".into(),
             json!(true),
+        );
+    }
+    if !config.http_strip_fragment_from_path {
+        // Istio's name for this setting reads backwards; the flag it sets is this one.
+        flags.insert(
+            "envoy.reloadable_features.http_strip_fragment_from_path_unsafe_if_disabled".into(),
+            json!("false"),
         );
     }
     for (k, v) in &config.proxy.runtime_values {

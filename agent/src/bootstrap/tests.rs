@@ -405,3 +405,31 @@ fn bad_telemetry_settings_are_named() {
         assert!(err.contains(field), "{pc}: {err}");
     }
 }
+
+/// Runtime flags: the FIPS flag with `COMPLIANCE_POLICY=fips-140-2`, the fragment flag when
+/// stripping is disabled, and ProxyConfig values converted (`"true"` a bool, `""` removes).
+#[test]
+fn runtime_flags_follow_policy_and_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let pc = r#"{"runtimeValues":{"a":"true","b":"5000","re2.max_program_size.error_level":""}}"#;
+    let c = config(
+        dir.path(),
+        &[
+            ("COMPLIANCE_POLICY", "fips-140-2"),
+            ("HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", "false"),
+            ("PROXY_CONFIG", pc),
+        ],
+    );
+    let b = render(&c, Ports { status: 1 }).unwrap();
+    let layer = &b["layered_runtime"]["layers"][0]["static_layer"];
+    assert_eq!(
+        layer["envoy.reloadable_features.google_grpc_disable_tls_13"],
+        true
+    );
+    assert_eq!(
+        layer["envoy.reloadable_features.http_strip_fragment_from_path_unsafe_if_disabled"],
+        "false"
+    );
+    assert_eq!((&layer["a"], &layer["b"]), (&json!(true), &json!("5000")));
+    assert!(layer.get("re2.max_program_size.error_level").is_none());
+}

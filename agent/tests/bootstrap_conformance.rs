@@ -508,3 +508,117 @@ fn harness_reports_differences() {
         }
     }
 }
+
+/// Settings no golden covers, built in and validated by real Envoy: dual stack, localhost-only
+/// metrics, PROXY protocol on 15021, self discovery, a Datadog tracer over TLS, ISTIO_MUTUAL
+/// metrics service with TCP keepalive, an access-log service with MUTUAL TLS and SANs,
+/// histogram buckets and a flush interval Go prints as `1m30s`.
+#[test]
+fn builtin_extras_validate_in_envoy() {
+    let Some(envoy) = envoy_bin() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = dir.path().canonicalize().expect("canonical");
+    std::fs::create_dir_all(s.join("etc/istio/pod")).expect("pod dir");
+    std::fs::write(
+        s.join("etc/istio/pod/annotations"),
+        "sidecar.istio.io/statsFlushInterval=\"90s\"\nsidecar.istio.io/statsEvictionInterval=\"180s\"\nsidecar.istio.io/statsHistogramBuckets=\"{\\\"cluster\\\":[0.5,1,5]}\"\n",
+    )
+    .expect("annotations");
+    let pc = json!({
+        "configPath": s.join("proxy").display().to_string(),
+        "proxyMetadata": {"METRICS_LOCALHOST_ACCESS_ONLY": "true"},
+        "tracing": {"datadog": {"address": "$(HOST_IP):8126"}, "tlsSettings": {"mode": "SIMPLE", "caCertificates": "/etc/dd/ca.pem", "subjectAltNames": ["dd.example"]}},
+        "envoyMetricsService": {"address": "ms.example:15000", "tlsSettings": {"mode": "ISTIO_MUTUAL"}, "tcpKeepalive": {"probes": 3, "time": "10s", "interval": "5s"}},
+        "envoyAccessLogService": {"address": "als.example:15000", "tlsSettings": {"mode": "MUTUAL", "clientCertificate": "/c.pem", "privateKey": "/k.pem", "caCertificates": "/ca.pem", "sni": "als"}},
+        "extraStatTags": ["x_tag"],
+    });
+    let env: HashMap<String, String> = [
+        ("INSTANCE_IP", "198.18.0.2"),
+        ("ISTIO_DUAL_STACK", "true"),
+        ("HOST_IP", "198.18.0.1"),
+        ("POD_NAME", "p"),
+        ("POD_NAMESPACE", "ns"),
+        ("ISTIO_META_ENABLE_SELF_DISCOVERY", "true"),
+        ("ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", "true"),
+        ("ENVOY_SECURE_METRICS_PORT", "15091"),
+        ("PROXY_CONFIG", &pc.to_string()),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let config = Config::load(Inputs {
+        node_type: NodeType::Sidecar,
+        flags: ProxyFlags::default(),
+        env: &env,
+        base_dir: s.clone(),
+        interface_ips: vec!["fd00::2".parse().expect("ip")],
+    })
+    .expect("config");
+    let written = bootstrap::write(&config, Ports { status: 15020 }, None).expect("bootstrap");
+    let b: Value =
+        serde_json::from_str(&std::fs::read_to_string(&written.path).expect("read")).expect("json");
+    assert_eq!(b["stats_flush_interval"], "90s");
+    assert_eq!(b["stats_eviction_interval"], "180s");
+    let clusters = b["static_resources"]["clusters"]
+        .as_array()
+        .expect("clusters");
+    let names: Vec<&str> = clusters.iter().filter_map(|c| c["name"].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "prometheus_stats",
+            "agent",
+            "sds-grpc",
+            "xds-grpc",
+            "datadog_agent",
+            "envoy_metrics_service",
+            "envoy_accesslog_service",
+            "local_cluster"
+        ]
+    );
+    assert_eq!(
+        clusters[4]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+            ["address"],
+        "198.18.0.1",
+        "$(HOST_IP) replaced"
+    );
+    let ms_tls = &clusters[5]["transport_socket"]["typed_config"];
+    assert_eq!(ms_tls["sni"], "envoy_metrics_service");
+    assert_eq!(
+        ms_tls["common_tls_context"]["alpn_protocols"],
+        json!(["istio", "h2"])
+    );
+    assert_eq!(
+        clusters[6]["transport_socket"]["typed_config"]["common_tls_context"]["tls_certificate_sds_secret_configs"]
+            [0]["name"],
+        "file-cert:/c.pem~/k.pem"
+    );
+    let listeners = b["static_resources"]["listeners"]
+        .as_array()
+        .expect("listeners");
+    assert_eq!(listeners[0]["name"], "127.0.0.1_15090");
+    assert_eq!(listeners[1]["name"], "0.0.0.0_15091");
+    assert!(
+        listeners[2]["additional_addresses"].is_array(),
+        "dual stack"
+    );
+    let out = Command::new(&envoy)
+        .args([
+            "--mode",
+            "validate",
+            "--disable-hot-restart",
+            "-l",
+            "error",
+            "-c",
+        ])
+        .arg(&written.path)
+        .current_dir(&s)
+        .output()
+        .expect("run envoy");
+    assert!(
+        out.status.success(),
+        "Envoy rejects the built-in bootstrap: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

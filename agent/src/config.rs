@@ -150,9 +150,12 @@ pub struct Config {
     pub node_type: NodeType,
     pub flags: ProxyFlags,
     pub proxy: ProxyConfig,
-    /// The environment the agent was started with: passed on to Envoy's process, and the source
-    /// of the node metadata's `ISTIO_META_*` / `ISTIO_METAJSON_*` keys.
-    pub env: HashMap<String, String>,
+    /// The environment the agent was started with, passed on to Envoy's process as it is
+    /// (never read for settings: those are the typed fields).
+    pub envoy_env: HashMap<String, String>,
+    /// `ISTIO_META_*` and `ISTIO_METAJSON_*` variables, sorted by name: the node metadata's
+    /// inputs from the environment.
+    pub meta_env: Vec<(String, String)>,
     pub pod_name: String,
     pub pod_namespace: String,
     pub service_account: String,
@@ -191,6 +194,24 @@ pub struct Config {
     pub upstream: XdsUpstream,
     /// The status server (probes, app metrics, workload health).
     pub status: StatusConfig,
+    // bootstrap settings
+    /// `ENVOY_SECURE_METRICS_PORT` (0: no mTLS listener for Envoy's own stats).
+    pub envoy_secure_metrics_port: u16,
+    /// `ENVOY_SECURE_MERGED_METRICS_PORT` (0: no mTLS listener for the merged metrics).
+    pub envoy_secure_merged_metrics_port: u16,
+    /// `PEER_METADATA_DISCOVERY` when set; unset, metadata discovery follows `ENABLE_HBONE`.
+    pub peer_metadata_discovery: Option<bool>,
+    /// `COMPLIANCE_POLICY` (`fips-140-2` limits Envoy's Google gRPC clients to TLS 1.2).
+    pub compliance_policy: String,
+    /// `ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL`: the 15021 listener accepts PROXY protocol.
+    pub envoy_status_port_enable_proxy_protocol: bool,
+    /// `DNS_PROXY_ADDR`, reported to istiod as node metadata.
+    pub dns_proxy_addr: String,
+    /// `GCP_METADATA` (`project|number|cluster|zone`): the GCP project a Stackdriver tracer needs.
+    pub gcp_metadata: String,
+    /// `HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED` (default true; false adds Envoy's
+    /// runtime flag of that name as `"false"`).
+    pub http_strip_fragment_from_path: bool,
 }
 
 /// Go's `strconv.ParseBool` ([`proto::go::parse_bool`]).
@@ -505,7 +526,17 @@ impl Config {
                 "./etc/istio/proxy/grpc-bootstrap.json",
             ),
             output_certs: env.str("OUTPUT_CERTS", ""),
-            env: inputs.env.clone(),
+            envoy_env: inputs.env.clone(),
+            meta_env: {
+                let mut m: Vec<(String, String)> = inputs
+                    .env
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("ISTIO_META_") || k.starts_with("ISTIO_METAJSON_"))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                m.sort();
+                m
+            },
             pod_namespace,
             ips,
             dns_domain,
@@ -518,6 +549,21 @@ impl Config {
             dns,
             upstream,
             status,
+            // bootstrap settings
+            envoy_secure_metrics_port: env.port("ENVOY_SECURE_METRICS_PORT", 0)?,
+            envoy_secure_merged_metrics_port: env.port("ENVOY_SECURE_MERGED_METRICS_PORT", 0)?,
+            peer_metadata_discovery: if env.is_set("PEER_METADATA_DISCOVERY") {
+                Some(env.bool("PEER_METADATA_DISCOVERY", false)?)
+            } else {
+                None
+            },
+            compliance_policy: env.str("COMPLIANCE_POLICY", ""),
+            envoy_status_port_enable_proxy_protocol: env
+                .bool("ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false)?,
+            dns_proxy_addr: env.str("DNS_PROXY_ADDR", ""),
+            gcp_metadata: env.str("GCP_METADATA", ""),
+            http_strip_fragment_from_path: env
+                .bool("HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true)?,
         })
     }
 }

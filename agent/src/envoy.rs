@@ -217,7 +217,7 @@ pub async fn run(
     let mut cmd = Command::new(&binary);
     cmd.args(&argv)
         .env_clear()
-        .envs(&config.env)
+        .envs(&config.envoy_env)
         .current_dir(&config.base_dir)
         .kill_on_drop(true);
     die_with_parent(&mut cmd);

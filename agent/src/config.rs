@@ -179,6 +179,9 @@ pub struct Config {
     pub bootstrap_override: String,
     pub skip_deprecated_logs: bool,
     pub enable_core_dump: bool,
+    /// The agent runs as root to serve DNS on `:53` (uid 0 and `DNS_PROXY_ADDR` ending in
+    /// `:53`, Istio's `AgentIsRoot`): Envoy then runs as 1337 and gets the SDS socket.
+    pub agent_is_root: bool,
     pub dual_stack: bool,
     pub metrics_localhost_only: bool,
     pub grpc_xds_bootstrap: String,
@@ -481,6 +484,8 @@ impl Config {
             prov_cert: prov_cert.as_ref(),
             istiod_san,
         })?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let is_root = unsafe { libc::geteuid() } == 0;
         let dns = if dns_enabled {
             Some(dns::load(dns::Inputs {
                 env,
@@ -488,8 +493,7 @@ impl Config {
                 domain: &flags.domain,
                 resolv_conf: Path::new(RESOLV_CONF),
                 istio_resolv_conf: Path::new(dns_proxy::ISTIO_RESOLV_CONF),
-                // SAFETY: geteuid has no preconditions and cannot fail.
-                is_root: unsafe { libc::geteuid() } == 0,
+                is_root,
             })?)
         } else {
             None
@@ -519,6 +523,7 @@ impl Config {
             bootstrap_override: env.str("ISTIO_BOOTSTRAP_OVERRIDE", ""),
             skip_deprecated_logs: env.bool("ENVOY_SKIP_DEPRECATED_LOGS", true)?,
             enable_core_dump: env.bool("ISTIO_ENVOY_ENABLE_CORE_DUMP", false)?,
+            agent_is_root: is_root && env.get("DNS_PROXY_ADDR").is_some_and(|a| a.ends_with(":53")),
             dual_stack: env.bool("ISTIO_DUAL_STACK", false)?,
             metrics_localhost_only: env.bool("METRICS_LOCALHOST_ACCESS_ONLY", false)?,
             grpc_xds_bootstrap: env.str(

@@ -4,7 +4,9 @@
 //! (Python `grpcio`, installed by `scripts/setup.sh` into `.tools/py-grpc`) dialing
 //! `xds:///<host>:<port>` with the agent's bootstrap: it talks to the agent's xDS socket, which
 //! relays to istiod-lite's gRPC generator (LDS API listener, RDS, CDS, EDS), and calls a real
-//! grpcio server (the health service) found through EDS.
+//! grpcio server (the health service) found through EDS. With a DestinationRule `ISTIO_MUTUAL`
+//! the client takes mTLS from CDS and its certificates from the agent's `OUTPUT_CERTS` files
+//! through the bootstrap's `file_watcher` provider.
 //!
 //! No root, no namespaces: istiod-lite, the agent and both Python processes run on loopback with
 //! every port moved to a free one.
@@ -66,7 +68,8 @@ fn require_grpcio() -> bool {
     ok
 }
 
-/// One ServiceEntry: the gRPC service at a VIP, its one endpoint the test server on loopback.
+/// One ServiceEntry: the gRPC service at a VIP, its one endpoint the test server on loopback
+/// (running as the client's own identity in the mTLS case).
 fn mesh_config(server_port: u16) -> String {
     format!(
         r#"apiVersion: networking.istio.io/v1
@@ -78,7 +81,20 @@ spec:
   ports: [{{ number: {PORT}, name: grpc, protocol: GRPC, targetPort: {server_port} }}]
   location: MESH_INTERNAL
   resolution: STATIC
-  endpoints: [{{ address: 127.0.0.1 }}]
+  endpoints: [{{ address: 127.0.0.1, serviceAccount: {SERVICE_ACCOUNT} }}]
+"#
+    )
+}
+
+fn istio_mutual() -> String {
+    format!(
+        r#"---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{ name: echo, namespace: demo }}
+spec:
+  host: {HOST}
+  trafficPolicy: {{ tls: {{ mode: ISTIO_MUTUAL }} }}
 "#
     )
 }
@@ -91,20 +107,17 @@ fn mode(p: &Path) -> u32 {
         & 0o777
 }
 
-#[test]
-fn grpc_xds_client_calls_a_server_through_the_agent_and_istiod_lite() {
-    if !require_grpcio() {
-        return;
-    }
-    // The app's gRPC server (plain text), on a free loopback port.
-    let server_port = free_port();
-    let server = Child::spawn(
-        "grpc-server",
-        python(&["server", &server_port.to_string(), HEALTH_NAME]),
-    );
-    server.wait_for_line("serving port=", Duration::from_secs(30));
+/// istiod-lite and the agent with the grpc-agent template's environment, ready.
+struct Proxyless {
+    _istiod: LocalIstiod,
+    _agent: Child,
+    _scratch: tempfile::TempDir,
+    certs: PathBuf,
+    bootstrap: PathBuf,
+}
 
-    let istiod = LocalIstiod::start(&mesh_config(server_port));
+fn start(config: &str) -> Proxyless {
+    let istiod = LocalIstiod::start(config);
     let scratch_dir = tempfile::Builder::new()
         .prefix("grpc-")
         .tempdir_in("/tmp")
@@ -112,7 +125,6 @@ fn grpc_xds_client_calls_a_server_through_the_agent_and_istiod_lite() {
     let scratch = scratch_dir.path();
     istiod.provision(scratch, SERVICE_ACCOUNT);
 
-    // The grpc-agent template's environment.
     let certs = scratch.join("var/lib/istio/data");
     let bootstrap = scratch.join("etc/istio/proxy/grpc-bootstrap.json");
     let ports = Ports::free();
@@ -155,18 +167,29 @@ fn grpc_xds_client_calls_a_server_through_the_agent_and_istiod_lite() {
         !agent.output().iter().any(|l| l.contains("starting Envoy")),
         "DISABLE_ENVOY: the agent must not start Envoy"
     );
+    Proxyless {
+        _istiod: istiod,
+        _agent: agent,
+        _scratch: scratch_dir,
+        certs,
+        bootstrap,
+    }
+}
 
-    // The real gRPC xDS client: resolves through the agent's xDS socket and calls the server.
+/// Runs the real gRPC xDS client against `xds:///HOST:PORT`; returns success and its output.
+fn call(p: &Proxyless, extra: &[&str]) -> (bool, Vec<String>) {
     let target = format!("xds:///{HOST}:{PORT}");
-    let mut client = python(&["client", &target, HEALTH_NAME]);
-    client.env("GRPC_XDS_BOOTSTRAP", &bootstrap);
-    let mut client = Child::spawn("grpc-client", client);
+    let mut args = vec!["client", target.as_str(), HEALTH_NAME];
+    args.extend_from_slice(extra);
+    let mut cmd = python(&args);
+    cmd.env("GRPC_XDS_BOOTSTRAP", &p.bootstrap);
+    let mut client = Child::spawn("grpc-client", cmd);
     let exit = client.wait_timeout(Duration::from_secs(90));
-    let out = client.output();
-    assert!(
-        exit.is_some_and(|s| s.success()),
-        "the gRPC client failed ({exit:?}): {out:#?}"
-    );
+    (exit.is_some_and(|s| s.success()), client.output())
+}
+
+fn assert_served(ok: bool, out: &[String]) {
+    assert!(ok, "the gRPC client failed: {out:#?}");
     assert!(
         out.iter().any(|l| l == "status=SERVING"),
         "the test server's health answer: {out:#?}"
@@ -176,4 +199,44 @@ fn grpc_xds_client_calls_a_server_through_the_agent_and_istiod_lite() {
         !out.iter().any(|l| l.contains("RST_STREAM")),
         "the xDS stream was reset: {out:#?}"
     );
+}
+
+#[test]
+fn grpc_xds_client_calls_a_server_through_the_agent_and_istiod_lite() {
+    if !require_grpcio() {
+        return;
+    }
+    let server_port = free_port();
+    let pod = start(&mesh_config(server_port));
+    // The app's gRPC server (plain text), on the free loopback port.
+    let server = Child::spawn(
+        "grpc-server",
+        python(&["server", &server_port.to_string(), HEALTH_NAME]),
+    );
+    server.wait_for_line("serving port=", Duration::from_secs(30));
+    let (ok, out) = call(&pod, &[]);
+    assert_served(ok, &out);
+}
+
+#[test]
+fn istio_mutual_reaches_the_grpc_client_through_the_file_watcher_provider() {
+    if !require_grpcio() {
+        return;
+    }
+    let server_port = free_port();
+    let pod = start(&(mesh_config(server_port) + &istio_mutual()));
+    // The server requires a client certificate from the mesh CA; it serves the workload
+    // certificate the agent wrote (its SPIFFE id is the one CDS expects).
+    let certs = pod.certs.display().to_string();
+    let server = Child::spawn(
+        "grpc-server",
+        python(&["server", &server_port.to_string(), HEALTH_NAME, &certs]),
+    );
+    server.wait_for_line("serving port=", Duration::from_secs(30));
+    // Security from xDS: CDS says ISTIO_MUTUAL, the certificates come from OUTPUT_CERTS.
+    let (ok, out) = call(&pod, &["xds-creds"]);
+    assert_served(ok, &out);
+    // Plain text cannot reach the mTLS server: the answer above went over mTLS.
+    let (ok, out) = call(&pod, &["8"]);
+    assert!(!ok, "a plain-text client reached the mTLS server: {out:#?}");
 }

@@ -8,7 +8,9 @@
 //!   `<host>:<port>`) and the same routes a sidecar gets (VirtualService, else the default
 //!   route to `outbound|<port>||<host>`).
 //! - CDS: the EDS outbound clusters `outbound|<port>|<subset>|<host>`, round robin, endpoints over
-//!   ADS. Clusters Envoy resolves itself (DNS, original destination) have no gRPC equivalent
+//!   ADS. With a DestinationRule `ISTIO_MUTUAL`, mTLS through the bootstrap's `default`
+//!   certificate provider (the agent's `OUTPUT_CERTS` files, `file_watcher`): certificate
+//!   `default`, roots `ROOTCA`, the service's SPIFFE ids as SANs. Clusters Envoy resolves itself (DNS, original destination) have no gRPC equivalent
 //!   and are left out, as istiod does.
 //! - EDS: the sidecar's `ClusterLoadAssignment`s, every locality present (gRPC rejects a
 //!   `LocalityLbEndpoints` without one; the empty locality stands for none) and weighted (gRPC
@@ -21,7 +23,7 @@ use proto::envoy::config::cluster::v3::{
     Cluster,
     cluster::{ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy},
 };
-use proto::envoy::config::core::v3::Locality;
+use proto::envoy::config::core::v3::{Locality, TransportSocket, transport_socket};
 use proto::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use proto::envoy::config::listener::v3::{ApiListener, Listener};
 use proto::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
@@ -30,8 +32,15 @@ use proto::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager::RouteSpecifier, http_filter,
 };
 
-use super::clusters::{Discovery, outbound_specs};
+use proto::envoy::extensions::transport_sockets::tls::v3::{
+    CertificateProviderPluginInstance, CertificateValidationContext, CommonTlsContext,
+    UpstreamTlsContext, common_tls_context::ValidationContextType,
+};
+use proto::envoy::r#type::matcher::v3::{StringMatcher, string_matcher::MatchPattern};
+
+use super::clusters::{Discovery, OutboundSpec, expected_sans, outbound_specs};
 use super::*;
+use crate::config::kinds::TlsMode;
 
 /// Listener and route configuration name for a service port.
 pub fn listener_name(host: &str, port: u32) -> String {
@@ -114,11 +123,55 @@ fn clusters(snap: &Snapshot, view: &ProxyView) -> Resources {
                     service_name: spec.name.clone(),
                 }),
                 lb_policy: LbPolicy::RoundRobin as i32,
+                transport_socket: mtls(snap, &spec),
                 ..Default::default()
             };
             resource(spec.name, &c)
         })
         .collect()
+}
+
+/// The bootstrap's certificate provider instance (the agent writes it as `default`).
+fn provider(certificate_name: &str) -> CertificateProviderPluginInstance {
+    CertificateProviderPluginInstance {
+        instance_name: "default".into(),
+        certificate_name: certificate_name.into(),
+    }
+}
+
+/// Istio mTLS for gRPC when the DestinationRule asks for `ISTIO_MUTUAL`. SANs go in
+/// `match_subject_alt_names`, deprecated for Envoy but the field gRPC reads (as istiod's grpcgen).
+#[allow(deprecated)]
+fn mtls(snap: &Snapshot, spec: &OutboundSpec<'_>) -> Option<TransportSocket> {
+    let tls = spec.policy.tls.as_ref()?;
+    if tls.mode != TlsMode::IstioMutual {
+        return None;
+    }
+    let sans = expected_sans(snap, spec.service, &tls.subject_alt_names);
+    let ctx = UpstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_certificate_provider_instance: Some(provider("default")),
+            validation_context_type: Some(ValidationContextType::ValidationContext(
+                CertificateValidationContext {
+                    ca_certificate_provider_instance: Some(provider("ROOTCA")),
+                    match_subject_alt_names: sans
+                        .into_iter()
+                        .map(|s| StringMatcher {
+                            match_pattern: Some(MatchPattern::Exact(s)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Some(TransportSocket {
+        name: "envoy.transport_sockets.tls".into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(proto::pack(&ctx))),
+    })
 }
 
 fn endpoints(snap: &Snapshot, view: &ProxyView) -> Resources {

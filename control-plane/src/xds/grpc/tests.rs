@@ -175,3 +175,60 @@ fn cds_and_eds_serve_eds_clusters_with_weighted_localities() {
         assert!(loc.locality.is_some(), "gRPC rejects a missing locality");
     }
 }
+
+#[test]
+fn istio_mutual_uses_the_bootstrap_certificate_provider() {
+    use proto::envoy::config::core::v3::transport_socket::ConfigType;
+    use proto::envoy::extensions::transport_sockets::tls::v3::{
+        UpstreamTlsContext, common_tls_context::ValidationContextType,
+    };
+    let yaml = format!(
+        "{}---\nkind: DestinationRule\nmetadata: {{name: echo, namespace: demo}}\nspec:\n  host: {HOST}\n  trafficPolicy: {{tls: {{mode: ISTIO_MUTUAL}}}}\n",
+        YAML.replace(
+            "{address: 198.18.0.7}",
+            "{address: 198.18.0.7, serviceAccount: echo}"
+        )
+    );
+    let config = Config::from_objects(parse_file("test.yaml", &yaml).expect("valid yaml"));
+    let snap = Snapshot::new(Arc::new(config), Arc::new(MeshSettings::default()), 1);
+    let cds = generate(&snap, &grpc_proxy().view, XdsType::Cds);
+    let c: Cluster = decode(&cds, &format!("outbound|7070||{HOST}"));
+    let socket = c.transport_socket.expect("mTLS transport socket");
+    let Some(ConfigType::TypedConfig(any)) = socket.config_type else {
+        panic!("typed config");
+    };
+    let tls: UpstreamTlsContext = proto::unpack(&any).expect("UpstreamTlsContext");
+    let common = tls.common_tls_context.expect("common_tls_context");
+    let cert = common
+        .tls_certificate_provider_instance
+        .expect("certificate provider");
+    assert_eq!(
+        (cert.instance_name.as_str(), cert.certificate_name.as_str()),
+        ("default", "default")
+    );
+    let Some(ValidationContextType::ValidationContext(v)) = common.validation_context_type else {
+        panic!("validation context");
+    };
+    let roots = v.ca_certificate_provider_instance.expect("root provider");
+    assert_eq!(
+        (
+            roots.instance_name.as_str(),
+            roots.certificate_name.as_str()
+        ),
+        ("default", "ROOTCA")
+    );
+    #[allow(deprecated)]
+    let sans: Vec<_> = v
+        .match_subject_alt_names
+        .iter()
+        .map(|m| format!("{:?}", m.match_pattern))
+        .collect();
+    assert!(
+        sans.iter()
+            .any(|s| s.contains("spiffe://cluster.local/ns/demo/sa/echo")),
+        "{sans:?}"
+    );
+    // Without the DestinationRule: plain text.
+    let c: Cluster = decode(&resources(XdsType::Cds), &format!("outbound|7070||{HOST}"));
+    assert!(c.transport_socket.is_none());
+}

@@ -232,6 +232,18 @@ impl App {
             });
             sink
         });
+        if config.disable_envoy {
+            // Proxyless gRPC: ready once the bootstrap and its certificates exist (Istio).
+            let (path, guard) = (
+                config.path(&config.grpc_xds_bootstrap),
+                readiness.register("grpc"),
+            );
+            tokio::spawn(status::grpc_ready::wait(
+                path,
+                guard,
+                shutdown.token().clone(),
+            ));
+        }
         let xds_metrics = xds_proxy::Metrics::new(&mut registry);
         let health_channel = config
             .status

@@ -3,6 +3,7 @@
 //! `/debug/config_dump` (the agent's effective configuration, secrets redacted).
 
 pub mod grpc_health;
+pub mod grpc_ready;
 pub mod probe;
 pub mod stats;
 fn json_response(body: String) -> http::Response<Body> {
@@ -292,6 +293,7 @@ async fn ready(state: &State) -> Result<(), String> {
             "dns" => {
                 "istio DNS capture is turned ON and DNS lookup table is not ready yet".to_string()
             }
+            "grpc" => "gRPC xDS bootstrap or its certificates are not written yet".to_string(),
             other => format!("{other} is not ready"),
         });
     }

@@ -11,6 +11,7 @@ mod ads;
 mod cache;
 mod clusters;
 mod endpoints;
+mod grpc;
 mod listeners;
 mod nds;
 mod routes;
@@ -123,6 +124,7 @@ pub(crate) fn resource<M: prost::Name>(name: impl Into<String>, msg: &M) -> Reso
 /// Generates every resource of `ty` for a proxy view (no caching; see [`CachedSnapshot::resources`]).
 pub fn generate(snap: &Snapshot, view: &ProxyView, ty: XdsType) -> Resources {
     let mut out = match ty {
+        _ if view.grpc => grpc::generate(snap, view, ty),
         XdsType::Cds => clusters::generate(snap, view),
         XdsType::Eds => endpoints::generate(snap, view),
         XdsType::Lds => listeners::generate(snap, view),

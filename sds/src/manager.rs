@@ -13,7 +13,7 @@ mod rotation;
 /// modules [`crate::pem`] and [`crate::x509`].
 pub use crate::pem::parse_certs;
 pub use crate::x509::cert_validity;
-pub use output_certs::write_atomic;
+pub use output_certs::{write_atomic, write_atomic_mode};
 pub use rotation::{rotation_backoff_cap, rotation_delay};
 
 use std::collections::{HashMap, HashSet};

@@ -169,6 +169,7 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
         key_algorithm,
         pkcs8_key: env.bool("PKCS8_KEY", false)?,
         output_certs: env.get("OUTPUT_CERTS").map(|p| resolve(i.base_dir, p)),
+        output_certs_mode: sds::config::output_certs_mode(env.is_set("KUBERNETES_SERVICE_HOST")),
         socket_path: i.socket_path.to_path_buf(),
         etc_certs,
         file_mounted_certs,

@@ -344,3 +344,20 @@ fn excluded_interfaces_leave_instance_ips() {
     .unwrap();
     assert_eq!(c.ips, want);
 }
+
+/// `OUTPUT_CERTS` files are readable by the pod's other containers in Kubernetes (Istio's 0644
+/// when `KUBERNETES_SERVICE_HOST` is set), owner-only elsewhere.
+#[test]
+fn output_certs_mode_follows_kubernetes() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = load(dir.path(), &env(&[("OUTPUT_CERTS", "/var/lib/istio/data")])).unwrap();
+    assert_eq!(c.identity.output_certs_mode, 0o600);
+    let e = env(&[
+        ("OUTPUT_CERTS", "/var/lib/istio/data"),
+        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+    ]);
+    assert_eq!(
+        load(dir.path(), &e).unwrap().identity.output_certs_mode,
+        0o644
+    );
+}

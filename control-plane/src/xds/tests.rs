@@ -36,6 +36,7 @@ fn client(ns: &str, dns: bool) -> ProxyView {
         dns_capture: dns,
         dns_auto_allocate: dns,
         capture: true,
+        grpc: false,
     }
 }
 
@@ -318,6 +319,7 @@ fn virtual_inbound_follows_peer_authentication() {
         dns_capture: false,
         dns_auto_allocate: false,
         capture: true,
+        grpc: false,
     };
     let inbound = |yaml: &str| -> Listener {
         let lds = generate(&snapshot(yaml), &api, XdsType::Lds);

@@ -18,7 +18,8 @@ impl Inner {
             (crate::config::CERT_CHAIN_FILE, &w.cert_chain_pem),
             (crate::config::ROOT_CERT_FILE, &w.root_cert_pem),
         ] {
-            if let Err(e) = write_atomic(&dir.join(file), data) {
+            if let Err(e) = write_atomic_mode(&dir.join(file), data, self.config.output_certs_mode)
+            {
                 warn!(error = %e, "cannot write OUTPUT_CERTS");
             }
         }
@@ -28,13 +29,22 @@ impl Inner {
 /// Writes `data` to `path` through a temporary file and a rename, mode 0600; skipped when the
 /// content is unchanged.
 pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Error> {
+    write_atomic_mode(path, data, 0o600)
+}
+
+/// [`write_atomic`] with the file mode `mode` (set explicitly: the umask does not apply);
+/// rewritten when only the mode differs.
+pub fn write_atomic_mode(path: &Path, data: &[u8], mode: u32) -> Result<(), Error> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let out_err = |reason: String| Error::Output {
         path: path.display().to_string(),
         reason,
     };
-    if std::fs::read(path).is_ok_and(|cur| cur == data) {
+    let same_mode = |m: std::fs::Metadata| m.permissions().mode() & 0o777 == mode;
+    if std::fs::read(path).is_ok_and(|cur| cur == data)
+        && std::fs::metadata(path).is_ok_and(same_mode)
+    {
         return Ok(());
     }
     let dir = path
@@ -52,6 +62,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Error> {
             .create_new(true)
             .mode(0o600)
             .open(&tmp)?;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         f.write_all(data)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)

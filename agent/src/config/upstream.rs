@@ -33,9 +33,9 @@ pub struct XdsUpstream {
     /// Istio's behaviour (Envoy's stream ends with the upstream's).
     pub reconnect: bool,
     /// HTTP/2 keepalive (interval, timeout) on the upstream connection: a stalled istiod is
-    /// replaced within interval + timeout (at most two intervals). The interval is
+    /// replaced within interval + timeout (under two intervals). The interval is
     /// `XDS_PROXY_KEEPALIVE_INTERVAL` (Istio's 30s; not in Istio), the timeout Istio's 10s or
-    /// the interval when shorter.
+    /// half the interval when that is shorter.
     pub keepalive: (Duration, Duration),
 }
 
@@ -72,7 +72,7 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
     )?;
     Ok(XdsUpstream {
         reconnect: i.env.bool("XDS_PROXY_RECONNECT", true)?,
-        keepalive: (interval, default_timeout.min(interval)),
+        keepalive: (interval, default_timeout.min(interval / 2)),
         server_name: istiod_server_name(&address, i.istiod_san),
         address,
         plaintext,

@@ -495,7 +495,12 @@ async fn upstream_to_downstream<F: Flavor>(
             }
             Err(status) => {
                 inputs.metrics.istiod_connection_failures.inc();
-                tracing::warn!(status = %status, "cannot open the upstream xDS stream (is istiod reachable?)");
+                // One warning per outage; the retries that follow are debug.
+                if backoff.0 <= 1 {
+                    tracing::warn!(status = %status, "cannot open the upstream xDS stream (is istiod reachable?)");
+                } else {
+                    tracing::debug!(status = %status, "cannot open the upstream xDS stream yet");
+                }
                 if !inputs.reconnect || !established {
                     let _ = down_tx.send(Err(status)).await;
                     break;

@@ -90,6 +90,12 @@ fn invalid_values_name_variable_and_value() {
             "MINIMUM_DRAIN_DURATION",
         ),
         ("ISTIO_KUBE_APP_PROBERS", "{bad", "ISTIO_KUBE_APP_PROBERS"),
+        ("XDS_PROXY_RECONNECT", "sometimes", "XDS_PROXY_RECONNECT"),
+        (
+            "XDS_PROXY_KEEPALIVE_INTERVAL",
+            "1ms",
+            "XDS_PROXY_KEEPALIVE_INTERVAL",
+        ),
         (
             "PROXY_CONFIG",
             "readinessProbe: {exec: {}}",
@@ -99,6 +105,24 @@ fn invalid_values_name_variable_and_value() {
         let err = load(dir.path(), &env(&[(k, v)])).unwrap_err().to_string();
         assert!(err.contains(needle), "{k}={v}: {err}");
     }
+}
+
+#[test]
+fn xds_upstream_reconnect_and_keepalive() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = load(dir.path(), &env(&[])).unwrap();
+    assert!(c.upstream.reconnect);
+    assert_eq!(c.upstream.keepalive, sds::tls::DEFAULT_KEEPALIVE);
+    let e = env(&[
+        ("XDS_PROXY_RECONNECT", "false"),
+        ("XDS_PROXY_KEEPALIVE_INTERVAL", "1s"),
+    ]);
+    let c = load(dir.path(), &e).unwrap();
+    assert!(!c.upstream.reconnect);
+    assert_eq!(
+        c.upstream.keepalive,
+        (Duration::from_secs(1), Duration::from_millis(500))
+    );
 }
 
 #[test]

@@ -215,7 +215,10 @@ impl App {
             sockets.0.push(server.path().to_path_buf());
             if let Some((uid, gid)) = envoy::envoy_credentials(&config) {
                 // Envoy (1337) must reach the SDS socket the root agent created.
-                for p in [Some(server.path()), server.path().parent()].into_iter().flatten() {
+                for p in [Some(server.path()), server.path().parent()]
+                    .into_iter()
+                    .flatten()
+                {
                     std::os::unix::fs::chown(p, Some(uid), Some(gid))
                         .with_context(|| format!("handing {} to Envoy's uid", p.display()))?;
                 }

@@ -523,7 +523,10 @@ impl Config {
             bootstrap_override: env.str("ISTIO_BOOTSTRAP_OVERRIDE", ""),
             skip_deprecated_logs: env.bool("ENVOY_SKIP_DEPRECATED_LOGS", true)?,
             enable_core_dump: env.bool("ISTIO_ENVOY_ENABLE_CORE_DUMP", false)?,
-            agent_is_root: is_root && env.get("DNS_PROXY_ADDR").is_some_and(|a| a.ends_with(":53")),
+            agent_is_root: is_root
+                && env
+                    .get("DNS_PROXY_ADDR")
+                    .is_some_and(|a| a.ends_with(":53")),
             dual_stack: env.bool("ISTIO_DUAL_STACK", false)?,
             metrics_localhost_only: env.bool("METRICS_LOCALHOST_ACCESS_ONLY", false)?,
             grpc_xds_bootstrap: env.str(
@@ -536,7 +539,9 @@ impl Config {
                 let mut m: Vec<(String, String)> = inputs
                     .env
                     .iter()
-                    .filter(|(k, _)| k.starts_with("ISTIO_META_") || k.starts_with("ISTIO_METAJSON_"))
+                    .filter(|(k, _)| {
+                        k.starts_with("ISTIO_META_") || k.starts_with("ISTIO_METAJSON_")
+                    })
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
                 m.sort();

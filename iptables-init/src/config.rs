@@ -330,11 +330,7 @@ impl Config {
 }
 
 fn parse_bool(source: &str, v: &str) -> Result<bool, Error> {
-    match v {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        _ => Err(Error::invalid(source, v, "true or false")),
-    }
+    proto::go::parse_bool(v).map_err(|_| Error::invalid(source, v, "true or false"))
 }
 
 fn parse_port(source: &str, v: &str) -> Result<u16, Error> {
@@ -485,43 +481,10 @@ fn validate_loopback_cidr(cidr: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Parses a Go `time.Duration` string ("5s", "1m30s", "500ms", "0").
+/// Parses a Go `time.Duration` string ("5s", "1m30s", "500ms", "0") with the reader every crate
+/// shares ([`proto::go::parse_duration`]).
 pub fn parse_go_duration(s: &str) -> Option<Duration> {
-    if s == "0" {
-        return Some(Duration::ZERO);
-    }
-    if s.is_empty() || s.starts_with('-') {
-        return None;
-    }
-    let s = s.strip_prefix('+').unwrap_or(s);
-    let mut rest = s;
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        if num_len == 0 {
-            return None;
-        }
-        let n: f64 = rest[..num_len].parse().ok()?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let scale = match unit {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        total += n * scale;
-    }
-    Duration::try_from_secs_f64(total).ok()
+    proto::go::parse_duration(s).ok()
 }
 
 #[cfg(test)]
@@ -701,6 +664,11 @@ mod tests {
         assert_eq!(parse_go_duration("1m30s"), Some(Duration::from_secs(90)));
         assert_eq!(parse_go_duration("250ms"), Some(Duration::from_millis(250)));
         assert_eq!(parse_go_duration("5"), None);
+        // The one table every crate's duration settings follow.
+        for (text, want) in proto::go::DURATION_CASES {
+            let got = parse_go_duration(text).map(|d| d.as_nanos() as u64);
+            assert_eq!(got, *want, "{text:?}");
+        }
     }
 
     #[test]

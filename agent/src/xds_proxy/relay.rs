@@ -43,7 +43,9 @@ pub(crate) trait Flavor: Send + Sync + 'static {
     /// Workload health for istiod: a request with `error_detail` when unhealthy.
     fn health(h: &Health) -> Self::Req;
     /// The first resource of a decoded NDS response.
-    fn nds_table(resp: &Self::Resp) -> Result<NameTable, String>;
+    /// `None`: nothing changed (a Delta response without resources, e.g. after a reconnect
+    /// whose `initial_resource_versions` matched), so the table stays and is acked.
+    fn nds_table(resp: &Self::Resp) -> Result<Option<NameTable>, String>;
 }
 
 /// The requests of one upstream stream.
@@ -70,7 +72,7 @@ async fn call<F: Flavor>(
 }
 
 /// The first resource of an NDS response, decoded from the raw response.
-fn nds_table<F: Flavor>(resp: &RawResponse) -> Result<NameTable, String> {
+fn nds_table<F: Flavor>(resp: &RawResponse) -> Result<Option<NameTable>, String> {
     let full = resp
         .decode::<F::Resp>()
         .map_err(|e| format!("malformed NDS response: {e}"))?;
@@ -121,12 +123,14 @@ impl Flavor for Sotw {
             ..Default::default()
         }
     }
-    fn nds_table(resp: &DiscoveryResponse) -> Result<NameTable, String> {
+    fn nds_table(resp: &DiscoveryResponse) -> Result<Option<NameTable>, String> {
         let any = resp
             .resources
             .first()
             .ok_or("NDS response without a resource")?;
-        proto::unpack::<NameTable>(any).map_err(|e| e.to_string())
+        proto::unpack::<NameTable>(any)
+            .map(Some)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -160,13 +164,18 @@ impl Flavor for Delta {
             ..Default::default()
         }
     }
-    fn nds_table(resp: &DeltaDiscoveryResponse) -> Result<NameTable, String> {
+    fn nds_table(resp: &DeltaDiscoveryResponse) -> Result<Option<NameTable>, String> {
+        if resp.resources.is_empty() && resp.removed_resources.is_empty() {
+            return Ok(None);
+        }
         let any = resp
             .resources
             .first()
             .and_then(|r| r.resource.as_ref())
             .ok_or("NDS response without a resource")?;
-        proto::unpack::<NameTable>(any).map_err(|e| e.to_string())
+        proto::unpack::<NameTable>(any)
+            .map(Some)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -600,7 +609,10 @@ async fn relay<F: Flavor>(
                         tracing::warn!("dropping an NDS response: DNS capture is off");
                         continue;
                     };
-                    let result = nds_table::<F>(&resp).and_then(|table| sink(table));
+                    let result = nds_table::<F>(&resp).and_then(|table| match table {
+                        Some(table) => sink(table),
+                        None => Ok(()),
+                    });
                     if let Err(e) = &result {
                         tracing::warn!(error = %e, "rejecting NDS response");
                     }

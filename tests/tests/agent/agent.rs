@@ -265,7 +265,13 @@ fn istiod_outage_keeps_envoy_serving_then_reconnects_and_converges() {
     let mut mesh = Mesh::new(&config("198.18.1.2"));
     mesh.start_istiod();
     let mut pod = mesh.pod("outage", "httpbin");
-    inject_with(&mesh, &mut pod, &[]);
+    // Istio's behaviour: the agent ends Envoy's stream when istiod goes, and Envoy reconnects
+    // (by default the agent reconnects itself: tests/tests/agent/xds_reconnect.rs).
+    inject_with(
+        &mesh,
+        &mut pod,
+        &[("XDS_PROXY_RECONNECT", "false".to_string())],
+    );
     wait_ready(&mesh, &pod, Duration::from_secs(30));
     let connects = |pod: &mut Pod| {
         agent(pod)

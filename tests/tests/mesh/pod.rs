@@ -194,9 +194,8 @@ fn virtual_service_weights_move_traffic_and_control_plane_outage_costs_nothing()
     std::thread::sleep(Duration::from_secs(20));
     mesh.start_istiod();
     let ready = std::time::Instant::now();
-    // Envoys reconnect through their agents and converge again. Envoy's own xDS retry backoff
-    // drives the reconnect (jittered, doubling from 0.5 s up to its 30 s cap over the outage),
-    // so after 20 s of refused connections the next try can be up to 30 s away.
+    // The agents reconnect on their own (jittered backoff capped at 1 s) and replay their
+    // Envoys' subscriptions; Envoy's ADS streams to the agents stay open.
     assert_eventually(Duration::from_secs(40), || {
         let (_, syncz) = mesh.monitoring_get("/debug/syncz")?;
         let connected = syncz.matches("sidecar~").count();
@@ -206,7 +205,6 @@ fn virtual_service_weights_move_traffic_and_control_plane_outage_costs_nothing()
             Err(format!("not converged: {syncz}"))
         }
     });
-    // The agent never retries on its own (as Istio's): Envoy's next try reconnects it.
     eprintln!(
         "FIGURE control_plane_outage: all 3 proxies reconnected and synced {} ms after istiod-lite was ready again",
         ready.elapsed().as_millis()

@@ -391,3 +391,38 @@ async fn a_stalled_upstream_is_replaced_within_two_keepalive_periods() {
 
 /// The first backoff step (at most 100 ms) and scheduling slack on a loaded machine.
 const BACKOFF_SLACK: Duration = Duration::from_millis(400);
+
+/// After a reconnect whose `initial_resource_versions` matched, istiod answers the proxy's NDS
+/// subscription with no resource: nothing changed, the table stays and the answer is acked.
+#[tokio::test]
+async fn delta_nds_without_resources_is_acked_and_keeps_the_table() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), true).await;
+    let mut client = envoy_client(&h.path).await;
+    let (tx, rx) = mpsc::channel(8);
+    let lds = DeltaDiscoveryRequest {
+        type_url: type_url::LISTENER.into(),
+        ..Default::default()
+    };
+    tx.send(lds.clone()).await.unwrap();
+    let _from_proxy = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.delta).await;
+    assert_eq!(next(&mut up.requests).await, lds);
+    assert_eq!(next(&mut up.requests).await.type_url, type_url::NAME_TABLE);
+    up.responses
+        .send(Ok(DeltaDiscoveryResponse {
+            type_url: type_url::NAME_TABLE.into(),
+            nonce: "n1".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    let ack = next(&mut up.requests).await;
+    assert_eq!(ack.response_nonce, "n1");
+    assert_eq!(ack.error_detail, None);
+    assert!(h.tables.lock().unwrap().is_empty());
+}

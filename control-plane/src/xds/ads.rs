@@ -332,10 +332,14 @@ impl Conn {
                     .rejects
                     .get_or_create(&TypeLabels { r#type: ty.short() })
                     .inc();
-                tracing::warn!(conn = %conn_id, r#type = ty.short(), nonce, error = %err,
+                tracing::warn!(conn = %conn_id, r#type = ty.short(), type_url = ty.type_url(), nonce, error = %err,
                     "proxy rejected push (NACK); it keeps its last good config");
                 // `sent` stays what was sent: nothing is re-sent until the view changes again.
-                self.inner.sync.update(&conn_id, ty, |t| t.nack = Some(err));
+                let nonce = nonce.to_string();
+                self.inner.sync.update(&conn_id, ty, |t| {
+                    t.nack = Some(err);
+                    t.nack_nonce = Some(nonce);
+                });
             }
             None => {
                 if let Some(trigger) = pending.and_then(|p| p.trigger) {
@@ -353,6 +357,7 @@ impl Conn {
                         t.sent_version.clone()
                     };
                     t.nack = None;
+                    t.nack_nonce = None;
                 });
             }
         }

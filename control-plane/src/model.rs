@@ -15,7 +15,7 @@ use crate::config::kinds::{
     Sidecar, VirtualService,
 };
 use crate::config::{Config, Object};
-use crate::xds::{Resources, XdsType};
+use crate::xds::{FixedResources, Resources, XdsType};
 
 /// Mesh-wide settings (from `--trust-domain`, `--mesh` and the environment).
 #[derive(Clone, Debug, PartialEq)]
@@ -112,6 +112,8 @@ pub struct Snapshot {
     /// depends on (inbound matching), so the only ones kept in cache keys.
     endpoint_ips: BTreeSet<String>,
     cache: Mutex<HashMap<(ProxyView, XdsType), Arc<Resources>>>,
+    /// Resources served as they are instead of generated (`istiod-lite replay`).
+    fixed: Option<Arc<dyn FixedResources>>,
 }
 
 impl std::fmt::Debug for Snapshot {
@@ -173,11 +175,22 @@ impl Snapshot {
             services,
             endpoint_ips,
             cache: Mutex::new(HashMap::new()),
+            fixed: None,
         }
+    }
+
+    /// A snapshot whose resources are `fixed` (no config, no services): `istiod-lite replay`.
+    pub fn with_fixed(mesh: Arc<MeshSettings>, fixed: Arc<dyn FixedResources>) -> Snapshot {
+        let mut snap = Snapshot::new(Arc::new(Config::default()), mesh, 1);
+        snap.fixed = Some(fixed);
+        snap
     }
 
     /// Resources of one type for a proxy view, generated once per (view, type) per snapshot.
     pub fn resources(&self, view: &ProxyView, ty: XdsType) -> Arc<Resources> {
+        if let Some(fixed) = &self.fixed {
+            return fixed.resources(view, ty);
+        }
         // Proxies that differ only in IPs no service refers to share one generation.
         let mut key_view = view.clone();
         key_view.ips.retain(|ip| self.endpoint_ips.contains(ip));

@@ -12,6 +12,7 @@ use prometheus_client::registry::Registry;
 use proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use proto::istio::ca::istio_certificate_service_server::IstioCertificateServiceServer;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -19,8 +20,8 @@ use tonic::transport::Server;
 use crate::ca::{
     self, Ca, CaMetrics, CaService, DEFAULT_SERVING_SANS, Reloader, SharedCa, TokenIssuer,
 };
-use crate::config::{Watcher, WatcherInputs};
-use crate::model::MeshSettings;
+use crate::config::{ConfigStatus, Watcher, WatcherInputs};
+use crate::model::{MeshSettings, Snapshot};
 use crate::xds::{AdsInputs, AdsServer, SyncTable, XdsMetrics};
 
 pub mod listen;
@@ -199,7 +200,58 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
         trust_domain = %mesh.trust_domain, root_namespace = %mesh.root_namespace, allow_any = mesh.allow_any,
         debounce_after = ?tunables.debounce_after, debounce_max = ?tunables.debounce_max,
         push_throttle = tunables.push_throttle, "starting istiod-lite");
+    let watcher = Watcher::start(
+        WatcherInputs {
+            dir: inputs.config_dir.clone(),
+            debounce_after: tunables.debounce_after,
+            debounce_max: tunables.debounce_max,
+            mesh,
+        },
+        cancel.clone(),
+    )?;
+    let core = CoreInputs {
+        ca_dir: inputs.ca_dir,
+        trust_domain: inputs.trust_domain,
+        grpc_addr: inputs.grpc_addr,
+        secure_grpc_addr: inputs.secure_grpc_addr,
+        monitoring_addr: inputs.monitoring_addr,
+        sans: inputs.sans,
+        push_throttle: tunables.push_throttle,
+    };
+    let sources = Sources {
+        snapshots: watcher.snapshots,
+        config_status: watcher.status,
+    };
+    serve_sources(core, sources, cancel).await
+}
 
+/// What every flavour of the server needs besides its sources (`serve`, `replay`).
+#[derive(Clone, Debug)]
+pub struct CoreInputs {
+    pub ca_dir: PathBuf,
+    pub trust_domain: String,
+    pub grpc_addr: SocketAddr,
+    pub secure_grpc_addr: SocketAddr,
+    pub monitoring_addr: SocketAddr,
+    /// Extra DNS names for the serving certificate.
+    pub sans: Vec<String>,
+    /// `PILOT_PUSH_THROTTLE`.
+    pub push_throttle: usize,
+}
+
+/// Where pushes and `/debug/configz` come from: the config watcher, or a fixed snapshot.
+pub struct Sources {
+    pub snapshots: watch::Receiver<Arc<Snapshot>>,
+    pub config_status: watch::Receiver<Arc<ConfigStatus>>,
+}
+
+/// Serves CA, ADS (from `sources`) and monitoring; returns once every listener is bound.
+pub async fn serve_sources(
+    inputs: CoreInputs,
+    sources: Sources,
+    cancel: CancellationToken,
+) -> Result<Running, Error> {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let ca = SharedCa::new(Ca::load_or_create(&inputs.ca_dir)?);
     let tokens = Arc::new(TokenIssuer::load_or_create(&inputs.ca_dir)?);
     let mut names: Vec<String> = DEFAULT_SERVING_SANS.iter().map(|s| s.to_string()).collect();
@@ -232,19 +284,10 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
     let mut registry = Registry::default();
     let ca_metrics = CaMetrics::new(&mut registry);
     let xds_metrics = XdsMetrics::new(&mut registry);
-    let watcher = Watcher::start(
-        WatcherInputs {
-            dir: inputs.config_dir.clone(),
-            debounce_after: tunables.debounce_after,
-            debounce_max: tunables.debounce_max,
-            mesh,
-        },
-        cancel.clone(),
-    )?;
     let sync = SyncTable::default();
     let ads = AdsServer::new(AdsInputs {
-        snapshots: watcher.snapshots.clone(),
-        push_throttle: tunables.push_throttle,
+        snapshots: sources.snapshots.clone(),
+        push_throttle: inputs.push_throttle,
         metrics: xds_metrics,
         sync: sync.clone(),
         cancel: cancel.clone(),
@@ -313,8 +356,8 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
         crate::monitoring::MonitoringInputs {
             registry: Arc::new(registry),
             sync,
-            config_status: watcher.status.clone(),
-            snapshots: watcher.snapshots.clone(),
+            config_status: sources.config_status,
+            snapshots: sources.snapshots,
             ready: ready_rx,
         },
         cancel.clone(),

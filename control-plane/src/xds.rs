@@ -98,6 +98,13 @@ pub struct Resource {
 /// Resources of one type, sorted by name.
 pub type Resources = Vec<Resource>;
 
+/// Resources that are not generated but served as they are to every proxy (`istiod-lite
+/// replay`); a [`Snapshot`] built with [`Snapshot::with_fixed`] asks this instead of generating.
+pub trait FixedResources: Send + Sync {
+    /// Every resource of `ty` for a proxy, sorted by name.
+    fn resources(&self, view: &ProxyView, ty: XdsType) -> std::sync::Arc<Resources>;
+}
+
 fn fnv64(bytes: &[u8]) -> u64 {
     let mut h = 0xcbf29ce484222325u64;
     for b in bytes {

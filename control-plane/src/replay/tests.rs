@@ -383,3 +383,29 @@ fn upstream_packages_are_allowed_and_istio_ones_are_not() {
         assert!(!strip::is_upstream(t), "{t}");
     }
 }
+
+#[test]
+fn descriptors_match_envoy_types() {
+    // A message envoy-types encodes decodes field for field through the vendored descriptors.
+    use proto::envoy::config::core::v3::{Address, SocketAddress, address, socket_address};
+    let listener = Listener {
+        name: "l".into(),
+        address: Some(Address {
+            address: Some(address::Address::SocketAddress(SocketAddress {
+                address: "127.0.0.1".into(),
+                port_specifier: Some(socket_address::PortSpecifier::PortValue(15006)),
+                ..Default::default()
+            })),
+        }),
+        bind_to_port: Some(proto::google::protobuf::BoolValue { value: false }),
+        ..Default::default()
+    };
+    let any = proto::pack(&listener);
+    let json = serde_json::json!({
+        "name": "l",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": 15006}},
+        "bind_to_port": false,
+    });
+    let ours = encode::encode(&any.type_url, &json).expect("encode");
+    assert_eq!(ours, any);
+}

@@ -562,3 +562,34 @@ fn replay_refuses_dumps_without_dynamic_resources() {
     );
     refused("writer-routes-empty-gateway.json", "RoutesConfigDump");
 }
+
+/// Every dump in the folder is one of the cases above: a new dump needs its expectations.
+#[test]
+fn replay_covers_every_recorded_dump() {
+    const COVERED: [&str; 14] = [
+        "authz.yaml",
+        "proxyconfig.json",
+        "compare.json",
+        "compare-diff.json",
+        "describe-http.json",
+        "describe-tls.json",
+        "writer-endpoints.json",
+        "writer-routes-istio-gateway-http-route-prefix.json",
+        "writer-routes-k8s-gateway-http-route-path-prefix.json",
+        "writer-bootstrap.json",
+        "writer-secrets-istio.json",
+        "writer-secrets-spire.json",
+        "writer-ecds.json",
+        "writer-routes-empty-gateway.json",
+    ];
+    let mut files: Vec<String> = std::fs::read_dir(corpus())
+        .unwrap_or_else(|e| panic!("{}: {e}", corpus().display()))
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|f| f != "README.md")
+        .collect();
+    files.sort();
+    let mut covered: Vec<String> = COVERED.iter().map(|s| s.to_string()).collect();
+    covered.sort();
+    assert_eq!(files, covered);
+}

@@ -39,7 +39,7 @@ RUN scripts/image-rootfs.sh target/dist /envoy/usr/local/bin/envoy /rootfs /envo
 
 FROM debian:bookworm-slim
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iptables iproute2 ca-certificates \
+ && apt-get install -y --no-install-recommends iptables nftables iproute2 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && useradd -m --uid 1337 --user-group istio-proxy
 COPY --from=build /rootfs/ /

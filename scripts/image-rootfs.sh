@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Lays out the image's root filesystem like Istio's proxyv2 image. The Dockerfile's final stage
-# copies exactly this tree to /, and tests/tests/image.rs builds and runs it, so a broken path
+# copies exactly this tree to /, and tests/tests/agent/image.rs builds and runs it, so a broken path
 # fails CI even where no Docker engine runs.
 #   usage: scripts/image-rootfs.sh <dir with pilot-agent and istio-iptables> <envoy binary> <out>
 #            [<Istio's /var/lib/istio/envoy dir>]

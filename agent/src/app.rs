@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::bootstrap::{self, Ports};
-use crate::config::{AuthPolicy, Config, NodeType, split_host_port};
+use crate::config::{Config, NodeType};
 use crate::envoy::{self, admin::Admin};
 use crate::lifecycle::{Readiness, Shutdown};
 use crate::status::{self, StatusServer, probe::Prober};
@@ -36,7 +36,10 @@ pub struct Inputs {
 /// The addresses the agent is serving on.
 #[derive(Debug, Clone)]
 pub struct Bound {
-    pub status: SocketAddr,
+    /// The status server (the first of `status_all`); `None` when `statusPort` is 0.
+    pub status: Option<SocketAddr>,
+    /// Every status listener: one per address family of the pod.
+    pub status_all: Vec<SocketAddr>,
     pub xds: PathBuf,
     pub sds: Option<PathBuf>,
     pub dns: Vec<SocketAddr>,
@@ -73,81 +76,78 @@ impl Drop for SocketFiles {
     }
 }
 
-/// The XDS root of trust, as Istio's `FindRootCAForXDS`.
-fn xds_root(config: &Config) -> anyhow::Result<sds::RootSource> {
-    if !config.xds_root_ca.is_empty() {
-        if config.xds_root_ca.eq_ignore_ascii_case("SYSTEM") {
-            return Ok(sds::RootSource::System);
-        }
-        return Ok(sds::RootSource::File(config.path(&config.xds_root_ca)));
-    }
-    let etc = config.path("./etc/certs/root-cert.pem");
-    if etc.exists() {
-        return Ok(sds::RootSource::File(etc));
-    }
-    if !config.prov_cert.is_empty() {
-        return Ok(sds::RootSource::File(
-            config.path(&config.prov_cert).join("root-cert.pem"),
-        ));
-    }
-    if config.pilot_cert_provider == "none" {
-        anyhow::bail!("PILOT_CERT_PROVIDER=none and no XDS_ROOT_CA: no root to verify istiod with");
-    }
-    Ok(sds::RootSource::File(
-        config.path("./var/run/secrets/istio/root-cert.pem"),
-    ))
-}
-
-/// The upstream connection to istiod: TLS per Istio's rules, plaintext for `:15010` or
-/// `controlPlaneAuthPolicy: NONE`; bearer token read for each stream.
-fn upstream(config: &Config) -> anyhow::Result<xds_proxy::Upstream> {
-    let addr = config.proxy.discovery_address.clone();
-    let plaintext =
-        config.proxy.control_plane_auth_policy == AuthPolicy::None || addr.ends_with(":15010");
-    let root = if plaintext {
-        sds::RootSource::System
-    } else {
-        xds_root(config)?
-    };
-    let server_name = if config.istiod_san.is_empty() {
-        split_host_port(&addr).map(|(h, _)| h).unwrap_or_default()
-    } else {
-        config.istiod_san.clone()
-    };
-    let client_identity = if config.prov_cert.is_empty() {
-        None
-    } else {
-        let dir = config.path(&config.prov_cert);
-        match (
-            std::fs::read(dir.join("cert-chain.pem")),
-            std::fs::read(dir.join("key.pem")),
-        ) {
-            (Ok(c), Ok(k)) => Some((c, k)),
-            _ => None,
-        }
-    };
-    let mut inputs = sds::ChannelInputs::new(addr, root, server_name);
-    inputs.plaintext = plaintext;
-    inputs.client_identity = client_identity;
+/// The xDS proxy's connection to istiod, from its sub-config; the bearer token is read for each
+/// stream and the `PROV_CERT` identity for each connection (with the CA client's policy).
+fn upstream(config: &crate::config::XdsUpstream) -> xds_proxy::Upstream {
+    let mut inputs = sds::ChannelInputs::new(
+        config.address.clone(),
+        config.root.clone(),
+        config.server_name.clone(),
+    );
+    inputs.plaintext = config.plaintext;
+    let prov_cert = config.prov_cert.clone();
     let connect: xds_proxy::Connect = Arc::new(move || {
-        let inputs = inputs.clone();
+        let mut inputs = inputs.clone();
+        inputs.client_identity = prov_cert.as_ref().and_then(sds::ca::prov_cert_identity);
         Box::pin(async move { sds::grpc_channel(&inputs).map_err(|e| e.to_string()) })
     });
-    let token_path = config.path("./var/run/secrets/tokens/istio-token");
-    let mut metadata = Vec::new();
-    if !config.cluster_id.is_empty() {
-        metadata.push(("ClusterID".to_string(), config.cluster_id.clone()));
-    }
-    metadata.extend(config.xds_headers.iter().cloned());
-    Ok(xds_proxy::Upstream {
+    let token_path = config.token_path.clone();
+    xds_proxy::Upstream {
         connect,
-        metadata,
+        metadata: config.metadata.clone(),
         token: Arc::new(move || sds::read_token(&token_path)),
+    }
+}
+
+/// The status server's listeners: `addr` when given (tests), else `statusPort` on each address
+/// family the pod has, IPv4 and IPv6 on their own sockets (kubelet probes `[podIPv6]:15020` in a
+/// dual-stack pod); none when `statusPort` is 0 (`status.sidecar.istio.io/port: "0"`).
+fn bind_status(
+    config: &Config,
+    addr: Option<SocketAddr>,
+) -> anyhow::Result<Vec<tokio::net::TcpListener>> {
+    let bind = |addr: SocketAddr| -> std::io::Result<tokio::net::TcpListener> {
+        let domain = socket2::Domain::for_address(addr);
+        let socket = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+        if addr.is_ipv6() {
+            socket.set_only_v6(true)?;
+        }
+        socket.set_reuse_address(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(1024)?;
+        tokio::net::TcpListener::from_std(socket.into())
+    };
+    let context = |a: SocketAddr| format!("binding the status server on {a}");
+    if let Some(addr) = addr {
+        return Ok(vec![bind(addr).with_context(|| context(addr))?]);
+    }
+    let port = config.proxy.status_port;
+    if port == 0 {
+        tracing::info!("statusPort is 0: no status server");
+        return Ok(Vec::new());
+    }
+    let v4 = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port);
+    let v6 = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port);
+    let has_v4 = config.ips.iter().any(IpAddr::is_ipv4);
+    let has_v6 = config.ips.iter().any(IpAddr::is_ipv6);
+    Ok(match (has_v4, has_v6) {
+        (true, true) => {
+            let mut out = vec![bind(v4).with_context(|| context(v4))?];
+            match bind(v6) {
+                Ok(l) => out.push(l),
+                // A host with IPv6 disabled still serves IPv4.
+                Err(e) => tracing::warn!(error = %e, addr = %v6, "no IPv6 status listener"),
+            }
+            out
+        }
+        (false, true) => vec![bind(v6).with_context(|| context(v6))?],
+        _ => vec![bind(v4).with_context(|| context(v4))?],
     })
 }
 
-/// The host's private addresses: up, not loopback, not link-local.
-pub fn interface_ips() -> Vec<IpAddr> {
+/// The host's private addresses with their interface names: up, not loopback, not link-local.
+pub fn host_interfaces() -> Vec<(String, IpAddr)> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
         return Vec::new();
     };
@@ -171,8 +171,8 @@ pub fn interface_ips() -> Vec<IpAddr> {
             IpAddr::V4(v4) => v4.is_link_local(),
             IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
         };
-        if !link_local && !ip.is_unspecified() && !ip.is_loopback() && !out.contains(&ip) {
-            out.push(ip);
+        if !link_local && !ip.is_unspecified() && !ip.is_loopback() {
+            out.push((a.interface_name.clone(), ip));
         }
     }
     out
@@ -182,19 +182,18 @@ impl App {
     /// Binds every listener; nothing is served yet.
     pub async fn bind(inputs: Inputs) -> anyhow::Result<App> {
         let config = Arc::new(inputs.config);
+        let config_dump = config.dump().to_string();
+        tracing::info!(config = %config_dump, "effective configuration");
         let shutdown = inputs.shutdown;
         let mut registry = Registry::with_prefix("istio_agent");
         let readiness = Readiness::default();
 
         // 1. DNS proxy.
         let mut dns = None;
-        if config.dns_enabled {
+        if let Some(dns_config) = &config.dns {
             let metrics = Arc::new(dns_proxy::Metrics::new(&mut registry));
-            let dns_config =
-                dns_proxy::Config::from_env(&config.env, Path::new("/etc/resolv.conf"))
-                    .context("DNS proxy configuration")?;
             dns = Some(
-                dns_proxy::DnsProxy::bind(dns_config, metrics)
+                dns_proxy::DnsProxy::bind(dns_config.clone(), metrics)
                     .await
                     .context("starting the DNS proxy")?,
             );
@@ -202,15 +201,9 @@ impl App {
         let table = dns.as_ref().map(dns_proxy::DnsProxy::table);
 
         // 2. Secret manager and SDS server (not with DISABLE_ENVOY: certs go to OUTPUT_CERTS).
-        let mut sds_config =
-            sds::Config::from_env(&config.env, &config.base_dir).context("SDS configuration")?;
-        if !config.env.contains_key("CA_ADDR") {
-            let san = (!config.istiod_san.is_empty()).then_some(config.istiod_san.as_str());
-            sds_config.set_ca_addr(&config.proxy.discovery_address, san);
-        }
         let sds_metrics = Arc::new(sds::Metrics::new(&mut registry));
-        let manager =
-            sds::SecretManager::new(Arc::new(sds_config), sds_metrics).context("secret manager")?;
+        let manager = sds::SecretManager::new(Arc::new(config.identity.clone()), sds_metrics)
+            .context("secret manager")?;
         let mut sockets = SocketFiles::default();
         let sds = if config.disable_envoy {
             None
@@ -219,6 +212,16 @@ impl App {
                 .await
                 .context("binding the SDS socket")?;
             sockets.0.push(server.path().to_path_buf());
+            if let Some((uid, gid)) = envoy::envoy_credentials(&config) {
+                // Envoy (1337) must reach the SDS socket the root agent created.
+                for p in [Some(server.path()), server.path().parent()]
+                    .into_iter()
+                    .flatten()
+                {
+                    std::os::unix::fs::chown(p, Some(uid), Some(gid))
+                        .with_context(|| format!("handing {} to Envoy's uid", p.display()))?;
+                }
+            }
             Some(server)
         };
 
@@ -232,13 +235,26 @@ impl App {
             });
             sink
         });
+        if config.disable_envoy {
+            // Proxyless gRPC: ready once the bootstrap and its certificates exist (Istio).
+            let (path, guard) = (
+                config.path(&config.grpc_xds_bootstrap),
+                readiness.register("grpc"),
+            );
+            tokio::spawn(status::grpc_ready::wait(
+                path,
+                guard,
+                shutdown.token().clone(),
+            ));
+        }
         let xds_metrics = xds_proxy::Metrics::new(&mut registry);
         let health_channel = config
+            .status
             .health_probe
             .as_ref()
             .map(|_| tokio::sync::watch::channel(None));
         let proxy = XdsProxy::new(xds_proxy::Inputs {
-            upstream: upstream(&config)?,
+            upstream: upstream(&config.upstream),
             nds,
             metrics: xds_metrics,
             health: health_channel.as_ref().map(|(_, rx)| rx.clone()),
@@ -251,18 +267,7 @@ impl App {
         // 4. Status server.
         let status_metrics = status::Metrics::new(&mut registry);
         let all_v6 = !config.ips.is_empty() && config.ips.iter().all(IpAddr::is_ipv6);
-        let status_addr = inputs.status_addr.unwrap_or_else(|| {
-            let ip: IpAddr = if all_v6 {
-                Ipv6Addr::UNSPECIFIED.into()
-            } else {
-                Ipv4Addr::UNSPECIFIED.into()
-            };
-            SocketAddr::new(ip, config.proxy.status_port)
-        });
-        let status_listener = tokio::net::TcpListener::bind(status_addr)
-            .await
-            .with_context(|| format!("binding the status server on {status_addr}"))?;
-        let status_bound = status_listener.local_addr()?;
+        let status_listeners = bind_status(&config, inputs.status_addr)?;
         let admin = (!config.disable_envoy).then(|| Admin {
             addr: envoy::admin_addr(&config),
         });
@@ -271,46 +276,41 @@ impl App {
         } else {
             Ipv4Addr::LOCALHOST.into()
         };
-        let destination = if config.rewrite_probe_legacy_localhost {
-            localhost
-        } else {
-            config
-                .env
-                .get("INSTANCE_IP")
-                .and_then(|i| i.parse().ok())
-                .unwrap_or(localhost)
-        };
+        let destination = config
+            .status
+            .probe_destination(config.instance_ip, localhost);
         let ndsz: Option<status::NdszFn> = table.map(|t| {
             let f: status::NdszFn =
                 Arc::new(move || t.is_synced().then(|| t.debug_json().to_string()));
             f
         });
         let status = StatusServer::new(
-            status_listener,
+            status_listeners,
             status::Inputs {
                 node_type: config.node_type,
                 admin,
-                envoy_prometheus: (admin.is_some() && config.merge_envoy_stats)
+                envoy_prometheus: (admin.is_some() && config.status.merge_envoy_stats)
                     .then(|| SocketAddr::new(localhost, config.envoy_prometheus_port)),
                 app_metrics: if config.node_type == NodeType::Sidecar {
-                    config.prometheus_annotations.clone()
+                    config.status.prometheus_annotations.clone()
                 } else {
                     None
                 },
                 metrics_localhost_only: config.metrics_localhost_only,
-                probers: config.app_probers.clone(),
+                probers: config.status.app_probers.clone(),
                 prober: Prober { destination },
                 registry: Arc::new(registry),
                 metrics: status_metrics,
                 readiness,
                 shutdown: shutdown.clone(),
                 ndsz,
+                config_dump,
             },
         );
 
-        let health = match (config.health_probe.clone(), health_channel) {
+        let health = match (config.status.health_probe.clone(), health_channel) {
             (Some(probe), Some((tx, _))) => {
-                let dest = if config.rewrite_probe_legacy_localhost {
+                let dest = if config.status.rewrite_probe_legacy_localhost {
                     localhost
                 } else {
                     config.ips.first().copied().unwrap_or(localhost)
@@ -320,13 +320,14 @@ impl App {
             _ => None,
         };
         let bound = Bound {
-            status: status_bound,
+            status: status.local_addr().ok(),
+            status_all: status.local_addrs(),
             xds: xds_path,
             sds: sds.as_ref().map(|s| s.path().to_path_buf()),
             dns: dns.as_ref().map(|d| d.local_addrs()).unwrap_or_default(),
         };
         tracing::info!(
-            status = %bound.status,
+            status = ?bound.status_all,
             xds = %bound.xds.display(),
             sds = ?bound.sds,
             dns = ?bound.dns,
@@ -438,7 +439,7 @@ async fn run_envoy(config: &Config, bound: &Bound, shutdown: &Shutdown) -> anyho
     let written = bootstrap::write(
         config,
         Ports {
-            status: bound.status.port(),
+            status: bound.status.map_or(config.proxy.status_port, |a| a.port()),
         },
         None,
     )
@@ -470,12 +471,13 @@ pub fn load_config(
     env: &HashMap<String, String>,
     base_dir: PathBuf,
 ) -> Result<Config, crate::config::Error> {
+    let interface_ips = crate::config::private_ips(&base_dir, host_interfaces())?;
     Config::load(crate::config::Inputs {
         node_type,
         flags,
         env,
         base_dir,
-        interface_ips: interface_ips(),
+        interface_ips,
     })
 }
 
@@ -545,7 +547,8 @@ mod tests {
         );
         assert!(!config.launches_envoy());
         let (app, shutdown, bound) = bind(config).await;
-        assert_ne!(bound.status.port(), 0);
+        let status = bound.status.expect("status server");
+        assert_ne!(status.port(), 0);
         assert_eq!(bound.xds, dir.path().join("etc/istio/proxy/XDS"));
         assert_eq!(
             bound.sds.as_deref(),
@@ -558,7 +561,7 @@ mod tests {
         assert!(bound.dns.is_empty());
         let run = tokio::spawn(app.run());
 
-        let url = format!("http://{}/healthz/ready", bound.status);
+        let url = format!("http://{status}/healthz/ready");
         let (code, body) = crate::client::send("GET", &url, None, Duration::from_secs(5))
             .await
             .unwrap();
@@ -566,7 +569,7 @@ mod tests {
         assert!(body.contains("readiness stats"), "{body}");
         let (code, metrics) = crate::client::send(
             "GET",
-            &format!("http://{}/stats/prometheus", bound.status),
+            &format!("http://{status}/stats/prometheus"),
             None,
             Duration::from_secs(5),
         )
@@ -643,5 +646,70 @@ mod tests {
         assert!(!bound.xds.exists());
         assert!(!bound.sds.unwrap().exists());
         assert!(!dir.path().join("etc/istio/proxy/envoy-rev.json").exists());
+    }
+
+    /// Binds with the status server on its configured port(s), as in a pod.
+    async fn bind_on_config_port(config: Config) -> (App, Shutdown, Bound) {
+        let shutdown = Shutdown::default();
+        let app = App::bind(Inputs {
+            config,
+            shutdown: shutdown.clone(),
+            status_addr: None,
+        })
+        .await
+        .unwrap();
+        let bound = app.bound().clone();
+        (app, shutdown, bound)
+    }
+
+    /// `status.sidecar.istio.io/port: "0"` turns the status server off instead of failing.
+    #[tokio::test]
+    async fn status_port_zero_disables_the_status_server() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("etc/istio/pod")).unwrap();
+        std::fs::write(
+            dir.path().join("etc/istio/pod/annotations"),
+            "status.sidecar.istio.io/port=\"0\"\n",
+        )
+        .unwrap();
+        let config = sidecar_config(
+            dir.path(),
+            &[("ISTIO_AGENT_EXTERNAL_ENVOY", "true")],
+            r#"{"discoveryAddress":"127.0.0.1:1"}"#,
+        );
+        assert_eq!(config.proxy.status_port, 0);
+        let (app, shutdown, bound) = bind_on_config_port(config).await;
+        assert_eq!(bound.status, None);
+        assert!(bound.status_all.is_empty());
+        let run = tokio::spawn(app.run());
+        shutdown.trigger();
+        assert_eq!(run.await.unwrap().unwrap(), 0);
+    }
+
+    /// A dual-stack pod's status port answers on both families (kubelet probes
+    /// `[podIPv6]:15020`).
+    #[tokio::test]
+    async fn dual_stack_pod_serves_status_on_both_families() {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut config = sidecar_config(
+            dir.path(),
+            &[("ISTIO_AGENT_EXTERNAL_ENVOY", "true")],
+            &format!(r#"{{"discoveryAddress":"127.0.0.1:1","statusPort":{port}}}"#),
+        );
+        config.ips.push("::1".parse().unwrap());
+        let (app, shutdown, bound) = bind_on_config_port(config).await;
+        let families: Vec<bool> = bound.status_all.iter().map(SocketAddr::is_ipv6).collect();
+        assert_eq!(families, vec![false, true], "{:?}", bound.status_all);
+        let run = tokio::spawn(app.run());
+        for host in ["127.0.0.1", "[::1]"] {
+            let url = format!("http://{host}:{port}/healthz/ready");
+            let (code, _) = crate::client::send("GET", &url, None, Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(code, 503, "{url}");
+        }
+        shutdown.trigger();
+        assert_eq!(run.await.unwrap().unwrap(), 0);
     }
 }

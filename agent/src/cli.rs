@@ -276,11 +276,29 @@ fn node_type(positional: &[String]) -> Result<NodeType, Error> {
     }
 }
 
+/// The subcommand is the first argument that is neither a root flag nor the separate value of
+/// one (`pilot-agent --log_output_level default:debug proxy sidecar`, as cobra parses it).
+/// Unknown root flags are taken as booleans.
+fn subcommand_position(args: &[String]) -> Option<usize> {
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        let Some(flag) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
+            return Some(i);
+        };
+        let takes_value = !flag.contains('=')
+            && LOG_FLAGS
+                .iter()
+                .any(|(name, value)| *value && *name == flag);
+        i += if takes_value { 2 } else { 1 };
+    }
+    None
+}
+
 /// Parses `argv[1..]`.
 pub fn parse(args: &[String]) -> Result<Cli, Error> {
     let mut log = LogFlags::default();
-    // The subcommand is the first argument that is not a (root) flag.
-    let Some(pos) = args.iter().position(|a| !a.starts_with('-')) else {
+    let Some(pos) = subcommand_position(args) else {
         return Ok(Cli {
             log,
             command: Command::Help,
@@ -433,6 +451,46 @@ pub fn parse(args: &[String]) -> Result<Cli, Error> {
     Ok(Cli { log, command })
 }
 
+/// `pilot-agent version` output, in Istio's formats: `client version: version.BuildInfo{...}`,
+/// `-s` just `client version: <version>`, `-o json|yaml` the `clientVersion` object. The
+/// version is the Istio release this build targets (what istiod sees); `tag` is ours.
+pub fn version_text(short: bool, output: &str) -> Result<String, Error> {
+    let info = [
+        ("version", crate::bootstrap::ISTIO_RELEASE),
+        ("revision", option_env!("GIT_REVISION").unwrap_or("unknown")),
+        ("golang_version", "n/a (Rust pilot-agent)"),
+        ("status", "Clean"),
+        ("tag", crate::bootstrap::VERSION),
+    ];
+    Ok(match output {
+        "" if short => format!("client version: {}\n", info[0].1),
+        "" => format!(
+            "client version: version.BuildInfo{{Version:{:?}, GitRevision:{:?}, GolangVersion:{:?}, BuildStatus:{:?}, GitTag:{:?}}}\n",
+            info[0].1, info[1].1, info[2].1, info[3].1, info[4].1
+        ),
+        "json" => {
+            let fields: Vec<String> = info
+                .iter()
+                .map(|(k, v)| format!("    \"{k}\": {}", serde_json::Value::from(*v)))
+                .collect();
+            format!(
+                "{{\n  \"clientVersion\": {{\n{}\n  }}\n}}\n",
+                fields.join(",\n")
+            )
+        }
+        "yaml" => {
+            let mut sorted = info;
+            sorted.sort();
+            let fields: String = sorted
+                .iter()
+                .map(|(k, v)| format!("  {k}: {v}\n"))
+                .collect();
+            format!("clientVersion:\n{fields}\n")
+        }
+        _ => return Err(Error::Usage("--output must be 'yaml' or 'json'".into())),
+    })
+}
+
 /// Maps Istio's `--log_output_level` (`scope:level,...`) onto a tracing filter directive.
 /// The `default` scope sets the base level; other scopes are ignored (ours are not Istio's).
 pub fn log_filter(output_level: &str) -> String {
@@ -499,6 +557,24 @@ mod tests {
     }
 
     #[test]
+    fn root_flags_before_the_subcommand() {
+        for line in [
+            "--log_output_level default:debug proxy waypoint",
+            "--log_output_level=default:debug proxy waypoint",
+            "--log_as_json --log_output_level default:debug proxy waypoint --domain d",
+        ] {
+            let cli = parse(&argv(line)).unwrap();
+            let Command::Proxy { node_type, .. } = cli.command else {
+                panic!("{line}: not proxy")
+            };
+            assert_eq!(node_type, NodeType::Waypoint, "{line}");
+            assert_eq!(cli.log.output_level, "default:debug", "{line}");
+        }
+        let err = parse(&argv("proxy gateway")).unwrap_err().to_string();
+        assert!(err.contains("sidecar, router or waypoint"), "{err}");
+    }
+
+    #[test]
     fn unknown_flags_are_accepted() {
         let cli = parse(&argv(
             "proxy --unknownA=1 --unknownB value router --profiling --log_as_json --stsPort 15463",
@@ -556,6 +632,51 @@ mod tests {
         };
         assert_eq!(rest, argv("-p 15001 --dry-run"));
         assert!(parse(&argv("frobnicate")).is_err());
+    }
+
+    /// Istio's `pkg/version` output: the long form, `-s`, and `-o json|yaml` with the
+    /// `clientVersion` fields; the version is the targeted Istio release, the tag ours.
+    #[test]
+    fn version_output_as_istio() {
+        let rel = crate::bootstrap::ISTIO_RELEASE;
+        let ours = crate::bootstrap::VERSION;
+        assert_eq!(
+            version_text(true, "").unwrap(),
+            format!("client version: {rel}\n")
+        );
+        let long = version_text(false, "").unwrap();
+        assert!(
+            long.starts_with(&format!(
+                "client version: version.BuildInfo{{Version:\"{rel}\", GitRevision:"
+            )),
+            "{long}"
+        );
+        assert!(long.ends_with(&format!("GitTag:\"{ours}\"}}\n")), "{long}");
+        let json: serde_json::Value =
+            serde_json::from_str(&version_text(false, "json").unwrap()).unwrap();
+        let client = json["clientVersion"].as_object().unwrap();
+        let keys: Vec<&str> = client.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            ["golang_version", "revision", "status", "tag", "version"]
+        );
+        assert_eq!(client["version"], rel);
+        assert_eq!(client["tag"], ours);
+        // `-s` does not change the structured forms (as upstream).
+        assert_eq!(
+            version_text(true, "json").unwrap(),
+            version_text(false, "json").unwrap()
+        );
+        let yaml: serde_json::Value =
+            serde_yaml::from_str(&version_text(false, "yaml").unwrap()).unwrap();
+        assert_eq!(yaml, json);
+        assert!(
+            version_text(false, "yaml")
+                .unwrap()
+                .starts_with("clientVersion:\n  golang_version: ")
+        );
+        let err = version_text(false, "xml").unwrap_err().to_string();
+        assert!(err.contains("--output must be 'yaml' or 'json'"), "{err}");
     }
 
     #[test]

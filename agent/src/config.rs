@@ -2,7 +2,13 @@
 //! layers, parsed and validated once. Errors name the variable or field, its value, and what was
 //! expected.
 
+mod dns;
+mod dump;
+mod env;
+pub mod identity;
 pub mod proxy_config;
+mod status;
+pub mod upstream;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -10,8 +16,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use proxy_config::{AuthPolicy, ProxyConfig, StatsMatcher, split_host_port};
+pub use status::StatusConfig;
+pub use upstream::XdsUpstream;
 
-use crate::status::probe::{AppProbers, PrometheusAnnotations};
+use env::Env;
 
 /// Configuration errors. Each names what was wrong and what was expected.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +43,7 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("invalid proxy type {0:?}: expected sidecar or router")]
+    #[error("invalid proxy type {0:?}: expected sidecar, router or waypoint")]
     NodeType(String),
     #[error("invalid flag --{flag}={value:?}: expected {expected}")]
     Flag {
@@ -45,11 +53,16 @@ pub enum Error {
     },
 }
 
-/// The proxy's role (`proxy sidecar|router`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The proxy's role (`proxy sidecar|router|waypoint`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum NodeType {
     Sidecar,
+    /// Gateways (`proxy router`).
     Router,
+    /// Ambient waypoints (`proxy waypoint`, Istio's waypoint template): a gateway-like proxy
+    /// whose node id starts `waypoint~`.
+    Waypoint,
 }
 
 impl NodeType {
@@ -57,6 +70,7 @@ impl NodeType {
         match s {
             "sidecar" => Ok(NodeType::Sidecar),
             "router" => Ok(NodeType::Router),
+            "waypoint" => Ok(NodeType::Waypoint),
             other => Err(Error::NodeType(other.to_string())),
         }
     }
@@ -64,12 +78,13 @@ impl NodeType {
         match self {
             NodeType::Sidecar => "sidecar",
             NodeType::Router => "router",
+            NodeType::Waypoint => "waypoint",
         }
     }
 }
 
 /// Flags of `pilot-agent proxy` (Istio's spelling in comments).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct ProxyFlags {
     /// `--domain`
     pub domain: String,
@@ -123,111 +138,119 @@ pub struct Inputs<'a> {
     pub interface_ips: Vec<IpAddr>,
 }
 
-/// The agent's whole configuration.
+/// The resolv.conf the DNS proxy forwards to.
+const RESOLV_CONF: &str = "/etc/resolv.conf";
+
+/// The agent's whole configuration: one typed tree, parsed and validated once by
+/// [`Config::load`]. Each component takes its own sub-config (`identity`, `dns`, `upstream`,
+/// `status`, the bootstrap fields); none reads the environment again.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub base_dir: PathBuf,
     pub node_type: NodeType,
     pub flags: ProxyFlags,
     pub proxy: ProxyConfig,
-    /// The environment the agent was started with (node metadata, SDS and DNS read from it).
-    pub env: HashMap<String, String>,
+    /// The environment the agent was started with, passed on to Envoy's process as it is
+    /// (never read for settings: those are the typed fields).
+    pub envoy_env: HashMap<String, String>,
+    /// `ISTIO_META_*` and `ISTIO_METAJSON_*` variables, sorted by name: the node metadata's
+    /// inputs from the environment.
+    pub meta_env: Vec<(String, String)>,
     pub pod_name: String,
     pub pod_namespace: String,
     pub service_account: String,
     pub host_ip: String,
+    /// `INSTANCE_IP`, when it is an IP.
+    pub instance_ip: Option<IpAddr>,
     pub ips: Vec<IpAddr>,
     pub dns_domain: String,
     pub cluster_id: String,
     /// `ISTIO_DELTA_XDS` (default true): Envoy uses `DELTA_GRPC`.
     pub delta_xds: bool,
-    /// `XDS_HEADER_<K>`: extra gRPC metadata on upstream xDS.
-    pub xds_headers: Vec<(String, String)>,
+    /// `XDS_ROOT_CA` as given (the gRPC bootstrap names it).
     pub xds_root_ca: String,
-    pub pilot_cert_provider: String,
-    pub prov_cert: String,
-    pub istiod_san: String,
     pub envoy_status_port: u16,
     pub envoy_prometheus_port: u16,
     pub disable_envoy: bool,
     pub exit_on_zero_active_connections: bool,
     pub minimum_drain_duration: Duration,
-    /// DNS proxy enabled: (`ISTIO_META_DNS_CAPTURE` and sidecar) or `ISTIO_META_ENABLE_DNS_SERVER`.
-    pub dns_enabled: bool,
     pub workload_identity_socket_file: String,
     pub istio_bootstrap: String,
     pub bootstrap_override: String,
     pub skip_deprecated_logs: bool,
     pub enable_core_dump: bool,
+    /// The agent runs as root to serve DNS on `:53` (uid 0 and `DNS_PROXY_ADDR` ending in
+    /// `:53`, Istio's `AgentIsRoot`): Envoy then runs as 1337 and gets the SDS socket.
+    pub agent_is_root: bool,
     pub dual_stack: bool,
-    pub app_probers: AppProbers,
-    /// `readinessProbe`: workload health reported to istiod.
-    pub health_probe: Option<crate::status::probe::ReadinessProbe>,
-    pub prometheus_annotations: Option<PrometheusAnnotations>,
     pub metrics_localhost_only: bool,
-    pub merge_envoy_stats: bool,
-    pub rewrite_probe_legacy_localhost: bool,
     pub grpc_xds_bootstrap: String,
     pub output_certs: String,
     pub pod_labels: BTreeMap<String, String>,
     pub pod_annotations: BTreeMap<String, String>,
+    /// Workload identity: CA client, certificates, SDS.
+    pub identity: sds::Config,
+    /// The DNS proxy, when enabled (`ISTIO_META_DNS_CAPTURE` for sidecars, or
+    /// `ISTIO_META_ENABLE_DNS_SERVER`).
+    pub dns: Option<dns_proxy::Config>,
+    /// The xDS proxy's connection to istiod.
+    pub upstream: XdsUpstream,
+    /// The status server (probes, app metrics, workload health).
+    pub status: StatusConfig,
+    // bootstrap settings
+    /// `ENVOY_SECURE_METRICS_PORT` (0: no mTLS listener for Envoy's own stats).
+    pub envoy_secure_metrics_port: u16,
+    /// `ENVOY_SECURE_MERGED_METRICS_PORT` (0: no mTLS listener for the merged metrics).
+    pub envoy_secure_merged_metrics_port: u16,
+    /// `PEER_METADATA_DISCOVERY` when set; unset, metadata discovery follows `ENABLE_HBONE`.
+    pub peer_metadata_discovery: Option<bool>,
+    /// `COMPLIANCE_POLICY` (`fips-140-2` limits Envoy's Google gRPC clients to TLS 1.2).
+    pub compliance_policy: String,
+    /// `ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL`: the 15021 listener accepts PROXY protocol.
+    pub envoy_status_port_enable_proxy_protocol: bool,
+    /// `DNS_PROXY_ADDR`, reported to istiod as node metadata.
+    pub dns_proxy_addr: String,
+    /// `GCP_METADATA` (`project|number|cluster|zone`): the GCP project a Stackdriver tracer needs.
+    pub gcp_metadata: String,
+    /// `HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED` (default true; false adds Envoy's
+    /// runtime flag of that name as `"false"`).
+    pub http_strip_fragment_from_path: bool,
 }
 
-/// Go's `strconv.ParseBool`.
+/// Go's `strconv.ParseBool` ([`proto::go::parse_bool`]).
 pub fn parse_bool(s: &str) -> Option<bool> {
-    match s {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
+    proto::go::parse_bool(s).ok()
 }
 
-/// Go-style durations (`45s`, `1m30s`, `500ms`, `2h`, bare `0`): the same parser as the
-/// identity settings use.
-pub use sds::config::parse_duration;
+/// Go durations ([`proto::go::parse_duration`]).
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    proto::go::parse_duration(s).ok()
+}
 
-struct Env<'a>(&'a HashMap<String, String>);
-
-impl Env<'_> {
-    fn str(&self, var: &str, default: &str) -> String {
-        self.0
-            .get(var)
-            .cloned()
-            .unwrap_or_else(|| default.to_string())
-    }
-    fn bool(&self, var: &str, default: bool) -> Result<bool, Error> {
-        match self.0.get(var) {
-            None => Ok(default),
-            Some(v) if v.is_empty() => Ok(default),
-            Some(v) => parse_bool(v).ok_or_else(|| Error::Env {
-                var: var.into(),
-                value: v.clone(),
-                expected: "true or false".into(),
-            }),
+/// The host's private IPs for `INSTANCE_IPS`, without those of the interfaces the pod annotation
+/// `traffic.sidecar.istio.io/excludeInterfaces` names (comma-separated), as Istio; duplicates
+/// dropped, order kept.
+pub fn private_ips(
+    base_dir: &Path,
+    interfaces: Vec<(String, IpAddr)>,
+) -> Result<Vec<IpAddr>, Error> {
+    let annotations = read_downward_api(&resolve(base_dir, "./etc/istio/pod/annotations"))?;
+    let excluded: Vec<&str> = annotations
+        .get("traffic.sidecar.istio.io/excludeInterfaces")
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for (name, ip) in interfaces {
+        if !excluded.contains(&name.as_str()) && !out.contains(&ip) {
+            out.push(ip);
         }
     }
-    fn port(&self, var: &str, default: u16) -> Result<u16, Error> {
-        match self.0.get(var) {
-            None => Ok(default),
-            Some(v) if v.is_empty() => Ok(default),
-            Some(v) => v.parse::<u16>().map_err(|_| Error::Env {
-                var: var.into(),
-                value: v.clone(),
-                expected: "a port number 0-65535".into(),
-            }),
-        }
-    }
-    fn duration(&self, var: &str, default: Duration) -> Result<Duration, Error> {
-        match self.0.get(var) {
-            None => Ok(default),
-            Some(v) if v.is_empty() => Ok(default),
-            Some(v) => parse_duration(v).ok_or_else(|| Error::Env {
-                var: var.into(),
-                value: v.clone(),
-                expected: "a duration such as 5s".into(),
-            }),
-        }
-    }
+    Ok(out)
 }
 
 /// Reads a downward-API file (`key="quoted value"` per line). A missing file is empty.
@@ -259,49 +282,10 @@ pub fn parse_downward_api(text: &str) -> BTreeMap<String, String> {
     out
 }
 
-/// Go's `strconv.Unquote` for double-quoted strings (the escapes Kubernetes emits).
-pub fn go_unquote(s: &str) -> Option<String> {
-    let inner = s.strip_prefix('"')?.strip_suffix('"')?;
-    let mut out = String::with_capacity(inner.len());
-    let mut chars = inner.chars();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        let e = chars.next()?;
-        out.push(go_escape(e, &mut chars)?);
-    }
-    Some(out)
-}
-
-/// One Go string escape after its backslash: `e` is the escape letter and `rest` yields what
-/// follows it (the hex digits of `\x`, `\u`, `\U` are taken from it). `None` for an unknown
-/// escape or bad hex.
-pub(crate) fn go_escape(e: char, rest: &mut impl Iterator<Item = char>) -> Option<char> {
-    Some(match e {
-        'n' => '\n',
-        't' => '\t',
-        'r' => '\r',
-        '\\' => '\\',
-        '"' => '"',
-        '\'' => '\'',
-        'a' => '\x07',
-        'b' => '\x08',
-        'f' => '\x0c',
-        'v' => '\x0b',
-        'x' | 'u' | 'U' => {
-            let n = match e {
-                'x' => 2,
-                'u' => 4,
-                _ => 8,
-            };
-            let hex: String = rest.take(n).collect();
-            char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?
-        }
-        _ => return None,
-    })
-}
+/// One Go string escape ([`proto::go::escape`]).
+pub(crate) use proto::go::escape as go_escape;
+/// Go's `strconv.Unquote` ([`proto::go::unquote`]).
+pub use proto::go::unquote as go_unquote;
 
 impl Config {
     /// Resolves one of Istio's relative paths (`./etc/...`) against the base directory;
@@ -317,8 +301,7 @@ impl Config {
 
     /// `./var/run/secrets/workload-spiffe-uds/<WORKLOAD_IDENTITY_SOCKET_FILE>`: the SDS socket.
     pub fn sds_socket(&self) -> PathBuf {
-        self.path("./var/run/secrets/workload-spiffe-uds")
-            .join(&self.workload_identity_socket_file)
+        self.identity.socket_path.clone()
     }
 
     /// The service node id `<type>~<ip>~<pod>.<ns>~<domain>`.
@@ -387,7 +370,7 @@ impl Config {
                 });
             }
         }
-        if let Some(pc) = inputs.env.get("PROXY_CONFIG") {
+        if let Some(pc) = env.raw("PROXY_CONFIG") {
             proxy_config::merge(&mut raw, proxy_config::parse_layer("PROXY_CONFIG", pc)?);
         }
         if let Some(pc) = pod_annotations.get("proxy.istio.io/config") {
@@ -398,12 +381,7 @@ impl Config {
         }
         let mut proxy = ProxyConfig::from_value(raw)?;
         if proxy.concurrency.is_none() {
-            let cpu = env.str("ISTIO_CPU_LIMIT", "0");
-            let cpu: u32 = cpu.trim().parse().map_err(|_| Error::Env {
-                var: "ISTIO_CPU_LIMIT".into(),
-                value: cpu.clone(),
-                expected: "a non-negative integer".into(),
-            })?;
+            let cpu = env.u32("ISTIO_CPU_LIMIT", 0)?;
             if cpu > 0 {
                 proxy.concurrency = Some(cpu);
             }
@@ -424,22 +402,24 @@ impl Config {
             }
             proxy.discovery_address = addr.clone();
         }
+        // "0" turns the status server off, as Istio.
         if let Some(port) = pod_annotations.get("status.sidecar.istio.io/port") {
-            proxy.status_port = port.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-                Error::ProxyConfigField {
-                    field: "status.sidecar.istio.io/port".into(),
-                    value: port.clone(),
-                    expected: "a port in 1-65535".into(),
-                }
-            })?;
+            proxy.status_port =
+                port.trim()
+                    .parse::<u16>()
+                    .map_err(|_| Error::ProxyConfigField {
+                        field: "status.sidecar.istio.io/port".into(),
+                        value: port.clone(),
+                        expected: "a port in 0-65535 (0: no status server)".into(),
+                    })?;
         }
 
         // Proxy IPs: INSTANCE_IP first, then the private interface addresses.
         let mut ips = Vec::new();
-        let instance_ip = env.str("INSTANCE_IP", "");
-        if let Ok(ip) = instance_ip.parse::<IpAddr>() {
-            ips.push(ip);
-        }
+        let instance_ip = env
+            .get("INSTANCE_IP")
+            .and_then(|i| i.parse::<IpAddr>().ok());
+        ips.extend(instance_ip);
         for ip in inputs.interface_ips {
             if !ips.contains(&ip) {
                 ips.push(ip);
@@ -456,17 +436,6 @@ impl Config {
             flags.domain.clone()
         };
 
-        let mut xds_headers: Vec<(String, String)> = inputs
-            .env
-            .iter()
-            .filter_map(|(k, v)| {
-                k.strip_prefix("XDS_HEADER_")
-                    .filter(|h| !h.is_empty())
-                    .map(|h| (h.to_string(), v.clone()))
-            })
-            .collect();
-        xds_headers.sort();
-
         let dns_capture = env.bool("ISTIO_META_DNS_CAPTURE", false)?
             || proxy
                 .proxy_metadata
@@ -477,93 +446,134 @@ impl Config {
         let dns_enabled = (dns_capture && inputs.node_type == NodeType::Sidecar) || dns_server;
 
         let workload_identity_socket_file = env.str("WORKLOAD_IDENTITY_SOCKET_FILE", "socket");
-        if workload_identity_socket_file.is_empty() || workload_identity_socket_file.contains('/') {
-            return Err(Error::Env {
-                var: "WORKLOAD_IDENTITY_SOCKET_FILE".into(),
-                value: workload_identity_socket_file,
-                expected: "a bare file name".into(),
-            });
+        if workload_identity_socket_file.contains('/') {
+            return Err(env.invalid(
+                "WORKLOAD_IDENTITY_SOCKET_FILE",
+                &workload_identity_socket_file,
+                "a bare file name",
+            ));
         }
+        let sds_socket = resolve(&base_dir, "./var/run/secrets/workload-spiffe-uds")
+            .join(&workload_identity_socket_file);
 
-        let app_probers = crate::status::probe::parse_probers(
-            inputs
-                .env
-                .get("ISTIO_KUBE_APP_PROBERS")
-                .map(String::as_str)
-                .unwrap_or(""),
-        )
-        .map_err(|reason| Error::Env {
-            var: "ISTIO_KUBE_APP_PROBERS".into(),
-            value: env.str("ISTIO_KUBE_APP_PROBERS", ""),
-            expected: reason,
+        // Shared by the CA client and the xDS upstream: one PROV_CERT, one ISTIOD_SAN.
+        let prov_cert = env
+            .get("PROV_CERT")
+            .map(|d| sds::CertDir::istio(&resolve(&base_dir, d)));
+        let istiod_san = env.get("ISTIOD_SAN");
+        let service_account = env.str("SERVICE_ACCOUNT", "");
+        let cluster_id = env.str("ISTIO_META_CLUSTER_ID", "");
+
+        let identity = identity::load(identity::Inputs {
+            env,
+            base_dir: &base_dir,
+            discovery_address: &proxy.discovery_address,
+            namespace: &pod_namespace,
+            service_account: &service_account,
+            cluster_id: &cluster_id,
+            prov_cert: prov_cert.as_ref(),
+            istiod_san,
+            socket_path: &sds_socket,
         })?;
-        let prometheus_annotations = match inputs.env.get("ISTIO_PROMETHEUS_ANNOTATIONS") {
-            None => None,
-            Some(v) => crate::status::probe::parse_prometheus_annotations(v, proxy.status_port)
-                .map_err(|reason| Error::Env {
-                    var: "ISTIO_PROMETHEUS_ANNOTATIONS".into(),
-                    value: v.clone(),
-                    expected: reason,
-                })?,
+        let upstream = upstream::load(upstream::Inputs {
+            env,
+            base_dir: &base_dir,
+            discovery_address: &proxy.discovery_address,
+            auth_policy: proxy.control_plane_auth_policy,
+            cluster_id: &cluster_id,
+            prov_cert: prov_cert.as_ref(),
+            istiod_san,
+        })?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let is_root = unsafe { libc::geteuid() } == 0;
+        let dns = if dns_enabled {
+            Some(dns::load(dns::Inputs {
+                env,
+                namespace: &pod_namespace,
+                domain: &flags.domain,
+                resolv_conf: Path::new(RESOLV_CONF),
+                istio_resolv_conf: Path::new(dns_proxy::ISTIO_RESOLV_CONF),
+                is_root,
+            })?)
+        } else {
+            None
         };
-
-        let health_probe = match &proxy.readiness_probe {
-            None => None,
-            Some(v) => Some(crate::status::probe::parse_readiness_probe(v).map_err(
-                |expected| Error::ProxyConfigField {
-                    field: "readinessProbe".into(),
-                    value: v.to_string(),
-                    expected,
-                },
-            )?),
-        };
+        let status = status::load(env, &proxy)?;
 
         Ok(Config {
-            health_probe,
             node_type: inputs.node_type,
             pod_name: env.str("POD_NAME", ""),
-            service_account: env.str("SERVICE_ACCOUNT", ""),
+            service_account,
             host_ip: env.str("HOST_IP", ""),
-            cluster_id: env.str("ISTIO_META_CLUSTER_ID", ""),
+            instance_ip,
+            cluster_id,
             delta_xds: env.bool("ISTIO_DELTA_XDS", true)?,
             xds_root_ca: env.str("XDS_ROOT_CA", ""),
-            pilot_cert_provider: env.str("PILOT_CERT_PROVIDER", "istiod"),
-            prov_cert: env.str("PROV_CERT", ""),
-            istiod_san: env.str("ISTIOD_SAN", ""),
             envoy_status_port: env.port("ENVOY_STATUS_PORT", 15021)?,
             envoy_prometheus_port: env.port("ENVOY_PROMETHEUS_PORT", 15090)?,
             disable_envoy: env.bool("DISABLE_ENVOY", false)?,
             exit_on_zero_active_connections: env.bool("EXIT_ON_ZERO_ACTIVE_CONNECTIONS", false)?,
-            minimum_drain_duration: env
-                .duration("MINIMUM_DRAIN_DURATION", Duration::from_secs(5))?,
-            dns_enabled,
+            minimum_drain_duration: env.duration(
+                "MINIMUM_DRAIN_DURATION",
+                Duration::from_secs(5),
+                Duration::ZERO,
+            )?,
             workload_identity_socket_file,
             istio_bootstrap: env.str("ISTIO_BOOTSTRAP", ""),
             bootstrap_override: env.str("ISTIO_BOOTSTRAP_OVERRIDE", ""),
             skip_deprecated_logs: env.bool("ENVOY_SKIP_DEPRECATED_LOGS", true)?,
             enable_core_dump: env.bool("ISTIO_ENVOY_ENABLE_CORE_DUMP", false)?,
+            agent_is_root: is_root
+                && env
+                    .get("DNS_PROXY_ADDR")
+                    .is_some_and(|a| a.ends_with(":53")),
             dual_stack: env.bool("ISTIO_DUAL_STACK", false)?,
-            app_probers,
-            prometheus_annotations,
             metrics_localhost_only: env.bool("METRICS_LOCALHOST_ACCESS_ONLY", false)?,
-            merge_envoy_stats: env.bool("PILOT_AGENT_MERGE_ENVOY_STATS", true)?,
-            rewrite_probe_legacy_localhost: env
-                .bool("REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", false)?,
             grpc_xds_bootstrap: env.str(
                 "GRPC_XDS_BOOTSTRAP",
                 "./etc/istio/proxy/grpc-bootstrap.json",
             ),
             output_certs: env.str("OUTPUT_CERTS", ""),
-            env: inputs.env.clone(),
+            envoy_env: inputs.env.clone(),
+            meta_env: {
+                let mut m: Vec<(String, String)> = inputs
+                    .env
+                    .iter()
+                    .filter(|(k, _)| {
+                        k.starts_with("ISTIO_META_") || k.starts_with("ISTIO_METAJSON_")
+                    })
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                m.sort();
+                m
+            },
             pod_namespace,
             ips,
             dns_domain,
-            xds_headers,
             proxy,
             flags,
             base_dir,
             pod_labels,
             pod_annotations,
+            identity,
+            dns,
+            upstream,
+            status,
+            // bootstrap settings
+            envoy_secure_metrics_port: env.port("ENVOY_SECURE_METRICS_PORT", 0)?,
+            envoy_secure_merged_metrics_port: env.port("ENVOY_SECURE_MERGED_METRICS_PORT", 0)?,
+            peer_metadata_discovery: if env.is_set("PEER_METADATA_DISCOVERY") {
+                Some(env.bool("PEER_METADATA_DISCOVERY", false)?)
+            } else {
+                None
+            },
+            compliance_policy: env.str("COMPLIANCE_POLICY", ""),
+            envoy_status_port_enable_proxy_protocol: env
+                .bool("ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false)?,
+            dns_proxy_addr: env.str("DNS_PROXY_ADDR", ""),
+            gcp_metadata: env.str("GCP_METADATA", ""),
+            http_strip_fragment_from_path: env
+                .bool("HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true)?,
         })
     }
 }
@@ -579,139 +589,4 @@ pub fn resolve(base: &Path, p: &str) -> PathBuf {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    fn load(dir: &Path, e: &HashMap<String, String>) -> Result<Config, Error> {
-        Config::load(Inputs {
-            node_type: NodeType::Sidecar,
-            flags: ProxyFlags::default(),
-            env: e,
-            base_dir: dir.to_path_buf(),
-            interface_ips: vec!["198.18.0.9".parse().unwrap()],
-        })
-    }
-
-    #[test]
-    fn injected_env_defaults() {
-        let dir = tempfile::tempdir().unwrap();
-        let e = env(&[
-            ("POD_NAME", "app-1"),
-            ("POD_NAMESPACE", "ns1"),
-            ("INSTANCE_IP", "198.18.0.2"),
-            ("PROXY_CONFIG", "{}"),
-            ("ISTIO_CPU_LIMIT", "2"),
-            ("XDS_HEADER_X-Foo", "bar"),
-        ]);
-        let c = load(dir.path(), &e).unwrap();
-        assert_eq!(
-            c.node_id(),
-            "sidecar~198.18.0.2~app-1.ns1~ns1.svc.cluster.local"
-        );
-        assert_eq!(c.ips.len(), 2);
-        assert_eq!(c.concurrency(), 2);
-        assert!(c.delta_xds);
-        assert_eq!(
-            c.xds_headers,
-            vec![("X-Foo".to_string(), "bar".to_string())]
-        );
-        assert_eq!(c.xds_socket(), dir.path().join("etc/istio/proxy/XDS"));
-        assert_eq!(
-            c.sds_socket(),
-            dir.path()
-                .join("var/run/secrets/workload-spiffe-uds/socket")
-        );
-        assert_eq!(c.proxy.status_port, 15020);
-    }
-
-    #[test]
-    fn layering_order_mesh_env_annotation() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("etc/istio/config")).unwrap();
-        std::fs::create_dir_all(dir.path().join("etc/istio/pod")).unwrap();
-        std::fs::write(
-            dir.path().join("etc/istio/config/mesh"),
-            "defaultConfig:\n  discoveryAddress: mesh:1\n  drainDuration: 7s\n  statusPort: 15100\n",
-        )
-        .unwrap();
-        std::fs::write(
-            dir.path().join("etc/istio/pod/annotations"),
-            "proxy.istio.io/config=\"statusPort: 15300\\nconcurrency: 3\\n\"\nother=\"x\"\n",
-        )
-        .unwrap();
-        let e = env(&[(
-            "PROXY_CONFIG",
-            r#"{"discoveryAddress":"env:2","statusPort":15200}"#,
-        )]);
-        let c = load(dir.path(), &e).unwrap();
-        assert_eq!(c.proxy.discovery_address, "env:2");
-        assert_eq!(c.proxy.drain_duration, Duration::from_secs(7));
-        assert_eq!(c.proxy.status_port, 15300);
-        assert_eq!(c.concurrency(), 3);
-        assert_eq!(c.pod_annotations["other"], "x");
-    }
-
-    #[test]
-    fn invalid_values_name_variable_and_value() {
-        let dir = tempfile::tempdir().unwrap();
-        for (k, v, needle) in [
-            ("ISTIO_DELTA_XDS", "maybe", "ISTIO_DELTA_XDS"),
-            ("PROXY_CONFIG", "statusPort: abc", "statusPort"),
-            ("PROXY_CONFIG", "{", "PROXY_CONFIG"),
-            ("ENVOY_STATUS_PORT", "99999", "ENVOY_STATUS_PORT"),
-            (
-                "MINIMUM_DRAIN_DURATION",
-                "5 parsecs",
-                "MINIMUM_DRAIN_DURATION",
-            ),
-            ("ISTIO_KUBE_APP_PROBERS", "{bad", "ISTIO_KUBE_APP_PROBERS"),
-            (
-                "PROXY_CONFIG",
-                "readinessProbe: {exec: {}}",
-                "readinessProbe",
-            ),
-        ] {
-            let err = load(dir.path(), &env(&[(k, v)])).unwrap_err().to_string();
-            assert!(err.contains(needle), "{k}={v}: {err}");
-        }
-    }
-
-    #[test]
-    fn dns_capture_only_for_sidecars() {
-        let dir = tempfile::tempdir().unwrap();
-        let e = env(&[("ISTIO_META_DNS_CAPTURE", "true")]);
-        assert!(load(dir.path(), &e).unwrap().dns_enabled);
-        let c = Config::load(Inputs {
-            node_type: NodeType::Router,
-            flags: ProxyFlags::default(),
-            env: &e,
-            base_dir: dir.path().to_path_buf(),
-            interface_ips: vec![],
-        })
-        .unwrap();
-        assert!(!c.dns_enabled);
-        assert_eq!(c.node_id(), "router~127.0.0.1~.~.svc.cluster.local");
-    }
-
-    #[test]
-    fn durations_and_unquote() {
-        assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
-        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("5"), None);
-        assert_eq!(parse_duration("s"), None);
-        assert_eq!(
-            go_unquote(r#""a\"b\nc\u00e9""#).as_deref(),
-            Some("a\"b\ncé")
-        );
-        assert_eq!(go_unquote("noquotes"), None);
-        assert_eq!(go_unquote(r#""bad\q""#), None);
-    }
-}
+mod tests;

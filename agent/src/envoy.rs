@@ -217,9 +217,12 @@ pub async fn run(
     let mut cmd = Command::new(&binary);
     cmd.args(&argv)
         .env_clear()
-        .envs(&config.env)
+        .envs(&config.envoy_env)
         .current_dir(&config.base_dir)
         .kill_on_drop(true);
+    if let Some((uid, gid)) = envoy_credentials(config) {
+        cmd.uid(uid).gid(gid);
+    }
     die_with_parent(&mut cmd);
     let mut child = cmd.spawn().map_err(|source| Error::Spawn {
         binary: binary.clone(),
@@ -245,6 +248,16 @@ pub async fn run(
     };
     remove_bootstrap();
     Ok(outcome)
+}
+
+/// Istio's proxy uid and gid.
+pub const ENVOY_UID: u32 = 1337;
+
+/// The uid and gid Envoy runs as when they differ from the agent's: an agent running as root to
+/// serve DNS on `:53` starts Envoy as 1337 (as Istio), so Envoy's own traffic stays out of the
+/// capture and Envoy has no root.
+pub fn envoy_credentials(config: &Config) -> Option<(u32, u32)> {
+    config.agent_is_root.then_some((ENVOY_UID, ENVOY_UID))
 }
 
 /// Envoy gets SIGKILL if the agent dies without stopping it (SIGKILL, the OOM killer), so no

@@ -100,13 +100,7 @@ fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Version { short, output } => {
-            let v = agent::bootstrap::VERSION;
-            match (short, output.as_str()) {
-                (true, _) => println!("{v}"),
-                (false, "json") => println!("{{\"clientVersion\":{{\"version\":\"{v}\"}}}}"),
-                (false, "yaml") => println!("clientVersion:\n  version: {v}"),
-                _ => println!("client version: {v}"),
-            }
+            print!("{}", cli::version_text(short, &output)?);
             Ok(0)
         }
         Command::Iptables(args) => Ok(iptables_init::run_cli(

@@ -1,9 +1,20 @@
 //! The status server (`statusPort`, default 15020): `/healthz/ready`, merged
-//! `/stats/prometheus`, app probes, `/quitquitquit`, `/drain`, `/debug/ndsz`.
+//! `/stats/prometheus`, app probes, `/quitquitquit`, `/drain`, `/debug/ndsz`,
+//! `/debug/config_dump` (the agent's effective configuration, secrets redacted).
 
 pub mod grpc_health;
+pub mod grpc_ready;
 pub mod probe;
 pub mod stats;
+fn json_response(body: String) -> http::Response<Body> {
+    let mut r = full(200, body);
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -82,6 +93,8 @@ pub struct Inputs {
     pub readiness: Readiness,
     pub shutdown: Shutdown,
     pub ndsz: Option<NdszFn>,
+    /// The effective configuration (`/debug/config_dump`), as JSON, secrets redacted.
+    pub config_dump: String,
 }
 
 struct State {
@@ -90,9 +103,10 @@ struct State {
     envoy_live: AtomicBool,
 }
 
-/// The bound status server.
+/// The bound status server: one listener, or one per address family (a dual-stack pod is
+/// probed on its IPv4 and its IPv6 address).
 pub struct StatusServer {
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     state: Arc<State>,
 }
 
@@ -108,9 +122,9 @@ fn full(status: u16, body: impl Into<bytes::Bytes>) -> http::Response<Body> {
 }
 
 impl StatusServer {
-    pub fn new(listener: TcpListener, inputs: Inputs) -> Self {
+    pub fn new(listeners: Vec<TcpListener>, inputs: Inputs) -> Self {
         StatusServer {
-            listener,
+            listeners,
             state: Arc::new(State {
                 inputs,
                 config_received: AtomicBool::new(false),
@@ -119,45 +133,64 @@ impl StatusServer {
         }
     }
 
+    /// The first listener's address.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+        match self.listeners.first() {
+            Some(l) => l.local_addr(),
+            None => Err(std::io::Error::other("no status listener")),
+        }
     }
 
-    /// Serves until shutdown starts; the listener closes at once then (as Istio: readiness
+    /// Every listener's address.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
+    }
+
+    /// Serves until shutdown starts; the listeners close at once then (as Istio: readiness
     /// fails as soon as shutdown begins).
     pub async fn run(self) {
-        let token = self.state.inputs.shutdown.token().clone();
-        loop {
-            let accepted = tokio::select! {
-                _ = token.cancelled() => break,
-                a = self.listener.accept() => a,
-            };
-            let (stream, peer) = match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "status server accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let state = self.state.clone();
-            let token = token.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    let state = state.clone();
-                    async move { Ok::<_, Infallible>(handle(state, peer, req).await) }
-                });
-                let builder = hyper_util::server::conn::auto::Builder::new(
-                    hyper_util::rt::TokioExecutor::new(),
-                );
-                let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-                tokio::select! {
-                    _ = conn => {}
-                    _ = token.cancelled() => {}
-                }
-            });
+        let mut tasks = tokio::task::JoinSet::new();
+        for listener in self.listeners {
+            tasks.spawn(accept_loop(listener, self.state.clone()));
         }
+        while tasks.join_next().await.is_some() {}
         tracing::info!("status server stopped");
+    }
+}
+
+async fn accept_loop(listener: TcpListener, state: Arc<State>) {
+    let token = state.inputs.shutdown.token().clone();
+    loop {
+        let accepted = tokio::select! {
+            _ = token.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "status server accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let state = state.clone();
+        let token = token.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(state, peer, req).await) }
+            });
+            let builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            tokio::select! {
+                _ = conn => {}
+                _ = token.cancelled() => {}
+            }
+        });
     }
 }
 
@@ -204,7 +237,7 @@ async fn handle(
             if let Some(admin) = state.inputs.admin {
                 let q = match state.inputs.node_type {
                     NodeType::Sidecar => "/drain_listeners?inboundonly&graceful&skip_exit",
-                    NodeType::Router => "/drain_listeners?graceful&skip_exit",
+                    NodeType::Router | NodeType::Waypoint => "/drain_listeners?graceful&skip_exit",
                 };
                 if let Err(e) = admin
                     .request(http::Method::POST, q, Duration::from_secs(5))
@@ -223,16 +256,15 @@ async fn handle(
                 return full(403, "");
             }
             match state.inputs.ndsz.as_ref().and_then(|f| f()) {
-                Some(json) => {
-                    let mut r = full(200, json);
-                    r.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/json"),
-                    );
-                    r
-                }
+                Some(json) => json_response(json),
                 None => full(404, "{}"),
             }
+        }
+        "/debug/config_dump" => {
+            if !loopback {
+                return full(403, "");
+            }
+            json_response(state.inputs.config_dump.clone())
         }
         p if p.starts_with("/app-health/") || p.starts_with("/app-lifecycle/") => {
             let Some(probe) = state.inputs.probers.get(p) else {
@@ -261,6 +293,7 @@ async fn ready(state: &State) -> Result<(), String> {
             "dns" => {
                 "istio DNS capture is turned ON and DNS lookup table is not ready yet".to_string()
             }
+            "grpc" => "gRPC xDS bootstrap or its certificates are not written yet".to_string(),
             other => format!("{other} is not ready"),
         });
     }

@@ -16,8 +16,10 @@
 //! - One Envoy stream at a time (as Istio): a new stream, SotW or Delta, ends the previous one
 //!   (OK status) and closes its upstream.
 
+mod authority;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+mod hpack;
 mod relay;
 mod wire;
 
@@ -289,7 +291,7 @@ pub async fn serve(
     listener: UnixListener,
     token: CancellationToken,
 ) -> Result<(), Error> {
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let incoming = authority::fix(tokio_stream::wrappers::UnixListenerStream::new(listener));
     tonic::transport::Server::builder()
         .max_concurrent_streams(100_000)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))

@@ -20,7 +20,7 @@ use proto::type_url::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/grpc/common.rs"]
 mod common;
 use common::{Istiod, node};
 

@@ -16,6 +16,7 @@
 //! Those old roots are kept in `previous-roots.json` (with the time each may leave the bundle),
 //! so a restart during that overlap still trusts them.
 
+mod csr_policy;
 mod issued_until;
 mod previous_roots;
 mod reload;
@@ -26,12 +27,12 @@ pub use issued_until::ISSUED_UNTIL;
 pub use previous_roots::PREVIOUS_ROOTS;
 pub use reload::{Reloaded, Reloader, SharedCa};
 pub use service::{CaMetrics, CaService};
-pub use token::{Claims, TokenError, TokenIssuer};
+pub use token::{Claims, DEFAULT_CLOCK_SKEW as DEFAULT_TOKEN_CLOCK_SKEW, TokenError, TokenIssuer};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
@@ -135,6 +136,8 @@ pub struct Ca {
     chain: Vec<String>,
     /// Every certificate in `root-cert.pem` (an operator may put old and new roots there).
     roots: Vec<String>,
+    /// `not_after` of the signing CA certificate: no leaf outlives it.
+    signer_not_after: SystemTime,
     /// Roots of CAs this one replaced, still trusted while certificates they signed may be valid.
     retired: Vec<RetiredRoot>,
     /// Latest `not_after` of any workload certificate this CA signed.
@@ -235,46 +238,6 @@ fn pem_der(pem_str: &str) -> Option<Vec<u8>> {
     Some(pem.contents)
 }
 
-/// Refuses CSRs over [`MAX_CSR_BYTES`] and RSA keys under [`MIN_RSA_BITS`], with a reason
-/// naming the limit. Anything it cannot parse is left to the CSR parser, which says why.
-fn check_csr_limits(csr_pem: &str) -> Result<(), Error> {
-    if csr_pem.len() > MAX_CSR_BYTES {
-        return Err(Error::CsrRejected(format!(
-            "CSR is {} bytes, over the {MAX_CSR_BYTES}-byte limit",
-            csr_pem.len()
-        )));
-    }
-    let Ok((_, pem)) = x509_parser::pem::parse_x509_pem(csr_pem.as_bytes()) else {
-        return Ok(());
-    };
-    use x509_parser::prelude::FromDer;
-    let Ok((_, req)) =
-        x509_parser::certification_request::X509CertificationRequest::from_der(&pem.contents)
-    else {
-        return Ok(());
-    };
-    if let Ok(x509_parser::public_key::PublicKey::RSA(rsa)) =
-        req.certification_request_info.subject_pki.parsed()
-    {
-        let bits = rsa_modulus_bits(rsa.modulus);
-        if bits < MIN_RSA_BITS {
-            return Err(Error::CsrRejected(format!(
-                "{bits}-bit RSA key is too weak: RSA keys must be at least {MIN_RSA_BITS} bits"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Bit length of a big-endian unsigned modulus (leading zero bytes ignored).
-fn rsa_modulus_bits(modulus: &[u8]) -> usize {
-    let digits = match modulus.iter().position(|&b| b != 0) {
-        Some(i) => &modulus[i..],
-        None => return 0,
-    };
-    (digits.len() - 1) * 8 + (8 - digits[0].leading_zeros() as usize)
-}
-
 fn random_serial() -> SerialNumber {
     let mut bytes: [u8; 16] = rand::random();
     bytes[0] &= 0x7f;
@@ -284,6 +247,15 @@ fn random_serial() -> SerialNumber {
 
 fn to_offset(t: SystemTime) -> time::OffsetDateTime {
     time::OffsetDateTime::from(t)
+}
+
+/// A certificate time (Unix seconds, possibly before the epoch) as `SystemTime`.
+fn unix_time(secs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::from_secs(secs as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+    }
 }
 
 impl Ca {
@@ -400,6 +372,7 @@ impl Ca {
                 format!("does not match the public key of {CA_CERT}"),
             ));
         }
+        let signer_not_after = unix_time(parsed.validity().not_after.timestamp());
         let issuer = Issuer::from_ca_cert_pem(&ca_cert, key)
             .map_err(|e| bad(CA_CERT, format!("not a usable CA certificate: {e}")))?;
         let roots = split_pem_certs(&root);
@@ -431,6 +404,7 @@ impl Ca {
             issuer,
             chain: ordered,
             roots,
+            signer_not_after,
             retired: Vec::new(),
             issued_until: Mutex::new(SystemTime::UNIX_EPOCH),
             recorded_until: Mutex::new(SystemTime::UNIX_EPOCH),
@@ -550,7 +524,8 @@ impl Ca {
     }
 
     /// Signs a workload CSR for `identity`; the SAN comes from `identity`, never from the CSR.
-    /// Returns the chain leaf first, then the intermediates, then the trust bundle as one entry
+    /// The lifetime is `ttl`, at most [`MAX_WORKLOAD_TTL`] and never past the signing CA
+    /// certificate's own expiry (a CA that has expired signs nothing). Returns the chain leaf first, then the intermediates, then the trust bundle as one entry
     /// (as Istio does: with one root that is the root; during a root change the last entry
     /// holds every trusted root, and agents take it as their ROOTCA).
     pub fn sign_workload(
@@ -559,7 +534,7 @@ impl Ca {
         identity: &Identity,
         ttl: Duration,
     ) -> Result<Vec<String>, Error> {
-        check_csr_limits(csr_pem)?;
+        csr_policy::check_csr(csr_pem)?;
         let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|e| Error::Csr(e.to_string()))?;
         let uri = identity.to_string();
@@ -567,8 +542,15 @@ impl Ca {
             identity: uri.clone(),
             reason: e.to_string(),
         })?;
-        let ttl = ttl.min(MAX_WORKLOAD_TTL);
         let now = SystemTime::now();
+        let remaining = self.signer_not_after.duration_since(now).map_err(|_| {
+            Error::Sign(format!(
+                "the signing CA certificate {} expired at {}: replace the CA files before anything can be signed",
+                self.dir.join(CA_CERT).display(),
+                to_offset(self.signer_not_after)
+            ))
+        })?;
+        let ttl = ttl.min(MAX_WORKLOAD_TTL).min(remaining);
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params.subject_alt_names = vec![SanType::URI(san)];

@@ -8,7 +8,7 @@
 pub mod kinds;
 mod watch;
 
-pub use watch::{ConfigStatus, WatchError, Watcher, WatcherInputs};
+pub use watch::{ConfigStatus, Revision, WatchError, Watcher, WatcherInputs};
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -274,39 +274,11 @@ fn check_duration(field: &str, s: &Option<String>) -> Result<(), DocError> {
     Ok(())
 }
 
-/// Parses Istio durations: `1h`, `30s`, `250ms`, `1.5s`, `1m30s`.
+/// Parses Istio's durations (`1h`, `30s`, `250ms`, `1.5s`, `1m30s`) with Go's syntax, the one
+/// reader every crate uses ([`proto::go::parse_duration`]); the error says what was expected.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let mut total = 0f64;
-    let mut rest = s.trim();
-    if rest.is_empty() {
-        return Err(format!("{s:?} is not a duration (e.g. 1.5s, 250ms, 1h)"));
-    }
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("{s:?} is not a duration: missing unit (ms, s, m, h)"))?;
-        let (num, tail) = rest.split_at(num_len);
-        let value: f64 = num
-            .parse()
-            .map_err(|_| format!("{s:?} is not a duration (e.g. 1.5s, 250ms, 1h)"))?;
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, next) = tail.split_at(unit_len);
-        let scale = match unit {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            "d" => 86400.0,
-            _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
-        };
-        total += value * scale;
-        rest = next;
-    }
-    Ok(std::time::Duration::from_secs_f64(total))
+    proto::go::parse_duration(s.trim())
+        .map_err(|why| format!("{s:?} is not {} ({why})", proto::go::DURATION_EXPECTED))
 }
 
 const PROTOCOLS: [&str; 10] = [

@@ -1,16 +1,25 @@
 //! istiod-lite: a minimal Istio CA and ADS server for running the mesh without Kubernetes.
 //!
+//! Modules, lowest first; each uses only those above it:
+//!
+//! - [`listen`]: listening sockets with a large backlog and an accept loop that never stops.
 //! - [`ca`]: root material, CSR signing, tokens, the `IstioCertificateService`.
-//! - [`config`]: Istio YAML kinds, validation, the watched config directory.
-//! - [`model`]: immutable snapshots, the service index, proxies.
-//! - [`xds`]: resource generation for upstream Envoy and the ADS server.
-//! - [`monitoring`]: `/ready`, `/metrics`, `/debug/syncz`, `/debug/configz`.
-//! - [`server`]: the composition root of `istiod-lite serve`.
-//! - [`replay`]: `istiod-lite replay`, a recorded config dump served as it is (or stripped).
-//! - [`vm_bundle`]: the VM onboarding files.
+//! - [`config`]: Istio YAML → typed objects, validation, the watched config directory (publishes
+//!   config revisions).
+//! - [`model`]: the mesh as the proxies see it: a snapshot per config revision, the service
+//!   index, proxies. No xDS types.
+//! - [`xds`]: Envoy resources generated from a snapshot, the cache of generated resources, and
+//!   the ADS server.
+//! - [`monitoring`]: `/ready`, `/metrics`, `/debug/syncz`, `/debug/configz` (→ config, model, xds,
+//!   listen).
+//! - [`vm_bundle`]: the VM onboarding files (→ ca).
+//! - [`replay`]: `istiod-lite replay`, a recorded config dump served as it is (or stripped)
+//!   through the xds side's fixed resources (→ xds).
+//! - [`server`]: the composition root of `istiod-lite serve` and `replay` (→ everything above).
 
 pub mod ca;
 pub mod config;
+pub mod listen;
 pub mod model;
 pub mod monitoring;
 pub mod replay;

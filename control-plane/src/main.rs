@@ -32,7 +32,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Serve the CA and ADS on the plaintext and TLS gRPC ports, plus monitoring.
+    /// Serve ADS on the plaintext gRPC port, CA and ADS on the TLS gRPC port, plus monitoring.
     Serve {
         #[arg(long, env = "ISTIOD_LITE_CONFIG_DIR")]
         config_dir: PathBuf,
@@ -64,6 +64,9 @@ enum Command {
         /// MeshConfig YAML (rootNamespace, trustDomain, outboundTrafficPolicy.mode).
         #[arg(long, env = "ISTIOD_LITE_MESH")]
         mesh: Option<PathBuf>,
+        /// Clock skew between hosts allowed on a token's `exp` and `nbf` (whole seconds count).
+        #[arg(long, env = "ISTIOD_LITE_TOKEN_CLOCK_SKEW", default_value = "60s", value_parser = parse_duration)]
+        token_clock_skew: Duration,
     },
     /// Serve the dynamic resources of a recorded Envoy config dump (`/config_dump`, or
     /// `istioctl proxy-config all -o json|yaml`) over ADS to every proxy, with the CA.
@@ -100,6 +103,9 @@ enum Command {
         /// Extra DNS names for the secure port's serving certificate (repeatable; env: comma list).
         #[arg(long = "san", env = "ISTIOD_LITE_SAN", value_delimiter = ',')]
         sans: Vec<String>,
+        /// Clock skew between hosts allowed on a token's `exp` and `nbf` (whole seconds count).
+        #[arg(long, env = "ISTIOD_LITE_TOKEN_CLOCK_SKEW", default_value = "60s", value_parser = parse_duration)]
+        token_clock_skew: Duration,
     },
     /// Print a service-account token (JWT) that the CA accepts.
     Token {
@@ -190,6 +196,7 @@ async fn main() -> anyhow::Result<()> {
             monitoring_addr,
             sans,
             mesh,
+            token_clock_skew,
         } => {
             init_logging();
             let env: HashMap<String, String> = std::env::vars().collect();
@@ -204,6 +211,7 @@ async fn main() -> anyhow::Result<()> {
                     monitoring_addr,
                     sans,
                     mesh_file: mesh,
+                    token_clock_skew,
                     env,
                 },
                 cancel.clone(),
@@ -222,6 +230,7 @@ async fn main() -> anyhow::Result<()> {
             secure_grpc_addr,
             monitoring_addr,
             sans,
+            token_clock_skew,
         } => {
             init_logging();
             let cancel = CancellationToken::new();
@@ -235,6 +244,7 @@ async fn main() -> anyhow::Result<()> {
                     secure_grpc_addr,
                     monitoring_addr,
                     sans,
+                    token_clock_skew,
                     env: std::env::vars().collect(),
                 },
                 cancel.clone(),

@@ -1,21 +1,25 @@
-//! The immutable snapshot every push is generated from, the derived service index, and the
-//! proxies' identity as parsed from their xDS node.
+//! The mesh as the proxies see it: the immutable snapshot built from a config revision, the
+//! derived service index, and the proxies' identity as parsed from their xDS node.
+//!
+//! It knows the typed config (below it) and nothing of xDS (above it): the xDS side generates
+//! Envoy resources from a snapshot and owns the cache of what it generated.
 
+mod follow;
 mod proxy;
 
+pub use follow::follow;
 pub use proxy::{Proxy, ProxyError, ProxyView};
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime};
+use std::sync::Arc;
+use std::time::Instant;
 
 use crate::config::kinds::{
     DestinationRule, Labels, Location, MtlsMode, PeerAuthentication, Resolution, ServiceEntry,
     Sidecar, VirtualService,
 };
-use crate::config::{Config, Object};
-use crate::xds::{FixedResources, Resources, XdsType};
+use crate::config::{Config, Object, Revision};
 
 /// Mesh-wide settings (from `--trust-domain`, `--mesh` and the environment).
 #[derive(Clone, Debug, PartialEq)]
@@ -109,11 +113,8 @@ pub struct Snapshot {
     pub mesh: Arc<MeshSettings>,
     pub services: Vec<Service>,
     /// Endpoint IPs of services without a workload selector: the only proxy IPs generation
-    /// depends on (inbound matching), so the only ones kept in cache keys.
+    /// depends on (inbound matching); see [`Snapshot::distinguishing_view`].
     endpoint_ips: BTreeSet<String>,
-    cache: Mutex<HashMap<(ProxyView, XdsType), Arc<Resources>>>,
-    /// Resources served as they are instead of generated (`istiod-lite replay`).
-    fixed: Option<Arc<dyn FixedResources>>,
 }
 
 impl std::fmt::Debug for Snapshot {
@@ -155,12 +156,14 @@ pub fn host_matches(pattern: &str, host: &str) -> bool {
 }
 
 impl Snapshot {
-    /// Builds a snapshot; `version` is also shown as `<RFC3339-ish time>/<n>`.
+    /// Builds a snapshot of `config` as revision `version` (shown as `<unix secs>/<n>`).
     pub fn new(config: Arc<Config>, mesh: Arc<MeshSettings>, version: u64) -> Snapshot {
-        let secs = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        Snapshot::from_revision(&Revision::new(config, version), mesh)
+    }
+
+    /// Builds the snapshot of a config revision; it carries the revision's version and load time.
+    pub fn from_revision(revision: &Revision, mesh: Arc<MeshSettings>) -> Snapshot {
+        let config = revision.config.clone();
         let services = build_services(&config);
         let endpoint_ips = services
             .iter()
@@ -168,43 +171,21 @@ impl Snapshot {
             .flat_map(|s| s.endpoints.iter().map(|e| e.address.clone()))
             .collect();
         Snapshot {
-            version: format!("{secs}/{version}"),
-            created: Instant::now(),
+            version: revision.version.clone(),
+            created: revision.loaded,
             config,
             mesh,
             services,
             endpoint_ips,
-            cache: Mutex::new(HashMap::new()),
-            fixed: None,
         }
     }
 
-    /// A snapshot whose resources are `fixed` (no config, no services): `istiod-lite replay`.
-    pub fn with_fixed(mesh: Arc<MeshSettings>, fixed: Arc<dyn FixedResources>) -> Snapshot {
-        let mut snap = Snapshot::new(Arc::new(Config::default()), mesh, 1);
-        snap.fixed = Some(fixed);
-        snap
-    }
-
-    /// Resources of one type for a proxy view, generated once per (view, type) per snapshot.
-    pub fn resources(&self, view: &ProxyView, ty: XdsType) -> Arc<Resources> {
-        if let Some(fixed) = &self.fixed {
-            return fixed.resources(view, ty);
-        }
-        // Proxies that differ only in IPs no service refers to share one generation.
-        let mut key_view = view.clone();
-        key_view.ips.retain(|ip| self.endpoint_ips.contains(ip));
-        let key = (key_view, ty);
-        if let Ok(cache) = self.cache.lock()
-            && let Some(r) = cache.get(&key)
-        {
-            return r.clone();
-        }
-        let generated = Arc::new(crate::xds::generate(self, view, ty));
-        if let Ok(mut cache) = self.cache.lock() {
-            cache.entry(key).or_insert_with(|| generated.clone());
-        }
-        generated
+    /// `view` without what this snapshot cannot tell apart: IPs no service refers to are
+    /// dropped, so proxies that differ only in those get equal resources (one generation).
+    pub fn distinguishing_view(&self, view: &ProxyView) -> ProxyView {
+        let mut key = view.clone();
+        key.ips.retain(|ip| self.endpoint_ips.contains(ip));
+        key
     }
 
     /// Services visible to a proxy (Sidecar egress scoping).

@@ -111,7 +111,7 @@ async fn handle(
 /// Serves on `listener` until `cancel`.
 pub async fn serve(listener: TcpListener, inputs: MonitoringInputs, cancel: CancellationToken) {
     let inputs = Arc::new(inputs);
-    let mut acceptor = crate::server::listen::Acceptor::new(listener, "monitoring");
+    let mut acceptor = crate::listen::Acceptor::new(listener, "monitoring");
     loop {
         let stream = tokio::select! {
             _ = cancel.cancelled() => return,

@@ -24,11 +24,12 @@ use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ConfigStatus;
+use crate::config::{Config, ConfigStatus};
 use crate::model::{MeshSettings, ProxyView, Snapshot};
 use crate::server::{self, CoreInputs, Running, Sources, Tunables};
 use crate::xds::{FixedResources, Resource, Resources, XdsType};
@@ -213,6 +214,8 @@ pub struct ReplayInputs {
     pub secure_grpc_addr: SocketAddr,
     pub monitoring_addr: SocketAddr,
     pub sans: Vec<String>,
+    /// Clock skew allowed when verifying a token's `exp` and `nbf`.
+    pub token_clock_skew: Duration,
     /// Environment (`PILOT_PUSH_THROTTLE`).
     pub env: HashMap<String, String>,
 }
@@ -235,7 +238,9 @@ pub async fn serve(inputs: ReplayInputs, cancel: CancellationToken) -> Result<Ru
         trust_domain: inputs.trust_domain.clone(),
         ..Default::default()
     });
-    let snap = Arc::new(Snapshot::with_fixed(mesh, Arc::new(replay)));
+    // An empty config snapshot (versions, push timing); the resources come from the dump.
+    let snap = Arc::new(Snapshot::new(Arc::new(Config::default()), mesh, 1));
+    let fixed: Arc<dyn FixedResources> = Arc::new(replay);
     let status = Arc::new(ConfigStatus {
         version: snap.version.clone(),
         objects,
@@ -252,11 +257,13 @@ pub async fn serve(inputs: ReplayInputs, cancel: CancellationToken) -> Result<Ru
             secure_grpc_addr: inputs.secure_grpc_addr,
             monitoring_addr: inputs.monitoring_addr,
             sans: inputs.sans,
+            token_clock_skew: inputs.token_clock_skew,
             push_throttle: tunables.push_throttle,
         },
         Sources {
             snapshots,
             config_status,
+            fixed: Some(fixed),
         },
         cancel.clone(),
     )

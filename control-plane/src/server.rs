@@ -1,6 +1,7 @@
-//! Composition root of `istiod-lite serve`: binds every listener first (so port 0 works and the
-//! bound addresses can be reported), then serves CA + ADS on the plaintext and TLS gRPC ports and
-//! the monitoring endpoints.
+//! Composition root of `istiod-lite serve` (and of `replay`, through [`serve_sources`]): binds every listener first (so port 0 works and the
+//! bound addresses can be reported), then serves ADS on the plaintext gRPC port (15010), CA + ADS
+//! on the TLS gRPC port (15012) and the monitoring endpoints. As in Istio, the CA is never offered
+//! in plaintext: a bearer token sent there would cross the network in clear.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -12,7 +13,6 @@ use prometheus_client::registry::Registry;
 use proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use proto::istio::ca::istio_certificate_service_server::IstioCertificateServiceServer;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -21,13 +21,11 @@ use crate::ca::{
     self, Ca, CaMetrics, CaService, DEFAULT_SERVING_SANS, Reloader, SharedCa, TokenIssuer,
 };
 use crate::config::{ConfigStatus, Watcher, WatcherInputs};
+use crate::listen::{self, Acceptor};
 use crate::model::{MeshSettings, Snapshot};
-use crate::xds::{AdsInputs, AdsServer, SyncTable, XdsMetrics};
+use crate::xds::{AdsInputs, AdsServer, FixedResources, SyncTable, XdsMetrics};
 
-pub mod listen;
 pub mod tls;
-
-use listen::Acceptor;
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +65,9 @@ pub struct ServeInputs {
     /// Extra DNS names for the serving certificate.
     pub sans: Vec<String>,
     pub mesh_file: Option<PathBuf>,
+    /// Clock skew allowed when verifying a token's `exp` and `nbf`
+    /// ([`ca::DEFAULT_TOKEN_CLOCK_SKEW`] unless configured).
+    pub token_clock_skew: Duration,
     /// Environment (PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, PILOT_PUSH_THROTTLE,
     /// PILOT_ENABLE_IP_AUTOALLOCATE).
     pub env: HashMap<String, String>,
@@ -189,7 +190,6 @@ fn bind(name: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {
 
 /// Starts everything; returns once every listener is bound and serving.
 pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Running, Error> {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let tunables = Tunables::from_env(&inputs.env)?;
     let mesh = load_mesh(
         inputs.mesh_file.as_ref(),
@@ -199,16 +199,17 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
     tracing::info!(config_dir = %inputs.config_dir.display(), ca_dir = %inputs.ca_dir.display(),
         trust_domain = %mesh.trust_domain, root_namespace = %mesh.root_namespace, allow_any = mesh.allow_any,
         debounce_after = ?tunables.debounce_after, debounce_max = ?tunables.debounce_max,
-        push_throttle = tunables.push_throttle, "starting istiod-lite");
+        push_throttle = tunables.push_throttle, token_clock_skew = ?inputs.token_clock_skew, "starting istiod-lite");
     let watcher = Watcher::start(
         WatcherInputs {
             dir: inputs.config_dir.clone(),
             debounce_after: tunables.debounce_after,
             debounce_max: tunables.debounce_max,
-            mesh,
         },
         cancel.clone(),
     )?;
+    // Config revisions become model snapshots; the ADS server generates (and caches) from those.
+    let snapshots = crate::model::follow(watcher.revisions.clone(), Arc::new(mesh), cancel.clone());
     let core = CoreInputs {
         ca_dir: inputs.ca_dir,
         trust_domain: inputs.trust_domain,
@@ -216,11 +217,13 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
         secure_grpc_addr: inputs.secure_grpc_addr,
         monitoring_addr: inputs.monitoring_addr,
         sans: inputs.sans,
+        token_clock_skew: inputs.token_clock_skew,
         push_throttle: tunables.push_throttle,
     };
     let sources = Sources {
-        snapshots: watcher.snapshots,
+        snapshots,
         config_status: watcher.status,
+        fixed: None,
     };
     serve_sources(core, sources, cancel).await
 }
@@ -235,14 +238,20 @@ pub struct CoreInputs {
     pub monitoring_addr: SocketAddr,
     /// Extra DNS names for the serving certificate.
     pub sans: Vec<String>,
+    /// Clock skew allowed when verifying a token's `exp` and `nbf`.
+    pub token_clock_skew: Duration,
     /// `PILOT_PUSH_THROTTLE`.
     pub push_throttle: usize,
 }
 
-/// Where pushes and `/debug/configz` come from: the config watcher, or a fixed snapshot.
+/// Where pushes and `/debug/configz` come from: model snapshots that follow the config watcher
+/// (`serve`), or one empty snapshot plus fixed resources answered instead of generating
+/// (`replay`).
 pub struct Sources {
-    pub snapshots: watch::Receiver<Arc<Snapshot>>,
-    pub config_status: watch::Receiver<Arc<ConfigStatus>>,
+    pub snapshots: tokio::sync::watch::Receiver<Arc<Snapshot>>,
+    pub config_status: tokio::sync::watch::Receiver<Arc<ConfigStatus>>,
+    /// When present, the ADS server serves these instead of generating from the snapshot.
+    pub fixed: Option<Arc<dyn FixedResources>>,
 }
 
 /// Serves CA, ADS (from `sources`) and monitoring; returns once every listener is bound.
@@ -253,7 +262,9 @@ pub async fn serve_sources(
 ) -> Result<Running, Error> {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let ca = SharedCa::new(Ca::load_or_create(&inputs.ca_dir)?);
-    let tokens = Arc::new(TokenIssuer::load_or_create(&inputs.ca_dir)?);
+    let tokens = Arc::new(
+        TokenIssuer::load_or_create(&inputs.ca_dir)?.with_clock_skew(inputs.token_clock_skew),
+    );
     let mut names: Vec<String> = DEFAULT_SERVING_SANS.iter().map(|s| s.to_string()).collect();
     for s in &inputs.sans {
         if !names.contains(s) {
@@ -287,6 +298,7 @@ pub async fn serve_sources(
     let sync = SyncTable::default();
     let ads = AdsServer::new(AdsInputs {
         snapshots: sources.snapshots.clone(),
+        fixed: sources.fixed,
         push_throttle: inputs.push_throttle,
         metrics: xds_metrics,
         sync: sync.clone(),
@@ -305,9 +317,9 @@ pub async fn serve_sources(
     let (ready_tx, ready_rx) = tokio::sync::watch::channel(false);
     let mut tasks = JoinSet::new();
     {
+        // Plaintext: xDS only (no CA: `IstioCertificateService` answers UNIMPLEMENTED here).
         let router = Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(IstioCertificateServiceServer::new(ca_svc.clone()))
             .add_service(
                 AggregatedDiscoveryServiceServer::new(ads.clone())
                     .max_decoding_message_size(64 << 20),

@@ -1,5 +1,6 @@
-//! xDS: resource generation for upstream Envoy 1.40 and the ADS server (SotW and Delta) with its
-//! push machinery.
+//! xDS: resource generation for upstream Envoy 1.40 from a model snapshot, the cache of what was
+//! generated ([`CachedSnapshot`], owned here, not by the model), and the ADS server (SotW and
+//! Delta) with its push machinery.
 //!
 //! Names follow Istio: listeners `virtualOutbound` (15001) and `virtualInbound` (15006);
 //! clusters `outbound|<port>|<subset>|<host>`, `inbound|<port>||`, `PassthroughCluster`,
@@ -7,14 +8,17 @@
 //! port named after the port (`"80"`); the NDS `NameTable` has the empty name.
 
 mod ads;
+mod cache;
 mod clusters;
 mod endpoints;
+mod grpc;
 mod listeners;
 mod nds;
 mod routes;
 mod status;
 
 pub use ads::{AdsInputs, AdsServer, XdsMetrics};
+pub use cache::CachedSnapshot;
 pub use status::{SyncStatus, SyncTable};
 
 use proto::envoy::config::core::v3::{
@@ -99,7 +103,8 @@ pub struct Resource {
 pub type Resources = Vec<Resource>;
 
 /// Resources that are not generated but served as they are to every proxy (`istiod-lite
-/// replay`); a [`Snapshot`] built with [`Snapshot::with_fixed`] asks this instead of generating.
+/// replay`); a [`CachedSnapshot`] given one (through [`AdsInputs::fixed`]) asks it instead of
+/// generating from its snapshot.
 pub trait FixedResources: Send + Sync {
     /// Every resource of `ty` for a proxy, sorted by name.
     fn resources(&self, view: &ProxyView, ty: XdsType) -> std::sync::Arc<Resources>;
@@ -124,9 +129,10 @@ pub(crate) fn resource<M: prost::Name>(name: impl Into<String>, msg: &M) -> Reso
     }
 }
 
-/// Generates every resource of `ty` for a proxy view (no caching; see [`Snapshot::resources`]).
+/// Generates every resource of `ty` for a proxy view (no caching; see [`CachedSnapshot::resources`]).
 pub fn generate(snap: &Snapshot, view: &ProxyView, ty: XdsType) -> Resources {
     let mut out = match ty {
+        _ if view.grpc => grpc::generate(snap, view, ty),
         XdsType::Cds => clusters::generate(snap, view),
         XdsType::Eds => endpoints::generate(snap, view),
         XdsType::Lds => listeners::generate(snap, view),

@@ -47,7 +47,13 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         std::process::exit(2);
     };
     let env: HashMap<String, String> = std::env::vars().collect();
-    let mut config = dns_proxy::Config::from_env(&env, std::path::Path::new(resolv))?;
+    let mut config = dns_proxy::Config::from_resolv_conf(std::path::Path::new(resolv))?;
+    // The benchmark's settings (the agent's config tree reads Istio's variables; this example
+    // takes the two the benchmark sets).
+    if let Some(addr) = env.get("DNS_PROXY_ADDR") {
+        config.listen_addrs = dns_proxy::resolve_listen_addr(addr, &config.upstreams)?;
+    }
+    config.cache_enabled = env.get("DNS_PROXY_CACHE").map(String::as_str) != Some("false");
     // resolv.conf cannot name a port; benchmarks run upstreams on loopback ports.
     if let Some(list) = env.get("SERVE_UPSTREAMS") {
         config.upstreams = list.split(',').map(str::parse).collect::<Result<_, _>>()?;

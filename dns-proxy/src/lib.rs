@@ -10,12 +10,20 @@
 //! (no parse and re-encode), with batched socket I/O; upstream sockets rotate to fresh random
 //! ports and every upstream query gets a random id (cache-poisoning defence, see `forward`).
 //!
+//! Modules, top down: `server` binds the listeners and runs the UDP and TCP loops; `answer` is
+//! the answer path (query in, table hit, cache or forward, answer out) with its parts
+//! (`answer/local`: table answers, `answer/rewrite`: wire-path byte rewrites,
+//! `answer/respond` and `answer/truncate`: `Message` answers sized for the client); `table`
+//! (NDS name table), `cache` (upstream answers) and `forward` (upstream socket pool, pending
+//! tables, relayed queries, timeout sweep, TCP fallback) below it; `packet` (transport, size
+//! limits, plain-query parser) and `datagrams` (batched UDP I/O) are leaves every layer uses.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), dns_proxy::Error> {
-//! use std::{collections::HashMap, path::Path, sync::Arc};
+//! use std::{path::Path, sync::Arc};
 //! let mut registry = prometheus_client::registry::Registry::default();
 //! let metrics = Arc::new(dns_proxy::Metrics::new(&mut registry));
-//! let config = dns_proxy::Config::from_env(&HashMap::new(), Path::new("/etc/resolv.conf"))?;
+//! let config = dns_proxy::Config::from_resolv_conf(Path::new("/etc/resolv.conf"))?;
 //! let proxy = dns_proxy::DnsProxy::bind(config, metrics).await?;
 //! let table = proxy.table(); // feed NDS pushes: table.update(&name_table)
 //! let shutdown = tokio_util::sync::CancellationToken::new();
@@ -23,21 +31,23 @@
 //! # }
 //! ```
 
-mod batch;
+mod answer;
 mod cache;
 mod config;
-mod fast;
+mod datagrams;
 mod forward;
-mod message;
 mod metrics;
+mod packet;
 mod server;
 mod table;
-mod wire;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use config::{Config, DEFAULT_FORWARD_TIMEOUT, DEFAULT_PROXY_ADDR, ISTIO_RESOLV_CONF, Inputs};
+pub use config::{
+    Config, DEFAULT_FORWARD_TIMEOUT, DEFAULT_PROXY_ADDR, ISTIO_RESOLV_CONF, ResolvConf,
+    parse_resolv_conf, resolve_listen_addr,
+};
 pub use metrics::Metrics;
 pub use server::DnsProxy;
 pub use table::TableHandle;
@@ -45,12 +55,6 @@ pub use table::TableHandle;
 /// Errors of the DNS proxy.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
-    #[error("invalid {name}={value:?}: expected {expected}")]
-    InvalidEnv {
-        name: &'static str,
-        value: String,
-        expected: String,
-    },
     #[error("cannot read resolv.conf {path:?}: {source}")]
     ResolvConf {
         path: PathBuf,
@@ -78,5 +82,5 @@ pub enum Error {
 /// Request-path entry points for the fuzz target; not part of the stable API.
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use crate::server::fuzz_request;
+    pub use crate::answer::fuzz_request;
 }

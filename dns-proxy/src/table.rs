@@ -196,7 +196,8 @@ impl LookupTable {
     }
 
     /// Address records of `lower` when it is a plain table host (no CNAME, no wildcard): the
-    /// fast path's lookup. `Some(&[])` is NODATA; `None` means "use the full lookup".
+    /// wire answer's lookup (`answer::local::wire`). `Some(&[])` is NODATA; `None` means "use
+    /// the full lookup".
     pub fn exact_addrs(&self, lower: &str, qtype: RecordType) -> Option<&[Record]> {
         if self.cnames.contains_key(lower) {
             return None;

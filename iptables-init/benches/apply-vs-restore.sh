@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Apply time of istio-iptables (process start to exit) for Istio's default injection rule set,
 # next to iptables-restore --noflush run by hand on the same rule text, in a fresh network
-# namespace, for the nft and legacy backends. Prints medians and the ratio (target <= 1.2).
+# namespace, for the nft and legacy backends; and istio-iptables --native-nftables next to
+# `nft -f` run by hand on the same ruleset (the --dry-run script). Prints medians and the ratio
+# (target <= 1.2).
 #
 # Usage (as root): iptables-init/benches/apply-vs-restore.sh [path/to/istio-iptables] [runs]
 # Default binary: target/release/istio-iptables, else target/debug/istio-iptables.
@@ -52,3 +54,34 @@ mf=$(printf '%s\n' "${floor[@]}" | median)
 awk -v v="$VARIANT" -v o="$mo" -v h="$mh" -v f="$mf" 'BEGIN { printf "%-6s istio-iptables %6.2f ms   iptables-restore by hand %6.2f ms   ratio %.2f\n       process spawn floor (/bin/true) %.2f ms; istio-iptables overhead beyond one extra spawn %.2f ms\n", v, o/1000, h/1000, o/h, f/1000, (o-h-f)/1000 }'
 INNER
 done
+
+# Native nftables: the same flags with --native-nftables, against `nft -f` by hand on the
+# script that --dry-run writes (the ruleset a real run applies, without its table resets), in
+# a namespace of its own: one where iptables was never used, as in a pod of that mode.
+NS6=bench-nft-$$
+ip netns add "$NS6"
+NFT_SCRIPT=$(mktemp)
+trap 'ip netns del "$NS"; ip netns del "$NS6"; rm -f "$RULES" "$NFT_SCRIPT"' EXIT
+ip -n "$NS6" link set lo up
+ip -n "$NS6" addr add 198.18.0.240/32 dev lo
+ip netns exec "$NS6" "$BIN" --dry-run --native-nftables "${ARGS[@]}" 2>/dev/null > "$NFT_SCRIPT"
+echo "nftables ruleset: $(grep -c '^add rule\|^insert rule' "$NFT_SCRIPT") rules in one transaction"
+ip netns exec "$NS6" bash -s -- "$BIN" "$RUNS" "$NFT_SCRIPT" "${ARGS[@]}" <<'INNER'
+set -euo pipefail
+BIN=$1 RUNS=$2 SCRIPT=$3; shift 3
+reset() {
+  for t in nat mangle raw; do nft delete table inet istio-proxy-$t 2>/dev/null || true; done
+}
+now_us() { local t=${EPOCHREALTIME/./}; echo "$t"; }
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+ours=(); hand=()
+for ((i = 0; i < RUNS; i++)); do
+  reset
+  s=$(now_us); "$BIN" --native-nftables "$@" 2>/dev/null; e=$(now_us); ours+=($((e - s)))
+  reset
+  s=$(now_us); nft -f - < "$SCRIPT"; e=$(now_us); hand+=($((e - s)))
+done
+reset
+mo=$(printf '%s\n' "${ours[@]}" | median); mh=$(printf '%s\n' "${hand[@]}" | median)
+awk -v o="$mo" -v h="$mh" 'BEGIN { printf "nftables istio-iptables --native-nftables %6.2f ms   nft -f by hand %6.2f ms   ratio %.2f\n", o/1000, h/1000, o/h }'
+INNER

@@ -12,6 +12,7 @@ mod state;
 use std::collections::HashSet;
 
 pub use backend::{Backend, Family, Variant};
+pub(crate) use backend::{find_in_path, input_file};
 pub use state::{State, TableState, parse_save};
 
 use crate::builder::{Rule, RuleBuilder, declared_chains, is_built_in};
@@ -82,22 +83,7 @@ pub fn run(
         }
     };
     if cfg.cleanup_only {
-        let mut out = Vec::new();
-        for family in [Family::V4, Family::V6] {
-            match Backend::detect(family, cfg.force_iptables_binary, env) {
-                Ok(b) => {
-                    let candidates = match family {
-                        Family::V4 => [rules.rules_v4(), other_mode.rules_v4()],
-                        Family::V6 => v6_candidates(),
-                    };
-                    out.push((family, cleanup_family(&b, &candidates)?))
-                }
-                Err(e) if family == Family::V6 && !cfg.enable_ipv6 => {
-                    tracing::info!(error = %e, "no usable ip6tables; skipping IPv6 cleanup")
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let out = remove_istio_rules(cfg, rules, env)?;
         cleanup_routes(cfg);
         return Ok(out);
     }
@@ -171,6 +157,39 @@ pub fn run(
         }
     }
     configure_routes(cfg)?;
+    Ok(out)
+}
+
+/// Removes every Istio iptables rule and chain in both families (the rules of `cfg` in either
+/// interception mode, and the `ISTIO_*` chains of any flags); policy routes are left alone.
+pub fn remove_istio_rules(
+    cfg: &Config,
+    rules: &RuleBuilder,
+    env: &ExecEnv,
+) -> Result<Vec<(Family, Outcome)>, Error> {
+    let other_mode = other_mode_rules(cfg);
+    let v6_leftovers = (!cfg.enable_ipv6).then(|| {
+        let mut v6 = cfg.clone();
+        v6.enable_ipv6 = true;
+        [crate::capture::build(&v6), other_mode_rules(&v6)]
+    });
+    let mut out = Vec::new();
+    for family in [Family::V4, Family::V6] {
+        match Backend::detect(family, cfg.force_iptables_binary, env) {
+            Ok(b) => {
+                let candidates = match (family, &v6_leftovers) {
+                    (Family::V4, _) => [rules.rules_v4(), other_mode.rules_v4()],
+                    (Family::V6, Some([a, b])) => [a.rules_v6(), b.rules_v6()],
+                    (Family::V6, None) => [rules.rules_v6(), other_mode.rules_v6()],
+                };
+                out.push((family, cleanup_family(&b, &candidates)?))
+            }
+            Err(e) if family == Family::V6 && !cfg.enable_ipv6 => {
+                tracing::info!(error = %e, "no usable ip6tables; skipping IPv6 cleanup")
+            }
+            Err(e) => return Err(e),
+        }
+    }
     Ok(out)
 }
 
@@ -417,14 +436,14 @@ pub fn replace_script(state: &State, plan: &[Rule], deletes: &[Rule]) -> String 
     out
 }
 
-fn tproxy_routes_wanted(cfg: &Config) -> bool {
+pub(crate) fn tproxy_routes_wanted(cfg: &Config) -> bool {
     !cfg.inbound_ports_include.is_empty()
         && cfg.inbound_interception_mode == InterceptionMode::Tproxy
 }
 
 /// Istio's route setup: `::6/128` on lo when IPv6 is on; in TPROXY mode a policy rule
 /// `fwmark <mark> lookup <table>` and `local default dev lo` in that table, per family.
-fn configure_routes(cfg: &Config) -> Result<(), Error> {
+pub(crate) fn configure_routes(cfg: &Config) -> Result<(), Error> {
     if cfg.enable_ipv6 {
         backend::ip(&["-6", "addr", "replace", "::6/128", "dev", "lo"])?;
     }
@@ -452,6 +471,11 @@ fn configure_routes(cfg: &Config) -> Result<(), Error> {
     Ok(())
 }
 
+/// Whether a TPROXY policy rule of `cfg`'s mark and table exists in either family.
+pub(crate) fn tproxy_rule_present(cfg: &Config) -> bool {
+    count_rules("-4", cfg) > 0 || count_rules("-6", cfg) > 0
+}
+
 fn count_rules(fam: &str, cfg: &Config) -> usize {
     let needle = format!(
         "fwmark {:#x} lookup {}",
@@ -463,7 +487,7 @@ fn count_rules(fam: &str, cfg: &Config) -> usize {
 }
 
 /// Removes the TPROXY policy rules and routes (both families), best effort.
-fn cleanup_routes(cfg: &Config) {
+pub(crate) fn cleanup_routes(cfg: &Config) {
     let mark = cfg.inbound_tproxy_mark.to_string();
     let table = cfg.inbound_tproxy_route_table.to_string();
     for fam in ["-4", "-6"] {

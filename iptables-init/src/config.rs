@@ -99,6 +99,8 @@ pub struct Config {
     pub cleanup_only: bool,
     pub force_apply: bool,
     pub force_iptables_binary: Option<ForcedBinary>,
+    /// `--native-nftables`: program Istio's `inet` nftables tables instead of iptables.
+    pub native_nftables: bool,
     pub host_ipv4_loopback_cidr: String,
     pub log_output_level: String,
     pub log_as_json: bool,
@@ -202,14 +204,6 @@ where
         )
     })?;
 
-    if boolean("native-nftables")? {
-        return Err(Error::invalid(
-            &flags::source_name("native-nftables", &values, env),
-            "true",
-            "false (native nftables mode is not supported by this implementation)",
-        ));
-    }
-
     // Env-only settings.
     let owner_groups_include = env
         .get("ISTIO_OUTBOUND_OWNER_GROUPS")
@@ -291,6 +285,7 @@ where
         cleanup_only: boolean("cleanup-only")?,
         force_apply: boolean("force-apply")?,
         force_iptables_binary,
+        native_nftables: boolean("native-nftables")?,
         host_ipv4_loopback_cidr,
         log_output_level: string("log_output_level"),
         log_as_json: boolean("log_as_json")?,

@@ -8,6 +8,8 @@ pub mod builder;
 pub mod capture;
 pub mod config;
 pub mod dryrun;
+pub mod netlink;
+pub mod nft;
 pub mod validation;
 
 use std::collections::HashMap;
@@ -71,47 +73,91 @@ fn run_config(cfg: &mut Config, host: &HostInputs, env: &HashMap<String, String>
         return 1;
     }
     tracing::info!(config = ?cfg, "istio-iptables configuration");
-    if cfg.skip_rule_apply {
-        tracing::info!("--skip-rule-apply: not touching iptables");
+    let backend = if cfg.native_nftables {
+        "nftables"
     } else {
-        let rules = capture::build(cfg);
-        if cfg.dry_run {
-            tracing::info!("running in dry-run mode, no rule changes will be made");
-            let stream = dryrun::stream(cfg, &rules);
-            if let Some(path) = &cfg.dry_run_file_path
-                && let Err(e) = std::fs::write(path, &stream)
-            {
-                tracing::error!(
-                    "unable to write dry run output file {}: {e}",
-                    path.display()
-                );
-                return 1;
-            }
-            print!("{stream}");
-            if std::io::stdout().flush().is_err() {
-                return 1;
-            }
+        "iptables"
+    };
+    if cfg.skip_rule_apply {
+        tracing::info!("--skip-rule-apply: not touching {backend}");
+    } else {
+        let exec_env = apply::ExecEnv {
+            path: env.get("PATH").cloned(),
+            xtables_lockfile: (cfg.cni_mode && !cfg.network_namespace.is_empty())
+                .then(|| cfg.network_namespace.clone()),
+        };
+        let result = if cfg.native_nftables {
+            run_nftables(cfg, &exec_env)
         } else {
-            let exec_env = apply::ExecEnv {
-                path: env.get("PATH").cloned(),
-                xtables_lockfile: (cfg.cni_mode && !cfg.network_namespace.is_empty())
-                    .then(|| cfg.network_namespace.clone()),
-            };
-            if let Err(e) = apply::run(cfg, &rules, &exec_env) {
-                tracing::error!("{e}");
-                return 1;
-            }
+            run_iptables(cfg, &exec_env)
+        };
+        if let Err(code) = result {
+            return code;
         }
     }
     if cfg.run_validation
         && let Err(e) = validation::run(cfg)
     {
         tracing::error!(
-            "iptables validation failed; workload is not ready for Istio: {e}. When using Istio CNI, this can occur if a pod is scheduled before the node is ready."
+            "{backend} validation failed; workload is not ready for Istio: {e}. When using Istio CNI, this can occur if a pod is scheduled before the node is ready."
         );
         return validation::VALIDATION_ERROR_CODE;
     }
     0
+}
+
+/// `--dry-run`: writes `text` to `DRY_RUN_FILE_PATH` (when set) and stdout.
+fn write_dry_run(cfg: &Config, text: &str) -> Result<(), i32> {
+    tracing::info!("running in dry-run mode, no rule changes will be made");
+    if let Some(path) = &cfg.dry_run_file_path
+        && let Err(e) = std::fs::write(path, text)
+    {
+        tracing::error!(
+            "unable to write dry run output file {}: {e}",
+            path.display()
+        );
+        return Err(1);
+    }
+    print!("{text}");
+    std::io::stdout().flush().map_err(|_| 1)
+}
+
+fn run_iptables(cfg: &Config, exec_env: &apply::ExecEnv) -> Result<(), i32> {
+    let rules = capture::build(cfg);
+    if cfg.dry_run {
+        return write_dry_run(cfg, &dryrun::stream(cfg, &rules));
+    }
+    if let Err(e) = apply::run(cfg, &rules, exec_env) {
+        tracing::error!("{e}");
+        return Err(1);
+    }
+    // Did an earlier --native-nftables run leave its tables? (Read over netlink: no process.)
+    if nft::istio_tables_present() {
+        let removed = nft::apply::Nft::find(exec_env, cfg.cni_mode).and_then(|n| n.remove_tables());
+        if let Err(e) = removed {
+            tracing::error!(
+                "removing the nftables tables of an earlier --native-nftables run: {e}"
+            );
+            return Err(1);
+        }
+        tracing::info!("removed the nftables tables of an earlier --native-nftables run");
+        if !apply::tproxy_routes_wanted(cfg) {
+            // That run may have been in TPROXY mode; these rules do not mark.
+            apply::cleanup_routes(cfg);
+        }
+    }
+    Ok(())
+}
+
+fn run_nftables(cfg: &Config, exec_env: &apply::ExecEnv) -> Result<(), i32> {
+    let rules = nft::build(cfg);
+    if cfg.dry_run {
+        return write_dry_run(cfg, &nft::dry_run_script(cfg, &rules));
+    }
+    nft::run(cfg, &rules, exec_env).map_err(|e| {
+        tracing::error!("{e}");
+        1
+    })
 }
 
 /// Maps Istio's `--log_output_level` (`default:debug`, `all:warn`, `info`) onto a tracing

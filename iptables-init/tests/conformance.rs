@@ -277,7 +277,7 @@ fn dry_run_cleanup_only_records_istio_style_cleanup_commands() {
 
 #[test]
 fn dry_run_stdout_equals_file() {
-    // Checked end to end in tests/tests/iptables.rs (stdout of the real binary); here the
+    // Checked end to end in tests/tests/iptables/iptables.rs (stdout of the real binary); here the
     // stream for an IPv6 host ends with both final dumps.
     let tmp = tempfile::tempdir().expect("tempdir");
     let out = tmp.path().join("s");

@@ -1,9 +1,12 @@
 //! Client of Istio's `IstioCertificateService/CreateCertificate`.
 //!
 //! TLS as Istio (root from `CA_ROOT_CA` and fallbacks, ServerName from the CA host or
-//! `ISTIOD_SAN`, `PROV_CERT` client identity when valid), plaintext for `:15010`. The bearer
-//! token is re-read on every call; a JWT whose `exp` has passed is not sent (the error names the
-//! file and the expiry time). Retries: 5 tries, 100 ms doubling with 10% jitter, on
+//! `ISTIOD_SAN`, `PROV_CERT` client identity when valid), plaintext for `:15010` or `http://`.
+//! The bearer token is re-read on every call; a JWT whose `exp` has passed is not sent (the error
+//! names the file and the expiry time), and no token is sent over plaintext unless
+//! [`CaClientOptions::allow_plaintext_token`] (`CA_ALLOW_PLAINTEXT_TOKEN=true`) says so: Istio
+//! serves its CA on the TLS port 15012 only, so a plaintext CA address is almost always a
+//! mistake that would put the workload's credential on the wire in clear. Retries: 5 tries, 100 ms doubling with 10% jitter, on
 //! retryable codes only. The channel is rebuilt after any error and whenever the root file's
 //! directory changes (kubelet `..data` swaps included).
 
@@ -19,15 +22,28 @@ use proto::istio::ca::istio_certificate_service_client::IstioCertificateServiceC
 use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
-use crate::config::CertDir;
-use crate::metrics::csr_labels;
+use crate::Error;
+use crate::config::{CertDir, Config};
+use crate::metrics::{Metrics, csr_labels};
 use crate::tls::{ChannelInputs, RootSource, grpc_channel, read_token};
-use crate::{Config, Error, Metrics};
 
 /// Number of attempts per signing call (Istio's retry interceptor).
 pub const MAX_ATTEMPTS: u32 = 5;
 /// First retry delay; doubles on each retry, ±10% jitter.
 pub const RETRY_BASE: Duration = Duration::from_millis(100);
+
+/// Environment variable the agent maps onto [`CaClientOptions::allow_plaintext_token`] (not an
+/// Istio variable: Istio's agent has no way to send its token in clear).
+pub const ALLOW_PLAINTEXT_TOKEN_ENV: &str = "CA_ALLOW_PLAINTEXT_TOKEN";
+
+/// CA-client settings beyond [`Config`]'s; the defaults are the safe ones.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CaClientOptions {
+    /// Send the bearer token even when the CA is reached over plaintext (`CA_ADDR` ending in
+    /// `:15010` or starting with `http://`). Default false: such a call fails with
+    /// [`Error::PlaintextToken`] before anything is sent. Env: [`ALLOW_PLAINTEXT_TOKEN_ENV`].
+    pub allow_plaintext_token: bool,
+}
 
 /// Signs CSRs at the Istio CA. Cheap to clone.
 #[derive(Clone)]
@@ -38,6 +54,7 @@ pub struct CaClient {
 struct Inner {
     addr: String,
     plaintext: bool,
+    allow_plaintext_token: bool,
     root: RootSource,
     server_name: String,
     keepalive: Option<(Duration, Duration)>,
@@ -69,8 +86,18 @@ fn jittered(d: Duration) -> Duration {
 }
 
 impl CaClient {
-    /// Builds the client; the channel itself is created lazily on the first call.
+    /// Builds the client with the default [`CaClientOptions`]; the channel itself is created
+    /// lazily on the first call.
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<CaClient, Error> {
+        CaClient::with_options(config, &CaClientOptions::default(), metrics)
+    }
+
+    /// Builds the client with `options`; the channel itself is created lazily on the first call.
+    pub fn with_options(
+        config: &Config,
+        options: &CaClientOptions,
+        metrics: Arc<Metrics>,
+    ) -> Result<CaClient, Error> {
         let channel: Arc<Mutex<Option<Channel>>> = Arc::new(Mutex::new(None));
         let (root_tx, root_changes) = tokio::sync::watch::channel(0u64);
         let root_watch = match &config.ca_root {
@@ -83,6 +110,7 @@ impl CaClient {
             inner: Arc::new(Inner {
                 addr: config.ca_addr.clone(),
                 plaintext: config.ca_plaintext,
+                allow_plaintext_token: options.allow_plaintext_token,
                 root: config.ca_root.clone(),
                 server_name: config.ca_server_name.clone(),
                 keepalive: config.grpc_keepalive,
@@ -114,7 +142,7 @@ impl CaClient {
         }
         let inputs = ChannelInputs {
             addr: self.inner.addr.clone(),
-            plaintext: self.inner.plaintext,
+            plaintext: self.is_plaintext(),
             root: self.inner.root.clone(),
             server_name: self.inner.server_name.clone(),
             client_identity: self.inner.prov_cert.as_ref().and_then(load_client_identity),
@@ -171,6 +199,12 @@ impl CaClient {
             md.insert(key, val);
         }
         if let Some(token) = read_token(&self.inner.token_path) {
+            if self.is_plaintext() && !self.inner.allow_plaintext_token {
+                return Err(Error::PlaintextToken {
+                    addr: self.inner.addr.clone(),
+                    token: self.inner.token_path.display().to_string(),
+                });
+            }
             crate::token::check_not_expired(&self.inner.token_path, &token, SystemTime::now())?;
             let v = format!("Bearer {token}").parse().map_err(|e| {
                 Error::file(
@@ -183,9 +217,21 @@ impl CaClient {
         Ok(req)
     }
 
+    /// True when the connection to the CA has no TLS: `:15010` (Istio's plaintext port) or an
+    /// `http://` address.
+    fn is_plaintext(&self) -> bool {
+        self.inner.plaintext
+            || self
+                .inner
+                .addr
+                .get(..7)
+                .is_some_and(|s| s.eq_ignore_ascii_case("http://"))
+    }
+
     /// Sends `csr_pem`; returns the certificate chain, leaf first, root last (at least 2).
-    /// A JWT token whose `exp` has passed is not sent ([`Error::TokenExpired`]). Every failed
-    /// call counts once in `csr_failures_total{reason}`.
+    /// A JWT token whose `exp` has passed is not sent ([`Error::TokenExpired`]), nor a token over
+    /// plaintext unless allowed ([`Error::PlaintextToken`]). Every failed call counts once in
+    /// `csr_failures_total{reason}`.
     pub async fn sign(&self, csr_pem: &[u8]) -> Result<Vec<String>, Error> {
         let result = self.sign_with_retries(csr_pem).await;
         if let Err(e) = &result {
@@ -257,7 +303,7 @@ impl CaClient {
                     }
                     return Err(Error::Ca {
                         addr: self.inner.addr.clone(),
-                        root: if self.inner.plaintext {
+                        root: if self.is_plaintext() {
                             "plaintext".to_string()
                         } else {
                             self.inner.root.describe()
@@ -276,14 +322,20 @@ impl CaClient {
 fn load_client_identity(dir: &CertDir) -> Option<(Vec<u8>, Vec<u8>)> {
     let cert = std::fs::read(&dir.cert_chain).ok()?;
     let key = std::fs::read(&dir.key).ok()?;
-    let leaf = crate::manager::parse_certs(&cert).into_iter().next()?;
-    match crate::manager::cert_validity(&leaf) {
+    let leaf = crate::pem::parse_certs(&cert).into_iter().next()?;
+    match crate::x509::cert_validity(&leaf) {
         Some((_, not_after)) if not_after > SystemTime::now() => Some((cert, key)),
         _ => {
             warn!(path = %dir.cert_chain.display(), "PROV_CERT certificate is expired or unparsable; using the token alone");
             None
         }
     }
+}
+
+/// The `PROV_CERT` client identity (chain, key): one policy for the CA client and the agent's
+/// xDS upstream, so the same files are offered or refused by both.
+pub fn prov_cert_identity(dir: &CertDir) -> Option<(Vec<u8>, Vec<u8>)> {
+    load_client_identity(dir)
 }
 
 /// Watches the root file's directory; a change of the root file's content drops the cached
@@ -352,6 +404,16 @@ mod tests {
         base: &Path,
         plaintext: bool,
     ) -> (CaClient, Config, prometheus_client::registry::Registry) {
+        client_with(ca_addr, base, plaintext, &CaClientOptions::default())
+    }
+
+    /// [`client_at`] with `options`.
+    fn client_with(
+        ca_addr: String,
+        base: &Path,
+        plaintext: bool,
+        options: &CaClientOptions,
+    ) -> (CaClient, Config, prometheus_client::registry::Registry) {
         let env: HashMap<String, String> = [
             ("CA_ADDR", ca_addr),
             ("ISTIOD_SAN", "istiod.istio-system.svc".into()),
@@ -362,7 +424,8 @@ mod tests {
         let mut cfg = Config::from_env(&env, base).expect("config");
         cfg.ca_plaintext = plaintext;
         let mut reg = prometheus_client::registry::Registry::default();
-        let client = CaClient::new(&cfg, Arc::new(Metrics::new(&mut reg))).expect("client");
+        let client = CaClient::with_options(&cfg, options, Arc::new(Metrics::new(&mut reg)))
+            .expect("client");
         (client, cfg, reg)
     }
 
@@ -487,7 +550,11 @@ mod tests {
     async fn expired_token_is_not_sent_and_a_replaced_one_is() {
         let ca = FakeCa::start_plaintext();
         let base = tempfile::tempdir().expect("tempdir");
-        let (c, cfg, reg) = client_at(ca.ca_addr(), base.path(), true);
+        // A plaintext CA: sending the token there has to be allowed explicitly.
+        let allow = CaClientOptions {
+            allow_plaintext_token: true,
+        };
+        let (c, cfg, reg) = client_with(ca.ca_addr(), base.path(), true, &allow);
         let token_path = &cfg.token_path;
         std::fs::create_dir_all(token_path.parent().expect("parent")).expect("mkdir");
 
@@ -548,6 +615,56 @@ mod tests {
                 "num_outgoing_requests_total{{request_type=\"csr\"}} {MAX_ATTEMPTS}"
             )),
             "{out}"
+        );
+    }
+
+    #[tokio::test]
+    async fn no_token_goes_over_plaintext_unless_allowed() {
+        let ca = FakeCa::start_plaintext();
+        let base = tempfile::tempdir().expect("tempdir");
+        let (c, cfg, reg) = client_at(ca.ca_addr(), base.path(), true);
+        assert!(!CaClientOptions::default().allow_plaintext_token);
+        let token_path = &cfg.token_path;
+        std::fs::create_dir_all(token_path.parent().expect("parent")).expect("mkdir");
+        let token = jwt(SystemTime::now() + Duration::from_secs(3600));
+        std::fs::write(token_path, &token).expect("write");
+        let e = c.sign(&csr()).await.expect_err("token over plaintext");
+        assert!(matches!(e, Error::PlaintextToken { .. }), "{e}");
+        assert_eq!(e.reason(), "plaintext_token");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&token_path.display().to_string())
+                && msg.contains(&ca.ca_addr())
+                && msg.contains("plaintext")
+                && msg.contains("15012")
+                && msg.contains("CA_ALLOW_PLAINTEXT_TOKEN=true"),
+            "{msg}"
+        );
+        assert!(ca.received().is_empty(), "the token was sent in clear");
+        assert!(
+            metrics_text(&reg).contains("csr_failures_total{reason=\"plaintext_token\"} 1"),
+            "{}",
+            metrics_text(&reg)
+        );
+
+        // An `http://` address is plaintext too, whatever the port.
+        let (h, hcfg, _) = client_at(format!("http://{}", ca.ca_addr()), base.path(), false);
+        assert_eq!(hcfg.token_path, *token_path);
+        let e = h.sign(&csr()).await.expect_err("token over http://");
+        assert!(matches!(e, Error::PlaintextToken { .. }), "{e}");
+        assert!(ca.received().is_empty(), "the token was sent in clear");
+
+        // Explicitly allowed: sent as is.
+        let allow = CaClientOptions {
+            allow_plaintext_token: true,
+        };
+        let (ok, _, _) = client_with(ca.ca_addr(), base.path(), true, &allow);
+        ok.sign(&csr()).await.expect("allowed");
+        let got = ca.received();
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            got[0].header("authorization"),
+            Some(format!("Bearer {token}").as_str())
         );
     }
 

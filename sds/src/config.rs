@@ -39,7 +39,7 @@ pub const SYSTEM_ROOT_CANDIDATES: &[&str] = &[
 ];
 
 /// Workload key type (`ECC_SIGNATURE_ALGORITHM`, `ECC_CURVE`, `WORKLOAD_RSA_KEY_SIZE`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum KeyAlgorithm {
     /// RSA with this many bits (2048, 3072 or 4096).
     Rsa(u32),
@@ -48,7 +48,7 @@ pub enum KeyAlgorithm {
 }
 
 /// A directory holding `cert-chain.pem`, `key.pem` and `root-cert.pem`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct CertDir {
     pub cert_chain: PathBuf,
     pub key: PathBuf,
@@ -67,7 +67,7 @@ impl CertDir {
 }
 
 /// Everything the identity crate needs, parsed and validated once.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct Config {
     /// Directory Istio's relative paths are resolved against (`/` in a pod).
     pub base_dir: PathBuf,
@@ -107,6 +107,9 @@ pub struct Config {
     pub pkcs8_key: bool,
     /// `OUTPUT_CERTS`: directory the workload key, chain and root are written to on change.
     pub output_certs: Option<PathBuf>,
+    /// Mode of the `OUTPUT_CERTS` files: 0644 in Kubernetes (`KUBERNETES_SERVICE_HOST` set: the
+    /// pod's other containers, such as a proxyless gRPC app, read them), else 0600 (Istio).
+    pub output_certs_mode: u32,
     /// The SDS Unix socket (`./var/run/secrets/workload-spiffe-uds/<WORKLOAD_IDENTITY_SOCKET_FILE>`).
     pub socket_path: PathBuf,
     /// `./etc/certs`: used for `default`/`ROOTCA` when the files are present and non-empty.
@@ -123,6 +126,11 @@ pub struct Config {
     pub max_backoff: Duration,
     /// HTTP/2 keepalive (interval, timeout) on the CA channel; Istio dials with 30s/10s.
     pub grpc_keepalive: Option<(Duration, Duration)>,
+}
+
+/// See [`Config::output_certs_mode`].
+pub fn output_certs_mode(in_kubernetes: bool) -> u32 {
+    if in_kubernetes { 0o644 } else { 0o600 }
 }
 
 fn get<'a>(env: &'a HashMap<String, String>, key: &str) -> Option<&'a str> {
@@ -388,6 +396,7 @@ impl Config {
             key_algorithm,
             pkcs8_key,
             output_certs,
+            output_certs_mode: output_certs_mode(get(env, "KUBERNETES_SERVICE_HOST").is_some()),
             socket_path: base(paths::WORKLOAD_SPIFFE_UDS).join(socket_file),
             etc_certs,
             file_mounted_certs,

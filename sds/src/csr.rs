@@ -1,10 +1,12 @@
 //! Workload key generation and Istio's CSR: one critical URI SAN, subject `O=""`.
 
-use base64::Engine;
 use rcgen::{CertificateParams, CustomExtension, DistinguishedName, DnType, KeyPair, RsaKeySize};
 
 use crate::Error;
 use crate::config::KeyAlgorithm;
+
+/// PEM-encodes DER with the given label (kept here for callers of `csr::pem_encode`).
+pub use crate::pem::encode as pem_encode;
 
 /// A freshly generated private key and the PEM CSR signed with it.
 pub struct KeyAndCsr {
@@ -130,18 +132,6 @@ fn der_read(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
         return None;
     }
     Some((tag, &rest[..len], &rest[len..]))
-}
-
-/// PEM-encodes DER with the given label.
-pub fn pem_encode(label: &str, der: &[u8]) -> Vec<u8> {
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for chunk in b64.as_bytes().chunks(64) {
-        out.push_str(&String::from_utf8_lossy(chunk));
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out.into_bytes()
 }
 
 /// PKCS#8 DER → the PEM type Istio writes: PKCS#8 as is, or the inner PKCS#1 (RSA) /

@@ -14,6 +14,7 @@
 //! Config::set_ca_addr(addr, istiod_san)   // CA_ADDR unset: the agent passes the discovery address
 //! Metrics::new(&mut Registry) -> Metrics
 //! SecretManager::new(Arc<Config>, Arc<Metrics>) -> Result<SecretManager, Error>   // Clone
+//! SecretManager::with_ca_options(Arc<Config>, Arc<Metrics>, &CaClientOptions)   // same, CA options
 //!   .fetch(name).await -> Result<Arc<SecretItem>, Error>   // "default", "ROOTCA", "file-cert:<c>~<k>",
 //!                                                          // "file-root:<ca>", "file-root:system"
 //!   .warm()                                   // spawn: default then ROOTCA, infinite backoff
@@ -32,7 +33,26 @@
 //! token::jwt_expiry(&str) -> Option<SystemTime>   // `exp` of a JWT, signature not checked
 //! csr::generate(identity, KeyAlgorithm, pkcs8) -> Result<KeyAndCsr, Error>
 //! CaClient::new(&Config, Arc<Metrics>)?.sign(csr_pem).await -> Result<Vec<String>, Error>
-//! manager::{parse_certs, cert_validity, write_atomic}, server::to_secret
+//! CaClient::with_options(&Config, &CaClientOptions, Arc<Metrics>)   // CaClientOptions::default()
+//! CaClientOptions { allow_plaintext_token }   // CA_ALLOW_PLAINTEXT_TOKEN, default false
+//! pem::{parse_certs, encode}, x509::{cert_validity, check_key_matches}, timestamp::rfc3339
+//! manager::{write_atomic, parse_certs, cert_validity}, server::to_secret   // the last two re-exported
+//! ```
+//!
+//! # Modules, lowest first (a module uses only those above it)
+//!
+//! ```text
+//! pem, x509, timestamp      leaf helpers: PEM blocks, certificate validity and key match, RFC 3339
+//! metrics                   prometheus metrics of the crate
+//! tls                       gRPC channels (one TLS policy for CA and xDS)          -> pem
+//! config                    Istio's variables -> Config                            -> tls
+//! token                     the bearer token's own expiry                          -> timestamp
+//! csr                       key generation and Istio's CSR                         -> config, pem
+//! ca                        IstioCertificateService client     -> config, tls, token, pem, x509, metrics
+//! manager (+ rotation, file_secrets, output_certs)
+//!                           the secret cache                   -> ca, csr, config, pem, x509, timestamp
+//! server                    the SDS gRPC server on a Unix socket          -> manager, timestamp
+//! testing                   (feature) a fake Istio CA
 //! ```
 //!
 //! Feature `testing` adds [`testing::FakeCa`], an in-process Istio CA (real tonic server on
@@ -45,21 +65,27 @@
 //! lifetime within 1 s..60 s) instead of clearing the cache first. A JWT token whose `exp` has
 //! passed is not sent to the CA: the call fails at once with an error naming the token file and
 //! its expiry time, counted in `csr_failures_total{reason="token_expired"}` (not an Istio
-//! metric; it counts every failed signing call by reason).
+//! metric; it counts every failed signing call by reason). Nor is a token sent to a CA reached
+//! over plaintext (`:15010`, `http://`) unless `CaClientOptions::allow_plaintext_token`
+//! (`CA_ALLOW_PLAINTEXT_TOKEN=true`): the call fails at once, saying why and how to allow it
+//! (`reason="plaintext_token"`).
 
 pub mod ca;
 pub mod config;
 pub mod csr;
 pub mod manager;
 pub mod metrics;
+pub mod pem;
 pub mod server;
+pub mod timestamp;
 pub mod tls;
 pub mod token;
+pub mod x509;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use ca::CaClient;
+pub use ca::{CaClient, CaClientOptions};
 pub use config::{CertDir, Config, KeyAlgorithm};
 pub use manager::{SecretItem, SecretManager};
 pub use metrics::Metrics;
@@ -108,6 +134,10 @@ pub enum Error {
         expired_at: String,
         ago: u64,
     },
+    #[error(
+        "refusing to send the bearer token {token} to the CA at {addr} over plaintext: anyone on the path could read and replay it (Istio serves its CA on the TLS port 15012 only); use the CA's TLS address (e.g. CA_ADDR=istiod.istio-system.svc:15012), or set CA_ALLOW_PLAINTEXT_TOKEN=true to send it in clear anyway"
+    )]
+    PlaintextToken { addr: String, token: String },
     #[error("CA {addr} returned an unusable certificate chain: {reason}")]
     InvalidResponse { addr: String, reason: String },
     #[error("reading {path}: {reason}")]
@@ -123,12 +153,13 @@ pub enum Error {
 }
 
 impl Error {
-    /// Label for `csr_failures_total{reason}`: `token_expired`, the CA's gRPC code in snake case
-    /// (`unavailable`, `unauthenticated`, ...), `invalid_response`, or `other`.
+    /// Label for `csr_failures_total{reason}`: `token_expired`, `plaintext_token`, the CA's gRPC
+    /// code in snake case (`unavailable`, `unauthenticated`, ...), `invalid_response`, or `other`.
     pub fn reason(&self) -> &'static str {
         use tonic::Code::*;
         match self {
             Error::TokenExpired { .. } => "token_expired",
+            Error::PlaintextToken { .. } => "plaintext_token",
             Error::InvalidResponse { .. } => "invalid_response",
             Error::Ca { code, .. } => match code {
                 Ok => "ok",

@@ -1,24 +1,37 @@
-//! The secret cache: one watch channel per resource name, one CSR at a time, rotation at the
-//! grace-period ratio with jitter, backoff on failure while the valid certificate keeps being
-//! served, file-mounted certificates reloaded on change, and `OUTPUT_CERTS`.
+//! The secret cache: one watch channel per resource name, one CSR at a time, and the
+//! CA-issued workload certificate published to every subscriber.
+//!
+//! The parts: [`rotation`] schedules re-issuing (grace-period ratio with jitter, backoff on
+//! failure while the valid certificate keeps being served) and the warm-up; [`file_secrets`]
+//! reads and watches file-mounted certificates; [`output_certs`] writes `OUTPUT_CERTS`.
+
+mod file_secrets;
+mod output_certs;
+mod rotation;
+
+/// Kept here for callers of `manager::{parse_certs, cert_validity}`; they live in the leaf
+/// modules [`crate::pem`] and [`crate::x509`].
+pub use crate::pem::parse_certs;
+pub use crate::x509::cert_validity;
+pub use output_certs::{write_atomic, write_atomic_mode};
+pub use rotation::{rotation_backoff_cap, rotation_delay};
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use notify::Watcher;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tracing::{debug, error, info, warn};
+use tracing::{error, info};
 
-use crate::ca::CaClient;
-use crate::config::SYSTEM_ROOT_CANDIDATES;
+use crate::ca::{CaClient, CaClientOptions};
+use crate::config::Config;
 use crate::csr;
-use crate::{
-    Config, Error, FILE_CERT_PREFIX, FILE_ROOT_PREFIX, Metrics, ROOT_CA, WORKLOAD_KEY_CERT,
-};
+use crate::metrics::Metrics;
+use crate::timestamp::rfc3339;
+use crate::{Error, FILE_ROOT_PREFIX, ROOT_CA, WORKLOAD_KEY_CERT};
 
 /// One resource as served to Envoy.
 #[derive(Clone, PartialEq, Eq)]
@@ -66,23 +79,6 @@ struct Workload {
     rotate_at: Instant,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum FileSource {
-    KeyCert { cert: PathBuf, key: PathBuf },
-    Root(PathBuf),
-    SystemRoot,
-}
-
-impl FileSource {
-    fn paths(&self) -> Vec<PathBuf> {
-        match self {
-            FileSource::KeyCert { cert, key } => vec![cert.clone(), key.clone()],
-            FileSource::Root(p) => vec![p.clone()],
-            FileSource::SystemRoot => system_root_path().into_iter().collect(),
-        }
-    }
-}
-
 type Slot = watch::Sender<Option<Arc<SecretItem>>>;
 
 #[derive(Default)]
@@ -113,16 +109,26 @@ pub struct SecretManager {
     _guard: Arc<DropGuard>,
 }
 
-const WARM_BACKOFF_START: Duration = Duration::from_millis(500);
-const ROTATE_BACKOFF_START: Duration = Duration::from_secs(1);
-const FILE_RETRY_TOTAL: Duration = Duration::from_secs(10);
-
 impl SecretManager {
+    /// A manager whose CA client has the default [`CaClientOptions`].
     pub fn new(config: Arc<Config>, metrics: Arc<Metrics>) -> Result<SecretManager, Error> {
+        SecretManager::with_ca_options(config, metrics, &CaClientOptions::default())
+    }
+
+    /// A manager whose CA client (unused with file-mounted certificates) has `ca_options`.
+    pub fn with_ca_options(
+        config: Arc<Config>,
+        metrics: Arc<Metrics>,
+        ca_options: &CaClientOptions,
+    ) -> Result<SecretManager, Error> {
         let ca = if config.file_mounted_certs.is_some() {
             None
         } else {
-            Some(CaClient::new(&config, metrics.clone())?)
+            Some(CaClient::with_options(
+                &config,
+                ca_options,
+                metrics.clone(),
+            )?)
         };
         let shutdown = CancellationToken::new();
         Ok(SecretManager {
@@ -157,28 +163,7 @@ impl SecretManager {
             error!("SecretManager::warm called outside a tokio runtime; skipping warm-up");
             return;
         };
-        let inner = self.inner.clone();
-        rt.spawn(async move {
-            for name in [WORKLOAD_KEY_CERT, ROOT_CA] {
-                let mut backoff = WARM_BACKOFF_START;
-                loop {
-                    match Inner::fetch(&inner, name).await {
-                        Ok(_) => {
-                            debug!(resource = name, "warmed");
-                            break;
-                        }
-                        Err(e) => {
-                            warn!(resource = name, error = %e, retry_in = ?backoff, "warm-up failed");
-                            tokio::select! {
-                                _ = inner.shutdown.cancelled() => return,
-                                _ = tokio::time::sleep(jitter(backoff, 0.1)) => {}
-                            }
-                            backoff = (backoff * 2).min(inner.config.max_backoff);
-                        }
-                    }
-                }
-            }
-        });
+        rt.spawn(rotation::warm_up(self.inner.clone()));
     }
 
     /// A receiver that sees every new value of `resource_name` (`None` until the first).
@@ -209,11 +194,6 @@ fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// `d` scaled by a random factor in `1 ± frac`.
-fn jitter(d: Duration, frac: f64) -> Duration {
-    d.mul_f64(rand::random_range((1.0 - frac)..=(1.0 + frac)))
-}
-
 fn workload_item(name: &str, w: &Workload) -> SecretItem {
     if name == ROOT_CA {
         SecretItem {
@@ -236,85 +216,7 @@ fn workload_item(name: &str, w: &Workload) -> SecretItem {
     }
 }
 
-/// Resolves when the CA root file changed; never without a CA root file watch.
-async fn root_file_changed(rx: &mut Option<watch::Receiver<u64>>) {
-    if let Some(r) = rx
-        && r.changed().await.is_ok()
-    {
-        return;
-    }
-    std::future::pending().await
-}
-
-/// Delay until rotation: Istio's `rotateTime`, with the ratio jittered by ±`jitter_max`.
-pub fn rotation_delay(
-    created: SystemTime,
-    expire: SystemTime,
-    ratio: f64,
-    jitter_max: f64,
-) -> Duration {
-    let j = rand::random::<f64>() * jitter_max * if rand::random::<bool>() { 1.0 } else { -1.0 };
-    let r = (ratio + j).clamp(0.0, 1.0);
-    let lifetime = expire.duration_since(created).unwrap_or_default();
-    let at = expire - lifetime.mul_f64(r);
-    at.duration_since(SystemTime::now()).unwrap_or_default()
-}
-
-/// Longest pause between failed rotation attempts: a tenth of the certificate's lifetime, at
-/// least [`ROTATE_BACKOFF_START`], at most `max`. A 24 h certificate backs off up to `max` (60 s);
-/// a short-lived one retries often enough to rotate before it expires once the CA is back (a
-/// 30 s certificate rotating at 15 s would otherwise wait 8 s, then 16 s, past its expiry).
-pub fn rotation_backoff_cap(lifetime: Duration, max: Duration) -> Duration {
-    (lifetime / 10).min(max).max(ROTATE_BACKOFF_START)
-}
-
 impl Inner {
-    fn file_source(&self, name: &str) -> Option<FileSource> {
-        let cfg = &self.config;
-        let etc_usable = |p: &Path| {
-            cfg.output_certs.as_deref() != p.parent()
-                && std::fs::metadata(p).map(|m| m.len() > 0).unwrap_or(false)
-        };
-        match name {
-            WORKLOAD_KEY_CERT => {
-                if let Some(fm) = &cfg.file_mounted_certs {
-                    return Some(FileSource::KeyCert {
-                        cert: fm.cert_chain.clone(),
-                        key: fm.key.clone(),
-                    });
-                }
-                let etc = &cfg.etc_certs;
-                (etc_usable(&etc.cert_chain) && etc_usable(&etc.key)).then(|| FileSource::KeyCert {
-                    cert: etc.cert_chain.clone(),
-                    key: etc.key.clone(),
-                })
-            }
-            ROOT_CA => {
-                if let Some(fm) = &cfg.file_mounted_certs {
-                    return Some(FileSource::Root(fm.root.clone()));
-                }
-                etc_usable(&cfg.etc_certs.root)
-                    .then(|| FileSource::Root(cfg.etc_certs.root.clone()))
-            }
-            _ => {
-                if let Some(rest) = name.strip_prefix(FILE_ROOT_PREFIX) {
-                    if rest == "system" {
-                        return Some(FileSource::SystemRoot);
-                    }
-                    return Some(FileSource::Root(cfg.base_dir.join(rest)));
-                }
-                if let Some(rest) = name.strip_prefix(FILE_CERT_PREFIX) {
-                    let (c, k) = rest.split_once('~').unwrap_or((rest, ""));
-                    return Some(FileSource::KeyCert {
-                        cert: cfg.base_dir.join(c),
-                        key: cfg.base_dir.join(k),
-                    });
-                }
-                None
-            }
-        }
-    }
-
     async fn fetch(self: &Arc<Self>, name: &str) -> Result<Arc<SecretItem>, Error> {
         if self.shutdown.is_cancelled() {
             return Err(Error::Closed);
@@ -383,7 +285,7 @@ impl Inner {
         let w = Arc::new(self.build_workload(&chain, kc.private_key_pem)?);
         info!(
             identity = %self.config.spiffe_id(),
-            expires = %crate::server::rfc3339(w.expire_time),
+            expires = %rfc3339(w.expire_time),
             rotate_in = ?w.rotate_at.saturating_duration_since(Instant::now()),
             "workload certificate issued"
         );
@@ -455,356 +357,6 @@ impl Inner {
             rotate_at: Instant::now() + delay,
         })
     }
-
-    fn start_rotation(self: &Arc<Self>) {
-        {
-            let mut st = lock(&self.state);
-            if st.rotation_started {
-                return;
-            }
-            st.rotation_started = true;
-        }
-        let inner = self.clone();
-        tokio::spawn(async move { inner.rotation_loop().await });
-    }
-
-    async fn rotation_loop(self: Arc<Self>) {
-        let mut root_changes = self.ca.as_ref().map(|ca| ca.root_changes());
-        loop {
-            let Some(w) = lock(&self.state).workload.clone() else {
-                return;
-            };
-            tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                _ = self.rotation_wake.notified() => continue,
-                _ = tokio::time::sleep_until(w.rotate_at) => {}
-                // A new trust bundle (root CA rotation): re-issue now rather than at the next
-                // rotation, so Envoy gets the CA's new ROOTCA and, once the CA signs with the
-                // new root, a certificate from it.
-                _ = root_file_changed(&mut root_changes) => {
-                    info!("CA root file changed; re-issuing the workload certificate");
-                }
-            }
-            let cap = rotation_backoff_cap(
-                w.expire_time
-                    .duration_since(w.created_time)
-                    .unwrap_or_default(),
-                self.config.max_backoff,
-            );
-            let mut backoff = ROTATE_BACKOFF_START;
-            loop {
-                match self.generate(Some(w.created_time)).await {
-                    Ok(_) => break,
-                    Err(e) => {
-                        let remaining = w
-                            .expire_time
-                            .duration_since(SystemTime::now())
-                            .unwrap_or_default();
-                        let delay = jitter(backoff, 0.1);
-                        if remaining.is_zero() {
-                            error!(error = %e, retry_in = ?delay, expired_at = %crate::server::rfc3339(w.expire_time), "certificate rotation failed and the served certificate has expired");
-                        } else {
-                            warn!(error = %e, retry_in = ?delay, still_valid_for = ?remaining, "certificate rotation failed; still serving the current certificate");
-                        }
-                        tokio::select! {
-                            _ = self.shutdown.cancelled() => return,
-                            _ = tokio::time::sleep(delay) => {}
-                        }
-                        backoff = (backoff * 2).min(cap);
-                    }
-                }
-            }
-        }
-    }
-
-    fn write_output(&self, w: &Workload) {
-        let Some(dir) = &self.config.output_certs else {
-            return;
-        };
-        for (file, data) in [
-            (crate::config::KEY_FILE, &w.private_key_pem),
-            (crate::config::CERT_CHAIN_FILE, &w.cert_chain_pem),
-            (crate::config::ROOT_CERT_FILE, &w.root_cert_pem),
-        ] {
-            if let Err(e) = write_atomic(&dir.join(file), data) {
-                warn!(error = %e, "cannot write OUTPUT_CERTS");
-            }
-        }
-    }
-
-    async fn fetch_file(
-        self: &Arc<Self>,
-        name: &str,
-        src: &FileSource,
-    ) -> Result<Arc<SecretItem>, Error> {
-        let start = Instant::now();
-        let mut backoff = self.config.file_debounce.max(Duration::from_millis(10));
-        let item = loop {
-            match read_file_source(name, src) {
-                Ok(item) => break item,
-                Err(e) => {
-                    if start.elapsed() + backoff > FILE_RETRY_TOTAL {
-                        self.metrics.file_secret_failures.inc();
-                        return Err(e);
-                    }
-                    debug!(resource = name, error = %e, "file secret not ready; retrying");
-                    tokio::select! {
-                        _ = self.shutdown.cancelled() => return Err(Error::Closed),
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff *= 2;
-                }
-            }
-        };
-        self.watch_files(src);
-        Ok(self.publish(name, item))
-    }
-
-    /// Watches the directories of `src`'s files; a change re-reads every subscribed file
-    /// resource in that directory and publishes new values.
-    fn watch_files(self: &Arc<Self>, src: &FileSource) {
-        let dirs: Vec<PathBuf> = src
-            .paths()
-            .iter()
-            .filter_map(|p| p.parent().map(Path::to_path_buf))
-            .collect();
-        let mut st = lock(&self.state);
-        if st.watcher.is_none() {
-            let (tx, rx) = mpsc::unbounded_channel::<PathBuf>();
-            let handler = move |ev: notify::Result<notify::Event>| {
-                if let Ok(ev) = ev
-                    && !ev.kind.is_access()
-                {
-                    for p in ev.paths {
-                        let _ = tx.send(p);
-                    }
-                }
-            };
-            match notify::recommended_watcher(handler) {
-                Ok(w) => {
-                    st.watcher = Some(w);
-                    let inner = self.clone();
-                    tokio::spawn(async move { inner.file_loop(rx).await });
-                }
-                Err(e) => {
-                    self.metrics.file_watcher_failures.inc();
-                    warn!(error = %e, "cannot create a file watcher; file certificates will not reload");
-                    return;
-                }
-            }
-        }
-        for dir in dirs {
-            if st.watched_dirs.contains(&dir) {
-                continue;
-            }
-            let res = match st.watcher.as_mut() {
-                Some(w) => w.watch(&dir, notify::RecursiveMode::NonRecursive),
-                None => return,
-            };
-            match res {
-                Ok(()) => {
-                    st.watched_dirs.insert(dir);
-                }
-                Err(e) => {
-                    self.metrics.file_watcher_failures.inc();
-                    warn!(error = %e, dir = %dir.display(), "cannot watch certificate directory");
-                }
-            }
-        }
-    }
-
-    async fn file_loop(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<PathBuf>) {
-        loop {
-            let first = tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                p = rx.recv() => match p { Some(p) => p, None => return },
-            };
-            // Debounce: collect the burst of events a kubelet swap or an editor produces.
-            tokio::time::sleep(self.config.file_debounce).await;
-            let mut dirs: HashSet<PathBuf> = HashSet::new();
-            dirs.extend(first.parent().map(Path::to_path_buf));
-            while let Ok(p) = rx.try_recv() {
-                dirs.extend(p.parent().map(Path::to_path_buf));
-            }
-            let names: Vec<String> = lock(&self.state).channels.keys().cloned().collect();
-            for name in names {
-                let Some(src) = self.file_source(&name) else {
-                    continue;
-                };
-                if !src
-                    .paths()
-                    .iter()
-                    .any(|p| p.parent().is_some_and(|d| dirs.contains(d)))
-                {
-                    continue;
-                }
-                match read_file_source(&name, &src) {
-                    Ok(item) => {
-                        let before = lock(&self.state)
-                            .channels
-                            .get(&name)
-                            .and_then(|t| t.borrow().clone());
-                        let now = self.publish(&name, item);
-                        if before.is_none_or(|b| !Arc::ptr_eq(&b, &now)) {
-                            info!(resource = %name, "file certificate changed; pushing");
-                        }
-                    }
-                    Err(e) => {
-                        self.metrics.file_secret_failures.inc();
-                        warn!(resource = %name, error = %e, "changed certificate files do not load; keeping the previous value");
-                    }
-                }
-            }
-        }
-    }
-}
-
-fn system_root_path() -> Option<PathBuf> {
-    SYSTEM_ROOT_CANDIDATES
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-}
-
-fn read_file_source(name: &str, src: &FileSource) -> Result<SecretItem, Error> {
-    let now = SystemTime::now();
-    match src {
-        FileSource::KeyCert { cert, key } => {
-            let cert_pem = std::fs::read(cert).map_err(|e| Error::file(cert, e))?;
-            let key_pem = std::fs::read(key).map_err(|e| Error::file(key, e))?;
-            let leaf = parse_certs(&cert_pem)
-                .into_iter()
-                .next()
-                .ok_or_else(|| Error::file(cert, "no PEM CERTIFICATE block"))?;
-            let (_, expire_time) = cert_validity(&leaf)
-                .ok_or_else(|| Error::file(cert, "the certificate does not parse"))?;
-            check_key_matches(&leaf, &key_pem).map_err(|reason| Error::file(key, reason))?;
-            Ok(SecretItem {
-                resource_name: name.to_string(),
-                cert_chain_pem: cert_pem,
-                private_key_pem: key_pem,
-                root_cert_pem: Vec::new(),
-                expire_time,
-                created_time: now,
-            })
-        }
-        FileSource::Root(path) => read_root(name, path),
-        FileSource::SystemRoot => {
-            let path = system_root_path().ok_or_else(|| Error::File {
-                path: SYSTEM_ROOT_CANDIDATES.join(", "),
-                reason: "no OS CA bundle found".to_string(),
-            })?;
-            read_root(name, &path)
-        }
-    }
-}
-
-/// Reads a trust bundle; certificates that do not parse are skipped (as Istio does).
-fn read_root(name: &str, path: &Path) -> Result<SecretItem, Error> {
-    let pem = std::fs::read(path).map_err(|e| Error::file(path, e))?;
-    let mut out = Vec::new();
-    let mut expire: Option<SystemTime> = None;
-    for der in parse_certs(&pem) {
-        match cert_validity(&der) {
-            Some((_, not_after)) => {
-                expire = Some(expire.map_or(not_after, |e| e.min(not_after)));
-                out.extend_from_slice(&csr::pem_encode("CERTIFICATE", &der));
-            }
-            None => {
-                warn!(path = %path.display(), "skipping an invalid certificate in the root bundle")
-            }
-        }
-    }
-    let Some(expire_time) = expire else {
-        return Err(Error::file(path, "no valid PEM certificate in the bundle"));
-    };
-    Ok(SecretItem {
-        resource_name: name.to_string(),
-        cert_chain_pem: Vec::new(),
-        private_key_pem: Vec::new(),
-        root_cert_pem: out,
-        expire_time,
-        created_time: SystemTime::now(),
-    })
-}
-
-fn check_key_matches(leaf_der: &[u8], key_pem: &[u8]) -> Result<(), String> {
-    use x509_parser::prelude::FromDer;
-    let key_str =
-        std::str::from_utf8(key_pem).map_err(|_| "the key file is not PEM text".to_string())?;
-    let key = rcgen::KeyPair::from_pem(key_str)
-        .map_err(|e| format!("the private key does not load: {e}"))?;
-    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(leaf_der)
-        .map_err(|e| format!("the certificate does not parse: {e}"))?;
-    if cert.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
-        return Err("the private key does not match the certificate".to_string());
-    }
-    Ok(())
-}
-
-/// Writes `data` to `path` through a temporary file and a rename, mode 0600; skipped when the
-/// content is unchanged.
-pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Error> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let out_err = |reason: String| Error::Output {
-        path: path.display().to_string(),
-        reason,
-    };
-    if std::fs::read(path).is_ok_and(|cur| cur == data) {
-        return Ok(());
-    }
-    let dir = path
-        .parent()
-        .ok_or_else(|| out_err("no parent directory".into()))?;
-    std::fs::create_dir_all(dir).map_err(|e| out_err(e.to_string()))?;
-    let file_name = path
-        .file_name()
-        .map(|f| f.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp-{:x}", rand::random::<u64>()));
-    let res = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(out_err(e.to_string()));
-    }
-    Ok(())
-}
-
-/// DER of every `CERTIFICATE` block in `pem`.
-pub fn parse_certs(pem: &[u8]) -> Vec<Vec<u8>> {
-    x509_parser::pem::Pem::iter_from_buffer(pem)
-        .filter_map(|p| p.ok())
-        .filter(|p| p.label == "CERTIFICATE")
-        .map(|p| p.contents)
-        .collect()
-}
-
-/// (NotBefore, NotAfter) of a DER certificate.
-pub fn cert_validity(der: &[u8]) -> Option<(SystemTime, SystemTime)> {
-    use x509_parser::prelude::FromDer;
-    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der).ok()?;
-    let v = cert.validity();
-    let to_sys = |t: i64| {
-        if t >= 0 {
-            SystemTime::UNIX_EPOCH + Duration::from_secs(t as u64)
-        } else {
-            SystemTime::UNIX_EPOCH - Duration::from_secs(t.unsigned_abs())
-        }
-    };
-    Some((
-        to_sys(v.not_before.timestamp()),
-        to_sys(v.not_after.timestamp()),
-    ))
 }
 
 #[cfg(test)]

@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use x509_parser::prelude::*;
 
+use super::rotation::ROTATE_BACKOFF_START;
 use super::*;
 use crate::testing::{Answer, FakeCa};
+use crate::x509::check_key_matches;
 
 struct Env {
     dir: tempfile::TempDir,

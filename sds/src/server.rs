@@ -32,8 +32,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
-use crate::manager::SecretItem;
-use crate::{Error, SecretManager};
+use crate::Error;
+use crate::manager::{SecretItem, SecretManager};
+use crate::timestamp::rfc3339;
 
 const FETCH_BACKOFF_START: Duration = Duration::from_millis(500);
 const FETCH_BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -137,32 +138,6 @@ pub fn to_secret(item: &SecretItem, crl: Option<&Path>) -> Secret {
         name: item.resource_name.clone(),
         r#type: Some(kind),
     }
-}
-
-/// RFC 3339 UTC timestamp (seconds precision) without a date library.
-pub(crate) fn rfc3339(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0) as i64;
-    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
 }
 
 fn new_nonce() -> String {

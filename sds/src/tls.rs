@@ -8,7 +8,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use crate::Error;
 
 /// Where the server's root of trust comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum RootSource {
     /// The OS trust store (`CA_ROOT_CA=SYSTEM`).
     System,
@@ -102,7 +102,7 @@ pub fn grpc_channel(inputs: &ChannelInputs) -> Result<Channel, Error> {
                         path.display()
                     ))
                 })?;
-                if crate::manager::parse_certs(&pem).is_empty() {
+                if crate::pem::parse_certs(&pem).is_empty() {
                     return Err(err(format!(
                         "no certificate in root file {}",
                         path.display()

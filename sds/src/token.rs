@@ -36,7 +36,7 @@ pub fn check_not_expired(path: &Path, token: &str, now: SystemTime) -> Result<()
     match jwt_expiry(token) {
         Some(exp) if exp <= now => Err(Error::TokenExpired {
             path: path.display().to_string(),
-            expired_at: crate::server::rfc3339(exp),
+            expired_at: crate::timestamp::rfc3339(exp),
             ago: now.duration_since(exp).unwrap_or_default().as_secs(),
         }),
         _ => Ok(()),

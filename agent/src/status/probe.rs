@@ -13,7 +13,7 @@ use serde::Deserialize;
 pub type AppProbers = BTreeMap<String, AppProbe>;
 
 /// One rewritten probe.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct AppProbe {
     pub action: ProbeAction,
     /// 0: no timeout (lifecycle hooks).
@@ -21,7 +21,7 @@ pub struct AppProbe {
 }
 
 /// What the probe does.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub enum ProbeAction {
     Http {
         path: String,
@@ -162,7 +162,7 @@ fn to_probe(path: &str, p: RawProber) -> Result<AppProbe, String> {
 }
 
 /// `ProxyConfig.readinessProbe` (VMs): the probe plus its schedule.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ReadinessProbe {
     pub probe: AppProbe,
     pub initial_delay: Duration,
@@ -208,7 +208,7 @@ pub fn parse_readiness_probe(v: &serde_json::Value) -> Result<ReadinessProbe, St
 }
 
 /// Where app metrics are scraped from (`ISTIO_PROMETHEUS_ANNOTATIONS`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct PrometheusAnnotations {
     /// `(port, path)` per target.
     pub targets: Vec<(u16, String)>,

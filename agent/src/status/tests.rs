@@ -110,7 +110,7 @@ async fn setup(envoy_stats: &str, ready_stats: &str, app_port: Option<u16>) -> S
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server = StatusServer::new(
-        listener,
+        vec![listener],
         Inputs {
             node_type: NodeType::Sidecar,
             admin: Some(Admin { addr: admin }),
@@ -128,6 +128,7 @@ async fn setup(envoy_stats: &str, ready_stats: &str, app_port: Option<u16>) -> S
             readiness: readiness.clone(),
             shutdown: shutdown.clone(),
             ndsz: Some(Arc::new(|| Some(r#"{"a.b.":{}}"#.to_string()))),
+            config_dump: r#"{"node_id":"sidecar~x"}"#.into(),
         },
     );
     let addr = server.local_addr().unwrap();
@@ -244,5 +245,9 @@ async fn merged_metrics_app_probes_and_ndsz() {
     assert_eq!(
         get(s.addr, "GET", "/debug/ndsz").await,
         (200, r#"{"a.b.":{}}"#.into())
+    );
+    assert_eq!(
+        get(s.addr, "GET", "/debug/config_dump").await,
+        (200, r#"{"node_id":"sidecar~x"}"#.into())
     );
 }

@@ -3,6 +3,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{CertificateParams, KeyPair, PKCS_ECDSA_P256_SHA256};
 
+use super::csr_policy::rsa_modulus_bits;
 use super::*;
 
 /// An Istio-style CSR: empty subject, one URI SAN.
@@ -157,6 +158,15 @@ fn garbage_csr_is_a_csr_error() {
 
 /// Writes plug-in cacerts: a root and an intermediate signed by it. Returns (root pem, intermediate pem).
 pub(crate) fn write_plugin_cacerts(dir: &std::path::Path) -> (String, String) {
+    write_plugin_cacerts_valid(dir, None)
+}
+
+/// [`write_plugin_cacerts`] with the intermediate (the signing CA) valid until `not_after`
+/// (rcgen's default when `None`).
+fn write_plugin_cacerts_valid(
+    dir: &std::path::Path,
+    not_after: Option<SystemTime>,
+) -> (String, String) {
     let root_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
     let mut root_params = CertificateParams::default();
     root_params.distinguished_name = DistinguishedName::new();
@@ -175,6 +185,10 @@ pub(crate) fn write_plugin_cacerts(dir: &std::path::Path) -> (String, String) {
         .push(DnType::CommonName, "plug-in intermediate");
     int_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     int_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    if let Some(t) = not_after {
+        int_params.not_before = to_offset(t - Duration::from_secs(7 * 24 * 3600));
+        int_params.not_after = to_offset(t);
+    }
     let int = int_params
         .signed_by(&int_key, &root_issuer)
         .expect("intermediate");
@@ -184,6 +198,63 @@ pub(crate) fn write_plugin_cacerts(dir: &std::path::Path) -> (String, String) {
     std::fs::write(dir.join(ROOT_CERT), root.pem()).expect("write");
     std::fs::write(dir.join(CERT_CHAIN), format!("{}{}", int.pem(), root.pem())).expect("write");
     (root.pem(), int.pem())
+}
+
+fn not_after(pem: &str) -> SystemTime {
+    let der = parse(pem);
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).expect("x509");
+    unix_time(cert.validity().not_after.timestamp())
+}
+
+#[test]
+fn leaf_lifetime_is_clamped_to_the_signing_ca() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Whole seconds, as in a certificate.
+    let ca_until = unix_time(now() as i64 + 2 * 3600);
+    let (_, int) = write_plugin_cacerts_valid(dir.path(), Some(ca_until));
+    let ca = Ca::load_or_create(dir.path()).expect("plug-in");
+    assert_eq!(not_after(&int), ca_until);
+    // 24 h asked, 2 h left on the signing CA: the leaf ends with the CA.
+    let chain = sign_with(&ca);
+    assert_eq!(not_after(&chain[0]), ca_until);
+    assert!(
+        validity_secs(&chain[0]) <= 2 * 3600 + 60,
+        "{}",
+        validity_secs(&chain[0])
+    );
+    assert!(signed_by(&chain[0], &int));
+    // A shorter request than what the CA has left is kept.
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let short = ca
+        .sign_workload(
+            &csr_for("spiffe://cluster.local/ns/a/sa/b", &key),
+            &Identity::new("cluster.local", "a", "b"),
+            Duration::from_secs(600),
+        )
+        .expect("sign");
+    assert!(not_after(&short[0]) < ca_until);
+    assert_eq!(validity_secs(&short[0]), 660, "10 min + 60 s backdating");
+}
+
+#[test]
+fn an_expired_signing_ca_signs_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_plugin_cacerts_valid(dir.path(), Some(unix_time(now() as i64 - 3600)));
+    let ca = Ca::load_or_create(dir.path()).expect("plug-in");
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
+    let err = ca
+        .sign_workload(
+            &csr_for("spiffe://cluster.local/ns/a/sa/b", &key),
+            &Identity::new("cluster.local", "a", "b"),
+            DEFAULT_WORKLOAD_TTL,
+        )
+        .expect_err("expired CA");
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Sign(_)), "{msg}");
+    assert!(
+        msg.contains("ca-cert.pem") && msg.contains("expired"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -288,8 +359,9 @@ fn tokens_verify_and_reject_with_reasons() {
         nbf,
         iat: nbf,
     };
+    // Expired beyond the allowed clock skew.
     let expired = issuer.sign(&claims(
-        now() - 10,
+        now() - DEFAULT_TOKEN_CLOCK_SKEW.as_secs() - 10,
         now() - 100,
         "system:serviceaccount:a:b",
     ));
@@ -331,6 +403,50 @@ fn tokens_verify_and_reject_with_reasons() {
         issuer.verify("a.b.c", "istio-ca"),
         Err(TokenError::Malformed(_))
     ));
+}
+
+#[test]
+fn token_times_allow_the_configured_clock_skew() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let load = || TokenIssuer::load_or_create(dir.path()).expect("issuer");
+    assert_eq!(load().clock_skew(), DEFAULT_TOKEN_CLOCK_SKEW);
+    assert_eq!(DEFAULT_TOKEN_CLOCK_SKEW, Duration::from_secs(60));
+    let issuer = load().with_clock_skew(Duration::from_secs(30));
+    let token = |exp: u64, nbf: u64| {
+        issuer.sign(&Claims {
+            iss: "istiod-lite".into(),
+            sub: "system:serviceaccount:a:b".into(),
+            aud: vec!["istio-ca".into()],
+            exp,
+            nbf,
+            iat: nbf,
+        })
+    };
+    let ok = Ok(("a".to_string(), "b".to_string()));
+    // Inside the skew (20 s of 30 s): expired a moment ago, or valid a moment from now.
+    assert_eq!(
+        issuer.verify(&token(now() - 20, now() - 100), "istio-ca"),
+        ok
+    );
+    assert_eq!(
+        issuer.verify(&token(now() + 600, now() + 20), "istio-ca"),
+        ok
+    );
+    // Outside it (40 s).
+    assert_eq!(
+        issuer.verify(&token(now() - 40, now() - 100), "istio-ca"),
+        Err(TokenError::Expired)
+    );
+    assert_eq!(
+        issuer.verify(&token(now() + 600, now() + 40), "istio-ca"),
+        Err(TokenError::NotYetValid)
+    );
+    // No skew: a token expired a second ago is refused.
+    let strict = load().with_clock_skew(Duration::ZERO);
+    assert_eq!(
+        strict.verify(&token(now() - 1, now() - 100), "istio-ca"),
+        Err(TokenError::Expired)
+    );
 }
 
 #[test]

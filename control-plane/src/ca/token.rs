@@ -2,7 +2,9 @@
 //!
 //! They stand in for Kubernetes projected tokens: `sub` is
 //! `system:serviceaccount:<ns>:<sa>`, `aud` holds `istio-ca` by default, and `exp`/`nbf` bound
-//! the lifetime.
+//! the lifetime. Verification allows a small clock skew between the hosts (default
+//! [`DEFAULT_CLOCK_SKEW`], as common JWT libraries do): a token is still accepted up to the skew
+//! after its `exp`, and from the skew before its `nbf`.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,6 +16,8 @@ use super::{Error, ISSUER_KEY, write_private};
 
 /// Issuer name put in `iss`.
 pub const ISSUER: &str = "istiod-lite";
+/// Clock skew allowed on `exp` and `nbf` unless configured (`--token-clock-skew`).
+pub const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(60);
 
 /// The claims of a token.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -49,6 +53,7 @@ pub enum TokenError {
 pub struct TokenIssuer {
     encoding: EncodingKey,
     decoding: DecodingKey,
+    clock_skew: Duration,
 }
 
 fn now_secs() -> u64 {
@@ -91,7 +96,22 @@ impl TokenIssuer {
             .map_err(|e| format!("not a P-256 key: {e}"))?;
         let decoding = DecodingKey::from_ec_pem(key.public_key_pem().as_bytes())
             .map_err(|e| format!("public key: {e}"))?;
-        Ok(TokenIssuer { encoding, decoding })
+        Ok(TokenIssuer {
+            encoding,
+            decoding,
+            clock_skew: DEFAULT_CLOCK_SKEW,
+        })
+    }
+
+    /// The same issuer, verifying with `skew` of tolerance on `exp` and `nbf` (whole seconds).
+    pub fn with_clock_skew(mut self, skew: Duration) -> TokenIssuer {
+        self.clock_skew = skew;
+        self
+    }
+
+    /// The clock skew `verify` allows.
+    pub fn clock_skew(&self) -> Duration {
+        self.clock_skew
     }
 
     /// Issues a token for `system:serviceaccount:<ns>:<sa>` valid from now for `ttl`.
@@ -120,15 +140,15 @@ impl TokenIssuer {
             .unwrap_or_default()
     }
 
-    /// Verifies signature, issuer, `exp`, `nbf` and audience; returns (namespace, service
-    /// account).
+    /// Verifies signature, issuer, `exp`, `nbf` (each with the configured clock skew) and
+    /// audience; returns (namespace, service account).
     pub fn verify(&self, token: &str, audience: &str) -> Result<(String, String), TokenError> {
         let mut v = Validation::new(Algorithm::ES256);
         v.set_audience(&[audience]);
         v.set_issuer(&[ISSUER]);
         v.set_required_spec_claims(&["exp", "sub", "aud", "iss"]);
         v.validate_nbf = true;
-        v.leeway = 0;
+        v.leeway = self.clock_skew.as_secs();
         let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &v).map_err(|e| {
             use jsonwebtoken::errors::ErrorKind as K;
             match e.kind() {

@@ -162,6 +162,13 @@ fn durations_parse_like_istio() {
     assert!(parse_duration("10").is_err());
     assert!(parse_duration("5 parsecs").is_err());
     assert!(parse_duration("").is_err());
+    // The one table every crate's duration settings follow.
+    for (text, want) in proto::go::DURATION_CASES {
+        let got = parse_duration(text).ok().map(|d| d.as_nanos() as u64);
+        assert_eq!(got, *want, "{text:?}");
+    }
+    let e = parse_duration("10").unwrap_err();
+    assert!(e.contains("missing unit"), "{e}");
 }
 
 #[test]

@@ -1,10 +1,11 @@
 //! Watches the config directory with `notify`, debounces changes (`PILOT_DEBOUNCE_AFTER` quiet
-//! time, `PILOT_DEBOUNCE_MAX` at most) and publishes a new immutable [`Snapshot`] when the
-//! validated config changed.
+//! time, `PILOT_DEBOUNCE_MAX` at most) and publishes a new [`Revision`] when the validated config
+//! changed. It knows nothing of the mesh model or of xDS: the model builds its snapshot from each
+//! revision (`model::follow`), the xDS server generates from those snapshots.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use notify::Watcher as _;
 use serde::Serialize;
@@ -12,13 +13,37 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{ConfigError, Store};
-use crate::model::{MeshSettings, Snapshot};
+use super::{Config, ConfigError, Store};
+
+/// A validated config as the watcher published it, with the version it is in force under.
+#[derive(Clone, Debug)]
+pub struct Revision {
+    /// `<unix seconds>/<n>`, `n` counting published revisions from 1 (the pushes' version).
+    pub version: String,
+    /// When it was loaded: convergence time is measured from here.
+    pub loaded: std::time::Instant,
+    pub config: Arc<Config>,
+}
+
+impl Revision {
+    /// Revision `n` of `config`, loaded now.
+    pub fn new(config: Arc<Config>, n: u64) -> Revision {
+        let secs = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Revision {
+            version: format!("{secs}/{n}"),
+            loaded: std::time::Instant::now(),
+            config,
+        }
+    }
+}
 
 /// What `/debug/configz` shows about the config directory.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ConfigStatus {
-    /// Version of the snapshot in force.
+    /// Version of the revision in force.
     pub version: String,
     pub objects: usize,
     /// Documents rejected at the last reload (their files' last good config is in force).
@@ -30,12 +55,11 @@ pub struct WatcherInputs {
     pub dir: PathBuf,
     pub debounce_after: Duration,
     pub debounce_max: Duration,
-    pub mesh: MeshSettings,
 }
 
-/// The running watcher: receivers for the snapshots and the config status.
+/// The running watcher: receivers for the config revisions and the config status.
 pub struct Watcher {
-    pub snapshots: watch::Receiver<Arc<Snapshot>>,
+    pub revisions: watch::Receiver<Arc<Revision>>,
     pub status: watch::Receiver<Arc<ConfigStatus>>,
 }
 
@@ -60,16 +84,15 @@ impl Watcher {
         }
         let mut store = Store::default();
         let config = store.reload(&inputs.dir);
-        let mesh = Arc::new(inputs.mesh);
         let mut version = 1u64;
-        let snap = Arc::new(Snapshot::new(Arc::new(config), mesh.clone(), version));
+        let rev = Arc::new(Revision::new(Arc::new(config), version));
         let status = Arc::new(ConfigStatus {
-            version: snap.version.clone(),
-            objects: snap.config.len(),
+            version: rev.version.clone(),
+            objects: rev.config.len(),
             errors: store.errors().to_vec(),
         });
-        tracing::info!(version = %snap.version, objects = snap.config.len(), errors = store.errors().len(), "config loaded");
-        let (snap_tx, snap_rx) = watch::channel(snap);
+        tracing::info!(version = %rev.version, objects = rev.config.len(), errors = store.errors().len(), "config loaded");
+        let (rev_tx, rev_rx) = watch::channel(rev);
         let (status_tx, status_rx) = watch::channel(status);
 
         let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<()>();
@@ -117,25 +140,25 @@ impl Watcher {
                     }
                 }
                 let config = store.reload(&dir);
-                let current = snap_tx.borrow().clone();
+                let current = rev_tx.borrow().clone();
                 let changed = *current.config != config;
                 if changed {
                     version += 1;
-                    let snap = Arc::new(Snapshot::new(Arc::new(config), mesh.clone(), version));
-                    tracing::info!(version = %snap.version, objects = snap.config.len(), events,
-                        debounced_ms = first.elapsed().as_millis() as u64, "config changed: new snapshot");
-                    snap_tx.send_replace(snap);
+                    let rev = Arc::new(Revision::new(Arc::new(config), version));
+                    tracing::info!(version = %rev.version, objects = rev.config.len(), events,
+                        debounced_ms = first.elapsed().as_millis() as u64, "config changed: new revision");
+                    rev_tx.send_replace(rev);
                 }
-                let snap = snap_tx.borrow().clone();
+                let rev = rev_tx.borrow().clone();
                 status_tx.send_replace(Arc::new(ConfigStatus {
-                    version: snap.version.clone(),
-                    objects: snap.config.len(),
+                    version: rev.version.clone(),
+                    objects: rev.config.len(),
                     errors: store.errors().to_vec(),
                 }));
             }
         });
         Ok(Watcher {
-            snapshots: snap_rx,
+            revisions: rev_rx,
             status: status_rx,
         })
     }

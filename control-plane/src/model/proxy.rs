@@ -31,6 +31,8 @@ pub struct ProxyView {
     /// the virtual listeners bind 15001/15006. Without capture they are sent but not bound,
     /// so an Envoy run by hand on a host (`--external-envoy`) takes no ports it does not own.
     pub capture: bool,
+    /// Node metadata `GENERATOR=grpc`: a proxyless gRPC client (see `xds::grpc`).
+    pub grpc: bool,
 }
 
 /// A proxy's identity and metadata.
@@ -144,6 +146,7 @@ impl Proxy {
                 dns_capture: truthy(raw.get("DNS_CAPTURE")),
                 dns_auto_allocate: truthy(raw.get("DNS_AUTO_ALLOCATE")),
                 capture: raw.get("INTERCEPTION_MODE").is_none_or(|m| m != "NONE"),
+                grpc: raw.get("GENERATOR").is_some_and(|g| g == "grpc"),
             },
             raw,
         })

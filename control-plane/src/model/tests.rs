@@ -22,6 +22,7 @@ pub(crate) fn view(ns: &str, labels: &[(&str, &str)], ips: &[&str], dns: bool) -
         dns_capture: dns,
         dns_auto_allocate: dns,
         capture: true,
+        grpc: false,
     }
 }
 

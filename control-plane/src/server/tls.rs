@@ -23,8 +23,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-use super::listen::Acceptor;
 use crate::ca::{Ca, split_pem_certs};
+use crate::listen::Acceptor;
 
 /// Longest a TLS handshake may take before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

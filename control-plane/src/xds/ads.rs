@@ -32,7 +32,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{SyncTable, XdsType};
+use super::cache::{CacheSlot, CachedSnapshot};
+use super::{FixedResources, SyncTable, XdsType};
 use crate::model::{Proxy, Snapshot};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -85,6 +86,9 @@ impl XdsMetrics {
 /// Inputs of [`AdsServer::new`].
 pub struct AdsInputs {
     pub snapshots: watch::Receiver<Arc<Snapshot>>,
+    /// Resources served to every proxy instead of generated from the snapshots (`istiod-lite
+    /// replay`); `None` generates.
+    pub fixed: Option<Arc<dyn FixedResources>>,
     /// `PILOT_PUSH_THROTTLE`: connections generating/sending at once.
     pub push_throttle: usize,
     pub metrics: XdsMetrics,
@@ -94,6 +98,8 @@ pub struct AdsInputs {
 
 struct Inner {
     snapshots: watch::Receiver<Arc<Snapshot>>,
+    /// What was generated from the newest snapshot, shared by every stream.
+    cache: CacheSlot,
     throttle: Arc<Semaphore>,
     metrics: XdsMetrics,
     sync: SyncTable,
@@ -113,6 +119,7 @@ impl AdsServer {
         AdsServer {
             inner: Arc::new(Inner {
                 snapshots: inputs.snapshots,
+                cache: CacheSlot::new(inputs.fixed),
                 throttle: Arc::new(Semaphore::new(inputs.push_throttle.max(1))),
                 metrics: inputs.metrics,
                 sync: inputs.sync,
@@ -201,7 +208,7 @@ struct Conn {
     out: Out,
     conn_id: String,
     proxy: Option<Proxy>,
-    snap: Arc<Snapshot>,
+    snap: Arc<CachedSnapshot>,
     types: BTreeMap<XdsType, TypeState>,
 }
 
@@ -216,7 +223,10 @@ impl Conn {
 
     async fn run(mut self, mut requests: ReqStream) {
         let mut snapshots = self.inner.snapshots.clone();
-        self.snap = snapshots.borrow_and_update().clone();
+        self.snap = self
+            .inner
+            .cache
+            .for_snapshot(&snapshots.borrow_and_update());
         let cancel = self.inner.cancel.clone();
         loop {
             tokio::select! {
@@ -237,7 +247,7 @@ impl Conn {
                 },
                 changed = snapshots.changed() => {
                     if changed.is_err() { break; }
-                    let snap = snapshots.borrow_and_update().clone();
+                    let snap = self.inner.cache.for_snapshot(&snapshots.borrow_and_update());
                     if self.proxy.is_some() && self.on_snapshot(snap).await.is_err() {
                         break;
                     }
@@ -262,7 +272,7 @@ impl Conn {
         }
     }
 
-    async fn on_snapshot(&mut self, snap: Arc<Snapshot>) -> Result<(), ()> {
+    async fn on_snapshot(&mut self, snap: Arc<CachedSnapshot>) -> Result<(), ()> {
         self.snap = snap;
         let _permit = self
             .inner
@@ -282,7 +292,8 @@ impl Conn {
                 st.dirty = true;
                 continue;
             }
-            self.push(ty, false, Some(self.snap.created)).await?;
+            self.push(ty, false, Some(self.snap.snapshot().created))
+                .await?;
         }
         Ok(())
     }
@@ -317,7 +328,7 @@ impl Conn {
     /// ACK/NACK bookkeeping when `nonce` answers our latest push. Returns false for a stale nonce.
     fn on_response(&mut self, ty: XdsType, nonce: &str, error: Option<String>) -> bool {
         let conn_id = self.conn_id.clone();
-        let version = self.snap.version.clone();
+        let version = self.snap.snapshot().version.clone();
         let Some(st) = self.types.get_mut(&ty) else {
             return false;
         };
@@ -477,7 +488,7 @@ impl Conn {
             "{:x}",
             self.inner.next_nonce.fetch_add(1, Ordering::Relaxed)
         );
-        let version = self.snap.version.clone();
+        let version = self.snap.snapshot().version.clone();
         let count;
         match &self.out {
             Out::Sotw(tx) => {
@@ -555,7 +566,10 @@ impl AdsServer {
             out,
             conn_id: String::new(),
             proxy: None,
-            snap: self.inner.snapshots.borrow().clone(),
+            snap: self
+                .inner
+                .cache
+                .for_snapshot(&self.inner.snapshots.borrow()),
             types: BTreeMap::new(),
         };
         tokio::spawn(conn.run(requests));

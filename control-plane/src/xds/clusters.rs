@@ -159,7 +159,7 @@ fn original_dst(name: &str, inbound: bool) -> Cluster {
 }
 
 /// SPIFFE ids of the service's workloads plus its `subjectAltNames`.
-fn expected_sans(snap: &Snapshot, svc: &Service, tls_sans: &[String]) -> Vec<String> {
+pub(crate) fn expected_sans(snap: &Snapshot, svc: &Service, tls_sans: &[String]) -> Vec<String> {
     let mut sans: Vec<String> = tls_sans.to_vec();
     sans.extend(svc.subject_alt_names.iter().cloned());
     for ep in &svc.endpoints {

@@ -239,7 +239,7 @@ fn action(domain: &str, svc: &Service, port: &Port, r: &HttpRoute) -> RouteActio
     }
 }
 
-fn routes_for(snap: &Snapshot, svc: &Service, port: &Port) -> Vec<Route> {
+pub(super) fn routes_for(snap: &Snapshot, svc: &Service, port: &Port) -> Vec<Route> {
     let mut routes = Vec::new();
     if let Some(vs) = snap.virtual_services_for(&svc.host).first() {
         for (i, r) in vs.http.iter().enumerate() {

@@ -36,6 +36,7 @@ fn client(ns: &str, dns: bool) -> ProxyView {
         dns_capture: dns,
         dns_auto_allocate: dns,
         capture: true,
+        grpc: false,
     }
 }
 
@@ -318,6 +319,7 @@ fn virtual_inbound_follows_peer_authentication() {
         dns_capture: false,
         dns_auto_allocate: false,
         capture: true,
+        grpc: false,
     };
     let inbound = |yaml: &str| -> Listener {
         let lds = generate(&snapshot(yaml), &api, XdsType::Lds);
@@ -472,8 +474,10 @@ fn name_table_only_with_dns_capture() {
 
 #[test]
 fn a_workload_entry_change_changes_only_endpoints() {
-    let before = snapshot(BASE);
-    let after = snapshot(&BASE.replace("198.18.0.6", "198.18.0.16"));
+    let before = CachedSnapshot::new(Arc::new(snapshot(BASE)));
+    let after = CachedSnapshot::new(Arc::new(snapshot(
+        &BASE.replace("198.18.0.6", "198.18.0.16"),
+    )));
     let v = client("web", false);
     for ty in XdsType::ALL {
         let a = before.resources(&v, ty);

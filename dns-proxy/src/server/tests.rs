@@ -11,6 +11,8 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
+use crate::answer::fuzz_request;
+use crate::packet::OUR_UDP_PAYLOAD;
 use crate::table::tests::sample;
 
 fn config(upstreams: Vec<SocketAddr>) -> Config {

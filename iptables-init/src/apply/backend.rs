@@ -178,7 +178,7 @@ fn legacy_tables_present(family: Family) -> bool {
     std::fs::read_to_string(path).is_ok_and(|s| !s.trim().is_empty())
 }
 
-fn find_in_path(name: &str, path: Option<&str>) -> Option<std::path::PathBuf> {
+pub(crate) fn find_in_path(name: &str, path: Option<&str>) -> Option<std::path::PathBuf> {
     let path = match path {
         Some(p) => p.to_string(),
         None => std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
@@ -230,7 +230,7 @@ fn run(mut c: Command, bin: &str, args: &[&str], stdin: Option<&str>) -> Result<
 }
 
 /// An anonymous in-memory file holding `text`, positioned at its start.
-fn input_file(text: &str) -> std::io::Result<std::fs::File> {
+pub(crate) fn input_file(text: &str) -> std::io::Result<std::fs::File> {
     use nix::sys::memfd::{MFdFlags, memfd_create};
     use std::io::{Seek, SeekFrom};
     let fd = memfd_create(c"iptables-restore-input", MFdFlags::MFD_CLOEXEC)?;

@@ -327,7 +327,7 @@ pub const FLAGS: &[FlagSpec] = &[
         None,
         Bool,
         "false",
-        "Use native nftables instead of iptables rules (not supported).",
+        "Use native nftables (one atomic `nft -f -` transaction) instead of iptables rules.",
     ),
     f(
         "force-iptables-binary",

@@ -384,3 +384,42 @@ fn no_panics_on_garbage() {
     }
     assert!(render(&("{{ if 1 }}".repeat(500) + &"{{ end }}".repeat(500)), &d).is_err());
 }
+
+/// Go's `js`: quotes, backslash and `< > & =` escaped (upper-case hex), control characters as
+/// `\u00XX`, printable non-ASCII kept; Istio's template relies on it for the inclusion regexes.
+#[test]
+fn js_escapes_as_go() {
+    let d = json!({"re": r"vhost\..*\.route\..*", "odd": "a'b\"c<d>e&f=g\u{1}h\u{e9}\u{a0}"});
+    assert_eq!(
+        render("{{js .re}}", &d).unwrap(),
+        r"vhost\\..*\\.route\\..*"
+    );
+    assert_eq!(
+        render("{{ js .odd }}", &d).unwrap(),
+        r#"a\'b\"c\u003Cd\u003Ee\u0026f\u003Dg\u0001h\u00e9\u00A0"#.replace(r"\u00e9", "\u{e9}")
+    );
+    assert_eq!(
+        r(r#"{{ html "<a href='x'>&" }}"#),
+        "&lt;a href=&#39;x&#39;&gt;&amp;"
+    );
+    assert_eq!(r(r#"{{ urlquery "a b&c/é" }}"#), "a+b%26c%2F%C3%A9");
+}
+
+/// Sprig's `toJson` is Go's `json.Marshal`: sorted keys, integral floats without a fraction,
+/// HTML characters escaped; the histogram buckets of Istio's template render this way.
+#[test]
+fn to_json_encodes_as_go() {
+    let d = json!({
+        "buckets": [{"match": {"prefix": "envoy"}, "buckets": [1.0, 5.0, 2.5, 1e21, 1e-7]}],
+        "s": "<a&b>\u{2028}\n\u{1}",
+    });
+    assert_eq!(
+        render("{{ toJson .buckets }}", &d).unwrap(),
+        r#"[{"buckets":[1,5,2.5,1e+21,1e-07],"match":{"prefix":"envoy"}}]"#
+    );
+    assert_eq!(
+        render("{{ toJson .s }}", &d).unwrap(),
+        r#""\u003ca\u0026b\u003e\u2028\n\u0001""#
+    );
+    assert_eq!(render("{{ toJSON .missing }}", &d).unwrap(), "{}");
+}

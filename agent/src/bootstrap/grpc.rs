@@ -1,0 +1,53 @@
+//! The gRPC xDS bootstrap (`GRPC_XDS_BOOTSTRAP`) for proxyless gRPC clients.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use super::{Error, node_metadata};
+use crate::config::Config;
+
+/// Writes the gRPC xDS bootstrap (`GRPC_XDS_BOOTSTRAP`) for proxyless clients.
+pub fn write_grpc_bootstrap(config: &Config) -> Result<PathBuf, Error> {
+    let mut meta = node_metadata(config)?;
+    meta.insert("GENERATOR".into(), json!("grpc"));
+    let xds = config.xds_socket();
+    let mut doc = json!({
+        "xds_servers": [{
+            "server_uri": format!("unix:///{}", xds.display().to_string().trim_start_matches('/')),
+            "channel_creds": [{ "type": "insecure" }],
+            "server_features": ["xds_v3"]
+        }],
+        "node": { "id": config.node_id(), "metadata": meta, "locality": {} },
+        "server_listener_resource_name_template": "xds.istio.io/grpc/lds/inbound/%s"
+    });
+    if !config.output_certs.is_empty() {
+        let dir = config.path(&config.output_certs);
+        doc["certificate_providers"] = json!({
+            "default": {
+                "plugin_name": "file_watcher",
+                "config": {
+                    "certificate_file": dir.join("cert-chain.pem"),
+                    "private_key_file": dir.join("key.pem"),
+                    "ca_certificate_file": dir.join("root-cert.pem"),
+                    "refresh_interval": "900s"
+                }
+            }
+        });
+    }
+    let path = config.path(&config.grpc_xds_bootstrap);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Write {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(&doc).unwrap_or_default())
+        .and_then(|_| std::fs::rename(&tmp, &path))
+        .map_err(|source| Error::Write {
+            path: path.clone(),
+            source,
+        })?;
+    Ok(path)
+}

@@ -1,0 +1,275 @@
+//! The bootstrap's `node`: its metadata as Istio's agent builds it (`ISTIO_META_*`, the members
+//! of `ISTIO_METAJSON_*` objects, the pod's labels and annotations, then the typed fields the
+//! agent owns), its service cluster and its locality.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde_json::{Map, Value, json};
+
+use super::{Error, ISTIO_RELEASE};
+use crate::config::{AuthPolicy, Config, parse_bool, split_host_port};
+
+/// The label Istio keeps the sanitised locality under.
+const LOCALITY_LABEL: &str = "istio-locality";
+/// The label that takes precedence for the locality.
+const TOPOLOGY_LOCALITY_LABEL: &str = "topology.istio.io/locality";
+
+/// `node.locality`: each part only when set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Locality {
+    pub region: String,
+    pub zone: String,
+    pub sub_zone: String,
+}
+
+impl Locality {
+    /// The JSON object (empty parts left out).
+    pub fn to_json(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        for (k, v) in [
+            ("region", &self.region),
+            ("zone", &self.zone),
+            ("sub_zone", &self.sub_zone),
+        ] {
+            if !v.is_empty() {
+                m.insert(k.into(), json!(v));
+            }
+        }
+        m
+    }
+}
+
+/// The node as the bootstrap describes it.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub metadata: Map<String, Value>,
+    pub cluster: String,
+    pub locality: Locality,
+    /// `METADATA_DISCOVERY`: `PEER_METADATA_DISCOVERY` when set, else `ENABLE_HBONE`.
+    pub metadata_discovery: bool,
+}
+
+/// Builds the node metadata, cluster and locality.
+pub fn node(config: &Config) -> Result<Node, Error> {
+    let mut meta = Map::new();
+    for (k, v) in &config.proxy.proxy_metadata {
+        if let Some(key) = k.strip_prefix("ISTIO_META_").filter(|k| !k.is_empty()) {
+            meta.insert(key.to_string(), Value::String(v.clone()));
+        }
+    }
+    let env = &config.meta_env;
+    for (k, v) in env {
+        if let Some(key) = k.strip_prefix("ISTIO_META_").filter(|k| !k.is_empty()) {
+            meta.insert(key.to_string(), Value::String((*v).clone()));
+        }
+    }
+    // Each ISTIO_METAJSON_* object is merged into the metadata member by member (as Istio's
+    // json.Unmarshal into the map does); ISTIO_METAJSON_LABELS also gives the static labels.
+    let mut static_labels: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in env {
+        let Some(key) = k.strip_prefix("ISTIO_METAJSON_").filter(|k| !k.is_empty()) else {
+            continue;
+        };
+        let bad = || Error::MetaJson {
+            var: (*k).clone(),
+            value: (*v).clone(),
+        };
+        let Value::Object(obj) = serde_json::from_str::<Value>(v).map_err(|_| bad())? else {
+            return Err(bad());
+        };
+        if key == "LABELS" {
+            // Istio reads the labels as strings: one non-string value drops them all.
+            static_labels = obj
+                .iter()
+                .map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
+                .collect::<Option<_>>()
+                .unwrap_or_default();
+        }
+        meta.extend(obj);
+    }
+    if !config.dns_proxy_addr.is_empty() {
+        meta.insert("DNS_PROXY_ADDR".into(), json!(config.dns_proxy_addr));
+    }
+
+    // Labels: the static ones, then the pod's labels file. Without a labels file both are the
+    // same map, so the sanitised locality shows in STATIC_LABELS too (as upstream).
+    let mut labels = static_labels.clone();
+    let has_labels_file = !config.pod_labels.is_empty();
+    for (k, v) in &config.pod_labels {
+        if k != "pod-template-hash" {
+            labels.insert(k.clone(), v.clone());
+        }
+    }
+    let locality_label = labels
+        .get(TOPOLOGY_LOCALITY_LABEL)
+        .or_else(|| labels.get(LOCALITY_LABEL))
+        .cloned()
+        .unwrap_or_default();
+    let sanitised = locality_label.replace('.', "/");
+    if !sanitised.is_empty() {
+        labels.insert(LOCALITY_LABEL.into(), sanitised.clone());
+        if !has_labels_file {
+            static_labels = labels.clone();
+        }
+    }
+    let mut parts = sanitised.splitn(3, '/').map(str::to_string);
+    let locality = Locality {
+        region: parts.next().unwrap_or_default(),
+        zone: parts.next().unwrap_or_default(),
+        sub_zone: parts.next().unwrap_or_default(),
+    };
+
+    // Typed fields win over what the environment passed.
+    if meta
+        .get("ISTIO_VERSION")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        meta.insert("ISTIO_VERSION".into(), json!(ISTIO_RELEASE));
+    }
+    let ips: Vec<String> = config.ips.iter().map(IpAddr::to_string).collect();
+    meta.insert("INSTANCE_IPS".into(), json!(ips.join(",")));
+    if config.flags.sts_port > 0 {
+        meta.insert("STS_PORT".into(), json!(config.flags.sts_port.to_string()));
+    }
+    for (key, port) in [
+        ("ENVOY_STATUS_PORT", config.envoy_status_port),
+        ("ENVOY_PROMETHEUS_PORT", config.envoy_prometheus_port),
+        (
+            "ENVOY_SECURE_METRICS_PORT",
+            config.envoy_secure_metrics_port,
+        ),
+        (
+            "ENVOY_SECURE_MERGED_METRICS_PORT",
+            config.envoy_secure_merged_metrics_port,
+        ),
+    ] {
+        if port > 0 {
+            meta.insert(key.into(), json!(port));
+        }
+    }
+    if config.exit_on_zero_active_connections {
+        meta.insert("EXIT_ON_ZERO_ACTIVE_CONNECTIONS".into(), json!("true"));
+    }
+    let hbone = meta
+        .get("ENABLE_HBONE")
+        .and_then(Value::as_str)
+        .and_then(parse_bool)
+        .unwrap_or(false);
+    let metadata_discovery = config.peer_metadata_discovery.unwrap_or(hbone);
+    meta.insert(
+        "METADATA_DISCOVERY".into(),
+        json!(metadata_discovery.to_string()),
+    );
+    if config.skip_deprecated_logs {
+        meta.insert("ENVOY_SKIP_DEPRECATED_LOGS".into(), json!("true"));
+    }
+    meta.insert(
+        "WORKLOAD_IDENTITY_SOCKET_FILE".into(),
+        json!(config.workload_identity_socket_file),
+    );
+    meta.insert("PROXY_CONFIG".into(), config.proxy.raw.clone());
+    for (key, v) in [
+        ("NAME", &config.pod_name),
+        ("NAMESPACE", &config.pod_namespace),
+        ("SERVICE_ACCOUNT", &config.service_account),
+    ] {
+        if !v.is_empty() {
+            meta.insert(key.into(), json!(v));
+        }
+    }
+    if !labels.is_empty() {
+        meta.insert("LABELS".into(), json!(labels));
+    }
+    if !static_labels.is_empty() {
+        meta.insert("STATIC_LABELS".into(), json!(static_labels));
+    }
+    if !config.pod_annotations.is_empty() {
+        meta.insert("ANNOTATIONS".into(), json!(config.pod_annotations));
+    }
+    if config.proxy.control_plane_auth_policy == AuthPolicy::MutualTls
+        && let Some((host, _)) = split_host_port(&config.proxy.discovery_address)
+    {
+        let san = if host.contains("localhost") {
+            "istiod.istio-system.svc".to_string()
+        } else {
+            host
+        };
+        meta.insert("PILOT_SAN".into(), json!([san]));
+    }
+    if !config.flags.outlier_log_path.is_empty() {
+        meta.insert(
+            "OUTLIER_LOG_PATH".into(),
+            json!(config.flags.outlier_log_path),
+        );
+    }
+    let workload = meta
+        .get("WORKLOAD_NAME")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    Ok(Node {
+        cluster: service_cluster(config, &labels, &workload),
+        metadata: meta,
+        locality,
+        metadata_discovery,
+    })
+}
+
+/// `node.cluster`: ProxyConfig's `serviceCluster`, or what `tracingServiceName` asks for, with
+/// Istio's fallback for `istio-proxy`: `<app>.<namespace>`, `<workload>.<namespace>`,
+/// `istio-proxy.<namespace>`, or `istio-proxy` without a namespace.
+fn service_cluster(config: &Config, labels: &BTreeMap<String, String>, workload: &str) -> String {
+    let ns = &config.pod_namespace;
+    let or_default = |name: &str| -> String {
+        if !name.is_empty() && name != "istio-proxy" {
+            return name.to_string();
+        }
+        let app = [
+            "app",
+            "app.kubernetes.io/name",
+            "service.istio.io/canonical-name",
+        ]
+        .iter()
+        .find_map(|k| labels.get(*k));
+        if let Some(app) = app {
+            return format!("{app}.{ns}");
+        }
+        if !workload.is_empty() {
+            return format!("{workload}.{ns}");
+        }
+        if !ns.is_empty() {
+            return format!("istio-proxy.{ns}");
+        }
+        "istio-proxy".into()
+    };
+    let canonical = || -> String {
+        [
+            "service.istio.io/canonical-name",
+            "app.kubernetes.io/name",
+            "app",
+        ]
+        .iter()
+        .find_map(|k| labels.get(*k).cloned())
+        .unwrap_or_else(|| {
+            if workload.is_empty() {
+                "istio-proxy".into()
+            } else {
+                workload.to_string()
+            }
+        })
+    };
+    match config
+        .proxy
+        .raw
+        .get("tracingServiceName")
+        .and_then(Value::as_str)
+    {
+        Some("CANONICAL_NAME_ONLY") => or_default(&canonical()),
+        Some("CANONICAL_NAME_AND_NAMESPACE") if !ns.is_empty() => format!("{}.{ns}", canonical()),
+        Some("CANONICAL_NAME_AND_NAMESPACE") => or_default(&canonical()),
+        Some(_) => or_default("istio-proxy"),
+        None => or_default(&config.proxy.service_cluster),
+    }
+}

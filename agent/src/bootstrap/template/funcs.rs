@@ -1,0 +1,290 @@
+//! The functions a template can call: Go's built-ins and the sprig/Istio ones Istio registers.
+
+use serde_json::Value;
+
+use super::format::{go_json, go_print, go_quote, go_type, js_escape, print_value, sprintf};
+
+fn want(name: &str, vals: &[Value], n: usize) -> Result<(), String> {
+    if vals.len() == n {
+        Ok(())
+    } else {
+        Err(format!(
+            "wrong number of args for {name}: want {n} got {}",
+            vals.len()
+        ))
+    }
+}
+
+fn want_str<'v>(v: &'v Value, what: &str) -> Result<&'v str, String> {
+    v.as_str()
+        .ok_or_else(|| format!("{what} must be a string, got {}", go_type(v)))
+}
+
+pub(super) fn call_func(name: &str, vals: &[Value]) -> Result<Value, String> {
+    let s = Value::String;
+    Ok(match name {
+        "not" => {
+            want(name, vals, 1)?;
+            Value::Bool(!truth(&vals[0]))
+        }
+        "eq" => {
+            if vals.len() < 2 {
+                return Err("missing argument for comparison".into());
+            }
+            let mut any = false;
+            for other in &vals[1..] {
+                any |= compare(&vals[0], other)? == Some(std::cmp::Ordering::Equal);
+            }
+            Value::Bool(any)
+        }
+        "ne" | "lt" | "le" | "gt" | "ge" => {
+            want(name, vals, 2)?;
+            let ord = compare(&vals[0], &vals[1])?;
+            use std::cmp::Ordering::*;
+            if name != "ne" && ord.is_none() {
+                return Err(format!(
+                    "invalid type for comparison: {}",
+                    go_type(&vals[0])
+                ));
+            }
+            Value::Bool(match name {
+                "ne" => ord != Some(Equal),
+                "lt" => ord == Some(Less),
+                "le" => ord != Some(Greater),
+                "gt" => ord == Some(Greater),
+                _ => ord != Some(Less),
+            })
+        }
+        "len" => {
+            want(name, vals, 1)?;
+            Value::from(match &vals[0] {
+                Value::String(t) => t.len(),
+                Value::Array(a) => a.len(),
+                Value::Object(m) => m.len(),
+                other => return Err(format!("len of type {}", go_type(other))),
+            })
+        }
+        "index" => {
+            let Some((first, keys)) = vals.split_first() else {
+                return Err("wrong number of args for index: want at least 1 got 0".into());
+            };
+            let mut cur = first.clone();
+            for k in keys {
+                cur = match (&cur, k) {
+                    (Value::Object(m), Value::String(key)) => {
+                        m.get(key).cloned().unwrap_or(Value::Null)
+                    }
+                    (Value::Array(a), Value::Number(n)) => {
+                        let i = n
+                            .as_i64()
+                            .ok_or_else(|| format!("cannot index slice/array with {n}"))?;
+                        usize::try_from(i)
+                            .ok()
+                            .and_then(|i| a.get(i).cloned())
+                            .ok_or_else(|| format!("index out of range: {i}"))?
+                    }
+                    (Value::String(t), Value::Number(n)) => {
+                        let i = n
+                            .as_i64()
+                            .ok_or_else(|| format!("cannot index string with {n}"))?;
+                        usize::try_from(i)
+                            .ok()
+                            .and_then(|i| t.as_bytes().get(i).copied())
+                            .map(Value::from)
+                            .ok_or_else(|| format!("index out of range: {i}"))?
+                    }
+                    (Value::Null, _) => return Err("index of untyped nil".into()),
+                    (c, k) => {
+                        return Err(format!("cannot index {} with {}", go_type(c), go_type(k)));
+                    }
+                };
+            }
+            cur
+        }
+        "print" => s(sprint(vals)),
+        "js" => s(js_escape(&sprint(vals))),
+        "html" => s(html_escape(&sprint(vals))),
+        "urlquery" => s(query_escape(&sprint(vals))),
+        "println" => {
+            let parts: Vec<String> = vals.iter().map(go_print).collect();
+            s(parts.join(" ") + "\n")
+        }
+        "printf" => {
+            let Some((fmt, rest)) = vals.split_first() else {
+                return Err("wrong number of args for printf: want at least 1 got 0".into());
+            };
+            s(sprintf(want_str(fmt, "format")?, rest))
+        }
+        "toJSON" => {
+            want(name, vals, 1)?;
+            if vals[0].is_null() {
+                s("{}".into())
+            } else {
+                s(go_json(&vals[0]))
+            }
+        }
+        "toJson" => {
+            want(name, vals, 1)?;
+            s(go_json(&vals[0]))
+        }
+        "quote" | "squote" => {
+            let parts: Vec<String> = vals
+                .iter()
+                .filter(|v| !v.is_null())
+                .map(|v| {
+                    let t = go_print(v);
+                    if name == "quote" {
+                        go_quote(&t)
+                    } else {
+                        format!("'{t}'")
+                    }
+                })
+                .collect();
+            s(parts.join(" "))
+        }
+        "default" => {
+            if vals.is_empty() || vals.len() > 2 {
+                return Err(format!(
+                    "wrong number of args for default: want 1 or 2 got {}",
+                    vals.len()
+                ));
+            }
+            match vals.get(1) {
+                Some(v) if truth(v) => v.clone(),
+                _ => vals[0].clone(),
+            }
+        }
+        "empty" => {
+            want(name, vals, 1)?;
+            Value::Bool(!truth(&vals[0]))
+        }
+        "join" => {
+            want(name, vals, 2)?;
+            let sep = go_print(&vals[0]);
+            let parts: Vec<String> = match &vals[1] {
+                Value::Array(a) => a.iter().filter(|v| !v.is_null()).map(go_print).collect(),
+                Value::Null => Vec::new(),
+                other => vec![go_print(other)],
+            };
+            s(parts.join(&sep))
+        }
+        "contains" | "hasPrefix" | "hasSuffix" | "trimPrefix" | "trimSuffix" => {
+            want(name, vals, 2)?;
+            let needle = go_print(&vals[0]);
+            let hay = go_print(&vals[1]);
+            match name {
+                "contains" => Value::Bool(hay.contains(&needle)),
+                "hasPrefix" => Value::Bool(hay.starts_with(&needle)),
+                "hasSuffix" => Value::Bool(hay.ends_with(&needle)),
+                "trimPrefix" => s(hay
+                    .strip_prefix(needle.as_str())
+                    .unwrap_or(&hay)
+                    .to_string()),
+                _ => s(hay
+                    .strip_suffix(needle.as_str())
+                    .unwrap_or(&hay)
+                    .to_string()),
+            }
+        }
+        "trim" | "upper" | "lower" | "toString" => {
+            want(name, vals, 1)?;
+            let t = go_print(&vals[0]);
+            s(match name {
+                "trim" => t.trim().to_string(),
+                "upper" => t.to_uppercase(),
+                "lower" => t.to_lowercase(),
+                _ => t,
+            })
+        }
+        "replace" => {
+            want(name, vals, 3)?;
+            s(go_print(&vals[2]).replace(&go_print(&vals[0]), &go_print(&vals[1])))
+        }
+        other => return Err(format!("function {other:?} not defined")),
+    })
+}
+
+/// Go's truthiness: false, 0, "", nil and empty lists/maps are false.
+pub fn truth(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(m) => !m.is_empty(),
+    }
+}
+
+fn compare(a: &Value, b: &Value) -> Result<Option<std::cmp::Ordering>, String> {
+    Ok(match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
+            (Some(x), Some(y)) => Some(x.cmp(&y)),
+            _ => x
+                .as_f64()
+                .zip(y.as_f64())
+                .and_then(|(x, y)| x.partial_cmp(&y)),
+        },
+        (Value::String(x), Value::String(y)) => Some(x.cmp(y)),
+        (Value::Bool(x), Value::Bool(y)) => (x == y).then_some(std::cmp::Ordering::Equal),
+        (Value::Null, Value::Null) => Some(std::cmp::Ordering::Equal),
+        (Value::Null, _) | (_, Value::Null) => None,
+        (Value::Array(_) | Value::Object(_), _) | (_, Value::Array(_) | Value::Object(_)) => {
+            return Err(format!(
+                "non-comparable type {}",
+                go_type(if a.is_array() || a.is_object() { a } else { b })
+            ));
+        }
+        _ => {
+            return Err(format!(
+                "incompatible types for comparison: {} and {}",
+                go_type(a),
+                go_type(b)
+            ));
+        }
+    })
+}
+
+/// Go's `fmt.Sprint`: spaces between operands when neither is a string.
+fn sprint(vals: &[Value]) -> String {
+    let mut out = String::new();
+    for (i, v) in vals.iter().enumerate() {
+        if i > 0 && !vals[i - 1].is_string() && !v.is_string() {
+            out.push(' ');
+        }
+        print_value(&mut out, v, false);
+    }
+    out
+}
+
+/// Go's `template.HTMLEscapeString`.
+fn html_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("&#34;"),
+            '\'' => out.push_str("&#39;"),
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '\0' => out.push('\u{fffd}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Go's `url.QueryEscape` (the `urlquery` function).
+fn query_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            b => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}

@@ -1,0 +1,213 @@
+//! The DNS sub-config ([`dns_proxy::Config`]): `DNS_PROXY_ADDR`, `DNS_FORWARD_*`,
+//! `DNS_PROXY_CACHE`, the upstreams and search list of resolv.conf, and the proxy's domain
+//! (`--domain`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use dns_proxy::{
+    DEFAULT_FORWARD_TIMEOUT, DEFAULT_PROXY_ADDR, parse_resolv_conf, resolve_listen_addr,
+};
+
+use super::{Error, env::Env};
+
+/// What the DNS settings depend on besides the environment.
+pub struct Inputs<'a> {
+    pub env: Env<'a>,
+    pub namespace: &'a str,
+    /// `--domain`; empty: `<namespace>.svc.cluster.local`.
+    pub domain: &'a str,
+    pub resolv_conf: &'a Path,
+    /// Istio's resolv.conf for an agent serving `:53` as root.
+    pub istio_resolv_conf: &'a Path,
+    pub is_root: bool,
+}
+
+/// Builds the DNS proxy's config.
+///
+/// `DNS_PROXY_ADDR` ending in `:53` as root sets respond-before-sync and prefers Istio's own
+/// resolv.conf when it exists; as non-root it falls back to `localhost:15053`, as Istio.
+pub fn load(i: Inputs<'_>) -> Result<dns_proxy::Config, Error> {
+    let env = i.env;
+    let mut addr = env.str("DNS_PROXY_ADDR", DEFAULT_PROXY_ADDR);
+    let mut respond_before_sync = false;
+    let mut resolv_conf = i.resolv_conf.to_path_buf();
+    if addr.ends_with(":53") {
+        if i.is_root {
+            respond_before_sync = true;
+            if i.istio_resolv_conf.exists() {
+                resolv_conf = i.istio_resolv_conf.to_path_buf();
+            }
+        } else {
+            tracing::error!(
+                addr = %addr,
+                "DNS_PROXY_ADDR on port 53 needs root; falling back to {DEFAULT_PROXY_ADDR}"
+            );
+            addr = DEFAULT_PROXY_ADDR.to_string();
+        }
+    }
+    let resolv = match std::fs::read_to_string(&resolv_conf) {
+        Ok(text) => parse_resolv_conf(&text),
+        Err(source) => {
+            return Err(Error::Read {
+                path: resolv_conf,
+                source,
+            });
+        }
+    };
+    let listen_addrs = resolve_listen_addr(&addr, &resolv.nameservers)
+        .map_err(|why| env.invalid("DNS_PROXY_ADDR", &addr, &format!("host:port ({why})")))?;
+    let mut config = dns_proxy::Config::defaults(resolv, resolv_conf);
+    config.listen_addrs = listen_addrs;
+    config.respond_before_sync = respond_before_sync;
+    config.namespace = i.namespace.to_string();
+    config.domain = if !i.domain.is_empty() {
+        i.domain.to_string()
+    } else if i.namespace.is_empty() {
+        "svc.cluster.local".to_string()
+    } else {
+        format!("{}.svc.cluster.local", i.namespace)
+    };
+    config.forward_timeout = env.duration(
+        "DNS_FORWARD_TIMEOUT",
+        DEFAULT_FORWARD_TIMEOUT,
+        Duration::from_nanos(1),
+    )?;
+    config.forward_parallel = env.bool("DNS_FORWARD_PARALLEL", false)?;
+    config.cache_enabled = env.bool("DNS_PROXY_CACHE", true)?;
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::net::SocketAddr;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn resolv(text: &str) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().expect("tempfile");
+        std::fs::write(f.path(), text).expect("write resolv.conf");
+        f
+    }
+
+    fn load_with(
+        e: &HashMap<String, String>,
+        resolv_conf: &Path,
+        istio: &Path,
+        is_root: bool,
+        domain: &str,
+    ) -> Result<dns_proxy::Config, Error> {
+        load(Inputs {
+            env: Env(e),
+            namespace: e.get("POD_NAMESPACE").map(String::as_str).unwrap_or(""),
+            domain,
+            resolv_conf,
+            istio_resolv_conf: istio,
+            is_root,
+        })
+    }
+
+    fn simple(e: &HashMap<String, String>, r: &Path) -> Result<dns_proxy::Config, Error> {
+        load_with(e, r, Path::new("/nonexistent/resolv.conf"), false, "")
+    }
+
+    #[test]
+    fn defaults_follow_istio() {
+        let r = resolv(
+            "nameserver 10.96.0.10\nsearch ns1.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n",
+        );
+        let c = simple(&env(&[("POD_NAMESPACE", "ns1")]), r.path()).expect("config");
+        assert_eq!(
+            c.listen_addrs,
+            vec!["127.0.0.1:15053".parse::<SocketAddr>().unwrap()]
+        );
+        assert_eq!(
+            c.upstreams,
+            vec!["10.96.0.10:53".parse::<SocketAddr>().unwrap()]
+        );
+        assert_eq!(c.search_domains[0], "ns1.svc.cluster.local");
+        assert_eq!(c.forward_timeout, Duration::from_secs(5));
+        assert!(!c.forward_parallel);
+        assert!(c.cache_enabled);
+        assert_eq!(c.domain, "ns1.svc.cluster.local");
+        assert_eq!(c.proxy_domain(), "svc.cluster.local");
+    }
+
+    #[test]
+    fn domain_flag_reaches_the_proxy() {
+        let r = resolv("nameserver 10.0.0.1\n");
+        let e = env(&[("POD_NAMESPACE", "ns1")]);
+        let c = load_with(&e, r.path(), Path::new("/x"), false, "ns1.svc.corp.example").unwrap();
+        assert_eq!(c.domain, "ns1.svc.corp.example");
+        assert_eq!(c.proxy_domain(), "svc.corp.example");
+    }
+
+    #[test]
+    fn localhost_binds_by_nameserver_family() {
+        let r = resolv("nameserver fd00::10\n");
+        let c = simple(&env(&[]), r.path()).expect("config");
+        assert_eq!(
+            c.listen_addrs,
+            vec!["[::1]:15053".parse::<SocketAddr>().unwrap()]
+        );
+        let r = resolv("nameserver 10.0.0.1\nnameserver fd00::10\n");
+        let c = simple(&env(&[]), r.path()).expect("config");
+        assert_eq!(c.listen_addrs.len(), 2);
+    }
+
+    #[test]
+    fn env_overrides_and_errors_name_the_variable() {
+        let r = resolv("nameserver 10.0.0.1\n");
+        let c = simple(
+            &env(&[
+                ("DNS_FORWARD_TIMEOUT", "1500ms"),
+                ("DNS_FORWARD_PARALLEL", "true"),
+                ("DNS_PROXY_CACHE", "false"),
+                ("DNS_PROXY_ADDR", "127.0.0.2:0"),
+            ]),
+            r.path(),
+        )
+        .expect("config");
+        assert_eq!(c.forward_timeout, Duration::from_millis(1500));
+        assert!(c.forward_parallel && !c.cache_enabled);
+        assert_eq!(
+            c.listen_addrs,
+            vec!["127.0.0.2:0".parse::<SocketAddr>().unwrap()]
+        );
+        for (k, v) in [
+            ("DNS_FORWARD_TIMEOUT", "soon"),
+            ("DNS_FORWARD_TIMEOUT", "0s"),
+            ("DNS_PROXY_CACHE", "maybe"),
+            ("DNS_PROXY_ADDR", "127.0.0.1"),
+            ("DNS_PROXY_ADDR", "dns.example:53x"),
+        ] {
+            let msg = simple(&env(&[(k, v)]), r.path()).unwrap_err().to_string();
+            assert!(msg.contains(k) && msg.contains(v), "{msg}");
+        }
+        let missing = simple(&env(&[]), Path::new("/nonexistent/resolv.conf"))
+            .unwrap_err()
+            .to_string();
+        assert!(missing.contains("/nonexistent/resolv.conf"), "{missing}");
+    }
+
+    #[test]
+    fn port_53_depends_on_root() {
+        let r = resolv("nameserver 10.0.0.1\n");
+        let istio = resolv("nameserver 10.0.0.2\n");
+        let e = env(&[("DNS_PROXY_ADDR", "localhost:53")]);
+        let c = load_with(&e, r.path(), istio.path(), false, "").expect("config");
+        assert_eq!(c.listen_addrs[0].port(), 15053);
+        assert!(!c.respond_before_sync);
+        let c = load_with(&e, r.path(), istio.path(), true, "").expect("config");
+        assert_eq!(c.listen_addrs[0].port(), 53);
+        assert!(c.respond_before_sync);
+        assert_eq!(c.upstreams[0].ip().to_string(), "10.0.0.2");
+    }
+}

@@ -1,0 +1,187 @@
+//! The identity sub-config ([`sds::Config`]): Istio's CA, key and certificate variables. The CA
+//! address defaults to the discovery address when `CA_ADDR` is unset, as Istio's agent does.
+
+use std::path::Path;
+use std::time::Duration;
+
+use sds::RootSource;
+use sds::config::{
+    CertDir, DEFAULT_CA_ADDR, KeyAlgorithm, LOCALHOST_SERVER_NAME, ROOT_CERT_FILE, paths,
+};
+
+use super::{Error, env::Env, resolve};
+
+/// What the identity settings depend on besides the environment.
+pub struct Inputs<'a> {
+    pub env: Env<'a>,
+    pub base_dir: &'a Path,
+    /// ProxyConfig `discoveryAddress`: the CA address when `CA_ADDR` is unset.
+    pub discovery_address: &'a str,
+    pub namespace: &'a str,
+    pub service_account: &'a str,
+    pub cluster_id: &'a str,
+    /// `PROV_CERT`, resolved (shared with the xDS upstream: one policy for both).
+    pub prov_cert: Option<&'a CertDir>,
+    /// `ISTIOD_SAN`.
+    pub istiod_san: Option<&'a str>,
+    /// The SDS socket path.
+    pub socket_path: &'a Path,
+}
+
+/// Istio's TLS ServerName for istiod (CA and xDS alike): `ISTIOD_SAN` when set, else the host of
+/// `addr`, and `istiod.istio-system.svc` for a host containing `localhost` (port-forwarding).
+pub fn istiod_server_name(addr: &str, istiod_san: Option<&str>) -> String {
+    if let Some(san) = istiod_san {
+        return san.to_string();
+    }
+    let no_scheme = addr.split_once("://").map(|(_, r)| r).unwrap_or(addr);
+    let host = if let Some(rest) = no_scheme.strip_prefix('[') {
+        rest.split(']').next().unwrap_or(rest)
+    } else {
+        match no_scheme.rsplit_once(':') {
+            Some((h, _)) => h,
+            None => no_scheme,
+        }
+    };
+    if host.contains("localhost") {
+        LOCALHOST_SERVER_NAME.to_string()
+    } else {
+        host.to_string()
+    }
+}
+
+/// Istio's plaintext port: no TLS to a `CA_ADDR` or `discoveryAddress` ending in `:15010`.
+pub fn is_plaintext_addr(addr: &str) -> bool {
+    addr.ends_with(":15010")
+}
+
+fn non_empty_file(p: &Path) -> bool {
+    std::fs::metadata(p).map(|m| m.len() > 0).unwrap_or(false)
+}
+
+/// Builds the identity config from Istio's variables.
+pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
+    let env = i.env;
+    let base = |rel: &str| i.base_dir.join(rel);
+
+    let ca_addr = env
+        .get("CA_ADDR")
+        .map(str::to_string)
+        .or_else(|| (!i.discovery_address.is_empty()).then(|| i.discovery_address.to_string()))
+        .unwrap_or_else(|| DEFAULT_CA_ADDR.to_string());
+    let ca_plaintext = is_plaintext_addr(&ca_addr);
+
+    let provider = env.get("PILOT_CERT_PROVIDER").unwrap_or("istiod");
+    let ca_root = match env.get("CA_ROOT_CA") {
+        Some(v) if v.eq_ignore_ascii_case("SYSTEM") => RootSource::System,
+        Some(v) => RootSource::File(resolve(i.base_dir, v)),
+        None if provider == "custom" => {
+            RootSource::File(base(paths::ETC_CERTS).join(ROOT_CERT_FILE))
+        }
+        None if i.prov_cert.is_some() => {
+            RootSource::File(i.prov_cert.map(|p| p.root.clone()).unwrap_or_default())
+        }
+        None if provider == "none" && !ca_plaintext => {
+            return Err(env.invalid(
+                "PILOT_CERT_PROVIDER",
+                provider,
+                "a provider with a root CA (istiod, kubernetes, custom) or CA_ROOT_CA set, since CA_ADDR uses TLS",
+            ));
+        }
+        None => RootSource::File(base(paths::ISTIO_ROOT)),
+    };
+
+    let ca_headers = env.prefixed("CA_HEADER_");
+    for (k, v) in &ca_headers {
+        let name_ok = tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(
+            k.to_ascii_lowercase().as_bytes(),
+        )
+        .is_ok();
+        let value_ok =
+            tonic::metadata::MetadataValue::<tonic::metadata::Ascii>::try_from(v.as_str()).is_ok();
+        if !name_ok || !value_ok {
+            return Err(env.invalid(
+                &format!("CA_HEADER_{k}"),
+                v,
+                "an ASCII gRPC header name and value",
+            ));
+        }
+    }
+
+    let key_algorithm = match env.get("ECC_SIGNATURE_ALGORITHM") {
+        None => match env.get("WORKLOAD_RSA_KEY_SIZE") {
+            None => KeyAlgorithm::Rsa(2048),
+            Some(v) => match v.parse::<u32>() {
+                Ok(b @ (2048 | 3072 | 4096)) => KeyAlgorithm::Rsa(b),
+                _ => {
+                    return Err(env.invalid(
+                        "WORKLOAD_RSA_KEY_SIZE",
+                        v,
+                        "2048, 3072 or 4096 (below 2048 is insecure)",
+                    ));
+                }
+            },
+        },
+        Some("ECDSA") => match env.get("ECC_CURVE").unwrap_or("P256") {
+            "P256" => KeyAlgorithm::EcdsaP256,
+            "P384" => KeyAlgorithm::EcdsaP384,
+            other => return Err(env.invalid("ECC_CURVE", other, "P256 or P384")),
+        },
+        Some(other) => {
+            return Err(env.invalid("ECC_SIGNATURE_ALGORITHM", other, "ECDSA or empty (RSA)"));
+        }
+    };
+
+    let etc_certs = CertDir::istio(&base(paths::ETC_CERTS));
+    let spiffe_creds = CertDir::istio(&base(paths::WORKLOAD_SPIFFE_CREDENTIALS));
+    let file_mounted_certs = if env.bool("FILE_MOUNTED_CERTS", false)? {
+        Some(etc_certs.clone())
+    } else if non_empty_file(&spiffe_creds.cert_chain)
+        && non_empty_file(&spiffe_creds.key)
+        && non_empty_file(&spiffe_creds.root)
+    {
+        Some(spiffe_creds)
+    } else {
+        None
+    };
+
+    Ok(sds::Config {
+        base_dir: i.base_dir.to_path_buf(),
+        trust_domain: env.str("TRUST_DOMAIN", "cluster.local"),
+        namespace: i.namespace.to_string(),
+        service_account: i.service_account.to_string(),
+        ca_server_name: istiod_server_name(&ca_addr, i.istiod_san),
+        ca_addr,
+        ca_plaintext,
+        ca_root,
+        prov_cert: i.prov_cert.cloned(),
+        cluster_id: i.cluster_id.to_string(),
+        ca_headers,
+        cert_signer: env.str("ISTIO_META_CERT_SIGNER", ""),
+        token_path: base(paths::TOKEN),
+        secret_ttl: env.duration(
+            "SECRET_TTL",
+            Duration::from_secs(24 * 3600),
+            Duration::from_secs(1),
+        )?,
+        grace_ratio: env.ratio("SECRET_GRACE_PERIOD_RATIO", 0.5)?,
+        grace_ratio_jitter: env.ratio("SECRET_GRACE_PERIOD_RATIO_JITTER", 0.01)?,
+        key_algorithm,
+        pkcs8_key: env.bool("PKCS8_KEY", false)?,
+        output_certs: env.get("OUTPUT_CERTS").map(|p| resolve(i.base_dir, p)),
+        output_certs_mode: sds::config::output_certs_mode(env.is_set("KUBERNETES_SERVICE_HOST")),
+        socket_path: i.socket_path.to_path_buf(),
+        etc_certs,
+        file_mounted_certs,
+        file_debounce: env.duration(
+            "FILE_DEBOUNCE_DURATION",
+            Duration::from_millis(100),
+            Duration::ZERO,
+        )?,
+        crl_path: env
+            .bool("PILOT_ENABLE_CA_CRL", true)?
+            .then(|| base(paths::CRL)),
+        max_backoff: Duration::from_secs(60),
+        grpc_keepalive: Some(sds::tls::DEFAULT_KEEPALIVE),
+    })
+}

@@ -1,0 +1,67 @@
+//! The status server's sub-config: app probes to rewrite, app metrics to merge, the workload
+//! health probe, and where probes are sent.
+
+use std::net::IpAddr;
+
+use crate::status::probe::{
+    AppProbers, PrometheusAnnotations, ReadinessProbe, parse_probers, parse_prometheus_annotations,
+    parse_readiness_probe,
+};
+
+use super::{Error, ProxyConfig, env::Env};
+
+/// What the status server serves besides readiness.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StatusConfig {
+    /// `ISTIO_KUBE_APP_PROBERS`: the app's probes, rewritten to the status port.
+    pub app_probers: AppProbers,
+    /// ProxyConfig `readinessProbe`: workload health reported to istiod.
+    pub health_probe: Option<ReadinessProbe>,
+    /// `ISTIO_PROMETHEUS_ANNOTATIONS`: the app's metrics merged into `/stats/prometheus`.
+    pub prometheus_annotations: Option<PrometheusAnnotations>,
+    /// `PILOT_AGENT_MERGE_ENVOY_STATS` (true): Envoy's stats in the merged metrics.
+    pub merge_envoy_stats: bool,
+    /// `REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION` (false): probes go to localhost instead of
+    /// the pod IP.
+    pub rewrite_probe_legacy_localhost: bool,
+}
+
+impl StatusConfig {
+    /// Where rewritten app probes connect: `INSTANCE_IP`, or `localhost` with the legacy setting.
+    pub fn probe_destination(&self, instance_ip: Option<IpAddr>, localhost: IpAddr) -> IpAddr {
+        if self.rewrite_probe_legacy_localhost {
+            localhost
+        } else {
+            instance_ip.unwrap_or(localhost)
+        }
+    }
+}
+
+pub fn load(env: Env<'_>, proxy: &ProxyConfig) -> Result<StatusConfig, Error> {
+    let probers_text = env.raw("ISTIO_KUBE_APP_PROBERS").unwrap_or("");
+    let app_probers = parse_probers(probers_text)
+        .map_err(|reason| env.invalid("ISTIO_KUBE_APP_PROBERS", probers_text, &reason))?;
+    let prometheus_annotations = match env.raw("ISTIO_PROMETHEUS_ANNOTATIONS") {
+        None => None,
+        Some(v) => parse_prometheus_annotations(v, proxy.status_port)
+            .map_err(|reason| env.invalid("ISTIO_PROMETHEUS_ANNOTATIONS", v, &reason))?,
+    };
+    let health_probe = match &proxy.readiness_probe {
+        None => None,
+        Some(v) => Some(
+            parse_readiness_probe(v).map_err(|expected| Error::ProxyConfigField {
+                field: "readinessProbe".into(),
+                value: v.to_string(),
+                expected,
+            })?,
+        ),
+    };
+    Ok(StatusConfig {
+        app_probers,
+        health_probe,
+        prometheus_annotations,
+        merge_envoy_stats: env.bool("PILOT_AGENT_MERGE_ENVOY_STATS", true)?,
+        rewrite_probe_legacy_localhost: env
+            .bool("REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", false)?,
+    })
+}

@@ -1,0 +1,363 @@
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn load(dir: &Path, e: &HashMap<String, String>) -> Result<Config, Error> {
+    Config::load(Inputs {
+        node_type: NodeType::Sidecar,
+        flags: ProxyFlags::default(),
+        env: e,
+        base_dir: dir.to_path_buf(),
+        interface_ips: vec!["198.18.0.9".parse().unwrap()],
+    })
+}
+
+#[test]
+fn injected_env_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = env(&[
+        ("POD_NAME", "app-1"),
+        ("POD_NAMESPACE", "ns1"),
+        ("INSTANCE_IP", "198.18.0.2"),
+        ("PROXY_CONFIG", "{}"),
+        ("ISTIO_CPU_LIMIT", "2"),
+        ("XDS_HEADER_X-Foo", "bar"),
+    ]);
+    let c = load(dir.path(), &e).unwrap();
+    assert_eq!(
+        c.node_id(),
+        "sidecar~198.18.0.2~app-1.ns1~ns1.svc.cluster.local"
+    );
+    assert_eq!(c.ips.len(), 2);
+    assert_eq!(c.concurrency(), 2);
+    assert!(c.delta_xds);
+    assert_eq!(
+        c.upstream.metadata,
+        vec![("X-Foo".to_string(), "bar".to_string())]
+    );
+    assert_eq!(c.xds_socket(), dir.path().join("etc/istio/proxy/XDS"));
+    assert_eq!(
+        c.sds_socket(),
+        dir.path()
+            .join("var/run/secrets/workload-spiffe-uds/socket")
+    );
+    assert_eq!(c.proxy.status_port, 15020);
+}
+
+#[test]
+fn layering_order_mesh_env_annotation() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("etc/istio/config")).unwrap();
+    std::fs::create_dir_all(dir.path().join("etc/istio/pod")).unwrap();
+    std::fs::write(
+        dir.path().join("etc/istio/config/mesh"),
+        "defaultConfig:\n  discoveryAddress: mesh:1\n  drainDuration: 7s\n  statusPort: 15100\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("etc/istio/pod/annotations"),
+        "proxy.istio.io/config=\"statusPort: 15300\\nconcurrency: 3\\n\"\nother=\"x\"\n",
+    )
+    .unwrap();
+    let e = env(&[(
+        "PROXY_CONFIG",
+        r#"{"discoveryAddress":"env:2","statusPort":15200}"#,
+    )]);
+    let c = load(dir.path(), &e).unwrap();
+    assert_eq!(c.proxy.discovery_address, "env:2");
+    assert_eq!(c.proxy.drain_duration, Duration::from_secs(7));
+    assert_eq!(c.proxy.status_port, 15300);
+    assert_eq!(c.concurrency(), 3);
+    assert_eq!(c.pod_annotations["other"], "x");
+}
+
+#[test]
+fn invalid_values_name_variable_and_value() {
+    let dir = tempfile::tempdir().unwrap();
+    for (k, v, needle) in [
+        ("ISTIO_DELTA_XDS", "maybe", "ISTIO_DELTA_XDS"),
+        ("PROXY_CONFIG", "statusPort: abc", "statusPort"),
+        ("PROXY_CONFIG", "{", "PROXY_CONFIG"),
+        ("ENVOY_STATUS_PORT", "99999", "ENVOY_STATUS_PORT"),
+        (
+            "MINIMUM_DRAIN_DURATION",
+            "5 parsecs",
+            "MINIMUM_DRAIN_DURATION",
+        ),
+        ("ISTIO_KUBE_APP_PROBERS", "{bad", "ISTIO_KUBE_APP_PROBERS"),
+        (
+            "PROXY_CONFIG",
+            "readinessProbe: {exec: {}}",
+            "readinessProbe",
+        ),
+    ] {
+        let err = load(dir.path(), &env(&[(k, v)])).unwrap_err().to_string();
+        assert!(err.contains(needle), "{k}={v}: {err}");
+    }
+}
+
+#[test]
+fn dns_capture_only_for_sidecars() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = env(&[("ISTIO_META_DNS_CAPTURE", "true")]);
+    assert!(load(dir.path(), &e).unwrap().dns.is_some());
+    let c = Config::load(Inputs {
+        node_type: NodeType::Router,
+        flags: ProxyFlags::default(),
+        env: &e,
+        base_dir: dir.path().to_path_buf(),
+        interface_ips: vec![],
+    })
+    .unwrap();
+    assert!(c.dns.is_none());
+    assert_eq!(c.node_id(), "router~127.0.0.1~.~.svc.cluster.local");
+}
+
+#[test]
+fn durations_and_unquote() {
+    assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
+    assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+    assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+    assert_eq!(parse_duration("5"), None);
+    assert_eq!(parse_duration("s"), None);
+    assert_eq!(
+        go_unquote(r#""a\"b\nc\u00e9""#).as_deref(),
+        Some("a\"b\ncé")
+    );
+    assert_eq!(go_unquote("noquotes"), None);
+    assert_eq!(go_unquote(r#""bad\q""#), None);
+}
+
+fn load_with(dir: &Path, e: &HashMap<String, String>, flags: ProxyFlags) -> Result<Config, Error> {
+    Config::load(Inputs {
+        node_type: NodeType::Sidecar,
+        flags,
+        env: e,
+        base_dir: dir.to_path_buf(),
+        interface_ips: vec![],
+    })
+}
+
+/// The seam the old code lost: `--domain` reaches the DNS proxy's config.
+#[test]
+fn domain_flag_reaches_dns_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = env(&[("ISTIO_META_DNS_CAPTURE", "true"), ("POD_NAMESPACE", "ns1")]);
+    let c = load_with(dir.path(), &e, ProxyFlags::default()).unwrap();
+    assert_eq!(c.dns.as_ref().unwrap().domain, "ns1.svc.cluster.local");
+    let flags = ProxyFlags {
+        domain: "ns1.svc.corp.example".into(),
+        ..ProxyFlags::default()
+    };
+    let c = load_with(dir.path(), &e, flags).unwrap();
+    let dns = c.dns.as_ref().unwrap();
+    assert_eq!(dns.domain, "ns1.svc.corp.example");
+    assert_eq!(dns.proxy_domain(), "svc.corp.example");
+    assert_eq!(c.dns_domain, "ns1.svc.corp.example");
+}
+
+/// The CA address follows the discovery address when `CA_ADDR` is unset, keeping `ISTIOD_SAN`;
+/// the xDS upstream uses the same ServerName rule (`localhost` is istiod's name).
+#[test]
+fn ca_and_xds_share_address_and_server_name_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = env(&[("PROXY_CONFIG", r#"{"discoveryAddress":"localhost:15012"}"#)]);
+    let c = load(dir.path(), &e).unwrap();
+    assert_eq!(c.identity.ca_addr, "localhost:15012");
+    assert_eq!(c.identity.ca_server_name, "istiod.istio-system.svc");
+    assert_eq!(c.upstream.server_name, "istiod.istio-system.svc");
+    let e = env(&[
+        (
+            "PROXY_CONFIG",
+            r#"{"discoveryAddress":"istiod.x.svc:15012"}"#,
+        ),
+        ("ISTIOD_SAN", "istiod.custom"),
+        ("CA_ADDR", "ca.y.svc:15012"),
+    ]);
+    let c = load(dir.path(), &e).unwrap();
+    assert_eq!(c.identity.ca_addr, "ca.y.svc:15012");
+    assert_eq!(c.identity.ca_server_name, "istiod.custom");
+    assert_eq!(c.upstream.address, "istiod.x.svc:15012");
+    assert_eq!(c.upstream.server_name, "istiod.custom");
+    let e = env(&[("PROXY_CONFIG", r#"{"discoveryAddress":"istiod:15010"}"#)]);
+    let c = load(dir.path(), &e).unwrap();
+    assert!(c.identity.ca_plaintext && c.upstream.plaintext);
+}
+
+fn write_cert_dir(dir: &Path, not_after: time::OffsetDateTime) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["vm.example".into()]).unwrap();
+    params.not_before = not_after - time::Duration::days(2);
+    params.not_after = not_after;
+    let cert = params.self_signed(&key).unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("cert-chain.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+    std::fs::write(dir.join("root-cert.pem"), cert.pem()).unwrap();
+}
+
+/// One `PROV_CERT` policy: the CA client and the xDS upstream get the same directory and offer
+/// it through the same check, so an expired certificate is refused by both.
+#[test]
+fn prov_cert_policy_is_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let prov = dir.path().join("etc/prov");
+    let e = env(&[("PROV_CERT", "./etc/prov")]);
+    let now = time::OffsetDateTime::now_utc();
+
+    write_cert_dir(&prov, now - time::Duration::days(1));
+    let c = load(dir.path(), &e).unwrap();
+    let identity_dir = c.identity.prov_cert.clone().expect("CA client PROV_CERT");
+    let upstream_dir = c.upstream.prov_cert.clone().expect("xDS PROV_CERT");
+    assert_eq!(identity_dir, upstream_dir);
+    assert_eq!(identity_dir.cert_chain, prov.join("cert-chain.pem"));
+    assert!(
+        sds::ca::prov_cert_identity(&upstream_dir).is_none(),
+        "expired"
+    );
+    // Both trust the PROV_CERT root when no other root is configured.
+    assert_eq!(
+        c.identity.ca_root,
+        sds::RootSource::File(prov.join("root-cert.pem"))
+    );
+    assert_eq!(
+        c.upstream.root,
+        sds::RootSource::File(prov.join("root-cert.pem"))
+    );
+
+    write_cert_dir(&prov, now + time::Duration::days(1));
+    assert!(
+        sds::ca::prov_cert_identity(&upstream_dir).is_some(),
+        "valid"
+    );
+}
+
+/// Every duration setting of the agent reads Go's syntax the same way: one table
+/// ([`proto::go::DURATION_CASES`]), each setting's own lower bound on top.
+#[test]
+fn every_duration_setting_parses_the_one_table() {
+    let dir = tempfile::tempdir().unwrap();
+    type Setting = (&'static str, u64, fn(&Config) -> Duration);
+    let settings: &[Setting] = &[
+        ("SECRET_TTL", 1_000_000_000, |c| c.identity.secret_ttl),
+        ("FILE_DEBOUNCE_DURATION", 0, |c| c.identity.file_debounce),
+        ("MINIMUM_DRAIN_DURATION", 0, |c| c.minimum_drain_duration),
+        ("DNS_FORWARD_TIMEOUT", 1, |c| {
+            c.dns.as_ref().unwrap().forward_timeout
+        }),
+    ];
+    for (text, want) in proto::go::DURATION_CASES {
+        for (var, min, get) in settings {
+            let e = env(&[(var, text), ("ISTIO_META_DNS_CAPTURE", "true")]);
+            let got = load(dir.path(), &e);
+            // An empty value is the default, as for every variable.
+            if text.is_empty() {
+                assert!(got.is_ok(), "{var}={text:?}");
+                continue;
+            }
+            match want.filter(|w| w >= min) {
+                Some(w) => {
+                    let c = got.unwrap_or_else(|e| panic!("{var}={text:?}: {e}"));
+                    assert_eq!(get(&c).as_nanos() as u64, w, "{var}={text:?}");
+                }
+                None => {
+                    let err = got
+                        .err()
+                        .unwrap_or_else(|| panic!("{var}={text:?} accepted"));
+                    assert!(err.to_string().contains(var), "{var}={text:?}: {err}");
+                }
+            }
+        }
+        // ProxyConfig durations: drainDuration must be at least 1ms.
+        let pc = format!(r#"{{"drainDuration":"{text}"}}"#);
+        let got = load(dir.path(), &env(&[("PROXY_CONFIG", &pc)]));
+        match want.filter(|w| *w >= 1_000_000) {
+            Some(w) if !text.is_empty() => {
+                let c = got.unwrap_or_else(|e| panic!("drainDuration={text:?}: {e}"));
+                assert_eq!(c.proxy.drain_duration.as_nanos() as u64, w, "{text:?}");
+            }
+            _ => assert!(got.is_err(), "drainDuration={text:?} accepted"),
+        }
+    }
+}
+
+/// The effective config is served without the raw environment and with header values redacted.
+#[test]
+fn config_dump_redacts_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = env(&[
+        ("XDS_HEADER_authorization", "Bearer xds-secret"),
+        ("CA_HEADER_X-Api-Key", "ca-secret"),
+        ("ISTIO_META_CLUSTER_ID", "c1"),
+        ("SOME_PASSWORD", "env-secret"),
+    ]);
+    let c = load(dir.path(), &e).unwrap();
+    let dump = c.dump().to_string();
+    for secret in ["xds-secret", "ca-secret", "env-secret"] {
+        assert!(!dump.contains(secret), "{secret} leaked: {dump}");
+    }
+    let v = c.dump();
+    assert_eq!(v["upstream"]["metadata"][0][1], "c1");
+    assert_eq!(v["upstream"]["metadata"][1][1], dump::REDACTED);
+    assert_eq!(v["identity"]["ca_headers"][0][1], dump::REDACTED);
+    assert_eq!(v["node_id"], c.node_id());
+    assert_eq!(v["identity"]["secret_ttl"]["secs"], 86400);
+}
+
+/// `traffic.sidecar.istio.io/excludeInterfaces`: those interfaces' IPs leave `INSTANCE_IPS`.
+#[test]
+fn excluded_interfaces_leave_instance_ips() {
+    let dir = tempfile::tempdir().unwrap();
+    let ifs = || {
+        vec![
+            ("eth0".to_string(), "198.18.0.2".parse().unwrap()),
+            ("net1".to_string(), "198.18.1.2".parse().unwrap()),
+            ("eth0".to_string(), "fd00::2".parse().unwrap()),
+            ("net2".to_string(), "198.18.2.2".parse().unwrap()),
+            ("eth1".to_string(), "198.18.0.2".parse().unwrap()),
+        ]
+    };
+    let all: Vec<IpAddr> = private_ips(dir.path(), ifs()).unwrap();
+    assert_eq!(all.len(), 4, "duplicates dropped: {all:?}");
+    std::fs::create_dir_all(dir.path().join("etc/istio/pod")).unwrap();
+    std::fs::write(
+        dir.path().join("etc/istio/pod/annotations"),
+        "traffic.sidecar.istio.io/excludeInterfaces=\"net1, net2\"\n",
+    )
+    .unwrap();
+    let kept = private_ips(dir.path(), ifs()).unwrap();
+    let want: Vec<IpAddr> = vec!["198.18.0.2".parse().unwrap(), "fd00::2".parse().unwrap()];
+    assert_eq!(kept, want);
+    let e = env(&[("INSTANCE_IP", "198.18.0.2")]);
+    let c = Config::load(Inputs {
+        node_type: NodeType::Sidecar,
+        flags: ProxyFlags::default(),
+        env: &e,
+        base_dir: dir.path().to_path_buf(),
+        interface_ips: kept,
+    })
+    .unwrap();
+    assert_eq!(c.ips, want);
+}
+
+/// `OUTPUT_CERTS` files are readable by the pod's other containers in Kubernetes (Istio's 0644
+/// when `KUBERNETES_SERVICE_HOST` is set), owner-only elsewhere.
+#[test]
+fn output_certs_mode_follows_kubernetes() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = load(dir.path(), &env(&[("OUTPUT_CERTS", "/var/lib/istio/data")])).unwrap();
+    assert_eq!(c.identity.output_certs_mode, 0o600);
+    let e = env(&[
+        ("OUTPUT_CERTS", "/var/lib/istio/data"),
+        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+    ]);
+    assert_eq!(
+        load(dir.path(), &e).unwrap().identity.output_certs_mode,
+        0o644
+    );
+}

@@ -1,0 +1,95 @@
+//! The xDS upstream sub-config: how the xDS proxy reaches istiod (address, TLS, root of trust,
+//! ServerName, client identity, extra gRPC metadata, token).
+
+use std::path::{Path, PathBuf};
+
+use sds::RootSource;
+use sds::config::CertDir;
+
+use super::identity::{is_plaintext_addr, istiod_server_name};
+use super::{AuthPolicy, Error, env::Env, resolve};
+
+/// The connection to istiod for the xDS proxy.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct XdsUpstream {
+    /// ProxyConfig `discoveryAddress`.
+    pub address: String,
+    /// No TLS: `controlPlaneAuthPolicy: NONE` or a `:15010` address.
+    pub plaintext: bool,
+    /// Root istiod's serving certificate is verified against (Istio's `FindRootCAForXDS`).
+    pub root: RootSource,
+    /// TLS ServerName (`ISTIOD_SAN`, else the address' host; `localhost` maps to istiod's name).
+    pub server_name: String,
+    /// `PROV_CERT`: the client certificate, offered when it parses and is unexpired (the same
+    /// policy and files as the CA client's).
+    pub prov_cert: Option<CertDir>,
+    /// gRPC metadata on every stream: `ClusterID`, then `XDS_HEADER_<K>` sorted by key.
+    pub metadata: Vec<(String, String)>,
+    /// The bearer token, re-read for every stream.
+    pub token_path: PathBuf,
+}
+
+/// What the upstream settings depend on besides the environment.
+pub struct Inputs<'a> {
+    pub env: Env<'a>,
+    pub base_dir: &'a Path,
+    pub discovery_address: &'a str,
+    pub auth_policy: AuthPolicy,
+    pub cluster_id: &'a str,
+    pub prov_cert: Option<&'a CertDir>,
+    pub istiod_san: Option<&'a str>,
+}
+
+/// Builds the upstream config.
+pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
+    let address = i.discovery_address.to_string();
+    let plaintext = i.auth_policy == AuthPolicy::None || is_plaintext_addr(&address);
+    let root = if plaintext {
+        RootSource::System
+    } else {
+        xds_root(&i)?
+    };
+    let mut metadata = Vec::new();
+    if !i.cluster_id.is_empty() {
+        metadata.push(("ClusterID".to_string(), i.cluster_id.to_string()));
+    }
+    metadata.extend(i.env.prefixed("XDS_HEADER_"));
+    Ok(XdsUpstream {
+        server_name: istiod_server_name(&address, i.istiod_san),
+        address,
+        plaintext,
+        root,
+        prov_cert: i.prov_cert.cloned(),
+        metadata,
+        token_path: i.base_dir.join(sds::config::paths::TOKEN),
+    })
+}
+
+/// The XDS root of trust, as Istio's `FindRootCAForXDS`: `XDS_ROOT_CA` (`SYSTEM` for the OS
+/// bundle), else `./etc/certs/root-cert.pem` when present, else the `PROV_CERT` root, else
+/// Istio's mounted root (not with `PILOT_CERT_PROVIDER=none`).
+fn xds_root(i: &Inputs<'_>) -> Result<RootSource, Error> {
+    if let Some(v) = i.env.get("XDS_ROOT_CA") {
+        if v.eq_ignore_ascii_case("SYSTEM") {
+            return Ok(RootSource::System);
+        }
+        return Ok(RootSource::File(resolve(i.base_dir, v)));
+    }
+    let etc = i.base_dir.join("etc/certs/root-cert.pem");
+    if etc.exists() {
+        return Ok(RootSource::File(etc));
+    }
+    if let Some(dir) = i.prov_cert {
+        return Ok(RootSource::File(dir.root.clone()));
+    }
+    if i.env.get("PILOT_CERT_PROVIDER") == Some("none") {
+        return Err(i.env.invalid(
+            "PILOT_CERT_PROVIDER",
+            "none",
+            "a root for istiod's certificate: set XDS_ROOT_CA (or use a provider with a root)",
+        ));
+    }
+    Ok(RootSource::File(
+        i.base_dir.join(sds::config::paths::ISTIO_ROOT),
+    ))
+}

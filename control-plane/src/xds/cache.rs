@@ -1,0 +1,141 @@
+//! The cache of generated xDS: resources of one type for one proxy view are generated once per
+//! snapshot and shared by every proxy with that view. The cache belongs to the xDS side and lives
+//! as long as the snapshot it was generated from is the one being served. With fixed resources
+//! (`istiod-lite replay`) nothing is generated: the fixed source answers every (view, type).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::{FixedResources, Resources, XdsType, generate};
+use crate::model::{ProxyView, Snapshot};
+
+/// A snapshot and what was generated from it so far.
+pub struct CachedSnapshot {
+    snapshot: Arc<Snapshot>,
+    generated: Mutex<HashMap<(ProxyView, XdsType), Arc<Resources>>>,
+    /// Resources served as they are instead of generated (`istiod-lite replay`).
+    fixed: Option<Arc<dyn FixedResources>>,
+}
+
+impl std::fmt::Debug for CachedSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedSnapshot")
+            .field("version", &self.snapshot.version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CachedSnapshot {
+    /// An empty cache for `snapshot`.
+    pub fn new(snapshot: Arc<Snapshot>) -> CachedSnapshot {
+        CachedSnapshot {
+            snapshot,
+            generated: Mutex::new(HashMap::new()),
+            fixed: None,
+        }
+    }
+
+    /// `snapshot` (versions, push timing) whose resources come from `fixed`, not generation.
+    pub fn with_fixed(snapshot: Arc<Snapshot>, fixed: Arc<dyn FixedResources>) -> CachedSnapshot {
+        CachedSnapshot {
+            fixed: Some(fixed),
+            ..CachedSnapshot::new(snapshot)
+        }
+    }
+
+    /// The snapshot the resources are generated from.
+    pub fn snapshot(&self) -> &Arc<Snapshot> {
+        &self.snapshot
+    }
+
+    /// Resources of one type for a proxy view, generated once per (view, type).
+    pub fn resources(&self, view: &ProxyView, ty: XdsType) -> Arc<Resources> {
+        if let Some(fixed) = &self.fixed {
+            return fixed.resources(view, ty);
+        }
+        // Proxies that differ only in what the snapshot cannot tell apart share one generation.
+        let key = (self.snapshot.distinguishing_view(view), ty);
+        if let Ok(cache) = self.generated.lock()
+            && let Some(r) = cache.get(&key)
+        {
+            return r.clone();
+        }
+        let generated = Arc::new(generate(&self.snapshot, view, ty));
+        if let Ok(mut cache) = self.generated.lock() {
+            cache.entry(key).or_insert_with(|| generated.clone());
+        }
+        generated
+    }
+}
+
+/// The cache of the newest snapshot served, shared by every stream of the ADS server.
+pub(crate) struct CacheSlot {
+    current: Mutex<Option<Arc<CachedSnapshot>>>,
+    /// When present, every cache answers from it (`istiod-lite replay`).
+    fixed: Option<Arc<dyn FixedResources>>,
+}
+
+impl CacheSlot {
+    pub(crate) fn new(fixed: Option<Arc<dyn FixedResources>>) -> CacheSlot {
+        CacheSlot {
+            current: Mutex::new(None),
+            fixed,
+        }
+    }
+
+    fn cache(&self, snap: &Arc<Snapshot>) -> Arc<CachedSnapshot> {
+        Arc::new(match &self.fixed {
+            Some(f) => CachedSnapshot::with_fixed(snap.clone(), f.clone()),
+            None => CachedSnapshot::new(snap.clone()),
+        })
+    }
+
+    /// The cache for `snap`: the shared one when `snap` is the current snapshot; a new shared
+    /// one when `snap` is newer (the previous cache is dropped with its last user); a private,
+    /// unshared one for an older snapshot a slow stream still works from.
+    pub(crate) fn for_snapshot(&self, snap: &Arc<Snapshot>) -> Arc<CachedSnapshot> {
+        let Ok(mut current) = self.current.lock() else {
+            return self.cache(snap);
+        };
+        match current.as_ref() {
+            Some(c) if Arc::ptr_eq(c.snapshot(), snap) => c.clone(),
+            Some(c) if c.snapshot().created > snap.created => self.cache(snap),
+            _ => {
+                let c = self.cache(snap);
+                *current = Some(c.clone());
+                c
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Revision};
+    use crate::model::MeshSettings;
+
+    fn snap(n: u64) -> Arc<Snapshot> {
+        let rev = Revision::new(Arc::new(Config::default()), n);
+        Arc::new(Snapshot::from_revision(
+            &rev,
+            Arc::new(MeshSettings::default()),
+        ))
+    }
+
+    #[test]
+    fn streams_share_the_cache_of_the_newest_snapshot() {
+        let slot = CacheSlot::new(None);
+        let (old, new) = (snap(1), snap(2));
+        let a = slot.for_snapshot(&old);
+        assert!(Arc::ptr_eq(&a, &slot.for_snapshot(&old)));
+        let b = slot.for_snapshot(&new);
+        assert!(Arc::ptr_eq(b.snapshot(), &new));
+        assert!(Arc::ptr_eq(&b, &slot.for_snapshot(&new)));
+        // An older snapshot gets its own cache and does not evict the newest one.
+        let stale = slot.for_snapshot(&old);
+        assert!(Arc::ptr_eq(stale.snapshot(), &old));
+        assert!(!Arc::ptr_eq(&stale, &a));
+        assert!(Arc::ptr_eq(&b, &slot.for_snapshot(&new)));
+    }
+}

@@ -1,0 +1,487 @@
+//! The answer path, in one place: one query in, one answer out. The listeners (`server`) only
+//! read datagrams and TCP frames and send what this module gives back.
+//!
+//! 1. [`AnswerPath::handle`], synchronous: packets shorter than a header and responses are
+//!    dropped; a plain A/AAAA query for a table host is answered on the wire
+//!    ([`local::wire`]); a plain UDP query the table does not answer is served from the cache
+//!    or forwarded on the wire path ([`WireQuery`], no parse); anything else is parsed into a
+//!    `Message`: FORMERR, NOTIMP, BADVERS, SERVFAIL (no question, or no table yet) where due,
+//!    else the table's answer ([`local::message`]), the cache's, or a forward.
+//! 2. Forwards, bounded by the in-flight limit (SERVFAIL beyond it): over UDP
+//!    ([`AnswerPath::udp_query`]) wire-path queries are relayed without a task of their own
+//!    ([`crate::forward::Forwarder::relay_batch`]; [`WireRelay`] makes the client's answer where
+//!    the upstream's arrives), else run in a task; over TCP ([`AnswerPath::tcp_query`]) the
+//!    connection awaits them.
+//! 3. The upstream's answer made the client's, and cached: rewritten on the wire
+//!    ([`rewrite::to_client`]), else as a `Message` ([`respond::upstream_to_client`]), encoded to
+//!    the client's size with TC when cut ([`respond::encode`]); SERVFAIL when every upstream
+//!    failed.
+
+mod local;
+mod respond;
+mod rewrite;
+mod truncate;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use hickory_proto::op::{Message, OpCode, ResponseCode};
+use tokio::net::UdpSocket;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::Metrics;
+use crate::cache::{Cache, Key};
+use crate::datagrams::ClientReply;
+use crate::forward::{ForwardError, Forwarder, Raw, Relay};
+use crate::packet::{self, Question, Transport};
+use crate::table::{Expansion, LookupTable, TableHandle};
+use respond::{encode, respond, upstream_to_client};
+
+/// Everything the answer path needs: the table, the cache, the forwarder and the bound on
+/// forwards in flight.
+pub(crate) struct AnswerPath {
+    pub table: TableHandle,
+    pub forwarder: Forwarder,
+    pub cache: Option<Cache>,
+    pub metrics: Arc<Metrics>,
+    /// Forward before the first table arrives (else SERVFAIL).
+    pub respond_before_sync: bool,
+    /// Forwards in flight.
+    pub forwards: Arc<Semaphore>,
+}
+
+/// What to do with one received packet.
+pub(crate) enum Action {
+    Reply(Vec<u8>),
+    Forward(Box<Message>),
+    /// A plain UDP query forwarded on the wire path.
+    ForwardWire(Box<WireQuery>),
+    Drop,
+}
+
+/// A plain UDP query to forward without parsing it into a `Message`.
+pub(crate) struct WireQuery {
+    req: Vec<u8>,
+    q: Question,
+    /// Where the answer is cached (when the cache is on).
+    key: Option<Key>,
+}
+
+/// Where a UDP query's answer goes: the listening socket it came in on, and the tasks and
+/// shutdown of its listener (answers in flight are dropped unsent at shutdown).
+pub(crate) struct UdpListener<'a> {
+    pub sock: &'a Arc<UdpSocket>,
+    pub shutdown: &'a CancellationToken,
+    pub tracker: &'a TaskTracker,
+}
+
+/// What a receive batch produced: answers to send, and queries to relay upstream (sent
+/// together after the batch, [`AnswerPath::relay_queued`]).
+#[derive(Default)]
+pub(crate) struct Outgoing {
+    pub replies: Vec<(Vec<u8>, SocketAddr)>,
+    relays: Vec<(Vec<u8>, Box<dyn Relay>)>,
+}
+
+impl AnswerPath {
+    /// The synchronous part of the request path: everything except the upstream exchange.
+    pub fn handle(&self, bytes: &[u8], transport: Transport) -> Action {
+        // Shorter than a header, or a response (reflection): drop silently.
+        if bytes.len() < 12 || bytes[2] & 0x80 != 0 {
+            return Action::Drop;
+        }
+        self.metrics.requests.inc();
+        let table = self.table.get();
+        let plain = packet::parse(bytes);
+        if let (Some(t), Some(q)) = (&table, &plain) {
+            let mut out = Vec::new();
+            if local::wire(t, q, bytes, transport == Transport::Udp, &mut out) {
+                return Action::Reply(out);
+            }
+        }
+        if transport == Transport::Udp
+            && let Some(q) = plain
+            && let Some(action) = self.wire_forward(bytes, q, table.as_deref())
+        {
+            return action;
+        }
+        let req = match Message::from_vec(bytes) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(error = %e, "malformed DNS request");
+                return reply(respond::error_header(bytes, ResponseCode::FormErr));
+            }
+        };
+        if req.metadata.op_code != OpCode::Query {
+            return reply(encode(
+                &respond(&req, ResponseCode::NotImp),
+                &req,
+                transport,
+            ));
+        }
+        if req.edns.as_ref().is_some_and(|e| e.version() > 0) {
+            return reply(encode(
+                &respond(&req, ResponseCode::BADVERS),
+                &req,
+                transport,
+            ));
+        }
+        match req.queries.len() {
+            // Istio answers a question-less query with SERVFAIL.
+            0 => {
+                return reply(encode(
+                    &respond(&req, ResponseCode::ServFail),
+                    &req,
+                    transport,
+                ));
+            }
+            1 => {}
+            _ => {
+                return reply(encode(
+                    &respond(&req, ResponseCode::FormErr),
+                    &req,
+                    transport,
+                ));
+            }
+        }
+        let Some(table) = table else {
+            if self.respond_before_sync {
+                return self.cached_or_forward(req, transport);
+            }
+            return reply(encode(
+                &respond(&req, ResponseCode::ServFail),
+                &req,
+                transport,
+            ));
+        };
+        if let Some(resp) = local::message(&table, &req) {
+            return reply(encode(&resp, &req, transport));
+        }
+        self.cached_or_forward(req, transport)
+    }
+
+    /// The wire path for a plain UDP query the table does not answer: a cached answer, or a
+    /// forward. `None` leaves the query to the `Message` path.
+    fn wire_forward(
+        &self,
+        bytes: &[u8],
+        q: Question,
+        table: Option<&LookupTable>,
+    ) -> Option<Action> {
+        let ours = match table {
+            Some(t) => q.qclass == 1 && t.answers(q.lower_name(), q.qtype),
+            // Before the first table: SERVFAIL unless respond-before-sync (Message path).
+            None => !self.respond_before_sync,
+        };
+        if ours {
+            return None;
+        }
+        let key = match &self.cache {
+            Some(cache) => {
+                let key = Key::from_wire(
+                    q.lower_name(),
+                    q.qtype,
+                    q.qclass,
+                    q.edns.is_some_and(|e| e.dnssec_ok),
+                    bytes[3] & 0x10 != 0,
+                );
+                if let Some(cached) = cache.get(&key, std::time::Instant::now()) {
+                    self.metrics.cache_hits.inc();
+                    let req = Message::from_vec(bytes).ok()?;
+                    return Some(reply(encode(
+                        &upstream_to_client(cached, &req),
+                        &req,
+                        Transport::Udp,
+                    )));
+                }
+                Some(key)
+            }
+            None => None,
+        };
+        Some(Action::ForwardWire(Box::new(WireQuery {
+            req: bytes.to_vec(),
+            q,
+            key,
+        })))
+    }
+
+    fn cached_or_forward(&self, req: Message, transport: Transport) -> Action {
+        if let Some(cache) = &self.cache
+            && let Some(key) = Key::of(&req)
+            && let Some(cached) = cache.get(&key, std::time::Instant::now())
+        {
+            self.metrics.cache_hits.inc();
+            return reply(encode(&upstream_to_client(cached, &req), &req, transport));
+        }
+        Action::Forward(Box::new(req))
+    }
+
+    /// One received UDP datagram from `src`: an answer now, a query to relay (both queued in
+    /// `out`), or a forward in its own task (parallel mode, the `Message` path).
+    pub fn udp_query(
+        self: &Arc<Self>,
+        listener: &UdpListener<'_>,
+        bytes: &[u8],
+        src: SocketAddr,
+        out: &mut Outgoing,
+    ) {
+        let Outgoing { replies, relays } = out;
+        match self.handle(bytes, Transport::Udp) {
+            Action::Reply(b) => replies.push((b, src)),
+            Action::Drop => {}
+            Action::ForwardWire(w) => match self.forwards.clone().try_acquire_owned() {
+                Ok(permit) if self.forwarder.can_relay() => {
+                    self.metrics.upstream_requests.inc();
+                    let query = rewrite::upstream_query(&w.req, &w.q, self.forwarder.udp_payload);
+                    let ctx = Box::new(WireRelay {
+                        path: self.clone(),
+                        w,
+                        sock: listener.sock.clone(),
+                        src,
+                        start: tokio::time::Instant::now(),
+                        _permit: permit,
+                    });
+                    relays.push((query, ctx));
+                }
+                Ok(permit) => {
+                    let path = self.clone();
+                    spawn_answer(listener, permit, src, async move {
+                        path.complete_wire(&w).await
+                    });
+                }
+                Err(_) => {
+                    self.metrics.upstream_failures.inc();
+                    replies.push((rewrite::error_answer(&w.req, &w.q, 2), src));
+                }
+            },
+            Action::Forward(req) => match self.forwards.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let path = self.clone();
+                    spawn_answer(listener, permit, src, async move {
+                        path.complete(&req, Transport::Udp).await
+                    });
+                }
+                Err(_) => {
+                    if let Some(b) = self.overloaded(&req, Transport::Udp) {
+                        replies.push((b, src));
+                    }
+                }
+            },
+        }
+    }
+
+    /// Sends the queries a receive batch queued for relaying upstream; the answers of those
+    /// already finished (every send failed) join `out.replies`.
+    pub fn relay_queued(&self, out: &mut Outgoing) {
+        if !out.relays.is_empty() {
+            for r in self.forwarder.relay_batch(&mut out.relays) {
+                out.replies.push((r.bytes, r.to));
+            }
+        }
+    }
+
+    /// One query received over TCP: its answer, if any (forwards awaited here).
+    pub async fn tcp_query(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+        match self.handle(bytes, Transport::Tcp) {
+            Action::Reply(b) => Some(b),
+            // Only UDP queries take the wire path.
+            Action::Drop | Action::ForwardWire(_) => None,
+            Action::Forward(req) => match self.forwards.clone().try_acquire_owned() {
+                Ok(_permit) => self.complete(&req, Transport::Tcp).await,
+                Err(_) => self.overloaded(&req, Transport::Tcp),
+            },
+        }
+    }
+
+    /// [`AnswerPath::complete`] for the wire path.
+    async fn complete_wire(&self, w: &WireQuery) -> Option<Vec<u8>> {
+        self.metrics.upstream_requests.inc();
+        let start = tokio::time::Instant::now();
+        let query = rewrite::upstream_query(&w.req, &w.q, self.forwarder.udp_payload);
+        let result = self
+            .forwarder
+            .forward_bytes::<Raw>(query, Transport::Udp)
+            .await;
+        self.metrics
+            .upstream_duration
+            .observe(start.elapsed().as_secs_f64());
+        match result {
+            Ok(Raw(answer)) => self.wire_answer(w, answer),
+            Err(e) => {
+                self.metrics.upstream_failures.inc();
+                tracing::debug!(error = %e, "DNS forward failed");
+                Some(rewrite::error_answer(&w.req, &w.q, 2))
+            }
+        }
+    }
+
+    /// The client's answer from the upstream's `answer` to `w` (cached when the cache is on).
+    fn wire_answer(&self, w: &WireQuery, answer: Vec<u8>) -> Option<Vec<u8>> {
+        let mut parsed = None;
+        if let (Some(cache), Some(key)) = (&self.cache, &w.key)
+            && let Ok(m) = Message::from_vec(&answer)
+        {
+            cache.put(key.clone(), &m, std::time::Instant::now());
+            parsed = Some(m);
+        }
+        let answer = match rewrite::to_client(answer, &w.req, &w.q) {
+            Ok(b) => return Some(b),
+            Err(answer) => answer,
+        };
+        // Cut to the client's size, or unusual: the Message path.
+        let req = Message::from_vec(&w.req).ok()?;
+        match parsed.map_or_else(|| Message::from_vec(&answer), Ok) {
+            Ok(resp) => encode(&upstream_to_client(resp, &req), &req, Transport::Udp),
+            Err(e) => {
+                self.metrics.upstream_failures.inc();
+                tracing::debug!(error = %e, "invalid DNS upstream answer");
+                encode(&respond(&req, ResponseCode::ServFail), &req, Transport::Udp)
+            }
+        }
+    }
+
+    /// The asynchronous part: forward, cache, answer (SERVFAIL when every upstream failed).
+    async fn complete(&self, req: &Message, transport: Transport) -> Option<Vec<u8>> {
+        self.metrics.upstream_requests.inc();
+        let start = tokio::time::Instant::now();
+        let result = self.forwarder.forward(req, transport).await;
+        self.metrics
+            .upstream_duration
+            .observe(start.elapsed().as_secs_f64());
+        match result {
+            Ok(resp) => {
+                if let (Some(cache), Some(key)) = (&self.cache, Key::of(req)) {
+                    cache.put(key, &resp, std::time::Instant::now());
+                }
+                encode(&upstream_to_client(resp, req), req, transport)
+            }
+            Err(e) => {
+                self.metrics.upstream_failures.inc();
+                tracing::debug!(error = %e, "DNS forward failed");
+                encode(&respond(req, ResponseCode::ServFail), req, transport)
+            }
+        }
+    }
+
+    /// SERVFAIL for a query refused because too many are in flight.
+    fn overloaded(&self, req: &Message, transport: Transport) -> Option<Vec<u8>> {
+        self.metrics.upstream_failures.inc();
+        encode(&respond(req, ResponseCode::ServFail), req, transport)
+    }
+}
+
+fn reply(bytes: Option<Vec<u8>>) -> Action {
+    match bytes {
+        Some(b) => Action::Reply(b),
+        None => Action::Drop,
+    }
+}
+
+/// Runs `answer` in a task of its own (holding `permit`) and sends what it gives to `src` on
+/// the listener's socket; dropped unsent at shutdown.
+fn spawn_answer(
+    listener: &UdpListener<'_>,
+    permit: OwnedSemaphorePermit,
+    src: SocketAddr,
+    answer: impl std::future::Future<Output = Option<Vec<u8>>> + Send + 'static,
+) {
+    let (sock, shutdown) = (listener.sock.clone(), listener.shutdown.clone());
+    listener.tracker.spawn(async move {
+        let _permit = permit;
+        let answer = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            a = answer => a,
+        };
+        if let Some(b) = answer {
+            let _ = sock.send_to(&b, src).await;
+        }
+    });
+}
+
+/// A wire-path query relayed upstream without a task of its own (see
+/// [`Forwarder::relay_batch`]): the client's answer is made and sent where the upstream's
+/// answer (or timeout) is handled.
+struct WireRelay {
+    path: Arc<AnswerPath>,
+    w: Box<WireQuery>,
+    sock: Arc<UdpSocket>,
+    src: SocketAddr,
+    start: tokio::time::Instant,
+    /// Counts against the bound on queries in flight until the answer is made.
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Relay for WireRelay {
+    fn finish(self: Box<Self>, result: Result<Vec<u8>, ForwardError>) -> Option<ClientReply> {
+        let path = &self.path;
+        path.metrics
+            .upstream_duration
+            .observe(self.start.elapsed().as_secs_f64());
+        let bytes = match result {
+            Ok(answer) => path.wire_answer(&self.w, answer)?,
+            Err(e) => {
+                path.metrics.upstream_failures.inc();
+                tracing::debug!(error = %e, "DNS forward failed");
+                rewrite::error_answer(&self.w.req, &self.w.q, 2)
+            }
+        };
+        Some(ClientReply {
+            sock: self.sock.clone(),
+            bytes,
+            to: self.src,
+        })
+    }
+}
+
+/// Runs one packet through the request path (table loaded, both transports) and, when it would
+/// be forwarded, runs it through the upstream-answer path with itself as the answer. Never
+/// touches the network. For the fuzz target.
+pub fn fuzz_request(data: &[u8]) {
+    static PATH: OnceLock<AnswerPath> = OnceLock::new();
+    let path = PATH.get_or_init(|| {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let table = TableHandle::new(Expansion {
+            namespace: "ns1".into(),
+            proxy_domain: "svc.cluster.local".into(),
+            search: Some("ns1.svc.cluster.local".into()),
+        });
+        table.update(&crate::table::fuzz_table());
+        AnswerPath {
+            table,
+            forwarder: Forwarder::new(
+                vec![],
+                Duration::from_millis(1),
+                false,
+                1232,
+                CancellationToken::new(),
+            ),
+            cache: Some(Cache::new(64)),
+            metrics: Arc::new(Metrics::new(&mut registry)),
+            respond_before_sync: false,
+            forwards: Arc::new(Semaphore::new(1)),
+        }
+    });
+    for transport in [Transport::Udp, Transport::Tcp] {
+        let action = path.handle(data, transport);
+        if let Action::ForwardWire(w) = &action {
+            let mut answer = data.to_vec();
+            answer[2] |= 0x80;
+            let _ = path.wire_answer(w, answer);
+        }
+        if let Action::Forward(req) = action {
+            // The same bytes, marked as a response, are the upstream's answer.
+            let mut answer = data.to_vec();
+            answer[2] |= 0x80;
+            let server: SocketAddr = ([127, 0, 0, 1], 53).into();
+            if let Ok(resp) = crate::forward::check_answer(server, &answer, &req) {
+                if let (Some(cache), Some(key)) = (&path.cache, Key::of(&req)) {
+                    cache.put(key, &resp, std::time::Instant::now());
+                }
+                let _ = encode(&upstream_to_client(resp, &req), &req, transport);
+            }
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! Proxyless gRPC, as Istio's `grpc-agent` injection template runs it: `pilot-agent proxy
+//! sidecar` with `ISTIO_META_GENERATOR=grpc`, `DISABLE_ENVOY=true`, `OUTPUT_CERTS` and
+//! `GRPC_XDS_BOOTSTRAP`, and readiness on the status port. The app is a real gRPC C-core client
+//! (Python `grpcio`, installed by `scripts/setup.sh` into `.tools/py-grpc`) dialing
+//! `xds:///<host>:<port>` with the agent's bootstrap: it talks to the agent's xDS socket, which
+//! relays to istiod-lite's gRPC generator (LDS API listener, RDS, CDS, EDS), and calls a real
+//! grpcio server (the health service) found through EDS. With a DestinationRule `ISTIO_MUTUAL`
+//! the client takes mTLS from CDS and its certificates from the agent's `OUTPUT_CERTS` files
+//! through the bootstrap's `file_watcher` provider.
+//!
+//! No root, no namespaces: istiod-lite, the agent and both Python processes run on loopback with
+//! every port moved to a free one.
+
+use harness::local::{LocalIstiod, Ports, agent_env, free_port};
+use harness::{Child, assert_eventually, http_get, in_ci, workspace_bin};
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const SERVICE_ACCOUNT: &str = "grpc-client";
+const HOST: &str = "echo.demo.svc.cluster.local";
+const PORT: u16 = 7070;
+/// The health service name the test server (and only it) reports SERVING.
+const HEALTH_NAME: &str = "proxyless-echo";
+
+/// This crate's folder (`tests/`), as this test was built.
+fn tests_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Where `scripts/setup.sh` puts grpcio (`PY_GRPC_DIR` overrides).
+fn py_grpc_dir() -> PathBuf {
+    std::env::var_os("PY_GRPC_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| tests_dir().join("../.tools/py-grpc"))
+}
+
+fn python(script_args: &[&str]) -> Command {
+    let mut cmd = Command::new("python3");
+    cmd.arg(tests_dir().join("py/grpc_xds.py"))
+        .args(script_args)
+        .env("PYTHONPATH", py_grpc_dir())
+        .env("PYTHONUNBUFFERED", "1");
+    cmd
+}
+
+/// True when python3 can import grpcio; otherwise skips (fails under `CI=true`).
+fn require_grpcio() -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", "import grpc, grpc_health.v1.health"])
+        .env("PYTHONPATH", py_grpc_dir())
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        let msg = format!(
+            "missing prerequisite: python3 with grpcio in {} (run scripts/setup.sh, which \
+             installs grpcio from PyPI there)",
+            py_grpc_dir().display()
+        );
+        assert!(
+            !in_ci(),
+            "{msg}; CI=true, so this test fails instead of skipping"
+        );
+        eprintln!("SKIP: {msg}");
+    }
+    ok
+}
+
+/// One ServiceEntry: the gRPC service at a VIP, its one endpoint the test server on loopback
+/// (running as the client's own identity in the mTLS case).
+fn mesh_config(server_port: u16) -> String {
+    format!(
+        r#"apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{ name: echo, namespace: demo }}
+spec:
+  hosts: [{HOST}]
+  addresses: [198.19.0.20]
+  ports: [{{ number: {PORT}, name: grpc, protocol: GRPC, targetPort: {server_port} }}]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  endpoints: [{{ address: 127.0.0.1, serviceAccount: {SERVICE_ACCOUNT} }}]
+"#
+    )
+}
+
+fn istio_mutual() -> String {
+    format!(
+        r#"---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{ name: echo, namespace: demo }}
+spec:
+  host: {HOST}
+  trafficPolicy: {{ tls: {{ mode: ISTIO_MUTUAL }} }}
+"#
+    )
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+/// istiod-lite and the agent with the grpc-agent template's environment, ready.
+struct Proxyless {
+    _istiod: LocalIstiod,
+    _agent: Child,
+    _scratch: tempfile::TempDir,
+    certs: PathBuf,
+    bootstrap: PathBuf,
+}
+
+fn start(config: &str) -> Proxyless {
+    let istiod = LocalIstiod::start(config);
+    let scratch_dir = tempfile::Builder::new()
+        .prefix("grpc-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let scratch = scratch_dir.path();
+    istiod.provision(scratch, SERVICE_ACCOUNT);
+
+    let certs = scratch.join("var/lib/istio/data");
+    let bootstrap = scratch.join("etc/istio/proxy/grpc-bootstrap.json");
+    let ports = Ports::free();
+    let mut cmd = Command::new(workspace_bin("pilot-agent"));
+    cmd.args(["proxy", "sidecar"]).current_dir(scratch);
+    agent_env(&mut cmd, istiod.secure, SERVICE_ACCOUNT, &ports);
+    cmd.env("ISTIO_META_GENERATOR", "grpc")
+        .env("DISABLE_ENVOY", "true")
+        .env("OUTPUT_CERTS", &certs)
+        .env("GRPC_XDS_BOOTSTRAP", &bootstrap)
+        // In a pod: the app container reads the certificates, so they are 0644 (Istio).
+        .env("KUBERNETES_SERVICE_HOST", "10.96.0.1");
+    let agent = Child::spawn("agent", cmd);
+    agent.wait_for_line("agent listeners bound", Duration::from_secs(20));
+
+    // Readiness on the status port waits for the bootstrap and the three certificate files.
+    let status: SocketAddr = format!("127.0.0.1:{}", ports.status).parse().expect("addr");
+    assert_eventually(Duration::from_secs(30), || {
+        match http_get(status, "/healthz/ready") {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("/healthz/ready: {other:?}")),
+        }
+    });
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&bootstrap).expect("bootstrap written"))
+            .expect("bootstrap is JSON");
+    assert_eq!(doc["node"]["metadata"]["GENERATOR"], "grpc");
+    let provider = &doc["certificate_providers"]["default"];
+    assert_eq!(provider["plugin_name"], "file_watcher");
+    for (key, file) in [
+        ("certificate_file", "cert-chain.pem"),
+        ("private_key_file", "key.pem"),
+        ("ca_certificate_file", "root-cert.pem"),
+    ] {
+        let path = certs.join(file);
+        assert_eq!(provider["config"][key], path.display().to_string(), "{key}");
+        assert_eq!(mode(&path), 0o644, "{file}: readable by the app container");
+    }
+    assert!(
+        !agent.output().iter().any(|l| l.contains("starting Envoy")),
+        "DISABLE_ENVOY: the agent must not start Envoy"
+    );
+    Proxyless {
+        _istiod: istiod,
+        _agent: agent,
+        _scratch: scratch_dir,
+        certs,
+        bootstrap,
+    }
+}
+
+/// Runs the real gRPC xDS client against `xds:///HOST:PORT`; returns success and its output.
+fn call(p: &Proxyless, extra: &[&str]) -> (bool, Vec<String>) {
+    let target = format!("xds:///{HOST}:{PORT}");
+    let mut args = vec!["client", target.as_str(), HEALTH_NAME];
+    args.extend_from_slice(extra);
+    let mut cmd = python(&args);
+    cmd.env("GRPC_XDS_BOOTSTRAP", &p.bootstrap);
+    let mut client = Child::spawn("grpc-client", cmd);
+    let exit = client.wait_timeout(Duration::from_secs(90));
+    (exit.is_some_and(|s| s.success()), client.output())
+}
+
+fn assert_served(ok: bool, out: &[String]) {
+    assert!(ok, "the gRPC client failed: {out:#?}");
+    assert!(
+        out.iter().any(|l| l == "status=SERVING"),
+        "the test server's health answer: {out:#?}"
+    );
+    // The agent accepted C-core's percent-encoded socket path as :authority (no stream reset).
+    assert!(
+        !out.iter().any(|l| l.contains("RST_STREAM")),
+        "the xDS stream was reset: {out:#?}"
+    );
+}
+
+#[test]
+fn grpc_xds_client_calls_a_server_through_the_agent_and_istiod_lite() {
+    if !require_grpcio() {
+        return;
+    }
+    let server_port = free_port();
+    let pod = start(&mesh_config(server_port));
+    // The app's gRPC server (plain text), on the free loopback port.
+    let server = Child::spawn(
+        "grpc-server",
+        python(&["server", &server_port.to_string(), HEALTH_NAME]),
+    );
+    server.wait_for_line("serving port=", Duration::from_secs(30));
+    let (ok, out) = call(&pod, &[]);
+    assert_served(ok, &out);
+}
+
+#[test]
+fn istio_mutual_reaches_the_grpc_client_through_the_file_watcher_provider() {
+    if !require_grpcio() {
+        return;
+    }
+    let server_port = free_port();
+    let pod = start(&(mesh_config(server_port) + &istio_mutual()));
+    // The server requires a client certificate from the mesh CA; it serves the workload
+    // certificate the agent wrote (its SPIFFE id is the one CDS expects).
+    let certs = pod.certs.display().to_string();
+    let server = Child::spawn(
+        "grpc-server",
+        python(&["server", &server_port.to_string(), HEALTH_NAME, &certs]),
+    );
+    server.wait_for_line("serving port=", Duration::from_secs(30));
+    // Security from xDS: CDS says ISTIO_MUTUAL, the certificates come from OUTPUT_CERTS.
+    let (ok, out) = call(&pod, &["xds-creds"]);
+    assert_served(ok, &out);
+    // Plain text cannot reach the mTLS server: the answer above went over mTLS.
+    let (ok, out) = call(&pod, &["8"]);
+    assert!(!ok, "a plain-text client reached the mTLS server: {out:#?}");
+}

@@ -17,6 +17,7 @@ fn view(capture: bool) -> ProxyView {
         dns_capture: false,
         dns_auto_allocate: false,
         capture,
+        grpc: false,
     }
 }
 

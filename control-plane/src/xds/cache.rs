@@ -138,4 +138,56 @@ mod tests {
         assert!(!Arc::ptr_eq(&stale, &a));
         assert!(Arc::ptr_eq(&b, &slot.for_snapshot(&new)));
     }
+
+    /// Answers every (view, type) with one named resource and counts the calls.
+    struct Fixed(std::sync::atomic::AtomicUsize);
+
+    impl FixedResources for Fixed {
+        fn resources(&self, _view: &ProxyView, ty: XdsType) -> Arc<Resources> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Arc::new(vec![super::super::Resource {
+                name: format!("fixed-{}", ty.short()),
+                any: Default::default(),
+                hash: 1,
+            }])
+        }
+    }
+
+    #[test]
+    fn fixed_resources_answer_instead_of_generation() {
+        let fixed = Arc::new(Fixed(Default::default()));
+        let slot = CacheSlot::new(Some(fixed.clone()));
+        let s = snap(1);
+        let cache = slot.for_snapshot(&s);
+        assert!(Arc::ptr_eq(cache.snapshot(), &s));
+        let view = ProxyView {
+            namespace: "demo".into(),
+            labels: Default::default(),
+            ips: vec!["127.0.0.1".into()],
+            dns_capture: false,
+            dns_auto_allocate: false,
+            capture: true,
+            grpc: false,
+        };
+        for ty in XdsType::ALL {
+            let r = cache.resources(&view, ty);
+            let names: Vec<&str> = r.iter().map(|r| r.name.as_str()).collect();
+            assert_eq!(names, [format!("fixed-{}", ty.short())]);
+        }
+        assert_eq!(
+            fixed.0.load(std::sync::atomic::Ordering::SeqCst),
+            XdsType::ALL.len()
+        );
+        // A newer snapshot keeps the fixed source.
+        let newer = slot.for_snapshot(&snap(2));
+        assert_eq!(newer.resources(&view, XdsType::Cds)[0].name, "fixed-CDS");
+        // Without one, an empty config generates no listener named like the fixed ones.
+        let plain = CacheSlot::new(None).for_snapshot(&s);
+        assert!(
+            plain
+                .resources(&view, XdsType::Lds)
+                .iter()
+                .all(|r| !r.name.starts_with("fixed-"))
+        );
+    }
 }

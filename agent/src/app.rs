@@ -85,6 +85,7 @@ fn upstream(config: &crate::config::XdsUpstream) -> xds_proxy::Upstream {
         config.server_name.clone(),
     );
     inputs.plaintext = config.plaintext;
+    inputs.keepalive = Some(config.keepalive);
     let prov_cert = config.prov_cert.clone();
     let connect: xds_proxy::Connect = Arc::new(move || {
         let mut inputs = inputs.clone();
@@ -259,6 +260,9 @@ impl App {
             metrics: xds_metrics,
             health: health_channel.as_ref().map(|(_, rx)| rx.clone()),
             queue: 1,
+            reconnect: config.upstream.reconnect,
+            // A stalled istiod is given as long to open a stream as to answer a ping.
+            open_timeout: config.upstream.keepalive.0 + config.upstream.keepalive.1,
         });
         let xds_path = config.xds_socket();
         let xds_listener = xds_proxy::bind_uds(&xds_path)?;

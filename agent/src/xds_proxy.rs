@@ -11,8 +11,13 @@
 //!   task, so a slow reader on either side pushes back (HTTP/2 flow control) on the writer
 //!   instead of queueing, and neither direction can block the other (no istio#39209 deadlock,
 //!   no istio#34097 unbounded queue).
-//! - When either side ends, the other is closed with the same status; Envoy's reconnect creates
-//!   a fresh upstream. The proxy never retries on its own.
+//! - The proxy owns the upstream (unlike Istio): when the upstream stream or connection is lost
+//!   (istiod restarted, or a stalled connection caught by the HTTP/2 keepalive), Envoy's stream
+//!   stays open; the proxy reconnects (jittered backoff from 100 ms, capped at 1 s) and opens
+//!   the new stream with Envoy's current subscriptions ([`subscriptions`]), so Envoy never
+//!   sees the restart. ACKs/NACKs for the old stream's responses are not forwarded. With
+//!   `XDS_PROXY_RECONNECT=false` (Istio's behaviour), and always when istiod refuses the stream
+//!   (e.g. PERMISSION_DENIED) or Envoy leaves, the other side is closed with the same status.
 //! - One Envoy stream at a time (as Istio): a new stream, SotW or Delta, ends the previous one
 //!   (OK status) and closes its upstream.
 
@@ -21,6 +26,7 @@ mod authority;
 pub mod fake;
 mod hpack;
 mod relay;
+mod subscriptions;
 mod wire;
 
 use std::convert::Infallible;
@@ -98,6 +104,12 @@ pub struct Inputs {
     /// Capacity of each direction's queue (messages). Istio's is 1 downstream, unbounded
     /// upstream; ours is bounded both ways.
     pub queue: usize,
+    /// Keep Envoy's stream open and reconnect on upstream loss (`false`: Istio's behaviour,
+    /// Envoy's stream ends with the upstream's).
+    pub reconnect: bool,
+    /// How long connecting and opening a new upstream stream may take before the next attempt
+    /// (a stopped istiod accepts TCP connections but never completes the handshake).
+    pub open_timeout: std::time::Duration,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -105,7 +117,14 @@ pub(crate) struct TerminationLabels {
     pub(crate) r#type: &'static str,
 }
 
-/// Istio's xDS proxy metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReconnectLabels {
+    /// `closed` (istiod ended the stream), `lost` (connection gone: istiod dead, or a stalled
+    /// connection dropped after an unanswered keepalive ping), `keepalive` (reported as such).
+    pub(crate) reason: &'static str,
+}
+
+/// Istio's xDS proxy metrics, and the proxy's own reconnects.
 #[derive(Debug, Clone, Default)]
 pub struct Metrics {
     pub(crate) istiod_connection_failures: Counter,
@@ -113,6 +132,7 @@ pub struct Metrics {
     pub(crate) envoy_connection_terminations: Family<TerminationLabels, Counter>,
     pub(crate) requests: Counter,
     pub(crate) responses: Counter,
+    pub(crate) upstream_reconnects: Family<ReconnectLabels, Counter>,
 }
 
 impl Metrics {
@@ -142,6 +162,11 @@ impl Metrics {
             "xds_proxy_responses",
             "Responses received from istiod",
             m.responses.clone(),
+        );
+        registry.register(
+            "xds_upstream_reconnects",
+            "Upstream xDS streams lost and reopened by the proxy while Envoy's stayed open, by reason",
+            m.upstream_reconnects.clone(),
         );
         m
     }

@@ -126,12 +126,124 @@ pub fn dry_run_script(cfg: &Config, rules: &NftRuleBuilder) -> String {
     }
 }
 
-/// What a real run feeds to `nft -f -`: the Istio tables removed, then rebuilt, in the same
-/// transaction. Removing first drops chains and tables the new flags no longer use (a flag
-/// change converges exactly); the kernel switches from the old ruleset to the new one at
-/// once, so no packet sees a pod without its rules.
-pub fn apply_script(rules: &NftRuleBuilder) -> String {
-    let mut out = cleanup_script();
+/// Istio's tables and their chains as they are in the namespace before a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Existing {
+    pub tables: Vec<String>,
+    /// (table, chain)
+    pub chains: Vec<(String, String)>,
+}
+
+impl Existing {
+    /// Read over netlink; `None` when nf_tables cannot be read.
+    pub fn read() -> Option<Existing> {
+        use crate::netlink::{NFPROTO_INET, nft_chains, nft_tables};
+        let ours = |family: u8, table: &str| {
+            family == NFPROTO_INET && TABLES.iter().any(|(t, _)| *t == table)
+        };
+        let tables = nft_tables()?
+            .into_iter()
+            .filter(|(f, t)| ours(*f, t))
+            .map(|(_, t)| t)
+            .collect();
+        let chains = nft_chains()?
+            .into_iter()
+            .filter(|(f, t, _)| ours(*f, t))
+            .map(|(_, t, c)| (t, c))
+            .collect();
+        Some(Existing { tables, chains })
+    }
+}
+
+/// What a real run feeds to `nft -f -`: [`script`], preceded, in the same transaction, by the
+/// removal of each Istio table whose chains are not exactly the ones the new rules declare (in
+/// their order): tables the new rules do not use, and tables an earlier run with other flags
+/// shaped differently. A run over its own rules, or over none, sends exactly [`script`]; a
+/// flag change ends in the same ruleset, in the same order, as a fresh pod. When the current
+/// state is unknown every table is removed first. Either way the kernel switches from the old
+/// ruleset to the new one at once.
+pub fn apply_script(rules: &NftRuleBuilder, existing: Option<&Existing>) -> String {
+    let mut out = String::new();
+    for (table, chains) in TABLES {
+        let reset = match existing {
+            None => true,
+            Some(e) if !e.tables.iter().any(|t| t == table) => false,
+            Some(e) => {
+                let now: Vec<&str> = e
+                    .chains
+                    .iter()
+                    .filter(|(t, _)| t == table)
+                    .map(|(_, c)| c.as_str())
+                    .collect();
+                let planned: Vec<&str> = chains
+                    .iter()
+                    .map(|(c, _)| *c)
+                    .filter(|c| rules.has_rules(table, c))
+                    .collect();
+                planned.is_empty() || now != planned
+            }
+        };
+        if reset {
+            out.push_str(&format!(
+                "add table {FAMILY} {table}\ndelete table {FAMILY} {table}\n"
+            ));
+        }
+    }
     out.push_str(&script(rules));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apply_script_resets_only_tables_shaped_otherwise() {
+        let mut b = NftRuleBuilder::new(false);
+        b.append(NAT, capture::OUTPUT, "counter jump istio-output");
+        b.append(NAT, capture::ISTIO_OUTPUT, "counter return");
+        let plain = script(&b);
+        assert_eq!(apply_script(&b, Some(&Existing::default())), plain);
+        let same = Existing {
+            tables: vec![NAT.into()],
+            chains: vec![
+                (NAT.into(), "output".into()),
+                (NAT.into(), "istio-output".into()),
+            ],
+        };
+        assert_eq!(
+            apply_script(&b, Some(&same)),
+            plain,
+            "own rules: the golden text"
+        );
+        let reset = |t: &str| format!("add table inet {t}\ndelete table inet {t}\n");
+        let other = Existing {
+            tables: vec![NAT.into(), MANGLE.into()],
+            chains: vec![
+                (NAT.into(), "output".into()),
+                (NAT.into(), "istio-output".into()),
+                (NAT.into(), "istio-output-dns".into()),
+                (MANGLE.into(), "prerouting".into()),
+            ],
+        };
+        assert_eq!(
+            apply_script(&b, Some(&other)),
+            format!("{}{}{plain}", reset(NAT), reset(MANGLE))
+        );
+        let reordered = Existing {
+            tables: vec![NAT.into()],
+            chains: vec![
+                (NAT.into(), "istio-output".into()),
+                (NAT.into(), "output".into()),
+            ],
+        };
+        assert_eq!(
+            apply_script(&b, Some(&reordered)),
+            format!("{}{plain}", reset(NAT))
+        );
+        assert_eq!(
+            apply_script(&b, None),
+            format!("{}{plain}", cleanup_script())
+        );
+    }
 }

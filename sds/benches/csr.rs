@@ -2,7 +2,6 @@
 //! the workload certificate against the in-process fake CA (TLS over loopback).
 //! Target: the P-256 keygen+CSR path ≤ 2 ms.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -35,17 +34,14 @@ fn full_fetch(c: &mut Criterion) {
     let root = dir.path().join("var/run/secrets/istio/root-cert.pem");
     std::fs::create_dir_all(root.parent().expect("parent")).expect("mkdir");
     std::fs::write(&root, &ca.tls_root_pem).expect("root");
-    let env: HashMap<String, String> = [
-        ("CA_ADDR", ca.ca_addr()),
-        ("ISTIOD_SAN", "istiod.istio-system.svc".to_string()),
-        ("ECC_SIGNATURE_ALGORITHM", "ECDSA".to_string()),
-        ("POD_NAMESPACE", "default".to_string()),
-        ("SERVICE_ACCOUNT", "bench".to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let cfg = Arc::new(Config::from_env(&env, dir.path()).expect("config"));
+    let cfg = Arc::new(Config {
+        ca_addr: ca.ca_addr(),
+        ca_server_name: "istiod.istio-system.svc".into(),
+        key_algorithm: KeyAlgorithm::EcdsaP256,
+        namespace: "default".into(),
+        service_account: "bench".into(),
+        ..Config::defaults(dir.path())
+    });
     let mut reg = prometheus_client::registry::Registry::default();
     let metrics = Arc::new(Metrics::new(&mut reg));
 

@@ -4,7 +4,7 @@
 //! `ISTIOD_SAN`, `PROV_CERT` client identity when valid), plaintext for `:15010` or `http://`.
 //! The bearer token is re-read on every call; a JWT whose `exp` has passed is not sent (the error
 //! names the file and the expiry time), and no token is sent over plaintext unless
-//! [`CaClientOptions::allow_plaintext_token`] (`CA_ALLOW_PLAINTEXT_TOKEN=true`) says so: Istio
+//! [`Config::allow_plaintext_token`] (`CA_ALLOW_PLAINTEXT_TOKEN=true`) says so: Istio
 //! serves its CA on the TLS port 15012 only, so a plaintext CA address is almost always a
 //! mistake that would put the workload's credential on the wire in clear. Retries: 5 tries, 100 ms doubling with 10% jitter, on
 //! retryable codes only. The channel is rebuilt after any error and whenever the root file's
@@ -32,18 +32,9 @@ pub const MAX_ATTEMPTS: u32 = 5;
 /// First retry delay; doubles on each retry, ±10% jitter.
 pub const RETRY_BASE: Duration = Duration::from_millis(100);
 
-/// Environment variable the agent maps onto [`CaClientOptions::allow_plaintext_token`] (not an
-/// Istio variable: Istio's agent has no way to send its token in clear).
+/// Environment variable the agent maps onto [`Config::allow_plaintext_token`] (not an Istio
+/// variable: Istio's agent has no way to send its token in clear).
 pub const ALLOW_PLAINTEXT_TOKEN_ENV: &str = "CA_ALLOW_PLAINTEXT_TOKEN";
-
-/// CA-client settings beyond [`Config`]'s; the defaults are the safe ones.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CaClientOptions {
-    /// Send the bearer token even when the CA is reached over plaintext (`CA_ADDR` ending in
-    /// `:15010` or starting with `http://`). Default false: such a call fails with
-    /// [`Error::PlaintextToken`] before anything is sent. Env: [`ALLOW_PLAINTEXT_TOKEN_ENV`].
-    pub allow_plaintext_token: bool,
-}
 
 /// Signs CSRs at the Istio CA. Cheap to clone.
 #[derive(Clone)]
@@ -86,18 +77,8 @@ fn jittered(d: Duration) -> Duration {
 }
 
 impl CaClient {
-    /// Builds the client with the default [`CaClientOptions`]; the channel itself is created
-    /// lazily on the first call.
+    /// Builds the client from `config`; the channel itself is created lazily on the first call.
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<CaClient, Error> {
-        CaClient::with_options(config, &CaClientOptions::default(), metrics)
-    }
-
-    /// Builds the client with `options`; the channel itself is created lazily on the first call.
-    pub fn with_options(
-        config: &Config,
-        options: &CaClientOptions,
-        metrics: Arc<Metrics>,
-    ) -> Result<CaClient, Error> {
         let channel: Arc<Mutex<Option<Channel>>> = Arc::new(Mutex::new(None));
         let (root_tx, root_changes) = tokio::sync::watch::channel(0u64);
         let root_watch = match &config.ca_root {
@@ -110,7 +91,7 @@ impl CaClient {
             inner: Arc::new(Inner {
                 addr: config.ca_addr.clone(),
                 plaintext: config.ca_plaintext,
-                allow_plaintext_token: options.allow_plaintext_token,
+                allow_plaintext_token: config.allow_plaintext_token,
                 root: config.ca_root.clone(),
                 server_name: config.ca_server_name.clone(),
                 keepalive: config.grpc_keepalive,
@@ -387,8 +368,6 @@ fn watch_root(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
     use crate::config::KeyAlgorithm;
     use crate::testing::FakeCa;
@@ -404,28 +383,25 @@ mod tests {
         base: &Path,
         plaintext: bool,
     ) -> (CaClient, Config, prometheus_client::registry::Registry) {
-        client_with(ca_addr, base, plaintext, &CaClientOptions::default())
+        client_with(ca_addr, base, plaintext, false)
     }
 
-    /// [`client_at`] with `options`.
+    /// [`client_at`] with [`Config::allow_plaintext_token`] set to `allow_plaintext_token`.
     fn client_with(
         ca_addr: String,
         base: &Path,
         plaintext: bool,
-        options: &CaClientOptions,
+        allow_plaintext_token: bool,
     ) -> (CaClient, Config, prometheus_client::registry::Registry) {
-        let env: HashMap<String, String> = [
-            ("CA_ADDR", ca_addr),
-            ("ISTIOD_SAN", "istiod.istio-system.svc".into()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        let mut cfg = Config::from_env(&env, base).expect("config");
-        cfg.ca_plaintext = plaintext;
+        let cfg = Config {
+            ca_addr,
+            ca_server_name: "istiod.istio-system.svc".into(),
+            ca_plaintext: plaintext,
+            allow_plaintext_token,
+            ..Config::defaults(base)
+        };
         let mut reg = prometheus_client::registry::Registry::default();
-        let client = CaClient::with_options(&cfg, options, Arc::new(Metrics::new(&mut reg)))
-            .expect("client");
+        let client = CaClient::new(&cfg, Arc::new(Metrics::new(&mut reg))).expect("client");
         (client, cfg, reg)
     }
 
@@ -551,10 +527,7 @@ mod tests {
         let ca = FakeCa::start_plaintext();
         let base = tempfile::tempdir().expect("tempdir");
         // A plaintext CA: sending the token there has to be allowed explicitly.
-        let allow = CaClientOptions {
-            allow_plaintext_token: true,
-        };
-        let (c, cfg, reg) = client_with(ca.ca_addr(), base.path(), true, &allow);
+        let (c, cfg, reg) = client_with(ca.ca_addr(), base.path(), true, true);
         let token_path = &cfg.token_path;
         std::fs::create_dir_all(token_path.parent().expect("parent")).expect("mkdir");
 
@@ -623,7 +596,7 @@ mod tests {
         let ca = FakeCa::start_plaintext();
         let base = tempfile::tempdir().expect("tempdir");
         let (c, cfg, reg) = client_at(ca.ca_addr(), base.path(), true);
-        assert!(!CaClientOptions::default().allow_plaintext_token);
+        assert!(!cfg.allow_plaintext_token);
         let token_path = &cfg.token_path;
         std::fs::create_dir_all(token_path.parent().expect("parent")).expect("mkdir");
         let token = jwt(SystemTime::now() + Duration::from_secs(3600));
@@ -655,10 +628,7 @@ mod tests {
         assert!(ca.received().is_empty(), "the token was sent in clear");
 
         // Explicitly allowed: sent as is.
-        let allow = CaClientOptions {
-            allow_plaintext_token: true,
-        };
-        let (ok, _, _) = client_with(ca.ca_addr(), base.path(), true, &allow);
+        let (ok, _, _) = client_with(ca.ca_addr(), base.path(), true, true);
         ok.sign(&csr()).await.expect("allowed");
         let got = ca.received();
         assert_eq!(got.len(), 1);

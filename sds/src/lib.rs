@@ -4,17 +4,17 @@
 //! # Public API (what the agent calls)
 //!
 //! ```text
-//! Config::from_env(&env, base_dir) -> Result<Config, Error>     // Istio's variables, validated
+//! Config::defaults(base_dir) -> Config   // Istio's defaults, no environment (the agent's
+//!                                        // config module sets the fields from Istio's variables)
 //!   pub fields: base_dir, trust_domain, namespace, service_account, ca_addr, ca_plaintext,
 //!   ca_root: RootSource, ca_server_name, prov_cert: Option<CertDir>, cluster_id, ca_headers,
 //!   cert_signer, token_path, secret_ttl, grace_ratio, grace_ratio_jitter, key_algorithm,
 //!   pkcs8_key, output_certs, socket_path, etc_certs: CertDir, file_mounted_certs: Option<CertDir>,
-//!   file_debounce, crl_path, max_backoff, grpc_keepalive
+//!   file_debounce, crl_path, max_backoff, grpc_keepalive,
+//!   allow_plaintext_token   // CA_ALLOW_PLAINTEXT_TOKEN, default false
 //! Config::spiffe_id() -> String
-//! Config::set_ca_addr(addr, istiod_san)   // CA_ADDR unset: the agent passes the discovery address
 //! Metrics::new(&mut Registry) -> Metrics
 //! SecretManager::new(Arc<Config>, Arc<Metrics>) -> Result<SecretManager, Error>   // Clone
-//! SecretManager::with_ca_options(Arc<Config>, Arc<Metrics>, &CaClientOptions)   // same, CA options
 //!   .fetch(name).await -> Result<Arc<SecretItem>, Error>   // "default", "ROOTCA", "file-cert:<c>~<k>",
 //!                                                          // "file-root:<ca>", "file-root:system"
 //!   .warm()                                   // spawn: default then ROOTCA, infinite backoff
@@ -33,8 +33,6 @@
 //! token::jwt_expiry(&str) -> Option<SystemTime>   // `exp` of a JWT, signature not checked
 //! csr::generate(identity, KeyAlgorithm, pkcs8) -> Result<KeyAndCsr, Error>
 //! CaClient::new(&Config, Arc<Metrics>)?.sign(csr_pem).await -> Result<Vec<String>, Error>
-//! CaClient::with_options(&Config, &CaClientOptions, Arc<Metrics>)   // CaClientOptions::default()
-//! CaClientOptions { allow_plaintext_token }   // CA_ALLOW_PLAINTEXT_TOKEN, default false
 //! pem::{parse_certs, encode}, x509::{cert_validity, check_key_matches}, timestamp::rfc3339
 //! manager::{write_atomic, parse_certs, cert_validity}, server::to_secret   // the last two re-exported
 //! ```
@@ -45,7 +43,7 @@
 //! pem, x509, timestamp      leaf helpers: PEM blocks, certificate validity and key match, RFC 3339
 //! metrics                   prometheus metrics of the crate
 //! tls                       gRPC channels (one TLS policy for CA and xDS)          -> pem
-//! config                    Istio's variables -> Config                            -> tls
+//! config                    the typed Config and Istio's defaults                  -> tls
 //! token                     the bearer token's own expiry                          -> timestamp
 //! csr                       key generation and Istio's CSR                         -> config, pem
 //! ca                        IstioCertificateService client     -> config, tls, token, pem, x509, metrics
@@ -66,7 +64,7 @@
 //! passed is not sent to the CA: the call fails at once with an error naming the token file and
 //! its expiry time, counted in `csr_failures_total{reason="token_expired"}` (not an Istio
 //! metric; it counts every failed signing call by reason). Nor is a token sent to a CA reached
-//! over plaintext (`:15010`, `http://`) unless `CaClientOptions::allow_plaintext_token`
+//! over plaintext (`:15010`, `http://`) unless `Config::allow_plaintext_token`
 //! (`CA_ALLOW_PLAINTEXT_TOKEN=true`): the call fails at once, saying why and how to allow it
 //! (`reason="plaintext_token"`).
 
@@ -85,7 +83,7 @@ pub mod x509;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use ca::{CaClient, CaClientOptions};
+pub use ca::CaClient;
 pub use config::{CertDir, Config, KeyAlgorithm};
 pub use manager::{SecretItem, SecretManager};
 pub use metrics::Metrics;

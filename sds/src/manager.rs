@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::{error, info};
 
-use crate::ca::{CaClient, CaClientOptions};
+use crate::ca::CaClient;
 use crate::config::Config;
 use crate::csr;
 use crate::metrics::Metrics;
@@ -110,25 +110,13 @@ pub struct SecretManager {
 }
 
 impl SecretManager {
-    /// A manager whose CA client has the default [`CaClientOptions`].
+    /// A manager for `config`; its CA client (none with file-mounted certificates) is built
+    /// from the same config.
     pub fn new(config: Arc<Config>, metrics: Arc<Metrics>) -> Result<SecretManager, Error> {
-        SecretManager::with_ca_options(config, metrics, &CaClientOptions::default())
-    }
-
-    /// A manager whose CA client (unused with file-mounted certificates) has `ca_options`.
-    pub fn with_ca_options(
-        config: Arc<Config>,
-        metrics: Arc<Metrics>,
-        ca_options: &CaClientOptions,
-    ) -> Result<SecretManager, Error> {
         let ca = if config.file_mounted_certs.is_some() {
             None
         } else {
-            Some(CaClient::with_options(
-                &config,
-                ca_options,
-                metrics.clone(),
-            )?)
+            Some(CaClient::new(&config, metrics.clone())?)
         };
         let shutdown = CancellationToken::new();
         Ok(SecretManager {

@@ -1,4 +1,3 @@
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,42 +6,43 @@ use x509_parser::prelude::*;
 
 use super::rotation::ROTATE_BACKOFF_START;
 use super::*;
+use crate::config::KeyAlgorithm;
 use crate::testing::{Answer, FakeCa};
 use crate::x509::check_key_matches;
 
-struct Env {
+/// A base directory holding the fake CA's root, and the config of a workload `ns1/sa1` with
+/// ECDSA P-256 keys and no rotation jitter signed by that CA; tests change fields with `with`.
+struct Setup {
     dir: tempfile::TempDir,
-    env: HashMap<String, String>,
+    config: Config,
 }
 
-impl Env {
-    fn new(ca: &FakeCa) -> Env {
+impl Setup {
+    fn new(ca: &FakeCa) -> Setup {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().join(crate::config::paths::ISTIO_ROOT);
         std::fs::create_dir_all(root.parent().expect("parent")).expect("mkdir");
         std::fs::write(&root, &ca.tls_root_pem).expect("root");
-        let mut env = HashMap::new();
-        for (k, v) in [
-            ("CA_ADDR", ca.ca_addr().as_str()),
-            ("ISTIOD_SAN", "istiod.istio-system.svc"),
-            ("POD_NAMESPACE", "ns1"),
-            ("SERVICE_ACCOUNT", "sa1"),
-            ("ECC_SIGNATURE_ALGORITHM", "ECDSA"),
-            ("SECRET_GRACE_PERIOD_RATIO_JITTER", "0"),
-        ] {
-            env.insert(k.to_string(), v.to_string());
-        }
-        Env { dir, env }
+        let config = Config {
+            ca_addr: ca.ca_addr(),
+            ca_server_name: "istiod.istio-system.svc".into(),
+            namespace: "ns1".into(),
+            service_account: "sa1".into(),
+            key_algorithm: KeyAlgorithm::EcdsaP256,
+            grace_ratio_jitter: 0.0,
+            ..Config::defaults(dir.path())
+        };
+        Setup { dir, config }
     }
-    fn set(mut self, k: &str, v: &str) -> Env {
-        self.env.insert(k.to_string(), v.to_string());
+    fn with(mut self, f: impl FnOnce(&mut Config)) -> Setup {
+        f(&mut self.config);
         self
     }
     fn base(&self) -> &Path {
         self.dir.path()
     }
     fn manager(&self) -> SecretManager {
-        let mut cfg = Config::from_env(&self.env, self.dir.path()).expect("config");
+        let mut cfg = self.config.clone();
         // Paused-time tests must not have HTTP/2 ping timers racing the fake CA's replies.
         cfg.grpc_keepalive = None;
         let mut reg = prometheus_client::registry::Registry::default();
@@ -74,15 +74,16 @@ fn leaf(item: &SecretItem) -> (String, Vec<u8>) {
 #[tokio::test]
 async fn fetch_issues_a_spiffe_cert_with_istio_metadata() {
     let ca = FakeCa::start();
-    let env = Env::new(&ca)
-        .set("ISTIO_META_CLUSTER_ID", "Kubernetes")
-        .set("CA_HEADER_X-Tenant", "t1")
-        .set("ISTIO_META_CERT_SIGNER", "signer1")
-        .set("SECRET_TTL", "2h");
-    let tok = env.base().join(crate::config::paths::TOKEN);
+    let setup = Setup::new(&ca).with(|c| {
+        c.cluster_id = "Kubernetes".into();
+        c.ca_headers = vec![("X-Tenant".into(), "t1".into())];
+        c.cert_signer = "signer1".into();
+        c.secret_ttl = Duration::from_secs(2 * 3600);
+    });
+    let tok = setup.base().join(crate::config::paths::TOKEN);
     std::fs::create_dir_all(tok.parent().expect("p")).expect("mkdir");
     std::fs::write(&tok, "tok-123\n").expect("token");
-    let m = env.manager();
+    let m = setup.manager();
     let item = m.fetch("default").await.expect("default");
     let (san, _) = leaf(&item);
     assert_eq!(san, "URI(spiffe://cluster.local/ns/ns1/sa/sa1)");
@@ -110,16 +111,16 @@ async fn fetch_issues_a_spiffe_cert_with_istio_metadata() {
 #[tokio::test]
 async fn no_token_file_means_no_auth_header() {
     let ca = FakeCa::start();
-    let env = Env::new(&ca);
-    env.manager().fetch("default").await.expect("default");
+    let setup = Setup::new(&ca);
+    setup.manager().fetch("default").await.expect("default");
     assert_eq!(ca.received()[0].header("authorization"), None);
 }
 
 #[tokio::test]
 async fn concurrent_requests_share_one_csr() {
     let ca = FakeCa::start();
-    let env = Env::new(&ca);
-    let m = env.manager();
+    let setup = Setup::new(&ca);
+    let m = setup.manager();
     let futs: Vec<_> = (0..8)
         .map(|i| {
             let m = m.clone();
@@ -139,8 +140,9 @@ async fn retries_retryable_codes_then_succeeds() {
         Answer::Fail(tonic::Code::Unavailable),
         Answer::Fail(tonic::Code::Internal),
     ]);
-    let env = Env::new(&ca);
-    env.manager()
+    let setup = Setup::new(&ca);
+    setup
+        .manager()
         .fetch("default")
         .await
         .expect("third try signs");
@@ -151,8 +153,8 @@ async fn retries_retryable_codes_then_succeeds() {
 async fn gives_up_after_five_tries_and_not_on_permanent_codes() {
     let ca = FakeCa::start();
     ca.set_default_answer(Answer::Fail(tonic::Code::Unavailable));
-    let env = Env::new(&ca);
-    let m = env.manager();
+    let setup = Setup::new(&ca);
+    let m = setup.manager();
     let e = m.fetch("default").await.expect_err("CA down");
     assert_eq!(ca.received().len(), 5);
     let msg = e.to_string();
@@ -191,8 +193,8 @@ fn rotation_backoff_is_capped_by_the_certificate_lifetime() {
 #[tokio::test(start_paused = true)]
 async fn short_lived_certificate_retries_at_most_a_tenth_of_its_lifetime_apart() {
     let ca = FakeCa::start();
-    let env = Env::new(&ca).set("SECRET_TTL", "20s");
-    let m = env.manager();
+    let setup = Setup::new(&ca).with(|c| c.secret_ttl = Duration::from_secs(20));
+    let m = setup.manager();
     m.fetch("default").await.expect("first");
     ca.set_default_answer(Answer::Fail(tonic::Code::PermissionDenied));
     // Rotation at 10 s, then ~1 s, ~2 s, and then the 2 s cap (not 4 s, 8 s).
@@ -218,8 +220,8 @@ async fn assert_retry_gaps(ca: &FakeCa, gaps: &[(usize, f64)]) {
 #[tokio::test(start_paused = true)]
 async fn rotates_at_grace_ratio_and_keeps_cert_on_failure() {
     let ca = FakeCa::start();
-    let env = Env::new(&ca).set("SECRET_TTL", "100s");
-    let m = env.manager();
+    let setup = Setup::new(&ca).with(|c| c.secret_ttl = Duration::from_secs(100));
+    let m = setup.manager();
     let mut rx = m.subscribe("default");
     let t0 = tokio::time::Instant::now();
     let first = m.fetch("default").await.expect("first");
@@ -261,8 +263,8 @@ async fn rotates_at_grace_ratio_and_keeps_cert_on_failure() {
 #[tokio::test(start_paused = true)]
 async fn root_change_pushes_rootca() {
     let ca = FakeCa::start();
-    let env = Env::new(&ca).set("SECRET_TTL", "100s");
-    let m = env.manager();
+    let setup = Setup::new(&ca).with(|c| c.secret_ttl = Duration::from_secs(100));
+    let m = setup.manager();
     let mut roots = m.subscribe("ROOTCA");
     let r1 = m.fetch("ROOTCA").await.expect("root");
     roots.borrow_and_update();
@@ -279,8 +281,8 @@ async fn root_change_pushes_rootca() {
 #[tokio::test]
 async fn root_file_change_reissues_the_certificate_at_once() {
     let ca = FakeCa::start();
-    let env = Env::new(&ca).set("SECRET_TTL", "24h");
-    let m = env.manager();
+    let setup = Setup::new(&ca).with(|c| c.secret_ttl = Duration::from_secs(24 * 3600));
+    let m = setup.manager();
     let mut roots = m.subscribe("ROOTCA");
     let mut certs = m.subscribe("default");
     let first = m.fetch("default").await.expect("cert");
@@ -288,7 +290,7 @@ async fn root_file_change_reissues_the_certificate_at_once() {
     roots.borrow_and_update();
     certs.borrow_and_update();
     let new_root = ca.rotate_signing_root();
-    let root_file = env.base().join(crate::config::paths::ISTIO_ROOT);
+    let root_file = setup.base().join(crate::config::paths::ISTIO_ROOT);
     std::fs::write(&root_file, format!("{}{new_root}", ca.tls_root_pem)).expect("write root");
     tokio::time::timeout(Duration::from_secs(20), certs.changed())
         .await
@@ -308,8 +310,8 @@ async fn root_file_change_reissues_the_certificate_at_once() {
 #[tokio::test(start_paused = true)]
 async fn unchanged_root_is_not_pushed_on_rotation() {
     let ca = FakeCa::start();
-    let env = Env::new(&ca).set("SECRET_TTL", "100s");
-    let m = env.manager();
+    let setup = Setup::new(&ca).with(|c| c.secret_ttl = Duration::from_secs(100));
+    let m = setup.manager();
     let mut roots = m.subscribe("ROOTCA");
     let mut certs = m.subscribe("default");
     m.fetch("ROOTCA").await.expect("root");
@@ -327,10 +329,10 @@ async fn unchanged_root_is_not_pushed_on_rotation() {
 async fn output_certs_are_written_0600() {
     use std::os::unix::fs::PermissionsExt;
     let ca = FakeCa::start();
-    let env = Env::new(&ca);
-    let out = env.base().join("out");
-    let env = env.set("OUTPUT_CERTS", out.to_str().expect("utf8"));
-    let item = env.manager().fetch("default").await.expect("default");
+    let setup = Setup::new(&ca);
+    let out = setup.base().join("out");
+    let setup = setup.with(|c| c.output_certs = Some(out.clone()));
+    let item = setup.manager().fetch("default").await.expect("default");
     for (f, want) in [
         ("key.pem", &item.private_key_pem),
         ("cert-chain.pem", &item.cert_chain_pem),
@@ -368,14 +370,12 @@ async fn file_mounted_certs_are_served_and_reloaded() {
         format!("{c1}-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n"),
     )
     .expect("w");
-    let env: HashMap<String, String> = [
-        ("FILE_MOUNTED_CERTS", "true"),
-        ("FILE_DEBOUNCE_DURATION", "10ms"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    let cfg = Config::from_env(&env, dir.path()).expect("config");
+    let defaults = Config::defaults(dir.path());
+    let cfg = Config {
+        file_mounted_certs: Some(defaults.etc_certs.clone()),
+        file_debounce: Duration::from_millis(10),
+        ..defaults
+    };
     let mut reg = prometheus_client::registry::Registry::default();
     let m = SecretManager::new(Arc::new(cfg), Arc::new(Metrics::new(&mut reg))).expect("manager");
     let item = m.fetch("default").await.expect("default from files");
@@ -410,13 +410,13 @@ async fn file_mounted_certs_are_served_and_reloaded() {
 #[tokio::test]
 async fn file_cert_and_file_root_names() {
     let ca = FakeCa::start();
-    let env = Env::new(&ca);
+    let setup = Setup::new(&ca);
     let (c, k) = self_signed_pair("x.example");
-    std::fs::write(env.base().join("c.pem"), &c).expect("w");
-    std::fs::write(env.base().join("k.pem"), &k).expect("w");
+    std::fs::write(setup.base().join("c.pem"), &c).expect("w");
+    std::fs::write(setup.base().join("k.pem"), &k).expect("w");
     let (other, _) = self_signed_pair("y.example");
-    std::fs::write(env.base().join("wrong.pem"), &other).expect("w");
-    let m = env.manager();
+    std::fs::write(setup.base().join("wrong.pem"), &other).expect("w");
+    let m = setup.manager();
     let item = m.fetch("file-cert:c.pem~k.pem").await.expect("file-cert");
     assert_eq!(item.cert_chain_pem, c.as_bytes());
     let root = m.fetch("file-root:c.pem").await.expect("file-root");
@@ -453,8 +453,8 @@ async fn warm_fills_default_and_rootca_with_backoff() {
         Answer::Fail(tonic::Code::PermissionDenied),
         Answer::Fail(tonic::Code::PermissionDenied),
     ]);
-    let env = Env::new(&ca);
-    let m = env.manager();
+    let setup = Setup::new(&ca);
+    let m = setup.manager();
     let mut root = m.subscribe("ROOTCA");
     m.warm();
     root.changed().await.expect("ROOTCA warmed");

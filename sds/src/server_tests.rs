@@ -9,7 +9,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::*;
 use crate::testing::{Answer, FakeCa};
-use crate::{Config, Metrics};
+use crate::{Config, KeyAlgorithm, Metrics};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -22,26 +22,21 @@ struct Fixture {
     server: JoinHandle<Result<(), Error>>,
 }
 
-async fn start(ca: &FakeCa, extra: &[(&str, &str)]) -> Fixture {
+/// A server for workload `ns1/sa1` (ECDSA P-256) signed by `ca`; `tweak` changes the config.
+async fn start(ca: &FakeCa, tweak: impl FnOnce(&mut Config)) -> Fixture {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join(crate::config::paths::ISTIO_ROOT);
     std::fs::create_dir_all(root.parent().expect("p")).expect("mkdir");
     std::fs::write(&root, &ca.tls_root_pem).expect("root");
-    let addr = ca.ca_addr();
-    let mut env: HashMap<String, String> = [
-        ("CA_ADDR", addr.as_str()),
-        ("ISTIOD_SAN", "istiod.istio-system.svc"),
-        ("POD_NAMESPACE", "ns1"),
-        ("SERVICE_ACCOUNT", "sa1"),
-        ("ECC_SIGNATURE_ALGORITHM", "ECDSA"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    for (k, v) in extra {
-        env.insert(k.to_string(), v.to_string());
-    }
-    let cfg = Config::from_env(&env, dir.path()).expect("config");
+    let mut cfg = Config {
+        ca_addr: ca.ca_addr(),
+        ca_server_name: "istiod.istio-system.svc".into(),
+        namespace: "ns1".into(),
+        service_account: "sa1".into(),
+        key_algorithm: KeyAlgorithm::EcdsaP256,
+        ..Config::defaults(dir.path())
+    };
+    tweak(&mut cfg);
     let path = cfg.socket_path.clone();
     // A stale file where the socket goes must be replaced.
     std::fs::create_dir_all(path.parent().expect("p")).expect("mkdir");
@@ -151,7 +146,7 @@ fn cert_chain(s: &Secret) -> Vec<u8> {
 async fn socket_permissions_and_stale_file() {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let ca = FakeCa::start();
-    let f = start(&ca, &[]).await;
+    let f = start(&ca, |_| {}).await;
     let meta = std::fs::metadata(&f.path).expect("socket");
     assert!(
         meta.file_type().is_socket(),
@@ -168,7 +163,7 @@ async fn socket_permissions_and_stale_file() {
 #[tokio::test]
 async fn sotw_ack_nack_and_added_names() {
     let ca = FakeCa::start();
-    let f = start(&ca, &[]).await;
+    let f = start(&ca, |_| {}).await;
     let mut s = Sotw::open(&f.path).await;
     s.send(&["default"], "", "", false).await;
     let r1 = s.next().await;
@@ -225,13 +220,10 @@ async fn sotw_ack_nack_and_added_names() {
 #[tokio::test]
 async fn rotation_pushes_only_to_streams_watching_the_name() {
     let ca = FakeCa::start();
-    let f = start(
-        &ca,
-        &[
-            ("SECRET_TTL", "4s"),
-            ("SECRET_GRACE_PERIOD_RATIO_JITTER", "0"),
-        ],
-    )
+    let f = start(&ca, |c| {
+        c.secret_ttl = Duration::from_secs(4);
+        c.grace_ratio_jitter = 0.0;
+    })
     .await;
     let mut a = Sotw::open(&f.path).await;
     let mut b = Sotw::open(&f.path).await;
@@ -261,7 +253,7 @@ async fn rotation_pushes_only_to_streams_watching_the_name() {
 async fn ca_failure_keeps_the_stream_open_and_answers_later() {
     let ca = FakeCa::start();
     ca.set_default_answer(Answer::Fail(tonic::Code::PermissionDenied));
-    let f = start(&ca, &[]).await;
+    let f = start(&ca, |_| {}).await;
     let mut s = Sotw::open(&f.path).await;
     s.send(&["default"], "", "", false).await;
     // The SDS side keeps retrying (500 ms backoff) while the stream stays open.
@@ -276,7 +268,7 @@ async fn ca_failure_keeps_the_stream_open_and_answers_later() {
 #[tokio::test]
 async fn delta_subscribe_unsubscribe_and_initial_versions() {
     let ca = FakeCa::start();
-    let f = start(&ca, &[]).await;
+    let f = start(&ca, |_| {}).await;
     let (tx, rx) = mpsc::channel(8);
     let mut resp = client(&f.path)
         .await

@@ -1,13 +1,13 @@
-//! The identity sub-config ([`sds::Config`]): Istio's CA, key and certificate variables. The CA
-//! address defaults to the discovery address when `CA_ADDR` is unset, as Istio's agent does.
+//! The identity sub-config ([`sds::Config`]): Istio's CA, key and certificate variables over
+//! [`sds::Config::defaults`] (the one place the defaults live). The CA address defaults to the
+//! discovery address when `CA_ADDR` is unset, as Istio's agent does.
 
 use std::path::Path;
 use std::time::Duration;
 
 use sds::RootSource;
-use sds::config::{
-    CertDir, DEFAULT_CA_ADDR, KeyAlgorithm, LOCALHOST_SERVER_NAME, ROOT_CERT_FILE, paths,
-};
+use sds::ca::ALLOW_PLAINTEXT_TOKEN_ENV;
+use sds::config::{CertDir, KeyAlgorithm, LOCALHOST_SERVER_NAME, ROOT_CERT_FILE, paths};
 
 use super::{Error, env::Env, resolve};
 
@@ -59,16 +59,17 @@ fn non_empty_file(p: &Path) -> bool {
     std::fs::metadata(p).map(|m| m.len() > 0).unwrap_or(false)
 }
 
-/// Builds the identity config from Istio's variables.
+/// Builds the identity config from Istio's variables, starting from [`sds::Config::defaults`].
 pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
     let env = i.env;
     let base = |rel: &str| i.base_dir.join(rel);
+    let d = sds::Config::defaults(i.base_dir);
 
     let ca_addr = env
         .get("CA_ADDR")
         .map(str::to_string)
         .or_else(|| (!i.discovery_address.is_empty()).then(|| i.discovery_address.to_string()))
-        .unwrap_or_else(|| DEFAULT_CA_ADDR.to_string());
+        .unwrap_or_else(|| d.ca_addr.clone());
     let ca_plaintext = is_plaintext_addr(&ca_addr);
 
     let provider = env.get("PILOT_CERT_PROVIDER").unwrap_or("istiod");
@@ -88,7 +89,7 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
                 "a provider with a root CA (istiod, kubernetes, custom) or CA_ROOT_CA set, since CA_ADDR uses TLS",
             ));
         }
-        None => RootSource::File(base(paths::ISTIO_ROOT)),
+        None => d.ca_root.clone(),
     };
 
     let ca_headers = env.prefixed("CA_HEADER_");
@@ -110,7 +111,7 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
 
     let key_algorithm = match env.get("ECC_SIGNATURE_ALGORITHM") {
         None => match env.get("WORKLOAD_RSA_KEY_SIZE") {
-            None => KeyAlgorithm::Rsa(2048),
+            None => d.key_algorithm,
             Some(v) => match v.parse::<u32>() {
                 Ok(b @ (2048 | 3072 | 4096)) => KeyAlgorithm::Rsa(b),
                 _ => {
@@ -132,10 +133,9 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
         }
     };
 
-    let etc_certs = CertDir::istio(&base(paths::ETC_CERTS));
     let spiffe_creds = CertDir::istio(&base(paths::WORKLOAD_SPIFFE_CREDENTIALS));
     let file_mounted_certs = if env.bool("FILE_MOUNTED_CERTS", false)? {
-        Some(etc_certs.clone())
+        Some(d.etc_certs.clone())
     } else if non_empty_file(&spiffe_creds.cert_chain)
         && non_empty_file(&spiffe_creds.key)
         && non_empty_file(&spiffe_creds.root)
@@ -145,9 +145,9 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
         None
     };
 
+    let crl_enabled = env.bool("PILOT_ENABLE_CA_CRL", d.crl_path.is_some())?;
     Ok(sds::Config {
-        base_dir: i.base_dir.to_path_buf(),
-        trust_domain: env.str("TRUST_DOMAIN", "cluster.local"),
+        trust_domain: env.str("TRUST_DOMAIN", &d.trust_domain),
         namespace: i.namespace.to_string(),
         service_account: i.service_account.to_string(),
         ca_server_name: istiod_server_name(&ca_addr, i.istiod_san),
@@ -157,31 +157,19 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
         prov_cert: i.prov_cert.cloned(),
         cluster_id: i.cluster_id.to_string(),
         ca_headers,
-        cert_signer: env.str("ISTIO_META_CERT_SIGNER", ""),
-        token_path: base(paths::TOKEN),
-        secret_ttl: env.duration(
-            "SECRET_TTL",
-            Duration::from_secs(24 * 3600),
-            Duration::from_secs(1),
-        )?,
-        grace_ratio: env.ratio("SECRET_GRACE_PERIOD_RATIO", 0.5)?,
-        grace_ratio_jitter: env.ratio("SECRET_GRACE_PERIOD_RATIO_JITTER", 0.01)?,
+        cert_signer: env.str("ISTIO_META_CERT_SIGNER", &d.cert_signer),
+        secret_ttl: env.duration("SECRET_TTL", d.secret_ttl, Duration::from_secs(1))?,
+        grace_ratio: env.ratio("SECRET_GRACE_PERIOD_RATIO", d.grace_ratio)?,
+        grace_ratio_jitter: env.ratio("SECRET_GRACE_PERIOD_RATIO_JITTER", d.grace_ratio_jitter)?,
         key_algorithm,
-        pkcs8_key: env.bool("PKCS8_KEY", false)?,
+        pkcs8_key: env.bool("PKCS8_KEY", d.pkcs8_key)?,
         output_certs: env.get("OUTPUT_CERTS").map(|p| resolve(i.base_dir, p)),
         output_certs_mode: sds::config::output_certs_mode(env.is_set("KUBERNETES_SERVICE_HOST")),
         socket_path: i.socket_path.to_path_buf(),
-        etc_certs,
         file_mounted_certs,
-        file_debounce: env.duration(
-            "FILE_DEBOUNCE_DURATION",
-            Duration::from_millis(100),
-            Duration::ZERO,
-        )?,
-        crl_path: env
-            .bool("PILOT_ENABLE_CA_CRL", true)?
-            .then(|| base(paths::CRL)),
-        max_backoff: Duration::from_secs(60),
-        grpc_keepalive: Some(sds::tls::DEFAULT_KEEPALIVE),
+        file_debounce: env.duration("FILE_DEBOUNCE_DURATION", d.file_debounce, Duration::ZERO)?,
+        crl_path: d.crl_path.clone().filter(|_| crl_enabled),
+        allow_plaintext_token: env.bool(ALLOW_PLAINTEXT_TOKEN_ENV, d.allow_plaintext_token)?,
+        ..d
     })
 }

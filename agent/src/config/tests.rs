@@ -90,6 +90,12 @@ fn invalid_values_name_variable_and_value() {
             "MINIMUM_DRAIN_DURATION",
         ),
         ("ISTIO_KUBE_APP_PROBERS", "{bad", "ISTIO_KUBE_APP_PROBERS"),
+        ("XDS_PROXY_RECONNECT", "sometimes", "XDS_PROXY_RECONNECT"),
+        (
+            "XDS_PROXY_KEEPALIVE_INTERVAL",
+            "1ms",
+            "XDS_PROXY_KEEPALIVE_INTERVAL",
+        ),
         (
             "PROXY_CONFIG",
             "readinessProbe: {exec: {}}",
@@ -99,6 +105,24 @@ fn invalid_values_name_variable_and_value() {
         let err = load(dir.path(), &env(&[(k, v)])).unwrap_err().to_string();
         assert!(err.contains(needle), "{k}={v}: {err}");
     }
+}
+
+#[test]
+fn xds_upstream_reconnect_and_keepalive() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = load(dir.path(), &env(&[])).unwrap();
+    assert!(c.upstream.reconnect);
+    assert_eq!(c.upstream.keepalive, sds::tls::DEFAULT_KEEPALIVE);
+    let e = env(&[
+        ("XDS_PROXY_RECONNECT", "false"),
+        ("XDS_PROXY_KEEPALIVE_INTERVAL", "1s"),
+    ]);
+    let c = load(dir.path(), &e).unwrap();
+    assert!(!c.upstream.reconnect);
+    assert_eq!(
+        c.upstream.keepalive,
+        (Duration::from_secs(1), Duration::from_millis(500))
+    );
 }
 
 #[test]
@@ -360,4 +384,108 @@ fn output_certs_mode_follows_kubernetes() {
         load(dir.path(), &e).unwrap().identity.output_certs_mode,
         0o644
     );
+}
+
+/// With no variable set the identity config is [`sds::Config::defaults`]: the defaults live in
+/// one place.
+#[test]
+fn identity_defaults_are_sds_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = load(dir.path(), &env(&[])).unwrap();
+    assert_eq!(
+        serde_json::to_value(&c.identity).unwrap(),
+        serde_json::to_value(sds::Config::defaults(dir.path())).unwrap()
+    );
+}
+
+/// `CA_ALLOW_PLAINTEXT_TOKEN` reaches the CA client's config (off unless set); a bad value is
+/// an error naming the variable.
+#[test]
+fn allow_plaintext_token_reaches_the_identity_config() {
+    assert_eq!(
+        sds::ca::ALLOW_PLAINTEXT_TOKEN_ENV,
+        "CA_ALLOW_PLAINTEXT_TOKEN"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let off = load(dir.path(), &env(&[])).unwrap();
+    assert!(!off.identity.allow_plaintext_token);
+    let on = load(dir.path(), &env(&[("CA_ALLOW_PLAINTEXT_TOKEN", "true")])).unwrap();
+    assert!(on.identity.allow_plaintext_token);
+    let no = load(dir.path(), &env(&[("CA_ALLOW_PLAINTEXT_TOKEN", "false")])).unwrap();
+    assert!(!no.identity.allow_plaintext_token);
+    for bad in ["sometimes", "yes"] {
+        let err = load(dir.path(), &env(&[("CA_ALLOW_PLAINTEXT_TOKEN", bad)]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("CA_ALLOW_PLAINTEXT_TOKEN") && err.contains(bad),
+            "{err}"
+        );
+    }
+}
+
+/// Istio's CA and key variables map onto the identity config.
+#[test]
+fn identity_parses_ca_and_key_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = env(&[
+        ("CA_ADDR", "localhost:15010"),
+        ("CA_HEADER_X-Tenant", "t1"),
+        ("ECC_SIGNATURE_ALGORITHM", "ECDSA"),
+        ("ECC_CURVE", "P384"),
+        ("SECRET_TTL", "1h30m"),
+        ("TRUST_DOMAIN", "td"),
+        ("POD_NAMESPACE", "ns1"),
+        ("SERVICE_ACCOUNT", "sa1"),
+        ("CA_ROOT_CA", "SYSTEM"),
+    ]);
+    let c = load(dir.path(), &e).unwrap().identity;
+    assert!(c.ca_plaintext);
+    assert_eq!(c.ca_server_name, "istiod.istio-system.svc");
+    assert_eq!(
+        c.ca_headers,
+        vec![("X-Tenant".to_string(), "t1".to_string())]
+    );
+    assert_eq!(c.key_algorithm, sds::KeyAlgorithm::EcdsaP384);
+    assert_eq!(c.secret_ttl, Duration::from_secs(5400));
+    assert_eq!(c.ca_root, sds::RootSource::System);
+    assert_eq!(c.spiffe_id(), "spiffe://td/ns/ns1/sa/sa1");
+}
+
+#[test]
+fn identity_rejects_bad_values_naming_the_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    for (k, v) in [
+        ("WORKLOAD_RSA_KEY_SIZE", "1024"),
+        ("ECC_SIGNATURE_ALGORITHM", "ED25519"),
+        ("SECRET_TTL", "soon"),
+        ("SECRET_GRACE_PERIOD_RATIO", "2"),
+        ("PKCS8_KEY", "maybe"),
+    ] {
+        let msg = load(dir.path(), &env(&[(k, v)])).expect_err(k).to_string();
+        assert!(msg.contains(k) && msg.contains(v), "{msg}");
+    }
+}
+
+#[test]
+fn identity_go_durations_and_server_names() {
+    assert_eq!(parse_duration("100ms"), Some(Duration::from_millis(100)));
+    assert_eq!(parse_duration("2h3m4s"), Some(Duration::from_secs(7384)));
+    assert_eq!(parse_duration("10"), None);
+    assert_eq!(parse_duration("-1s"), None);
+    use identity::istiod_server_name;
+    assert_eq!(
+        istiod_server_name("istiod.foo.svc:15012", None),
+        "istiod.foo.svc"
+    );
+    assert_eq!(istiod_server_name("[::1]:15012", None), "::1");
+    assert_eq!(
+        istiod_server_name("https://ca.example:443", None),
+        "ca.example"
+    );
+    assert_eq!(
+        istiod_server_name("localhost:15012", None),
+        "istiod.istio-system.svc"
+    );
+    assert_eq!(istiod_server_name("x:1", Some("san")), "san");
 }

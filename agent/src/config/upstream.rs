@@ -2,6 +2,7 @@
 //! ServerName, client identity, extra gRPC metadata, token).
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use sds::RootSource;
 use sds::config::CertDir;
@@ -27,6 +28,15 @@ pub struct XdsUpstream {
     pub metadata: Vec<(String, String)>,
     /// The bearer token, re-read for every stream.
     pub token_path: PathBuf,
+    /// `XDS_PROXY_RECONNECT` (default true; not in Istio): on upstream loss the proxy keeps
+    /// Envoy's stream open, reconnects and replays Envoy's subscriptions. `false` restores
+    /// Istio's behaviour (Envoy's stream ends with the upstream's).
+    pub reconnect: bool,
+    /// HTTP/2 keepalive (interval, timeout) on the upstream connection: a stalled istiod is
+    /// replaced within interval + timeout (under two intervals). The interval is
+    /// `XDS_PROXY_KEEPALIVE_INTERVAL` (Istio's 30s; not in Istio), the timeout Istio's 10s or
+    /// half the interval when that is shorter.
+    pub keepalive: (Duration, Duration),
 }
 
 /// What the upstream settings depend on besides the environment.
@@ -54,7 +64,15 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
         metadata.push(("ClusterID".to_string(), i.cluster_id.to_string()));
     }
     metadata.extend(i.env.prefixed("XDS_HEADER_"));
+    let (default_interval, default_timeout) = sds::tls::DEFAULT_KEEPALIVE;
+    let interval = i.env.duration(
+        "XDS_PROXY_KEEPALIVE_INTERVAL",
+        default_interval,
+        Duration::from_millis(100),
+    )?;
     Ok(XdsUpstream {
+        reconnect: i.env.bool("XDS_PROXY_RECONNECT", true)?,
+        keepalive: (interval, default_timeout.min(interval / 2)),
         server_name: istiod_server_name(&address, i.istiod_san),
         address,
         plaintext,

@@ -13,8 +13,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use super::subscriptions::{DeltaSubscriptions, SotwSubscriptions, Subscriptions};
 use super::wire::{Head, RawResponse, UpstreamCodec};
-use super::{Inputs, TerminationLabels};
+use super::{Inputs, ReconnectLabels, TerminationLabels};
 use crate::health::Health;
 
 fn health_error(h: &Health) -> Option<RpcStatus> {
@@ -29,6 +30,8 @@ pub(crate) trait Flavor: Send + Sync + 'static {
     type Req: prost::Message + Clone + Default + Send + Sync + 'static;
     /// The full response message (decoded only for NDS).
     type Resp: prost::Message + Default;
+    /// What a new upstream stream replays.
+    type Subs: Subscriptions<Req = Self::Req>;
     const NAME: &'static str;
     /// The ADS method's gRPC path.
     const PATH: &'static str;
@@ -45,10 +48,13 @@ pub(crate) trait Flavor: Send + Sync + 'static {
     fn nds_table(resp: &Self::Resp) -> Result<NameTable, String>;
 }
 
+/// The requests of one upstream stream.
+type RequestStream<Req> = std::pin::Pin<Box<dyn futures::Stream<Item = Req> + Send>>;
+
 /// Opens the upstream ADS stream: typed requests out, responses in as received.
 async fn call<F: Flavor>(
     channel: tonic::transport::Channel,
-    req: tonic::Request<ReceiverStream<F::Req>>,
+    req: tonic::Request<RequestStream<F::Req>>,
 ) -> Result<tonic::Streaming<RawResponse>, tonic::Status> {
     let mut grpc = tonic::client::Grpc::new(channel)
         .max_decoding_message_size(i32::MAX as usize)
@@ -89,6 +95,7 @@ fn nack_status(error: String) -> RpcStatus {
 impl Flavor for Sotw {
     type Req = DiscoveryRequest;
     type Resp = DiscoveryResponse;
+    type Subs = SotwSubscriptions;
     const NAME: &'static str = "sotw";
     const PATH: &'static str = super::SOTW_PATH;
     fn req_type(r: &DiscoveryRequest) -> &str {
@@ -133,6 +140,7 @@ impl Flavor for Sotw {
 impl Flavor for Delta {
     type Req = DeltaDiscoveryRequest;
     type Resp = DeltaDiscoveryResponse;
+    type Subs = DeltaSubscriptions;
     const NAME: &'static str = "delta";
     const PATH: &'static str = super::DELTA_PATH;
     fn req_type(r: &DeltaDiscoveryRequest) -> &str {
@@ -189,6 +197,41 @@ fn termination(status: &tonic::Status) -> &'static str {
     }
 }
 
+/// The upstream side both tasks write to: the current generation's request channel and, when
+/// the proxy reconnects on its own, the subscriptions a new generation replays. Requests are
+/// recorded and the channel read under one lock, so a request is either in a generation's
+/// replay or sent on that generation's channel, never lost between two.
+struct Link<F: Flavor> {
+    tx: mpsc::Sender<F::Req>,
+    subs: Option<F::Subs>,
+}
+
+type Shared<F> = Arc<std::sync::Mutex<Link<F>>>;
+
+fn lock<F: Flavor>(link: &Shared<F>) -> std::sync::MutexGuard<'_, Link<F>> {
+    link.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Sends a request (Envoy's or the proxy's own) on the current upstream generation. False when
+/// the relay is over: done, or (Istio's behaviour) the upstream is gone.
+async fn to_upstream<F: Flavor>(link: &Shared<F>, req: F::Req, done: &CancellationToken) -> bool {
+    let (req, tx, reconnect) = {
+        let mut l = lock(link);
+        let req = match l.subs.as_mut() {
+            Some(subs) => subs.on_request(req),
+            None => Some(req),
+        };
+        (req, l.tx.clone(), l.subs.is_some())
+    };
+    let Some(req) = req else {
+        tracing::debug!("not forwarding an answer to an earlier upstream stream's response");
+        return true;
+    };
+    // A generation that ended before taking the request replays it on the next one.
+    send(&tx, req, done, "istiod").await || (reconnect && !done.is_cancelled())
+}
+
 /// Starts relaying `downstream` until either side ends or `done` is cancelled (then Envoy's
 /// stream ends with OK); returns the stream of responses for Envoy at once.
 pub(crate) fn start<F: Flavor>(
@@ -199,15 +242,19 @@ pub(crate) fn start<F: Flavor>(
     let queue = inputs.queue.max(1);
     let (down_tx, down_rx) = mpsc::channel::<Result<RawResponse, tonic::Status>>(queue);
     let (up_tx, up_rx) = mpsc::channel::<F::Req>(queue);
+    let link: Shared<F> = Arc::new(std::sync::Mutex::new(Link {
+        tx: up_tx,
+        subs: inputs.reconnect.then(F::Subs::default),
+    }));
     tracing::info!(flavor = F::NAME, "Envoy connected to the xDS proxy");
     tokio::spawn(downstream_to_upstream::<F>(
         inputs.clone(),
         downstream,
-        up_tx.clone(),
+        link.clone(),
         done.clone(),
     ));
     tokio::spawn(upstream_to_downstream::<F>(
-        inputs, up_rx, up_tx, down_tx, done,
+        inputs, up_rx, link, down_tx, done,
     ));
     ReceiverStream::new(down_rx)
 }
@@ -240,7 +287,7 @@ async fn send<T>(tx: &mpsc::Sender<T>, msg: T, done: &CancellationToken, what: &
 async fn downstream_to_upstream<F: Flavor>(
     inputs: Arc<Inputs>,
     mut downstream: tonic::Streaming<F::Req>,
-    up_tx: mpsc::Sender<F::Req>,
+    link: Shared<F>,
     done: CancellationToken,
 ) {
     let mut lds_seen = false;
@@ -260,7 +307,7 @@ async fn downstream_to_upstream<F: Flavor>(
                 }
                 let current = health.as_mut().and_then(|h| h.borrow_and_update().clone());
                 if let Some(h) = current
-                    && !send(&up_tx, F::health(&h), &done, "istiod").await
+                    && !to_upstream(&link, F::health(&h), &done).await
                 {
                     break;
                 }
@@ -277,21 +324,21 @@ async fn downstream_to_upstream<F: Flavor>(
                         code = error.code, error = %error.message, "Envoy rejected an xDS response (NACK)");
                 }
                 let first_lds = !lds_seen && F::req_type(&req) == type_url::LISTENER;
-                if !send(&up_tx, req, &done, "istiod").await {
+                if !to_upstream(&link, req, &done).await {
                     break;
                 }
                 if first_lds {
                     lds_seen = true;
                     if inputs.nds.is_some() {
                         tracing::debug!("subscribing to NDS after Envoy's first LDS request");
-                        if !send(&up_tx, F::nds_subscribe(), &done, "istiod").await {
+                        if !to_upstream(&link, F::nds_subscribe(), &done).await {
                             break;
                         }
                     }
                     // The last known health goes to every new upstream stream.
                     let current = health.as_mut().and_then(|h| h.borrow_and_update().clone());
                     if let Some(h) = current
-                        && !send(&up_tx, F::health(&h), &done, "istiod").await
+                        && !to_upstream(&link, F::health(&h), &done).await
                     {
                         break;
                     }
@@ -320,34 +367,74 @@ async fn downstream_to_upstream<F: Flavor>(
     done.cancel();
 }
 
-async fn upstream_to_downstream<F: Flavor>(
-    inputs: Arc<Inputs>,
-    up_rx: mpsc::Receiver<F::Req>,
-    up_tx: mpsc::Sender<F::Req>,
-    down_tx: mpsc::Sender<Result<RawResponse, tonic::Status>>,
-    done: CancellationToken,
-) {
-    let fail = |status: tonic::Status| {
-        inputs.metrics.istiod_connection_failures.inc();
-        tracing::warn!(status = %status, "cannot open the upstream xDS stream (is istiod reachable?)");
-        status
-    };
-    let channel = tokio::select! {
-        _ = done.cancelled() => return,
-        c = (inputs.upstream.connect)() => c,
-    };
-    let channel = match channel {
-        Ok(c) => c,
-        Err(e) => {
-            let status = fail(tonic::Status::unavailable(format!(
-                "connecting to istiod: {e}"
-            )));
-            let _ = down_tx.send(Err(status)).await;
-            done.cancel();
-            return;
+/// How one upstream generation ended.
+enum Outcome {
+    /// Envoy is gone or the relay was stopped.
+    Done,
+    /// The stream ended in a way that is istiod's answer (not a lost connection): Envoy gets it
+    /// (`None`: OK) even when the proxy reconnects on its own.
+    End(tonic::Status),
+    /// A new stream could not be opened (the next attempt follows the backoff).
+    Retry,
+    /// The stream or connection was lost (`None`: istiod closed it cleanly).
+    Lost {
+        status: Option<tonic::Status>,
+        reason: &'static str,
+    },
+}
+
+/// Statuses that mean the connection or stream was lost, not that istiod refused Envoy.
+fn lost(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Aborted
+            | tonic::Code::ResourceExhausted
+    )
+}
+
+/// True when the HTTP/2 keepalive ping went unanswered (hyper's "keep-alive timed out").
+fn keepalive_timed_out(status: &tonic::Status) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(status);
+    while let Some(e) = source {
+        if e.to_string().contains("keep-alive timed out") {
+            return true;
         }
-    };
-    let mut request = tonic::Request::new(ReceiverStream::new(up_rx));
+        source = e.source();
+    }
+    false
+}
+
+/// The label of a lost upstream stream in `xds_upstream_reconnects`: `keepalive` when the
+/// status says the ping went unanswered, else `lost`. hyper ends a connection whose ping timed
+/// out by dropping it, so its streams usually report a broken pipe, as after a dead istiod:
+/// both are `lost`.
+fn loss_reason(status: &tonic::Status) -> &'static str {
+    if keepalive_timed_out(status) {
+        "keepalive"
+    } else {
+        "lost"
+    }
+}
+
+/// Opens one upstream generation: a channel, then the stream whose first requests are
+/// `replay`, then whatever the two tasks send on the generation's channel.
+async fn open<F: Flavor>(
+    inputs: &Inputs,
+    replay: Vec<F::Req>,
+    rx: mpsc::Receiver<F::Req>,
+) -> Result<tonic::Streaming<RawResponse>, tonic::Status> {
+    let channel = (inputs.upstream.connect)()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("connecting to istiod: {e}")))?;
+    let body: RequestStream<F::Req> = Box::pin(futures::StreamExt::chain(
+        futures::stream::iter(replay),
+        ReceiverStream::new(rx),
+    ));
+    let mut request = tonic::Request::new(body);
     for (k, v) in &inputs.upstream.metadata {
         match (
             tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()),
@@ -364,36 +451,166 @@ async fn upstream_to_downstream<F: Flavor>(
     {
         request.metadata_mut().insert("authorization", v);
     }
-    let upstream = tokio::select! {
-        _ = done.cancelled() => return,
-        s = call::<F>(channel, request) => s,
+    call::<F>(channel, request).await
+}
+
+/// Jittered exponential backoff between upstream attempts: from [`BACKOFF_START`] doubling up
+/// to [`BACKOFF_CAP`], each delay drawn in `[d/2, d]`.
+struct Backoff(u32);
+
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_CAP: Duration = Duration::from_secs(1);
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        let d = BACKOFF_START
+            .saturating_mul(1 << self.0.min(16))
+            .min(BACKOFF_CAP);
+        self.0 = self.0.saturating_add(1);
+        d.mul_f64(rand::random_range(0.5..=1.0))
+    }
+}
+
+async fn upstream_to_downstream<F: Flavor>(
+    inputs: Arc<Inputs>,
+    first: mpsc::Receiver<F::Req>,
+    link: Shared<F>,
+    down_tx: mpsc::Sender<Result<RawResponse, tonic::Status>>,
+    done: CancellationToken,
+) {
+    let envoy_gone = || {
+        tracing::info!(flavor = F::NAME, "Envoy disconnected from the xDS proxy");
+        inputs
+            .metrics
+            .envoy_connection_terminations
+            .get_or_create(&TerminationLabels {
+                r#type: "cancelled",
+            })
+            .inc();
     };
-    let mut upstream = match upstream {
-        Ok(s) => s,
-        Err(status) => {
-            let status = fail(status);
-            let _ = down_tx.send(Err(status)).await;
-            done.cancel();
-            return;
-        }
-    };
+    let mut body = (Vec::new(), first);
+    let mut established = false;
+    let mut backoff = Backoff(0);
+    let mut generation = 0u64;
     loop {
-        let msg = tokio::select! {
+        let (replay, rx) = body;
+        let opened = tokio::select! {
             _ = done.cancelled() => break,
-            _ = down_tx.closed() => {
-                tracing::info!(flavor = F::NAME, "Envoy disconnected from the xDS proxy");
-                inputs
-                    .metrics
-                    .envoy_connection_terminations
-                    .get_or_create(&TerminationLabels { r#type: "cancelled" })
-                    .inc();
+            _ = down_tx.closed() => { envoy_gone(); break }
+            o = tokio::time::timeout(inputs.open_timeout, open::<F>(&inputs, replay, rx)) => o,
+        };
+        let opened = opened.unwrap_or_else(|_| {
+            Err(tonic::Status::deadline_exceeded(format!(
+                "istiod did not open the xDS stream within {:?}",
+                inputs.open_timeout
+            )))
+        });
+        let outcome = match opened {
+            Ok(upstream) => {
+                established = true;
+                relay::<F>(&inputs, &link, upstream, &down_tx, &done, &mut backoff).await
+            }
+            Err(status) => {
+                inputs.metrics.istiod_connection_failures.inc();
+                // One warning per outage; the retries that follow are debug.
+                if backoff.0 <= 1 {
+                    tracing::warn!(status = %status, "cannot open the upstream xDS stream (is istiod reachable?)");
+                } else {
+                    tracing::debug!(status = %status, "cannot open the upstream xDS stream yet");
+                }
+                if !inputs.reconnect || !established {
+                    let _ = down_tx.send(Err(status)).await;
+                    break;
+                }
+                Outcome::Retry
+            }
+        };
+        match outcome {
+            Outcome::Done => {
+                if down_tx.is_closed() {
+                    envoy_gone();
+                }
                 break;
             }
+            Outcome::End(status) => {
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), down_tx.send(Err(status))).await;
+                break;
+            }
+            Outcome::Retry => {}
+            Outcome::Lost { status, reason } => {
+                if !inputs.reconnect {
+                    // Istio's behaviour: Envoy's stream ends with istiod's status.
+                    if let Some(status) = status {
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(5), down_tx.send(Err(status)))
+                                .await;
+                    }
+                    break;
+                }
+                inputs
+                    .metrics
+                    .upstream_reconnects
+                    .get_or_create(&ReconnectLabels { reason })
+                    .inc();
+                tracing::warn!(
+                    flavor = F::NAME,
+                    reason,
+                    status = status.as_ref().map(|s| s.to_string()),
+                    "upstream xDS stream lost (istiod gone, or its connection stalled and missed the keepalive ping); reconnecting with Envoy's subscriptions, Envoy's stream stays open"
+                );
+            }
+        }
+        // The next generation's channel and replay, built together (see [`Link`]).
+        let (tx, rx) = mpsc::channel(inputs.queue.max(1));
+        let replay = {
+            let mut l = lock(&link);
+            l.tx = tx;
+            l.subs
+                .as_mut()
+                .map(Subscriptions::replay)
+                .unwrap_or_default()
+        };
+        generation += 1;
+        let delay = backoff.next();
+        tracing::debug!(
+            generation,
+            requests = replay.len(),
+            ?delay,
+            "next upstream xDS stream"
+        );
+        body = (replay, rx);
+        tokio::select! {
+            _ = done.cancelled() => break,
+            _ = down_tx.closed() => { envoy_gone(); break }
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+    done.cancel();
+}
+
+/// Relays one upstream generation's responses until it ends.
+async fn relay<F: Flavor>(
+    inputs: &Inputs,
+    link: &Shared<F>,
+    mut upstream: tonic::Streaming<RawResponse>,
+    down_tx: &mpsc::Sender<Result<RawResponse, tonic::Status>>,
+    done: &CancellationToken,
+    backoff: &mut Backoff,
+) -> Outcome {
+    loop {
+        let msg = tokio::select! {
+            _ = done.cancelled() => return Outcome::Done,
+            _ = down_tx.closed() => return Outcome::Done,
             m = upstream.message() => m,
         };
         match msg {
             Ok(Some(resp)) => {
                 inputs.metrics.responses.inc();
+                *backoff = Backoff(0);
+                if let Some(subs) = lock(link).subs.as_mut() {
+                    subs.on_response(&resp);
+                }
                 let t = resp.type_url();
                 if t == type_url::NAME_TABLE {
                     let Some(sink) = &inputs.nds else {
@@ -404,19 +621,12 @@ async fn upstream_to_downstream<F: Flavor>(
                     if let Err(e) = &result {
                         tracing::warn!(error = %e, "rejecting NDS response");
                     }
-                    if !send(
-                        &up_tx,
-                        F::nds_ack(&resp.head, result.err()),
-                        &done,
-                        "istiod",
-                    )
-                    .await
-                    {
-                        break;
+                    if !to_upstream(link, F::nds_ack(&resp.head, result.err()), done).await {
+                        return Outcome::Done;
                     }
                 } else if forwarded(t) {
-                    if !send(&down_tx, Ok(resp), &done, "Envoy").await {
-                        break;
+                    if !send(down_tx, Ok(resp), done, "Envoy").await {
+                        return Outcome::Done;
                     }
                 } else {
                     tracing::error!(type_url = t, "dropping a response of unknown type");
@@ -431,7 +641,10 @@ async fn upstream_to_downstream<F: Flavor>(
                         r#type: "cancelled",
                     })
                     .inc();
-                break;
+                return Outcome::Lost {
+                    status: None,
+                    reason: "closed",
+                };
             }
             Err(status) => {
                 tracing::warn!(flavor = F::NAME, status = %status, "upstream xDS stream ended");
@@ -442,12 +655,15 @@ async fn upstream_to_downstream<F: Flavor>(
                         r#type: termination(&status),
                     })
                     .inc();
-                // Envoy's stream ends with istiod's status.
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(5), down_tx.send(Err(status))).await;
-                break;
+                if !lost(&status) {
+                    return Outcome::End(status);
+                }
+                let reason = loss_reason(&status);
+                return Outcome::Lost {
+                    status: Some(status),
+                    reason,
+                };
             }
         }
     }
-    done.cancel();
 }

@@ -40,6 +40,16 @@ async fn proxy_with_health(
     nds: bool,
     health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
 ) -> Harness {
+    proxy_with(connect, nds, health, true).await
+}
+
+/// `reconnect: false` is Istio's behaviour (`XDS_PROXY_RECONNECT=false`).
+async fn proxy_with(
+    connect: Connect,
+    nds: bool,
+    health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
+    reconnect: bool,
+) -> Harness {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("debug,h2=info,hyper=info,tower=info")
         .with_test_writer()
@@ -71,6 +81,8 @@ async fn proxy_with_health(
         metrics: metrics.clone(),
         health,
         queue: 1,
+        reconnect,
+        open_timeout: Duration::from_secs(5),
     });
     let token = CancellationToken::new();
     tokio::spawn(serve(proxy, listener, token.clone()));
@@ -344,7 +356,8 @@ async fn upstream_unreachable_fails_envoy_stream() {
 #[tokio::test]
 async fn delta_relays_and_intercepts_nds() {
     let mut ads = FakeAds::start().await.unwrap();
-    let h = proxy(ads.connect(), true).await;
+    // Istio's behaviour on upstream loss (asserted at the end); the default is in reconnect.rs.
+    let h = proxy_with(ads.connect(), true, None, false).await;
     let mut client = envoy_client(&h.path).await;
     let (tx, rx) = mpsc::channel(8);
     let lds = DeltaDiscoveryRequest {
@@ -579,3 +592,5 @@ async fn responses_reach_envoy_as_sent() {
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unimplemented);
 }
+
+mod reconnect;

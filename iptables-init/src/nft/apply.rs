@@ -174,16 +174,28 @@ fn tproxy_rule_present(cfg: &Config) -> bool {
 /// what the iptables backend left and sets up (or removes) TPROXY's policy routes.
 pub fn run(cfg: &Config, rules: &NftRuleBuilder, env: &ExecEnv) -> Result<(), Error> {
     let nft = Nft::find(env, cfg.cni_mode)?;
-    let script = if cfg.cleanup_only {
-        super::cleanup_script()
-    } else {
-        super::apply_script(rules)
+    let build_script = || {
+        if cfg.cleanup_only {
+            super::cleanup_script()
+        } else {
+            super::apply_script(rules, super::Existing::read().as_ref())
+        }
     };
+    let mut script = build_script();
     // What the other backend or an earlier TPROXY run left, read before the change.
     let leftovers = iptables_leftovers();
     let stale_routes =
         (cfg.cleanup_only || !crate::apply::tproxy_routes_wanted(cfg)) && tproxy_rule_present(cfg);
-    let applied = nft.apply(&script);
+    let mut applied = nft.apply(&script);
+    if applied.is_err() && !cfg.cleanup_only {
+        // The state changed under us (a chain to remove went away): once more, freshly read.
+        let again = build_script();
+        if again != script {
+            tracing::info!("nftables state changed during the run; retrying with a fresh view");
+            script = again;
+            applied = nft.apply(&script);
+        }
+    }
     applied?;
     tracing::info!(
         tables = script

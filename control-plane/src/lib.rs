@@ -13,13 +13,16 @@
 //! - [`monitoring`]: `/ready`, `/metrics`, `/debug/syncz`, `/debug/configz` (→ config, model, xds,
 //!   listen).
 //! - [`vm_bundle`]: the VM onboarding files (→ ca).
-//! - [`server`]: the composition root of `istiod-lite serve` (→ everything above).
+//! - [`replay`]: `istiod-lite replay`, a recorded config dump served as it is (or stripped)
+//!   through the xds side's fixed resources (→ xds).
+//! - [`server`]: the composition root of `istiod-lite serve` and `replay` (→ everything above).
 
 pub mod ca;
 pub mod config;
 pub mod listen;
 pub mod model;
 pub mod monitoring;
+pub mod replay;
 pub mod server;
 pub mod vm_bundle;
 pub mod xds;

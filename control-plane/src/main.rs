@@ -1,8 +1,9 @@
-//! `istiod-lite`: serve (CA + ADS + monitoring), token, vm-bundle.
+//! `istiod-lite`: serve (CA + ADS + monitoring), replay (a recorded config dump), token,
+//! vm-bundle.
 //!
 //! Every flag can also come from the environment as `ISTIOD_LITE_<FLAG>` (upper case, `-` → `_`).
 //! `serve` logs (to stderr) one line per listener once it is bound, in this exact form:
-//! `listening name=<grpc|secure-grpc|monitoring> addr=<ip:port>`.
+//! `listening name=<grpc|secure-grpc|monitoring> addr=<ip:port>`; so does `replay`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use control_plane::{ca, server, vm_bundle};
+use control_plane::{ca, replay, server, vm_bundle};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Debug)]
@@ -63,6 +64,45 @@ enum Command {
         /// MeshConfig YAML (rootNamespace, trustDomain, outboundTrafficPolicy.mode).
         #[arg(long, env = "ISTIOD_LITE_MESH")]
         mesh: Option<PathBuf>,
+        /// Clock skew between hosts allowed on a token's `exp` and `nbf` (whole seconds count).
+        #[arg(long, env = "ISTIOD_LITE_TOKEN_CLOCK_SKEW", default_value = "60s", value_parser = parse_duration)]
+        token_clock_skew: Duration,
+    },
+    /// Serve the dynamic resources of a recorded Envoy config dump (`/config_dump`, or
+    /// `istioctl proxy-config all -o json|yaml`) over ADS to every proxy, with the CA.
+    Replay {
+        /// The dump (JSON or YAML).
+        #[arg(long, env = "ISTIOD_LITE_CONFIG_DUMP")]
+        config_dump: PathBuf,
+        /// Remove the extensions only Istio's Envoy build implements (each removal is logged),
+        /// so that upstream Envoy accepts the rest.
+        #[arg(long, env = "ISTIOD_LITE_STRIP_ISTIO_EXTENSIONS")]
+        strip_istio_extensions: bool,
+        #[arg(long, env = "ISTIOD_LITE_CA_DIR")]
+        ca_dir: PathBuf,
+        #[arg(
+            long,
+            env = "ISTIOD_LITE_TRUST_DOMAIN",
+            default_value = "cluster.local"
+        )]
+        trust_domain: String,
+        #[arg(long, env = "ISTIOD_LITE_GRPC_ADDR", default_value = "127.0.0.1:15010")]
+        grpc_addr: SocketAddr,
+        #[arg(
+            long,
+            env = "ISTIOD_LITE_SECURE_GRPC_ADDR",
+            default_value = "127.0.0.1:15012"
+        )]
+        secure_grpc_addr: SocketAddr,
+        #[arg(
+            long,
+            env = "ISTIOD_LITE_MONITORING_ADDR",
+            default_value = "127.0.0.1:15014"
+        )]
+        monitoring_addr: SocketAddr,
+        /// Extra DNS names for the secure port's serving certificate (repeatable; env: comma list).
+        #[arg(long = "san", env = "ISTIOD_LITE_SAN", value_delimiter = ',')]
+        sans: Vec<String>,
         /// Clock skew between hosts allowed on a token's `exp` and `nbf` (whole seconds count).
         #[arg(long, env = "ISTIOD_LITE_TOKEN_CLOCK_SKEW", default_value = "60s", value_parser = parse_duration)]
         token_clock_skew: Duration,
@@ -131,6 +171,18 @@ async fn shutdown_signal(cancel: CancellationToken) {
     cancel.cancel();
 }
 
+/// Logs the bound listeners, then serves until SIGTERM/SIGINT.
+async fn run(running: server::Running, cancel: CancellationToken) {
+    tracing::info!("listening name=grpc addr={}", running.grpc_addr);
+    tracing::info!(
+        "listening name=secure-grpc addr={}",
+        running.secure_grpc_addr
+    );
+    tracing::info!("listening name=monitoring addr={}", running.monitoring_addr);
+    tokio::spawn(shutdown_signal(cancel));
+    running.wait().await;
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -166,14 +218,40 @@ async fn main() -> anyhow::Result<()> {
             )
             .await
             .context("istiod-lite serve")?;
-            tracing::info!("listening name=grpc addr={}", running.grpc_addr);
-            tracing::info!(
-                "listening name=secure-grpc addr={}",
-                running.secure_grpc_addr
-            );
-            tracing::info!("listening name=monitoring addr={}", running.monitoring_addr);
-            tokio::spawn(shutdown_signal(cancel));
-            running.wait().await;
+            run(running, cancel).await;
+            Ok(())
+        }
+        Command::Replay {
+            config_dump,
+            strip_istio_extensions,
+            ca_dir,
+            trust_domain,
+            grpc_addr,
+            secure_grpc_addr,
+            monitoring_addr,
+            sans,
+            token_clock_skew,
+        } => {
+            init_logging();
+            let cancel = CancellationToken::new();
+            let running = replay::serve(
+                replay::ReplayInputs {
+                    config_dump,
+                    strip_istio_extensions,
+                    ca_dir,
+                    trust_domain,
+                    grpc_addr,
+                    secure_grpc_addr,
+                    monitoring_addr,
+                    sans,
+                    token_clock_skew,
+                    env: std::env::vars().collect(),
+                },
+                cancel.clone(),
+            )
+            .await
+            .context("istiod-lite replay")?;
+            run(running, cancel).await;
             Ok(())
         }
         Command::Token {

@@ -1,4 +1,4 @@
-//! Composition root of `istiod-lite serve`: binds every listener first (so port 0 works and the
+//! Composition root of `istiod-lite serve` (and of `replay`, through [`serve_sources`]): binds every listener first (so port 0 works and the
 //! bound addresses can be reported), then serves ADS on the plaintext gRPC port (15010), CA + ADS
 //! on the TLS gRPC port (15012) and the monitoring endpoints. As in Istio, the CA is never offered
 //! in plaintext: a bearer token sent there would cross the network in clear.
@@ -20,10 +20,10 @@ use tonic::transport::Server;
 use crate::ca::{
     self, Ca, CaMetrics, CaService, DEFAULT_SERVING_SANS, Reloader, SharedCa, TokenIssuer,
 };
-use crate::config::{Watcher, WatcherInputs};
+use crate::config::{ConfigStatus, Watcher, WatcherInputs};
 use crate::listen::{self, Acceptor};
-use crate::model::MeshSettings;
-use crate::xds::{AdsInputs, AdsServer, SyncTable, XdsMetrics};
+use crate::model::{MeshSettings, Snapshot};
+use crate::xds::{AdsInputs, AdsServer, FixedResources, SyncTable, XdsMetrics};
 
 pub mod tls;
 
@@ -190,7 +190,6 @@ fn bind(name: &'static str, addr: SocketAddr) -> Result<TcpListener, Error> {
 
 /// Starts everything; returns once every listener is bound and serving.
 pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Running, Error> {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let tunables = Tunables::from_env(&inputs.env)?;
     let mesh = load_mesh(
         inputs.mesh_file.as_ref(),
@@ -201,7 +200,67 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
         trust_domain = %mesh.trust_domain, root_namespace = %mesh.root_namespace, allow_any = mesh.allow_any,
         debounce_after = ?tunables.debounce_after, debounce_max = ?tunables.debounce_max,
         push_throttle = tunables.push_throttle, token_clock_skew = ?inputs.token_clock_skew, "starting istiod-lite");
+    let watcher = Watcher::start(
+        WatcherInputs {
+            dir: inputs.config_dir.clone(),
+            debounce_after: tunables.debounce_after,
+            debounce_max: tunables.debounce_max,
+        },
+        cancel.clone(),
+    )?;
+    // Config revisions become model snapshots; the ADS server generates (and caches) from those.
+    let snapshots = crate::model::follow(watcher.revisions.clone(), Arc::new(mesh), cancel.clone());
+    let core = CoreInputs {
+        ca_dir: inputs.ca_dir,
+        trust_domain: inputs.trust_domain,
+        grpc_addr: inputs.grpc_addr,
+        secure_grpc_addr: inputs.secure_grpc_addr,
+        monitoring_addr: inputs.monitoring_addr,
+        sans: inputs.sans,
+        token_clock_skew: inputs.token_clock_skew,
+        push_throttle: tunables.push_throttle,
+    };
+    let sources = Sources {
+        snapshots,
+        config_status: watcher.status,
+        fixed: None,
+    };
+    serve_sources(core, sources, cancel).await
+}
 
+/// What every flavour of the server needs besides its sources (`serve`, `replay`).
+#[derive(Clone, Debug)]
+pub struct CoreInputs {
+    pub ca_dir: PathBuf,
+    pub trust_domain: String,
+    pub grpc_addr: SocketAddr,
+    pub secure_grpc_addr: SocketAddr,
+    pub monitoring_addr: SocketAddr,
+    /// Extra DNS names for the serving certificate.
+    pub sans: Vec<String>,
+    /// Clock skew allowed when verifying a token's `exp` and `nbf`.
+    pub token_clock_skew: Duration,
+    /// `PILOT_PUSH_THROTTLE`.
+    pub push_throttle: usize,
+}
+
+/// Where pushes and `/debug/configz` come from: model snapshots that follow the config watcher
+/// (`serve`), or one empty snapshot plus fixed resources answered instead of generating
+/// (`replay`).
+pub struct Sources {
+    pub snapshots: tokio::sync::watch::Receiver<Arc<Snapshot>>,
+    pub config_status: tokio::sync::watch::Receiver<Arc<ConfigStatus>>,
+    /// When present, the ADS server serves these instead of generating from the snapshot.
+    pub fixed: Option<Arc<dyn FixedResources>>,
+}
+
+/// Serves CA, ADS (from `sources`) and monitoring; returns once every listener is bound.
+pub async fn serve_sources(
+    inputs: CoreInputs,
+    sources: Sources,
+    cancel: CancellationToken,
+) -> Result<Running, Error> {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let ca = SharedCa::new(Ca::load_or_create(&inputs.ca_dir)?);
     let tokens = Arc::new(
         TokenIssuer::load_or_create(&inputs.ca_dir)?.with_clock_skew(inputs.token_clock_skew),
@@ -236,20 +295,11 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
     let mut registry = Registry::default();
     let ca_metrics = CaMetrics::new(&mut registry);
     let xds_metrics = XdsMetrics::new(&mut registry);
-    let watcher = Watcher::start(
-        WatcherInputs {
-            dir: inputs.config_dir.clone(),
-            debounce_after: tunables.debounce_after,
-            debounce_max: tunables.debounce_max,
-        },
-        cancel.clone(),
-    )?;
-    // Config revisions become model snapshots; the ADS server generates (and caches) from those.
-    let snapshots = crate::model::follow(watcher.revisions.clone(), Arc::new(mesh), cancel.clone());
     let sync = SyncTable::default();
     let ads = AdsServer::new(AdsInputs {
-        snapshots: snapshots.clone(),
-        push_throttle: tunables.push_throttle,
+        snapshots: sources.snapshots.clone(),
+        fixed: sources.fixed,
+        push_throttle: inputs.push_throttle,
         metrics: xds_metrics,
         sync: sync.clone(),
         cancel: cancel.clone(),
@@ -318,8 +368,8 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
         crate::monitoring::MonitoringInputs {
             registry: Arc::new(registry),
             sync,
-            config_status: watcher.status.clone(),
-            snapshots,
+            config_status: sources.config_status,
+            snapshots: sources.snapshots,
             ready: ready_rx,
         },
         cancel.clone(),

@@ -102,6 +102,14 @@ pub struct Resource {
 /// Resources of one type, sorted by name.
 pub type Resources = Vec<Resource>;
 
+/// Resources that are not generated but served as they are to every proxy (`istiod-lite
+/// replay`); a [`CachedSnapshot`] given one (through [`AdsInputs::fixed`]) asks it instead of
+/// generating from its snapshot.
+pub trait FixedResources: Send + Sync {
+    /// Every resource of `ty` for a proxy, sorted by name.
+    fn resources(&self, view: &ProxyView, ty: XdsType) -> std::sync::Arc<Resources>;
+}
+
 fn fnv64(bytes: &[u8]) -> u64 {
     let mut h = 0xcbf29ce484222325u64;
     for b in bytes {

@@ -36,6 +36,8 @@ pub(crate) trait Flavor: Send + Sync + 'static {
     /// The ADS method's gRPC path.
     const PATH: &'static str;
     fn req_type(r: &Self::Req) -> &str;
+    /// A NACK's nonce and error detail (`None` for a request or an ACK).
+    fn req_nack(r: &Self::Req) -> Option<(&str, &RpcStatus)>;
     /// The proxy's own initial NDS request.
     fn nds_subscribe() -> Self::Req;
     /// The proxy's ACK (error `None`) or NACK for an NDS response.
@@ -101,6 +103,11 @@ impl Flavor for Sotw {
     fn req_type(r: &DiscoveryRequest) -> &str {
         &r.type_url
     }
+    fn req_nack(r: &DiscoveryRequest) -> Option<(&str, &RpcStatus)> {
+        r.error_detail
+            .as_ref()
+            .map(|e| (r.response_nonce.as_str(), e))
+    }
     fn nds_subscribe() -> DiscoveryRequest {
         DiscoveryRequest {
             type_url: type_url::NAME_TABLE.into(),
@@ -142,6 +149,11 @@ impl Flavor for Delta {
     const PATH: &'static str = super::DELTA_PATH;
     fn req_type(r: &DeltaDiscoveryRequest) -> &str {
         &r.type_url
+    }
+    fn req_nack(r: &DeltaDiscoveryRequest) -> Option<(&str, &RpcStatus)> {
+        r.error_detail
+            .as_ref()
+            .map(|e| (r.response_nonce.as_str(), e))
     }
     fn nds_subscribe() -> DeltaDiscoveryRequest {
         DeltaDiscoveryRequest {
@@ -315,6 +327,11 @@ async fn downstream_to_upstream<F: Flavor>(
         match msg {
             Ok(Some(req)) => {
                 inputs.metrics.requests.inc();
+                if let Some((nonce, error)) = F::req_nack(&req) {
+                    // Relayed as is; logged so that a rejected config shows in the agent's log.
+                    tracing::warn!(flavor = F::NAME, type_url = F::req_type(&req), nonce,
+                        code = error.code, error = %error.message, "Envoy rejected an xDS response (NACK)");
+                }
                 let first_lds = !lds_seen && F::req_type(&req) == type_url::LISTENER;
                 if !to_upstream(&link, req, &done).await {
                     break;

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::cache::{CacheSlot, CachedSnapshot};
-use super::{SyncTable, XdsType};
+use super::{FixedResources, SyncTable, XdsType};
 use crate::model::{Proxy, Snapshot};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -86,6 +86,9 @@ impl XdsMetrics {
 /// Inputs of [`AdsServer::new`].
 pub struct AdsInputs {
     pub snapshots: watch::Receiver<Arc<Snapshot>>,
+    /// Resources served to every proxy instead of generated from the snapshots (`istiod-lite
+    /// replay`); `None` generates.
+    pub fixed: Option<Arc<dyn FixedResources>>,
     /// `PILOT_PUSH_THROTTLE`: connections generating/sending at once.
     pub push_throttle: usize,
     pub metrics: XdsMetrics,
@@ -116,7 +119,7 @@ impl AdsServer {
         AdsServer {
             inner: Arc::new(Inner {
                 snapshots: inputs.snapshots,
-                cache: CacheSlot::new(),
+                cache: CacheSlot::new(inputs.fixed),
                 throttle: Arc::new(Semaphore::new(inputs.push_throttle.max(1))),
                 metrics: inputs.metrics,
                 sync: inputs.sync,
@@ -340,10 +343,14 @@ impl Conn {
                     .rejects
                     .get_or_create(&TypeLabels { r#type: ty.short() })
                     .inc();
-                tracing::warn!(conn = %conn_id, r#type = ty.short(), nonce, error = %err,
+                tracing::warn!(conn = %conn_id, r#type = ty.short(), type_url = ty.type_url(), nonce, error = %err,
                     "proxy rejected push (NACK); it keeps its last good config");
                 // `sent` stays what was sent: nothing is re-sent until the view changes again.
-                self.inner.sync.update(&conn_id, ty, |t| t.nack = Some(err));
+                let nonce = nonce.to_string();
+                self.inner.sync.update(&conn_id, ty, |t| {
+                    t.nack = Some(err);
+                    t.nack_nonce = Some(nonce);
+                });
             }
             None => {
                 if let Some(trigger) = pending.and_then(|p| p.trigger) {
@@ -361,6 +368,7 @@ impl Conn {
                         t.sent_version.clone()
                     };
                     t.nack = None;
+                    t.nack_nonce = None;
                 });
             }
         }

@@ -1,17 +1,20 @@
 //! The cache of generated xDS: resources of one type for one proxy view are generated once per
 //! snapshot and shared by every proxy with that view. The cache belongs to the xDS side and lives
-//! as long as the snapshot it was generated from is the one being served.
+//! as long as the snapshot it was generated from is the one being served. With fixed resources
+//! (`istiod-lite replay`) nothing is generated: the fixed source answers every (view, type).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::{Resources, XdsType, generate};
+use super::{FixedResources, Resources, XdsType, generate};
 use crate::model::{ProxyView, Snapshot};
 
 /// A snapshot and what was generated from it so far.
 pub struct CachedSnapshot {
     snapshot: Arc<Snapshot>,
     generated: Mutex<HashMap<(ProxyView, XdsType), Arc<Resources>>>,
+    /// Resources served as they are instead of generated (`istiod-lite replay`).
+    fixed: Option<Arc<dyn FixedResources>>,
 }
 
 impl std::fmt::Debug for CachedSnapshot {
@@ -28,6 +31,15 @@ impl CachedSnapshot {
         CachedSnapshot {
             snapshot,
             generated: Mutex::new(HashMap::new()),
+            fixed: None,
+        }
+    }
+
+    /// `snapshot` (versions, push timing) whose resources come from `fixed`, not generation.
+    pub fn with_fixed(snapshot: Arc<Snapshot>, fixed: Arc<dyn FixedResources>) -> CachedSnapshot {
+        CachedSnapshot {
+            fixed: Some(fixed),
+            ..CachedSnapshot::new(snapshot)
         }
     }
 
@@ -38,6 +50,9 @@ impl CachedSnapshot {
 
     /// Resources of one type for a proxy view, generated once per (view, type).
     pub fn resources(&self, view: &ProxyView, ty: XdsType) -> Arc<Resources> {
+        if let Some(fixed) = &self.fixed {
+            return fixed.resources(view, ty);
+        }
         // Proxies that differ only in what the snapshot cannot tell apart share one generation.
         let key = (self.snapshot.distinguishing_view(view), ty);
         if let Ok(cache) = self.generated.lock()
@@ -56,13 +71,23 @@ impl CachedSnapshot {
 /// The cache of the newest snapshot served, shared by every stream of the ADS server.
 pub(crate) struct CacheSlot {
     current: Mutex<Option<Arc<CachedSnapshot>>>,
+    /// When present, every cache answers from it (`istiod-lite replay`).
+    fixed: Option<Arc<dyn FixedResources>>,
 }
 
 impl CacheSlot {
-    pub(crate) fn new() -> CacheSlot {
+    pub(crate) fn new(fixed: Option<Arc<dyn FixedResources>>) -> CacheSlot {
         CacheSlot {
             current: Mutex::new(None),
+            fixed,
         }
+    }
+
+    fn cache(&self, snap: &Arc<Snapshot>) -> Arc<CachedSnapshot> {
+        Arc::new(match &self.fixed {
+            Some(f) => CachedSnapshot::with_fixed(snap.clone(), f.clone()),
+            None => CachedSnapshot::new(snap.clone()),
+        })
     }
 
     /// The cache for `snap`: the shared one when `snap` is the current snapshot; a new shared
@@ -70,15 +95,13 @@ impl CacheSlot {
     /// unshared one for an older snapshot a slow stream still works from.
     pub(crate) fn for_snapshot(&self, snap: &Arc<Snapshot>) -> Arc<CachedSnapshot> {
         let Ok(mut current) = self.current.lock() else {
-            return Arc::new(CachedSnapshot::new(snap.clone()));
+            return self.cache(snap);
         };
         match current.as_ref() {
             Some(c) if Arc::ptr_eq(c.snapshot(), snap) => c.clone(),
-            Some(c) if c.snapshot().created > snap.created => {
-                Arc::new(CachedSnapshot::new(snap.clone()))
-            }
+            Some(c) if c.snapshot().created > snap.created => self.cache(snap),
             _ => {
-                let c = Arc::new(CachedSnapshot::new(snap.clone()));
+                let c = self.cache(snap);
                 *current = Some(c.clone());
                 c
             }
@@ -102,7 +125,7 @@ mod tests {
 
     #[test]
     fn streams_share_the_cache_of_the_newest_snapshot() {
-        let slot = CacheSlot::new();
+        let slot = CacheSlot::new(None);
         let (old, new) = (snap(1), snap(2));
         let a = slot.for_snapshot(&old);
         assert!(Arc::ptr_eq(&a, &slot.for_snapshot(&old)));
@@ -114,5 +137,57 @@ mod tests {
         assert!(Arc::ptr_eq(stale.snapshot(), &old));
         assert!(!Arc::ptr_eq(&stale, &a));
         assert!(Arc::ptr_eq(&b, &slot.for_snapshot(&new)));
+    }
+
+    /// Answers every (view, type) with one named resource and counts the calls.
+    struct Fixed(std::sync::atomic::AtomicUsize);
+
+    impl FixedResources for Fixed {
+        fn resources(&self, _view: &ProxyView, ty: XdsType) -> Arc<Resources> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Arc::new(vec![super::super::Resource {
+                name: format!("fixed-{}", ty.short()),
+                any: Default::default(),
+                hash: 1,
+            }])
+        }
+    }
+
+    #[test]
+    fn fixed_resources_answer_instead_of_generation() {
+        let fixed = Arc::new(Fixed(Default::default()));
+        let slot = CacheSlot::new(Some(fixed.clone()));
+        let s = snap(1);
+        let cache = slot.for_snapshot(&s);
+        assert!(Arc::ptr_eq(cache.snapshot(), &s));
+        let view = ProxyView {
+            namespace: "demo".into(),
+            labels: Default::default(),
+            ips: vec!["127.0.0.1".into()],
+            dns_capture: false,
+            dns_auto_allocate: false,
+            capture: true,
+            grpc: false,
+        };
+        for ty in XdsType::ALL {
+            let r = cache.resources(&view, ty);
+            let names: Vec<&str> = r.iter().map(|r| r.name.as_str()).collect();
+            assert_eq!(names, [format!("fixed-{}", ty.short())]);
+        }
+        assert_eq!(
+            fixed.0.load(std::sync::atomic::Ordering::SeqCst),
+            XdsType::ALL.len()
+        );
+        // A newer snapshot keeps the fixed source.
+        let newer = slot.for_snapshot(&snap(2));
+        assert_eq!(newer.resources(&view, XdsType::Cds)[0].name, "fixed-CDS");
+        // Without one, an empty config generates no listener named like the fixed ones.
+        let plain = CacheSlot::new(None).for_snapshot(&s);
+        assert!(
+            plain
+                .resources(&view, XdsType::Lds)
+                .iter()
+                .all(|r| !r.name.starts_with("fixed-"))
+        );
     }
 }

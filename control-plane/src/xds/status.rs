@@ -13,12 +13,17 @@ use super::XdsType;
 pub struct TypeSync {
     /// `SYNCED`, `STALE` or `NOT SENT`.
     pub status: &'static str,
+    /// The type's full URL (`type.googleapis.com/envoy.config.listener.v3.Listener`).
+    pub type_url: &'static str,
     pub sent_nonce: String,
     pub sent_version: String,
     pub acked_nonce: String,
     pub acked_version: String,
-    /// The error of the last NACK of the latest push, if any.
+    /// The error of the last NACK of the latest push, if any: Envoy's `error_detail` as
+    /// `code <n>: <message>`; the message names the rejected resources.
     pub nack: Option<String>,
+    /// The nonce of the push that NACK rejected.
+    pub nack_nonce: Option<String>,
 }
 
 /// One connected proxy.
@@ -47,6 +52,7 @@ impl SyncTable {
                     t.short(),
                     TypeSync {
                         status: "NOT SENT",
+                        type_url: t.type_url(),
                         ..Default::default()
                     },
                 )

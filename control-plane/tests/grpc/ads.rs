@@ -63,6 +63,7 @@ async fn harness(initial: Arc<Snapshot>) -> Harness {
     let cancel = CancellationToken::new();
     let ads = AdsServer::new(AdsInputs {
         snapshots: rx,
+        fixed: None,
         push_throttle: 4,
         metrics: XdsMetrics::new(&mut Registry::default()),
         sync: sync.clone(),
@@ -214,6 +215,13 @@ async fn sotw_pushes_only_changed_types_and_tracks_acks() {
         status(&h, "EDS"),
         ("STALE".into(), Some("code 13: bad endpoint".into()))
     );
+    // syncz says which type and which push were rejected.
+    let rows = h.sync.rows();
+    assert_eq!(rows[0].types["EDS"].type_url, ENDPOINT);
+    assert_eq!(
+        rows[0].types["EDS"].nack_nonce.as_deref(),
+        Some(push.nonce.as_str())
+    );
     // The next change is pushed again and ACKed.
     h.snapshots
         .send_replace(snap(&yaml("198.18.0.8", false), 5));
@@ -221,6 +229,7 @@ async fn sotw_pushes_only_changed_types_and_tracks_acks() {
     s.send(ENDPOINT, &[EDS_NAME], &push.nonce, None).await;
     s.quiet().await;
     assert_eq!(status(&h, "EDS"), ("SYNCED".into(), None));
+    assert_eq!(h.sync.rows()[0].types["EDS"].nack_nonce, None);
     h.cancel.cancel();
 }
 

@@ -1,18 +1,43 @@
 //! The image: the Dockerfile's final stage copies the tree `scripts/image-rootfs.sh` lays out.
 //! No Docker engine runs here, so this test builds that same tree from the workspace binaries
-//! and runs the entry points from it, so a broken path fails CI.
+//! and runs the entry points from it, so a broken path fails CI. Envoy is Istio's (from the
+//! proxyv2 image of `ISTIO_VERSION`, with its bootstrap template) unless `ENVOY=upstream`.
 
 use harness::{envoy_bin, repo_root, workspace_bin};
+use std::path::Path;
 use std::process::Command;
+
+/// Istio's paths inside its proxyv2 image.
+const ENVOY_PATH: &str = "usr/local/bin/envoy";
+const TEMPLATE_PATH: &str = "var/lib/istio/envoy/envoy_bootstrap_tmpl.json";
+
+fn dockerfile() -> String {
+    std::fs::read_to_string(repo_root().join("Dockerfile")).expect("Dockerfile")
+}
+
+/// Runs `scripts/image-rootfs.sh` into `out`, with Istio's envoy directory when given.
+fn lay_out(envoy: &Path, out: &Path, istio_envoy_dir: Option<&Path>) {
+    let agent = workspace_bin("pilot-agent");
+    let bin_dir = agent.parent().expect("bin dir").to_path_buf();
+    let _ = workspace_bin("istio-iptables");
+    let mut cmd = Command::new(repo_root().join("scripts/image-rootfs.sh"));
+    cmd.arg(&bin_dir).arg(envoy).arg(out);
+    if let Some(d) = istio_envoy_dir {
+        cmd.arg(d);
+    }
+    let status = cmd.status().expect("run image-rootfs.sh");
+    assert!(status.success(), "image-rootfs.sh failed: {status}");
+}
 
 #[test]
 fn dockerfile_final_stage_is_the_rootfs_script_tree() {
-    let dockerfile = std::fs::read_to_string(repo_root().join("Dockerfile")).expect("Dockerfile");
+    let dockerfile = dockerfile();
     for needle in [
         "cargo build --profile dist --locked -p agent -p iptables-init --bins",
-        "scripts/image-rootfs.sh target/dist .tools/bin/envoy /rootfs",
+        "scripts/image-rootfs.sh target/dist /envoy/usr/local/bin/envoy /rootfs /envoy/var/lib/istio/envoy",
         "COPY --from=build /rootfs/ /",
-        "--uid 1337",
+        "useradd -m --uid 1337 --user-group istio-proxy",
+        "chown -R istio-proxy:istio-proxy /etc/istio /var/lib/istio /etc/certs",
         "WORKDIR /",
         "USER 1337:1337",
         r#"ENTRYPOINT ["/usr/local/bin/pilot-agent"]"#,
@@ -22,19 +47,92 @@ fn dockerfile_final_stage_is_the_rootfs_script_tree() {
 }
 
 #[test]
-fn rootfs_runs_pilot_agent_istio_iptables_and_envoy() {
+fn dockerfile_takes_envoy_and_its_template_from_istios_proxyv2_image() {
+    let dockerfile = dockerfile();
+    // A pinned Istio release, Istio's image, and both files at Istio's own paths.
+    let version = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("ARG ISTIO_VERSION="))
+        .expect("ARG ISTIO_VERSION=<release>");
+    let parts: Vec<&str> = version.trim().split('.').collect();
+    assert!(
+        parts.len() == 3 && parts.iter().all(|p| p.parse::<u32>().is_ok()),
+        "ISTIO_VERSION pins a release x.y.z: {version:?}"
+    );
+    for needle in [
+        "FROM docker.io/istio/proxyv2:${ISTIO_VERSION} AS istio",
+        "COPY --from=istio /usr/local/bin/envoy /usr/local/bin/envoy",
+        "COPY --from=istio /var/lib/istio/envoy/ /var/lib/istio/envoy/",
+        // Istio's Envoy by default; upstream's only when asked for.
+        "ARG ENVOY=istio",
+        "FROM envoy-${ENVOY} AS envoy",
+        "FROM scratch AS envoy-istio",
+        "FROM scratch AS envoy-upstream",
+        "scripts/setup.sh --envoy-only",
+        "COPY --from=envoy / /envoy/",
+    ] {
+        assert!(dockerfile.contains(needle), "Dockerfile lacks {needle:?}");
+    }
+}
+
+#[test]
+fn rootfs_puts_istios_envoy_and_template_at_istios_paths() {
     let Some(envoy) = envoy_bin() else { return };
-    let agent = workspace_bin("pilot-agent");
-    let bin_dir = agent.parent().expect("bin dir").to_path_buf();
-    let _ = workspace_bin("istio-iptables");
+    // Stand-ins for the proxyv2 image's /var/lib/istio/envoy: Istio's own template (the
+    // bootstrap conformance corpus holds it byte for byte) and a second template file.
+    let template = repo_root().join("../shared/conformance/istio-bootstrap/envoy_bootstrap.json");
+    let istio = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(&template, istio.path().join("envoy_bootstrap_tmpl.json"))
+        .unwrap_or_else(|e| panic!("{}: {e}", template.display()));
+    std::fs::write(istio.path().join("gcp_bootstrap_tmpl.json"), "{}").expect("write");
     let out = tempfile::tempdir().expect("tempdir");
+    lay_out(&envoy, out.path(), Some(istio.path()));
+    let installed = std::fs::read(out.path().join(TEMPLATE_PATH)).expect("template installed");
+    assert_eq!(
+        installed,
+        std::fs::read(&template).expect("template"),
+        "the template is copied byte for byte"
+    );
+    assert!(
+        out.path()
+            .join("var/lib/istio/envoy/gcp_bootstrap_tmpl.json")
+            .is_file(),
+        "everything in Istio's envoy directory is copied"
+    );
+    assert_eq!(
+        std::fs::read(out.path().join(ENVOY_PATH)).expect("envoy"),
+        std::fs::read(std::fs::canonicalize(&envoy).expect("envoy path")).expect("envoy"),
+        "the given Envoy is installed at {ENVOY_PATH}"
+    );
+    // Upstream: no template (the agent's built-in bootstrap applies).
+    let upstream = tempfile::tempdir().expect("tempdir");
+    lay_out(&envoy, upstream.path(), None);
+    assert!(upstream.path().join(ENVOY_PATH).is_file());
+    assert!(
+        !upstream.path().join(TEMPLATE_PATH).exists(),
+        "no Istio template with upstream Envoy"
+    );
+    // A directory without Istio's template is refused.
+    let empty = tempfile::tempdir().expect("tempdir");
+    std::fs::write(empty.path().join("other.json"), "{}").expect("write");
     let status = Command::new(repo_root().join("scripts/image-rootfs.sh"))
-        .arg(&bin_dir)
+        .arg(workspace_bin("pilot-agent").parent().expect("bin dir"))
         .arg(&envoy)
-        .arg(out.path())
+        .arg(tempfile::tempdir().expect("tempdir").path())
+        .arg(empty.path())
         .status()
         .expect("run image-rootfs.sh");
-    assert!(status.success(), "image-rootfs.sh failed: {status}");
+    assert!(
+        !status.success(),
+        "a template dir without envoy_bootstrap_tmpl.json must fail"
+    );
+}
+
+#[test]
+fn rootfs_runs_pilot_agent_istio_iptables_and_envoy() {
+    let Some(envoy) = envoy_bin() else { return };
+    let out = tempfile::tempdir().expect("tempdir");
+    lay_out(&envoy, out.path(), None);
     let bin = out.path().join("usr/local/bin");
     let run = |prog: &str, args: &[&str]| {
         let o = Command::new(bin.join(prog))
@@ -56,8 +154,14 @@ fn rootfs_runs_pilot_agent_istio_iptables_and_envoy() {
     assert!(ev.contains("1.40.0"), "envoy --version: {ev}");
     for dir in [
         "etc/istio/proxy",
+        "etc/istio/config",
+        "etc/istio/pod",
+        "etc/certs",
+        "var/lib/istio/envoy",
         "var/lib/istio/data",
+        "var/lib/istio/config",
         "var/run/secrets/istio",
+        "var/run/secrets/tokens",
     ] {
         assert!(
             out.path().join(dir).is_dir(),

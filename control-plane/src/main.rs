@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use control_plane::{ca, replay, server, vm_bundle};
 use tokio_util::sync::CancellationToken;
 
@@ -30,43 +30,51 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     control_plane::config::parse_duration(s)
 }
 
+/// The flags `serve` and `replay` share: the CA directory, the listeners, the serving
+/// certificate's names and the token clock skew.
+#[derive(Args, Debug)]
+struct ServerArgs {
+    #[arg(long, env = "ISTIOD_LITE_CA_DIR")]
+    ca_dir: PathBuf,
+    #[arg(
+        long,
+        env = "ISTIOD_LITE_TRUST_DOMAIN",
+        default_value = "cluster.local"
+    )]
+    trust_domain: String,
+    #[arg(long, env = "ISTIOD_LITE_GRPC_ADDR", default_value = "127.0.0.1:15010")]
+    grpc_addr: SocketAddr,
+    #[arg(
+        long,
+        env = "ISTIOD_LITE_SECURE_GRPC_ADDR",
+        default_value = "127.0.0.1:15012"
+    )]
+    secure_grpc_addr: SocketAddr,
+    #[arg(
+        long,
+        env = "ISTIOD_LITE_MONITORING_ADDR",
+        default_value = "127.0.0.1:15014"
+    )]
+    monitoring_addr: SocketAddr,
+    /// Extra DNS names for the secure port's serving certificate (repeatable; env: comma list).
+    #[arg(long = "san", env = "ISTIOD_LITE_SAN", value_delimiter = ',')]
+    sans: Vec<String>,
+    /// Clock skew between hosts allowed on a token's `exp` and `nbf` (whole seconds count).
+    #[arg(long, env = "ISTIOD_LITE_TOKEN_CLOCK_SKEW", default_value = "60s", value_parser = parse_duration)]
+    token_clock_skew: Duration,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve ADS on the plaintext gRPC port, CA and ADS on the TLS gRPC port, plus monitoring.
     Serve {
         #[arg(long, env = "ISTIOD_LITE_CONFIG_DIR")]
         config_dir: PathBuf,
-        #[arg(long, env = "ISTIOD_LITE_CA_DIR")]
-        ca_dir: PathBuf,
-        #[arg(
-            long,
-            env = "ISTIOD_LITE_TRUST_DOMAIN",
-            default_value = "cluster.local"
-        )]
-        trust_domain: String,
-        #[arg(long, env = "ISTIOD_LITE_GRPC_ADDR", default_value = "127.0.0.1:15010")]
-        grpc_addr: SocketAddr,
-        #[arg(
-            long,
-            env = "ISTIOD_LITE_SECURE_GRPC_ADDR",
-            default_value = "127.0.0.1:15012"
-        )]
-        secure_grpc_addr: SocketAddr,
-        #[arg(
-            long,
-            env = "ISTIOD_LITE_MONITORING_ADDR",
-            default_value = "127.0.0.1:15014"
-        )]
-        monitoring_addr: SocketAddr,
-        /// Extra DNS names for the secure port's serving certificate (repeatable; env: comma list).
-        #[arg(long = "san", env = "ISTIOD_LITE_SAN", value_delimiter = ',')]
-        sans: Vec<String>,
         /// MeshConfig YAML (rootNamespace, trustDomain, outboundTrafficPolicy.mode).
         #[arg(long, env = "ISTIOD_LITE_MESH")]
         mesh: Option<PathBuf>,
-        /// Clock skew between hosts allowed on a token's `exp` and `nbf` (whole seconds count).
-        #[arg(long, env = "ISTIOD_LITE_TOKEN_CLOCK_SKEW", default_value = "60s", value_parser = parse_duration)]
-        token_clock_skew: Duration,
+        #[command(flatten)]
+        server: ServerArgs,
     },
     /// Serve the dynamic resources of a recorded Envoy config dump (`/config_dump`, or
     /// `istioctl proxy-config all -o json|yaml`) over ADS to every proxy, with the CA.
@@ -78,34 +86,8 @@ enum Command {
         /// so that upstream Envoy accepts the rest.
         #[arg(long, env = "ISTIOD_LITE_STRIP_ISTIO_EXTENSIONS")]
         strip_istio_extensions: bool,
-        #[arg(long, env = "ISTIOD_LITE_CA_DIR")]
-        ca_dir: PathBuf,
-        #[arg(
-            long,
-            env = "ISTIOD_LITE_TRUST_DOMAIN",
-            default_value = "cluster.local"
-        )]
-        trust_domain: String,
-        #[arg(long, env = "ISTIOD_LITE_GRPC_ADDR", default_value = "127.0.0.1:15010")]
-        grpc_addr: SocketAddr,
-        #[arg(
-            long,
-            env = "ISTIOD_LITE_SECURE_GRPC_ADDR",
-            default_value = "127.0.0.1:15012"
-        )]
-        secure_grpc_addr: SocketAddr,
-        #[arg(
-            long,
-            env = "ISTIOD_LITE_MONITORING_ADDR",
-            default_value = "127.0.0.1:15014"
-        )]
-        monitoring_addr: SocketAddr,
-        /// Extra DNS names for the secure port's serving certificate (repeatable; env: comma list).
-        #[arg(long = "san", env = "ISTIOD_LITE_SAN", value_delimiter = ',')]
-        sans: Vec<String>,
-        /// Clock skew between hosts allowed on a token's `exp` and `nbf` (whole seconds count).
-        #[arg(long, env = "ISTIOD_LITE_TOKEN_CLOCK_SKEW", default_value = "60s", value_parser = parse_duration)]
-        token_clock_skew: Duration,
+        #[command(flatten)]
+        server: ServerArgs,
     },
     /// Print a service-account token (JWT) that the CA accepts.
     Token {
@@ -189,14 +171,17 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve {
             config_dir,
-            ca_dir,
-            trust_domain,
-            grpc_addr,
-            secure_grpc_addr,
-            monitoring_addr,
-            sans,
             mesh,
-            token_clock_skew,
+            server:
+                ServerArgs {
+                    ca_dir,
+                    trust_domain,
+                    grpc_addr,
+                    secure_grpc_addr,
+                    monitoring_addr,
+                    sans,
+                    token_clock_skew,
+                },
         } => {
             init_logging();
             let env: HashMap<String, String> = std::env::vars().collect();
@@ -224,13 +209,16 @@ async fn main() -> anyhow::Result<()> {
         Command::Replay {
             config_dump,
             strip_istio_extensions,
-            ca_dir,
-            trust_domain,
-            grpc_addr,
-            secure_grpc_addr,
-            monitoring_addr,
-            sans,
-            token_clock_skew,
+            server:
+                ServerArgs {
+                    ca_dir,
+                    trust_domain,
+                    grpc_addr,
+                    secure_grpc_addr,
+                    monitoring_addr,
+                    sans,
+                    token_clock_skew,
+                },
         } => {
             init_logging();
             let cancel = CancellationToken::new();

@@ -18,15 +18,16 @@ pub const OUTBOUND_MARK: &str = "1338";
 /// The agent's DNS listener.
 pub const DNS_PORT: &str = "15053";
 
-/// Outbound CIDRs of one family.
+/// Outbound CIDRs of one family, in canonical text (address not masked); shared by the
+/// iptables and nftables rule sets.
 #[derive(Debug, Default)]
-struct Ranges {
-    wildcard: bool,
-    cidrs: Vec<String>,
-    has_loopback: bool,
+pub(crate) struct Ranges {
+    pub(crate) wildcard: bool,
+    pub(crate) cidrs: Vec<String>,
+    pub(crate) has_loopback: bool,
 }
 
-fn separate_v4_v6(list: &str) -> (Ranges, Ranges) {
+pub(crate) fn separate_v4_v6(list: &str) -> (Ranges, Ranges) {
     if list == "*" {
         let w = || Ranges {
             wildcard: true,

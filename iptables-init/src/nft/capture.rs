@@ -5,7 +5,8 @@
 
 use super::builder::NftRuleBuilder;
 use super::{MANGLE, NAT, RAW};
-use crate::config::{Config, InterceptionMode, parse_prefix, split};
+use crate::capture::{Ranges, separate_v4_v6};
+use crate::config::{Config, InterceptionMode, split};
 
 pub const PREROUTING: &str = "prerouting";
 pub const OUTPUT: &str = "output";
@@ -30,36 +31,6 @@ fn rule(matches: &str, statement: &str) -> String {
     } else {
         format!("{matches} counter {statement}")
     }
-}
-
-/// Outbound CIDRs of one family, in canonical text (address not masked).
-#[derive(Debug, Default)]
-struct Ranges {
-    wildcard: bool,
-    cidrs: Vec<String>,
-    has_loopback: bool,
-}
-
-fn separate_v4_v6(list: &str) -> (Ranges, Ranges) {
-    if list == "*" {
-        let w = || Ranges {
-            wildcard: true,
-            ..Ranges::default()
-        };
-        return (w(), w());
-    }
-    let mut v4 = Ranges::default();
-    let mut v6 = Ranges::default();
-    for item in split(list) {
-        // Validated at parse time; skip anything unparsable defensively.
-        let Some((ip, bits)) = parse_prefix(item) else {
-            continue;
-        };
-        let r = if ip.is_ipv4() { &mut v4 } else { &mut v6 };
-        r.cidrs.push(format!("{ip}/{bits}"));
-        r.has_loopback |= ip.is_loopback();
-    }
-    (v4, v6)
 }
 
 /// Builds the nftables rule set for `cfg` (IPv6 rules only when `cfg.enable_ipv6`).

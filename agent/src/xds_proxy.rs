@@ -3,7 +3,7 @@
 //!
 //! - Requests, ACKs, NACKs and responses pass verbatim and in order; the proxy never acks for
 //!   Envoy. Responses are relayed as the bytes istiod sent, never decoded beyond their type
-//!   URL, version and nonce (see [`wire`]); requests are decoded (the proxy reads their type URL).
+//!   URL, version and nonce (see [`codec`]); requests are decoded (the proxy reads their type URL).
 //! - Only NDS (the DNS name table) is the proxy's own: subscribed after Envoy's first LDS
 //!   request when DNS capture is on, decoded in full, acked or nacked by the proxy (a malformed
 //!   table is nacked), never shown to Envoy.
@@ -27,7 +27,7 @@ pub mod fake;
 mod hpack;
 mod relay;
 mod subscriptions;
-mod wire;
+mod codec;
 
 use std::convert::Infallible;
 use std::marker::PhantomData;
@@ -44,11 +44,11 @@ use proto::istio::nds::NameTable;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-pub use wire::RawResponse;
+pub use codec::RawResponse;
 
 #[cfg(feature = "fuzzing")]
 pub(crate) mod fuzzing {
-    pub use super::wire::{ResponseHead, decode_response_head};
+    pub use super::codec::{ResponseHead, decode_response_head};
 }
 
 /// The ADS service's gRPC name and its two methods.
@@ -215,7 +215,7 @@ impl XdsProxy {
 }
 
 /// Envoy's ADS service, hand-written rather than generated so that responses are written with
-/// [`wire::DownstreamCodec`] (bytes as received from istiod) instead of being re-encoded.
+/// [`codec::DownstreamCodec`] (bytes as received from istiod) instead of being re-encoded.
 #[derive(Clone)]
 pub struct AdsService {
     proxy: XdsProxy,
@@ -250,7 +250,7 @@ async fn serve_method<F: relay::Flavor>(
     proxy: XdsProxy,
     request: http::Request<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
-    let mut grpc = tonic::server::Grpc::new(wire::DownstreamCodec::<F::Req>::default())
+    let mut grpc = tonic::server::Grpc::new(codec::DownstreamCodec::<F::Req>::default())
         .max_decoding_message_size(MAX_REQUEST)
         .max_encoding_message_size(usize::MAX);
     let method = Method::<F> {

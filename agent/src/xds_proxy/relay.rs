@@ -14,7 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::subscriptions::{DeltaSubscriptions, SotwSubscriptions, Subscriptions};
-use super::wire::{Head, RawResponse, UpstreamCodec};
+use super::codec::{Head, RawResponse, UpstreamCodec};
 use super::{Inputs, ReconnectLabels, TerminationLabels};
 use crate::health::Health;
 

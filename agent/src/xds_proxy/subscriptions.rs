@@ -14,7 +14,7 @@ use proto::envoy::config::core::v3::Node;
 use proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use proto::type_url;
 
-use super::wire::RawResponse;
+use super::codec::RawResponse;
 
 /// Nonces remembered per type and generation (Envoy answers responses in order, so the last few
 /// are all it can still ACK).

@@ -558,7 +558,7 @@ async fn responses_reach_envoy_as_sent() {
         .streaming(
             tonic::Request::new(ReceiverStream::new(rx)),
             http::uri::PathAndQuery::from_static(SOTW_PATH),
-            wire::UpstreamCodec::<DiscoveryRequest>::default(),
+            codec::UpstreamCodec::<DiscoveryRequest>::default(),
         )
         .await
         .unwrap()
@@ -586,7 +586,7 @@ async fn responses_reach_envoy_as_sent() {
             http::uri::PathAndQuery::from_static(
                 "/envoy.service.discovery.v3.AggregatedDiscoveryService/NoSuchMethod",
             ),
-            wire::UpstreamCodec::<DiscoveryRequest>::default(),
+            codec::UpstreamCodec::<DiscoveryRequest>::default(),
         )
         .await
         .unwrap_err();

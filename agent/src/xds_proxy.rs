@@ -22,12 +22,12 @@
 //!   (OK status) and closes its upstream.
 
 mod authority;
+mod codec;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 mod hpack;
 mod relay;
 mod subscriptions;
-mod codec;
 
 use std::convert::Infallible;
 use std::marker::PhantomData;

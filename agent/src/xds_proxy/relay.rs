@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use super::subscriptions::{DeltaSubscriptions, SotwSubscriptions, Subscriptions};
 use super::codec::{Head, RawResponse, UpstreamCodec};
+use super::subscriptions::{DeltaSubscriptions, SotwSubscriptions, Subscriptions};
 use super::{Inputs, ReconnectLabels, TerminationLabels};
 use crate::health::Health;
 

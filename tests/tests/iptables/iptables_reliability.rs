@@ -598,11 +598,12 @@ fn alternating_flags_with_reconcile_never_leave_the_pod_unredirected() {
 // ---------------------------------------------------------------------------------------------
 // Killed in the middle.
 
-/// xorshift64*: reproducible kill points from a printed seed.
-struct Rng(u64);
+/// xorshift64*: reproducible kill points from a printed seed (`RELIABILITY_SEED`); the
+/// nftables module kills its runs with the same generator.
+pub(super) struct Rng(u64);
 
 impl Rng {
-    fn new() -> Rng {
+    pub(super) fn new() -> Rng {
         let seed = std::env::var("RELIABILITY_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -625,7 +626,7 @@ impl Rng {
     }
 
     /// Uniform in [0, max].
-    fn duration(&mut self, max: Duration) -> Duration {
+    pub(super) fn duration(&mut self, max: Duration) -> Duration {
         let micros = max.as_micros().max(1) as u64;
         Duration::from_micros(self.next() % (micros + 1))
     }

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::iptables_reliability::Rng;
 use harness::{
     Netns, assert_eventually, repo_root, require_bin, require_root, veth, workspace_bin,
 };
@@ -855,34 +856,6 @@ fn alternating_flags_never_leave_the_pod_unredirected() {
         "only {} runs fit the {budget:?} budget",
         runs.len()
     );
-}
-
-/// xorshift64*: reproducible kill points from a printed seed (`RELIABILITY_SEED`).
-struct Rng(u64);
-
-impl Rng {
-    fn new() -> Rng {
-        let seed = std::env::var("RELIABILITY_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(1)
-            })
-            | 1;
-        eprintln!("RELIABILITY_SEED={seed}");
-        Rng(seed)
-    }
-
-    fn duration(&mut self, max: Duration) -> Duration {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let r = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        Duration::from_micros(r % (max.as_micros().max(1) as u64 + 1))
-    }
 }
 
 #[test]

@@ -301,11 +301,12 @@ fn same_flags_a_hundred_times_legacy_backend() {
 // ---------------------------------------------------------------------------------------------
 // Alternating flags under probes.
 
-/// One probe's record: when each sample ran, and the failures with their reason.
+/// One probe's record: when each sample ran, and the failures with their reason (shared with
+/// the nftables module's alternating-flags test).
 #[derive(Default)]
-struct Probe {
-    samples: Vec<(Instant, Instant)>,
-    failures: Vec<String>,
+pub(super) struct Probe {
+    pub(super) samples: Vec<(Instant, Instant)>,
+    pub(super) failures: Vec<String>,
 }
 
 impl Probe {
@@ -317,7 +318,7 @@ impl Probe {
     }
 
     /// Samples that overlapped one of `runs` (start, end).
-    fn during(&self, runs: &[(Instant, Instant)]) -> usize {
+    pub(super) fn during(&self, runs: &[(Instant, Instant)]) -> usize {
         self.samples
             .iter()
             .filter(|(s, e)| runs.iter().any(|(rs, re)| s <= re && e >= rs))
@@ -380,7 +381,7 @@ fn probe_once(dst: SocketAddr, listener: &TcpListener) -> Result<(), String> {
 }
 
 /// Probes in a loop, in `ns` as `uid`, until `stop`.
-fn probe_loop(
+pub(super) fn probe_loop(
     ns: &Netns,
     uid: u32,
     dst: &'static str,

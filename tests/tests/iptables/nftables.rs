@@ -12,7 +12,7 @@
 //! Each loop runs up to its target within a time budget and asserts on every iteration; the
 //! figures are printed (`--no-capture`).
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::iptables_reliability::Rng;
+use super::iptables_reliability::{Rng, probe_loop};
 use harness::{
     Netns, assert_eventually, repo_root, require_bin, require_root, veth, workspace_bin,
 };
@@ -676,82 +676,6 @@ fn same_flags_a_hundred_times_leave_the_same_ruleset() {
         started.elapsed().as_secs_f64()
     );
     assert!(runs >= MIN, "only {runs} runs fit the {budget:?} budget");
-}
-
-/// One probe's record: when each sample ran, and the failures.
-#[derive(Default)]
-struct Probe {
-    samples: Vec<(Instant, Instant)>,
-    failures: Vec<String>,
-}
-
-impl Probe {
-    fn during(&self, runs: &[(Instant, Instant)]) -> usize {
-        self.samples
-            .iter()
-            .filter(|(s, e)| runs.iter().any(|(rs, re)| s <= re && e >= rs))
-            .count()
-    }
-}
-
-/// One connection to `dst` that must land on `listener` with `dst` as original destination.
-fn probe_once(dst: SocketAddr, listener: &TcpListener) -> Result<(), String> {
-    let c = TcpStream::connect_timeout(&dst, Duration::from_secs(2))
-        .map_err(|e| format!("connect {dst}: {e} (not redirected)"))?;
-    let _ = nix::sys::socket::setsockopt(
-        &c.as_fd(),
-        nix::sys::socket::sockopt::Linger,
-        &libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        },
-    );
-    let local = c.local_addr().map_err(|e| e.to_string())?;
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        match listener.accept() {
-            Ok((s, from)) if from == local => {
-                let orig = original_dst(&s);
-                return if orig == dst {
-                    Ok(())
-                } else {
-                    Err(format!("original destination {orig}, expected {dst}"))
-                };
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_micros(200))
-            }
-            Err(e) => return Err(format!("connected to {dst} but nothing accepted: {e}")),
-        }
-    }
-}
-
-fn probe_loop(
-    ns: &Netns,
-    uid: u32,
-    dst: &'static str,
-    listener: TcpListener,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<Probe> {
-    let path = PathBuf::from("/run/netns").join(ns.name());
-    std::thread::spawn(move || {
-        let fd = std::fs::File::open(&path).expect("open netns");
-        nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        nix::unistd::setfsgid(nix::unistd::Gid::from_raw(uid));
-        nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid));
-        let dst: SocketAddr = dst.parse().expect("dst");
-        let mut p = Probe::default();
-        while !stop.load(Ordering::Relaxed) {
-            let start = Instant::now();
-            let r = probe_once(dst, &listener);
-            p.samples.push((start, Instant::now()));
-            if let Err(e) = r {
-                p.failures.push(e);
-            }
-        }
-        p
-    })
 }
 
 #[test]

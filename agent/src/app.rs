@@ -206,6 +206,14 @@ impl App {
         let manager = sds::SecretManager::new(Arc::new(config.identity.clone()), sds_metrics)
             .context("secret manager")?;
         let mut sockets = SocketFiles::default();
+        if config.workload_socket.external {
+            tracing::info!(
+                external = %config.workload_socket.configured.display(),
+                files = %config.sds_socket().display(),
+                "an external SDS server already serves the workload identity socket (SPIRE?): \
+                 Envoy takes default and ROOTCA from it; serving file certificates only, no CA calls"
+            );
+        }
         let sds = if config.disable_envoy {
             None
         } else {

@@ -18,7 +18,7 @@ mod builtin;
 mod clusters;
 mod grpc;
 mod listeners;
-mod metadata;
+pub(crate) mod metadata;
 mod options;
 mod stats;
 mod telemetry;

@@ -43,6 +43,12 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "agent configured for non-default SDS socket path: {path} but no socket found (WORKLOAD_IDENTITY_SOCKET_FILE={file:?} names a socket that an external SDS server such as SPIRE's agent must serve before pilot-agent starts; unset it to use pilot-agent's own SDS server)"
+    )]
+    NoExternalSocket { path: PathBuf, file: String },
+    #[error("{0}")]
+    Socket(sds::Error),
     #[error("invalid proxy type {0:?}: expected sidecar, router or waypoint")]
     NodeType(String),
     #[error("invalid flag --{flag}={value:?}: expected {expected}")]
@@ -175,6 +181,8 @@ pub struct Config {
     pub exit_on_zero_active_connections: bool,
     pub minimum_drain_duration: Duration,
     pub workload_identity_socket_file: String,
+    /// The workload socket as settled at start (an external SDS server such as SPIRE's?).
+    pub workload_socket: identity::WorkloadSocket,
     pub istio_bootstrap: String,
     pub bootstrap_override: String,
     pub skip_deprecated_logs: bool,
@@ -453,8 +461,7 @@ impl Config {
                 "a bare file name",
             ));
         }
-        let sds_socket = resolve(&base_dir, "./var/run/secrets/workload-spiffe-uds")
-            .join(&workload_identity_socket_file);
+        let workload_socket = identity::workload_socket(&base_dir, &workload_identity_socket_file)?;
 
         // Shared by the CA client and the xDS upstream: one PROV_CERT, one ISTIOD_SAN.
         let prov_cert = env
@@ -473,7 +480,7 @@ impl Config {
             cluster_id: &cluster_id,
             prov_cert: prov_cert.as_ref(),
             istiod_san,
-            socket_path: &sds_socket,
+            socket: &workload_socket,
         })?;
         let upstream = upstream::load(upstream::Inputs {
             env,
@@ -519,6 +526,7 @@ impl Config {
                 Duration::ZERO,
             )?,
             workload_identity_socket_file,
+            workload_socket,
             istio_bootstrap: env.str("ISTIO_BOOTSTRAP", ""),
             bootstrap_override: env.str("ISTIO_BOOTSTRAP_OVERRIDE", ""),
             skip_deprecated_logs: env.bool("ENVOY_SKIP_DEPRECATED_LOGS", true)?,

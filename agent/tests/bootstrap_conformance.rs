@@ -95,6 +95,17 @@ struct Generated {
 /// The README's "How to run a case", through the agent's own entry points (`Config::load`
 /// with the case's environment, then `bootstrap::write`).
 fn generate(corpus: &Path, name: &str, case: &Path, way: Way) -> Result<Generated, String> {
+    generate_with(corpus, name, case, way, &|_, _| {})
+}
+
+/// [`generate`], with `prepare` run on the scratch directory and the environment last.
+fn generate_with(
+    corpus: &Path,
+    name: &str,
+    case: &Path,
+    way: Way,
+    prepare: &dyn Fn(&Path, &mut HashMap<String, String>),
+) -> Result<Generated, String> {
     let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
     let s = scratch.path().canonicalize().map_err(|e| e.to_string())?;
     let annotations = case.join("pod/annotations");
@@ -124,6 +135,7 @@ fn generate(corpus: &Path, name: &str, case: &Path, way: Way) -> Result<Generate
             corpus.join("envoy_bootstrap.json").display().to_string(),
         );
     }
+    prepare(&s, &mut env);
     let config = Config::load(Inputs {
         node_type: NodeType::Sidecar,
         flags: ProxyFlags {
@@ -506,6 +518,94 @@ fn harness_reports_differences() {
                 "{other}: no difference {needle:?} in {diffs:#?}"
             );
         }
+    }
+}
+
+/// The README's socket-file step, taken instead of skipped: a live SDS server (standing in for
+/// SPIRE's agent; ours, on its own runtime) already listens on `test.sock`, the golden's
+/// `WORKLOAD_IDENTITY_SOCKET_FILE`. The agent must keep `sds-grpc` on that socket and switch
+/// its own server to files only: the golden plus a `file-credential` metadata key and an
+/// `sds-files-grpc` cluster on `./var/run/secrets/credential-uds/files-socket`, both ways.
+#[test]
+fn external_sds_socket_gives_the_golden_plus_the_file_only_cluster() {
+    let Some(dir) = corpus() else { return };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for way in [Way::BuiltIn, Way::IstioTemplate] {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let prepare = |s: &Path, env: &mut HashMap<String, String>| {
+            let socket = s.join("var/run/secrets/workload-spiffe-uds/test.sock");
+            let manager = sds::SecretManager::new(
+                std::sync::Arc::new(sds::Config::defaults(s)),
+                std::sync::Arc::new(sds::Metrics::new(&mut Default::default())),
+            )
+            .expect("manager");
+            let server = rt
+                .block_on(sds::SdsServer::bind(&socket, manager))
+                .expect("external SDS server");
+            rt.spawn(server.run(stop.clone()));
+            env.insert("WORKLOAD_IDENTITY_SOCKET_FILE".into(), "test.sock".into());
+        };
+        let g = generate_with(&dir, "default", &dir.join("default"), way, &prepare)
+            .unwrap_or_else(|e| panic!("{way:?}: {e}"));
+        let text = std::fs::read_to_string(&g.bootstrap).expect("read");
+        let mut generated = rewrite_generated("default", &g.scratch, &text).expect("json");
+        // The golden's own socket file is kept (check() then maps both sides to `socket`).
+        assert_eq!(
+            metadata(&mut generated)["WORKLOAD_IDENTITY_SOCKET_FILE"],
+            json!("test.sock")
+        );
+        assert!(
+            text.contains("\"./var/run/secrets/workload-spiffe-uds/test.sock\""),
+            "{way:?}: sds-grpc is not on test.sock"
+        );
+        each_string(&mut generated, &mut |_, s| {
+            if s == "./var/run/secrets/workload-spiffe-uds/test.sock" {
+                *s = "./var/run/secrets/workload-spiffe-uds/socket".into();
+            }
+        });
+        metadata(&mut generated).insert("WORKLOAD_IDENTITY_SOCKET_FILE".into(), json!("socket"));
+        let mut golden: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("default/expected.json")).expect("golden"),
+        )
+        .expect("golden JSON");
+        metadata(&mut golden).insert("file-credential".into(), json!("true"));
+        let clusters = golden["static_resources"]["clusters"]
+            .as_array_mut()
+            .expect("clusters");
+        let at = clusters
+            .iter()
+            .position(|c| c["name"] == "sds-grpc")
+            .expect("sds-grpc");
+        let mut files = clusters[at].clone();
+        files["name"] = json!("sds-files-grpc");
+        files["alt_stat_name"] = json!("sds-files-grpc;");
+        files["load_assignment"]["cluster_name"] = json!("sds-files-grpc");
+        files["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["pipe"]
+            ["path"] = json!("./var/run/secrets/credential-uds/files-socket");
+        clusters.insert(at + 1, files);
+        let (diffs, _) = check("default", &golden.to_string(), &mut generated);
+        assert!(diffs.is_empty(), "{way:?}:\n  {}", diffs.join("\n  "));
+        if let Some(envoy) = envoy_bin() {
+            let out = Command::new(&envoy)
+                .args([
+                    "--mode",
+                    "validate",
+                    "--disable-hot-restart",
+                    "-l",
+                    "error",
+                    "-c",
+                ])
+                .arg(&g.bootstrap)
+                .current_dir(&g.scratch)
+                .output()
+                .expect("run envoy");
+            assert!(
+                out.status.success(),
+                "{way:?}: Envoy rejects the file-only bootstrap: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        stop.cancel();
     }
 }
 

@@ -24,6 +24,11 @@ pub mod paths {
     pub const WORKLOAD_SPIFFE_CREDENTIALS: &str = "var/run/secrets/workload-spiffe-credentials";
     pub const WORKLOAD_SPIFFE_UDS: &str = "var/run/secrets/workload-spiffe-uds";
     pub const CRL: &str = "var/run/secrets/istio/crl/ca-crl.pem";
+    /// The credential-name SDS socket an external server may offer (`sds-external` cluster).
+    pub const CREDENTIAL_SOCKET: &str = "var/run/secrets/credential-uds/socket";
+    /// Where the agent's own SDS server listens when an external server (SPIRE) owns the
+    /// workload socket: it then serves file certificates only (`sds-files-grpc` cluster).
+    pub const FILE_CREDENTIAL_SOCKET: &str = "var/run/secrets/credential-uds/files-socket";
 }
 
 /// File names inside a cert directory (`./etc/certs`, `PROV_CERT`, `OUTPUT_CERTS`, ...).
@@ -135,6 +140,10 @@ pub struct Config {
     /// [`crate::Error::PlaintextToken`] before anything is sent. Env:
     /// [`crate::ca::ALLOW_PLAINTEXT_TOKEN_ENV`] (not an Istio variable).
     pub allow_plaintext_token: bool,
+    /// An external SDS server (SPIRE) owns the workload identity socket: this crate's server
+    /// serves only file certificates (`file-cert:`/`file-root:`, `./etc/certs`), never calls
+    /// the CA, and does not warm `default`/`ROOTCA` (Istio's `ServeOnlyFiles`).
+    pub serve_only_files: bool,
 }
 
 /// The `OUTPUT_CERTS` file mode: 0644 in Kubernetes (`KUBERNETES_SERVICE_HOST` set: the pod's
@@ -181,6 +190,7 @@ impl Config {
             max_backoff: Duration::from_secs(60),
             grpc_keepalive: Some(crate::tls::DEFAULT_KEEPALIVE),
             allow_plaintext_token: false,
+            serve_only_files: false,
         }
     }
 

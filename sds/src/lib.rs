@@ -12,6 +12,7 @@
 //!   pkcs8_key, output_certs, socket_path, etc_certs: CertDir, file_mounted_certs: Option<CertDir>,
 //!   file_debounce, crl_path, max_backoff, grpc_keepalive,
 //!   allow_plaintext_token   // CA_ALLOW_PLAINTEXT_TOKEN, default false
+//!   serve_only_files        // an external SDS server (SPIRE) owns the workload socket
 //! Config::spiffe_id() -> String
 //! Metrics::new(&mut Registry) -> Metrics
 //! SecretManager::new(Arc<Config>, Arc<Metrics>) -> Result<SecretManager, Error>   // Clone
@@ -29,6 +30,8 @@
 //! ChannelInputs::new(addr, root, server_name)  // TLS, no client cert, Istio keepalive 30s/10s
 //! RootSource::{System, Pem(Vec<u8>), File(PathBuf)}
 //! grpc_channel(&ChannelInputs) -> Result<tonic::transport::Channel, Error>   // lazy, non-blocking
+//! external::check_socket(&Path, timeout) -> Result<SocketCheck, Error>  // Absent | Healthy |
+//!                                           // RemovedStale (a socket nobody answers on)
 //! read_token(&Path) -> Option<String>
 //! token::jwt_expiry(&str) -> Option<SystemTime>   // `exp` of a JWT, signature not checked
 //! csr::generate(identity, KeyAlgorithm, pkcs8) -> Result<KeyAndCsr, Error>
@@ -50,6 +53,7 @@
 //! manager (+ rotation, file_secrets, output_certs)
 //!                           the secret cache                   -> ca, csr, config, pem, x509, timestamp
 //! server                    the SDS gRPC server on a Unix socket          -> manager, timestamp
+//! external                  is someone else's SDS server on a socket?     (leaf)
 //! testing                   (feature) a fake Istio CA
 //! ```
 //!
@@ -71,6 +75,7 @@
 pub mod ca;
 pub mod config;
 pub mod csr;
+pub mod external;
 pub mod manager;
 pub mod metrics;
 pub mod pem;
@@ -144,6 +149,10 @@ pub enum Error {
     Output { path: String, reason: String },
     #[error("SDS socket {path}: {reason}")]
     Socket { path: String, reason: String },
+    #[error(
+        "this SDS server ({socket}) serves file certificates only: an external SDS server owns the workload identity socket and serves `default` and `ROOTCA`"
+    )]
+    FilesOnly { socket: String },
     #[error("SDS server: {0}")]
     Server(String),
     #[error("the secret manager has shut down")]

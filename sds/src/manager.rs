@@ -113,7 +113,7 @@ impl SecretManager {
     /// A manager for `config`; its CA client (none with file-mounted certificates) is built
     /// from the same config.
     pub fn new(config: Arc<Config>, metrics: Arc<Metrics>) -> Result<SecretManager, Error> {
-        let ca = if config.file_mounted_certs.is_some() {
+        let ca = if config.file_mounted_certs.is_some() || config.serve_only_files {
             None
         } else {
             Some(CaClient::new(&config, metrics.clone())?)
@@ -147,6 +147,10 @@ impl SecretManager {
     /// Spawns the warm-up: `default` then `ROOTCA`, each retried with exponential backoff
     /// (500 ms doubling to the max backoff) until it succeeds. Needs a tokio runtime.
     pub fn warm(&self) {
+        if self.inner.config.serve_only_files {
+            tracing::debug!("serving file certificates only; nothing to warm");
+            return;
+        }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             error!("SecretManager::warm called outside a tokio runtime; skipping warm-up");
             return;
@@ -256,6 +260,11 @@ impl Inner {
             _ => {}
         }
         let Some(ca) = &self.ca else {
+            if self.config.serve_only_files {
+                return Err(Error::FilesOnly {
+                    socket: self.config.socket_path.display().to_string(),
+                });
+            }
             return Err(Error::File {
                 path: self.config.file_mounted_certs.as_ref().map(|c| c.cert_chain.display().to_string()).unwrap_or_default(),
                 reason: "file-mounted certificates are configured but not readable; the CA is not used in this mode".to_string(),

@@ -430,6 +430,29 @@ async fn file_cert_and_file_root_names() {
     assert!(e.to_string().contains("does not match"), "{e}");
 }
 
+/// An external SDS server owns the workload socket (SPIRE): file names are served, `default`
+/// and `ROOTCA` are refused with a message naming why, and the CA is never called, not even by
+/// the warm-up.
+#[tokio::test]
+async fn serve_only_files_serves_files_and_never_calls_the_ca() {
+    let ca = FakeCa::start();
+    let setup = Setup::new(&ca).with(|c| c.serve_only_files = true);
+    let (c, k) = self_signed_pair("x.example");
+    std::fs::write(setup.base().join("c.pem"), &c).expect("w");
+    std::fs::write(setup.base().join("k.pem"), &k).expect("w");
+    let m = setup.manager();
+    m.warm();
+    let item = m.fetch("file-cert:c.pem~k.pem").await.expect("file-cert");
+    assert_eq!(item.cert_chain_pem, c.as_bytes());
+    for name in ["default", "ROOTCA"] {
+        let e = m.fetch(name).await.expect_err(name);
+        assert!(matches!(e, Error::FilesOnly { .. }), "{name}: {e}");
+        assert!(e.to_string().contains("file certificates only"), "{e}");
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(ca.received().is_empty(), "the CA was called");
+}
+
 #[test]
 fn rotation_delay_follows_ratio() {
     let now = SystemTime::now();

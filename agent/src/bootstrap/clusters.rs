@@ -110,8 +110,13 @@ pub fn clusters(o: &Options) -> Vec<Value> {
         static_cluster("prometheus_stats", tcp(localhost, o.admin_port), "0.250s"),
         static_cluster("agent", tcp(localhost, o.status_port), "0.250s"),
         sds,
-        xds,
     ];
+    if let Some(path) = &o.custom_file_path {
+        let mut files = static_cluster("sds-files-grpc", json!({ "pipe": { "path": path } }), "1s");
+        files["typed_extension_protocol_options"] = h2_options();
+        out.push(files);
+    }
+    out.push(xds);
     out.extend(tracer_cluster(o));
     if let Some(s) = &o.telemetry.metrics_service {
         out.push(service_cluster(o, "envoy_metrics_service", s));

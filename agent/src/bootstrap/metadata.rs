@@ -169,6 +169,13 @@ pub fn node(config: &Config) -> Result<Node, Error> {
         "WORKLOAD_IDENTITY_SOCKET_FILE".into(),
         json!(config.workload_identity_socket_file),
     );
+    // Istio's CredentialSocketExists / ServeOnlyFiles keys.
+    if config.workload_socket.credential_socket {
+        meta.insert("credential".into(), json!("true"));
+    }
+    if config.workload_socket.external {
+        meta.insert("file-credential".into(), json!("true"));
+    }
     meta.insert("PROXY_CONFIG".into(), config.proxy.raw.clone());
     for (key, v) in [
         ("NAME", &config.pod_name),

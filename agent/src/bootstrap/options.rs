@@ -97,6 +97,9 @@ pub struct Options {
     pub load_stats_config: Option<String>,
     pub enable_self_discovery: bool,
     pub workload_identity_socket_file: String,
+    /// Socket of the agent's file-only SDS server when an external server owns the workload
+    /// socket (Istio's `custom_file_path`; adds the `sds-files-grpc` cluster).
+    pub custom_file_path: Option<String>,
 }
 
 /// Envoy runtime defaults, the FIPS and fragment flags, then ProxyConfig `runtimeValues` (`"true"`/`"false"`
@@ -285,6 +288,10 @@ impl Options {
                 .and_then(parse_bool)
                 .unwrap_or(false),
             workload_identity_socket_file: config.workload_identity_socket_file.clone(),
+            custom_file_path: config
+                .workload_socket
+                .external
+                .then(|| format!("./{}", sds::config::paths::FILE_CREDENTIAL_SOCKET)),
             node_id,
             cluster: node.cluster,
             locality: node.locality,

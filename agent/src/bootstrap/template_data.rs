@@ -123,6 +123,9 @@ pub fn template_data(config: &Config, o: &Options) -> Value {
         "workload_identity_socket_file",
         json!(o.workload_identity_socket_file),
     );
+    if let Some(path) = &o.custom_file_path {
+        put("custom_file_path", json!(path));
+    }
     if o.log_json {
         put("log_json", json!(true));
     }

@@ -2,7 +2,7 @@
 //! [`sds::Config::defaults`] (the one place the defaults live). The CA address defaults to the
 //! discovery address when `CA_ADDR` is unset, as Istio's agent does.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sds::RootSource;
@@ -24,8 +24,65 @@ pub struct Inputs<'a> {
     pub prov_cert: Option<&'a CertDir>,
     /// `ISTIOD_SAN`.
     pub istiod_san: Option<&'a str>,
-    /// The SDS socket path.
-    pub socket_path: &'a Path,
+    /// Where the agent's SDS server listens, and whether an external server owns the
+    /// workload socket ([`workload_socket`]).
+    pub socket: &'a WorkloadSocket,
+}
+
+/// The workload identity socket as Istio's agent settles it at start.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WorkloadSocket {
+    /// `./var/run/secrets/workload-spiffe-uds/<WORKLOAD_IDENTITY_SOCKET_FILE>`: the socket
+    /// Envoy's `sds-grpc` cluster reads `default` and `ROOTCA` from.
+    pub configured: PathBuf,
+    /// Where the agent's own SDS server listens: `configured`, or
+    /// `./var/run/secrets/credential-uds/files-socket` when `external` is set.
+    pub listen: PathBuf,
+    /// A live SDS server (SPIRE's agent, say) already answers on `configured`: the agent
+    /// serves file certificates only, on `listen`, and never calls the CA.
+    pub external: bool,
+    /// A live server answers on `./var/run/secrets/credential-uds/socket` (node metadata
+    /// `credential`, for `sds://` credential names).
+    pub credential_socket: bool,
+}
+
+/// Settles the workload identity socket as Istio's agent does at start: a live server on the
+/// configured socket is left alone and the agent serves files only; a socket file nobody
+/// answers on is removed; a non-default `WORKLOAD_IDENTITY_SOCKET_FILE` with no live server
+/// there is an error (nobody would serve the workload certificate).
+pub fn workload_socket(base_dir: &Path, socket_file: &str) -> Result<WorkloadSocket, Error> {
+    use sds::external::{CHECK_TIMEOUT, SocketCheck, check_socket};
+    let dir = resolve(base_dir, &format!("./{}", paths::WORKLOAD_SPIFFE_UDS));
+    let configured = dir.join(socket_file);
+    let is_default = socket_file == sds::config::DEFAULT_SOCKET_FILE;
+    let external = match check_socket(&configured, CHECK_TIMEOUT).map_err(Error::Socket)? {
+        SocketCheck::Healthy => true,
+        SocketCheck::RemovedStale => {
+            tracing::debug!(path = %configured.display(), "removed an SDS socket nobody answers on");
+            false
+        }
+        SocketCheck::Absent => false,
+    };
+    if !external && !is_default {
+        return Err(Error::NoExternalSocket {
+            path: configured,
+            file: socket_file.to_string(),
+        });
+    }
+    let credential = resolve(base_dir, &format!("./{}", paths::CREDENTIAL_SOCKET));
+    let credential_socket =
+        check_socket(&credential, CHECK_TIMEOUT).map_err(Error::Socket)? == SocketCheck::Healthy;
+    let listen = if external {
+        resolve(base_dir, &format!("./{}", paths::FILE_CREDENTIAL_SOCKET))
+    } else {
+        configured.clone()
+    };
+    Ok(WorkloadSocket {
+        configured,
+        listen,
+        external,
+        credential_socket,
+    })
 }
 
 /// Istio's TLS ServerName for istiod (CA and xDS alike): `ISTIOD_SAN` when set, else the host of
@@ -165,7 +222,8 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
         pkcs8_key: env.bool("PKCS8_KEY", d.pkcs8_key)?,
         output_certs: env.get("OUTPUT_CERTS").map(|p| resolve(i.base_dir, p)),
         output_certs_mode: sds::config::output_certs_mode(env.is_set("KUBERNETES_SERVICE_HOST")),
-        socket_path: i.socket_path.to_path_buf(),
+        socket_path: i.socket.listen.clone(),
+        serve_only_files: i.socket.external,
         file_mounted_certs,
         file_debounce: env.duration("FILE_DEBOUNCE_DURATION", d.file_debounce, Duration::ZERO)?,
         crl_path: d.crl_path.clone().filter(|_| crl_enabled),

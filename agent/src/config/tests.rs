@@ -489,3 +489,82 @@ fn identity_go_durations_and_server_names() {
     );
     assert_eq!(istiod_server_name("x:1", Some("san")), "san");
 }
+
+/// An HTTP/2 server on `path` as SPIRE's agent would be: our SDS server on its own runtime.
+fn external_sds(path: &Path) -> (tokio::runtime::Runtime, tokio_util::sync::CancellationToken) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let base = path.parent().unwrap();
+    let manager = sds::SecretManager::new(
+        std::sync::Arc::new(sds::Config::defaults(base)),
+        std::sync::Arc::new(sds::Metrics::new(&mut Default::default())),
+    )
+    .unwrap();
+    let server = rt.block_on(sds::SdsServer::bind(path, manager)).unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    rt.spawn(server.run(stop.clone()));
+    (rt, stop)
+}
+
+/// Istio's SPIRE contract: a live server on the configured workload socket is left alone, the
+/// agent's SDS server moves to the file-only socket and never calls the CA; node metadata says
+/// so. A non-default socket file with nobody there is an error naming the path; a leftover
+/// socket file at the default path is removed and the agent serves as usual.
+#[test]
+fn external_workload_socket_switches_to_files_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("var/run/secrets/workload-spiffe-uds");
+    let e = env(&[("WORKLOAD_IDENTITY_SOCKET_FILE", "spire.sock")]);
+
+    let err = load(dir.path(), &e).unwrap_err().to_string();
+    assert!(
+        err.contains("non-default SDS socket path")
+            && err.contains(&uds.join("spire.sock").display().to_string())
+            && err.contains("WORKLOAD_IDENTITY_SOCKET_FILE=\"spire.sock\""),
+        "{err}"
+    );
+
+    let (_rt, stop) = external_sds(&uds.join("spire.sock"));
+    let c = load(dir.path(), &e).unwrap();
+    assert!(c.workload_socket.external);
+    assert!(c.identity.serve_only_files);
+    assert_eq!(c.workload_socket.configured, uds.join("spire.sock"));
+    assert_eq!(
+        c.sds_socket(),
+        dir.path()
+            .join("var/run/secrets/credential-uds/files-socket")
+    );
+    assert!(
+        uds.join("spire.sock").exists(),
+        "the external socket was touched"
+    );
+    let node = crate::bootstrap::metadata::node(&c).unwrap();
+    assert_eq!(node.metadata["file-credential"], "true");
+    assert_eq!(node.metadata["WORKLOAD_IDENTITY_SOCKET_FILE"], "spire.sock");
+    assert!(!node.metadata.contains_key("credential"));
+    stop.cancel();
+
+    // The same at the default path; and a credential socket adds `credential`.
+    let dir = tempfile::tempdir().unwrap();
+    let uds = dir.path().join("var/run/secrets/workload-spiffe-uds");
+    let (_rt1, stop1) = external_sds(&uds.join("socket"));
+    let (_rt2, stop2) = external_sds(&dir.path().join("var/run/secrets/credential-uds/socket"));
+    let c = load(dir.path(), &env(&[])).unwrap();
+    assert!(c.workload_socket.external && c.workload_socket.credential_socket);
+    let node = crate::bootstrap::metadata::node(&c).unwrap();
+    assert_eq!(node.metadata["credential"], "true");
+    assert_eq!(node.metadata["file-credential"], "true");
+    stop1.cancel();
+    stop2.cancel();
+
+    // A leftover socket file (an earlier agent's) at the default path: removed, own server.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir
+        .path()
+        .join("var/run/secrets/workload-spiffe-uds/socket");
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let c = load(dir.path(), &env(&[])).unwrap();
+    assert!(!c.workload_socket.external && !c.identity.serve_only_files);
+    assert_eq!(c.sds_socket(), socket);
+    assert!(!socket.exists(), "the leftover socket file was not removed");
+}

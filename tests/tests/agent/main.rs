@@ -12,4 +12,5 @@ mod grpc_proxyless;
 mod identity_faults;
 mod image;
 mod sds;
+mod spire;
 mod xds_reconnect;

@@ -20,8 +20,6 @@ pub enum Error {
     UnknownFlag(String),
     #[error("flag needs an argument: {0}")]
     MissingValue(String),
-    #[error("unexpected argument {0:?}: istio-iptables takes no positional arguments")]
-    Positional(String),
     #[error("argument {0:?} is not valid UTF-8")]
     NotUtf8(String),
     #[error("invalid value {value:?} for {source_name}: expected {expected}")]
@@ -104,6 +102,8 @@ pub struct Config {
     pub host_ipv4_loopback_cidr: String,
     pub log_output_level: String,
     pub log_as_json: bool,
+    /// Positional arguments, ignored as Istio's (cobra) command ignores them.
+    pub positional: Vec<String>,
     /// Where `--dry-run` writes the command stream (`DRY_RUN_FILE_PATH`).
     pub dry_run_file_path: Option<PathBuf>,
     /// Derived from host addresses: the first usable local address.
@@ -133,7 +133,7 @@ pub fn parse<I>(args: I, env: &HashMap<String, String>, host: &HostInputs) -> Re
 where
     I: IntoIterator<Item = OsString>,
 {
-    let Some(values) = flags::parse_args(args)? else {
+    let Some(flags::Args { values, positional }) = flags::parse_args(args)? else {
         return Ok(Parsed::Help);
     };
     let get = |name: &str| -> Option<String> { flags::resolve(name, &values, env) };
@@ -289,6 +289,7 @@ where
         host_ipv4_loopback_cidr,
         log_output_level: string("log_output_level"),
         log_as_json: boolean("log_as_json")?,
+        positional,
         dry_run_file_path: env
             .get("DRY_RUN_FILE_PATH")
             .filter(|p| !p.is_empty())
@@ -591,6 +592,39 @@ mod tests {
         assert!(c.log_as_json);
     }
 
+    /// Istio's VM `istio-start.sh init -p 15001 ...` runs `pilot-agent istio-iptables init -p
+    /// 15001 ... [--cleanup-only]`: cobra accepts and ignores positional arguments anywhere,
+    /// and everything after `--`. pilot-agent's `--vklog` (klog verbosity) is accepted too.
+    #[test]
+    fn positional_arguments_and_vklog_are_accepted_and_ignored() {
+        let plain = run(&["-p", "15001", "-m", "TPROXY", "--cleanup-only"], &[]).unwrap();
+        let with = run(
+            &[
+                "init",
+                "-p",
+                "15001",
+                "extra",
+                "-m",
+                "TPROXY",
+                "--vklog=9",
+                "--cleanup-only",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(with.positional, ["init", "extra"]);
+        let (mut a, mut b) = (format!("{plain:?}"), format!("{with:?}"));
+        for s in [&mut a, &mut b] {
+            let at = s.find("positional").expect("field");
+            let end = at + s[at..].find(']').expect("end");
+            s.replace_range(at..=end, "");
+        }
+        assert_eq!(a, b, "positional arguments changed the configuration");
+        let c = run(&["--vklog", "3", "--", "-p", "1"], &[]).unwrap();
+        assert_eq!(c.positional, ["-p", "1"]);
+        assert_eq!(c.proxy_port, 15001, "after --, -p is positional");
+    }
+
     fn err(args: &[&str], env: &[(&str, &str)]) -> String {
         run(args, env).expect_err("must fail").to_string()
     }
@@ -638,8 +672,6 @@ mod tests {
         assert!(e.contains("[8, 32]"), "{e}");
         let e = err(&["--force-iptables-binary=foo"], &[]);
         assert!(e.contains("legacy or nft"), "{e}");
-        let e = err(&["extra"], &[]);
-        assert!(e.contains("positional"), "{e}");
         let e = err(&["--probe-timeout=5x"], &[]);
         assert!(e.contains("--probe-timeout"), "{e}");
     }

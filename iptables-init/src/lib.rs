@@ -43,6 +43,9 @@ pub fn run_cli_with<I: IntoIterator<Item = OsString>>(
         }
     };
     init_logging(&cfg);
+    if !cfg.positional.is_empty() {
+        tracing::debug!(args = ?cfg.positional, "ignoring positional arguments, as Istio's istio-iptables does");
+    }
     if !cfg.network_namespace.is_empty() && !cfg.dry_run {
         // Enter the namespace on a dedicated thread; children spawned from it inherit it and
         // the caller's threads are left alone.

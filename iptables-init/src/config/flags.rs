@@ -358,6 +358,15 @@ pub const FLAGS: &[FlagSpec] = &[
         "Whether to format output as JSON.",
     ),
     f(
+        "vklog",
+        None,
+        None,
+        None,
+        Value,
+        "0",
+        "Number for the log level verbosity of Kubernetes client libraries, like -v (accepted, ignored: no Kubernetes client here).",
+    ),
+    f(
         "log_caller",
         None,
         None,
@@ -430,12 +439,22 @@ fn by_short(c: char) -> Option<&'static FlagSpec> {
     FLAGS.iter().find(|f| f.short == Some(c))
 }
 
-/// Values given on the command line, keyed by long flag name. `None` means `--help`.
-pub(super) fn parse_args<I>(args: I) -> Result<Option<HashMap<&'static str, String>>, Error>
+/// The command line: values keyed by long flag name, and the positional arguments.
+pub(super) struct Args {
+    pub values: HashMap<&'static str, String>,
+    /// Positional arguments: accepted and ignored, as cobra's root command does (Istio's VM
+    /// `istio-start.sh init` passes `init` through).
+    pub positional: Vec<String>,
+}
+
+/// Parses the command line; `None` means `--help`. Flags and positional arguments may be
+/// interspersed; everything after `--` is positional.
+pub(super) fn parse_args<I>(args: I) -> Result<Option<Args>, Error>
 where
     I: IntoIterator<Item = OsString>,
 {
     let mut out = HashMap::new();
+    let mut positional = Vec::new();
     let mut it = args.into_iter().map(|a| {
         a.into_string()
             .map_err(|a| Error::NotUtf8(a.to_string_lossy().into_owned()))
@@ -443,8 +462,8 @@ where
     while let Some(arg) = it.next() {
         let arg = arg?;
         if arg == "--" {
-            if let Some(extra) = it.next() {
-                return Err(Error::Positional(extra?));
+            for extra in it.by_ref() {
+                positional.push(extra?);
             }
             break;
         }
@@ -475,7 +494,8 @@ where
             };
             (spec, inline, format!("-{c}"))
         } else {
-            return Err(Error::Positional(arg));
+            positional.push(arg);
+            continue;
         };
         let value = match (spec.kind, inline) {
             (_, Some(v)) => v,
@@ -487,7 +507,10 @@ where
         };
         out.insert(spec.long, value);
     }
-    Ok(Some(out))
+    Ok(Some(Args {
+        values: out,
+        positional,
+    }))
 }
 
 fn env_value<'a>(

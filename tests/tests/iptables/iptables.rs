@@ -900,3 +900,42 @@ fn every_corpus_configuration_applies_idempotently_and_cleans_up() {
         failures.join("\n")
     );
 }
+
+/// Istio's VM start script, `istio-start.sh init <istio-iptables flags>`, runs
+/// `pilot-agent istio-iptables init <flags> --cleanup-only` and then
+/// `pilot-agent istio-iptables init <flags>`: the positional `init` (and pilot-agent's
+/// `--vklog`) must be accepted and ignored, giving exactly the rules the flags alone give, and
+/// those rules capture.
+#[test]
+fn vm_start_script_sequence_through_pilot_agent_is_the_plain_rule_set() {
+    if !prerequisites() {
+        return;
+    }
+    let plain = pair("vmplain");
+    apply(&plain.pod, &injection_args("REDIRECT", &[]));
+    let want = strip_comments(&save_all(&plain.pod));
+
+    let p = pair("vminit");
+    let pilot_agent = |extra: &[&str]| {
+        let mut args = vec!["istio-iptables".to_string(), "init".to_string()];
+        args.extend(injection_args("REDIRECT", &["--vklog=0"]));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let out = p
+            .pod
+            .cmd(workspace_bin("pilot-agent"))
+            .args(&args)
+            .output()
+            .expect("run pilot-agent istio-iptables");
+        assert!(
+            out.status.success(),
+            "pilot-agent {args:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    pilot_agent(&["--cleanup-only"]);
+    assert_eq!(istio_lines(&p.pod), Vec::<String>::new());
+    pilot_agent(&[]);
+    assert_eq!(strip_comments(&save_all(&p.pod)), want);
+    check_capture(&p, false);
+}

@@ -236,6 +236,20 @@ impl Mesh {
         let dir = self.root.path().join(format!("pod-{name}"));
         std::fs::create_dir_all(dir.join("var/run/secrets/tokens")).expect("pod dir");
         std::fs::create_dir_all(dir.join("var/run/secrets/istio")).expect("pod dir");
+        // The injection template's emptyDir volumes exist before the containers start, mode
+        // 0777 as the kubelet makes them: istio-envoy, workload-socket, credential-socket,
+        // istio-data.
+        for empty_dir in [
+            "etc/istio/proxy",
+            "var/run/secrets/workload-spiffe-uds",
+            "var/run/secrets/credential-uds",
+            "var/lib/istio/data",
+        ] {
+            let d = dir.join(empty_dir);
+            std::fs::create_dir_all(&d).expect("emptyDir");
+            std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+                .expect("chmod emptyDir");
+        }
         Pod {
             name: name.to_string(),
             service_account: service_account.to_string(),
@@ -256,6 +270,13 @@ impl Mesh {
     /// [`Mesh::inject`] with `extra` environment on top of the injected one, the way a pod
     /// annotation or the webhook would add it.
     pub fn inject_with(&self, pod: &mut Pod, extra: &[(&str, String)]) {
+        self.inject_as(pod, (PROXY_UID, PROXY_UID), extra);
+    }
+
+    /// [`Mesh::inject_with`] with the agent running as `(uid, gid)`: Istio's template runs it
+    /// as 1337:1337, or as 0:1337 (`runAsUser: 0`, `runAsGroup: 1337`) for TPROXY or
+    /// `NET_BIND_SERVICE` (DNS on `:53`); the capture rules exclude gid 1337 too.
+    pub fn inject_as(&self, pod: &mut Pod, (uid, gid): (u32, u32), extra: &[(&str, String)]) {
         let out = pod
             .ns
             .cmd(self.bin("istio-iptables"))
@@ -278,8 +299,8 @@ impl Mesh {
             pod.dir.join("var/run/secrets/istio/root-cert.pem"),
         )
         .expect("copy root cert (is istiod-lite started?)");
-        chown_r(&pod.dir, PROXY_UID);
-        let mut cmd = pod.ns.cmd_as(PROXY_UID, PROXY_UID, self.bin("pilot-agent"));
+        chown_r(&pod.dir, uid);
+        let mut cmd = pod.ns.cmd_as(uid, gid, self.bin("pilot-agent"));
         cmd.args(proxy_args())
             .current_dir(&pod.dir)
             .env_clear()

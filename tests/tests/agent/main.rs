@@ -13,4 +13,5 @@ mod identity_faults;
 mod image;
 mod sds;
 mod spire;
+mod templates;
 mod xds_reconnect;

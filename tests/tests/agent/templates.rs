@@ -1,7 +1,8 @@
 //! Istio's templates and modes beyond the plain sidecar, each driving the real binaries with the
 //! arguments and environment Istio's template or tool gives them:
 //!
-//! - the waypoint template's `proxy waypoint ...` arguments (real Envoy on loopback);
+//! - the waypoint template's `proxy waypoint ...` and the gateway template's `proxy router ...`
+//!   arguments (real Envoy on loopback);
 //! - `status.sidecar.istio.io/port: "0"` in the pod's annotations: no status server, the agent
 //!   runs on;
 //! - `traffic.sidecar.istio.io/excludeInterfaces`: that interface's addresses leave
@@ -142,38 +143,106 @@ fn waypoint_template_runs_the_waypoint_proxy_type() {
     let agent = Child::spawn("waypoint-agent", cmd);
     agent.wait_for_line("agent listeners bound", Duration::from_secs(20));
     let _envoy = start_envoy(&user, &upstream_file, s);
-    let syncz = assert_eventually(Duration::from_secs(30), || {
+    let syncz = synced(&istiod, "waypoint~", &id);
+    assert_eq!(syncz["stream"], "delta");
+
+    assert!(
+        agent.output().iter().all(|l| !l.contains("ERROR")),
+        "{:#?}",
+        agent.output()
+    );
+}
+
+/// The gateway template (`proxy router --domain ... --proxyLogLevel=... ...`): a `router~` node
+/// whose bootstrap real Envoy loads as it is, certificate over SDS and every type synced through
+/// the agent.
+#[test]
+fn gateway_template_runs_a_router() {
+    let Some(envoy) = envoy_bin() else { return };
+    let istiod = LocalIstiod::start(&httpbin_config());
+    let dir = scratch("gw-");
+    let s = dir.path();
+    istiod.provision(s, SA);
+    let user = Unprivileged::new(s, &envoy);
+    let ports = Ports::free();
+    let args = |sub: &str| -> Vec<String> {
+        [
+            sub,
+            "router",
+            "--domain",
+            "demo.svc.cluster.local",
+            "--proxyLogLevel=warning",
+            "--proxyComponentLogLevel=misc:error",
+            "--log_output_level=default:info",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect()
+    };
+    let mut cmd = user.command("pilot-agent");
+    cmd.args(args("bootstrap")).current_dir(s);
+    agent_env(&mut cmd, istiod.secure, SA, &ports);
+    let out = cmd.output().expect("pilot-agent bootstrap router");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let b: Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).expect("read")).expect("json");
+    let id = b["node"]["id"].as_str().expect("node id").to_string();
+    assert!(
+        id.starts_with("router~127.0.0.1~local.demo~demo.svc.cluster.local"),
+        "{id}"
+    );
+
+    let mut cmd = user.command("pilot-agent");
+    cmd.args(args("proxy"))
+        .arg("--external-envoy")
+        .current_dir(s);
+    agent_env(&mut cmd, istiod.secure, SA, &ports);
+    let agent = Child::spawn("gateway-agent", cmd);
+    agent.wait_for_line("agent listeners bound", Duration::from_secs(20));
+    let _envoy = start_envoy(&user, &file, s);
+    let admin: SocketAddr = format!("127.0.0.1:{}", ports.admin).parse().expect("addr");
+    assert_eventually(Duration::from_secs(30), || {
+        let (_, certs) = http_get(admin, "/certs")?;
+        certs
+            .contains(&format!("sa/{SA}"))
+            .then_some(())
+            .ok_or(format!("no certificate: {certs}"))
+    });
+    synced(&istiod, "router~", &id);
+}
+
+/// Waits until istiod-lite's `/debug/syncz` has the proxy `id` (whose id starts `prefix`) with
+/// CDS, EDS, LDS and RDS synced (NDS is the agent's own, sent only with DNS on); returns the row.
+fn synced(istiod: &LocalIstiod, prefix: &str, id: &str) -> Value {
+    let row = assert_eventually(Duration::from_secs(30), || {
         let (code, body) = http_get(istiod.monitoring, "/debug/syncz")?;
         let v: Value = serde_json::from_str(&body).map_err(|e| format!("{code}: {e}"))?;
         let row = v
             .as_array()
             .into_iter()
             .flatten()
-            .find(|r| {
-                r["proxy"]
-                    .as_str()
-                    .is_some_and(|p| p.starts_with("waypoint~"))
-            })
+            .find(|r| r["proxy"].as_str().is_some_and(|p| p.starts_with(prefix)))
             .cloned()
-            .ok_or_else(|| format!("no waypoint proxy in {body}"))?;
+            .ok_or_else(|| format!("no {prefix} proxy in {body}"))?;
         let types = row["types"].as_object().cloned().unwrap_or_default();
         let stale: Vec<_> = types
             .iter()
             .filter(|(k, t)| t["status"] != "SYNCED" && k.as_str() != "NDS")
             .map(|(k, t)| format!("{k}={}", t["status"]))
             .collect();
-        if row["stream"] == "delta" && types.len() >= 4 && stale.is_empty() {
+        if types.len() >= 4 && stale.is_empty() {
             Ok(row)
         } else {
-            Err(format!("waypoint not synced: {row}"))
+            Err(format!("{prefix} not synced: {row}"))
         }
     });
-    assert_eq!(syncz["proxy"].as_str(), Some(id.as_str()));
-    assert!(
-        agent.output().iter().all(|l| !l.contains("ERROR")),
-        "{:#?}",
-        agent.output()
-    );
+    assert_eq!(row["proxy"].as_str(), Some(id));
+    row
 }
 
 /// `status.sidecar.istio.io/port: "0"` in the downward-API annotations: the agent logs that

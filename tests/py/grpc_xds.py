@@ -3,6 +3,10 @@
   grpc_xds.py server PORT NAME [CERT_DIR]
       serves grpc.health.v1 on 127.0.0.1:PORT, service NAME SERVING; with CERT_DIR, mTLS with
       CERT_DIR/{key.pem,cert-chain.pem,root-cert.pem} (client certificates required)
+  grpc_xds.py xds-server PORT NAME
+      the same service as an xDS-enabled server on 0.0.0.0:PORT (GRPC_XDS_BOOTSTRAP): it asks
+      LDS for xds.istio.io/grpc/lds/inbound/0.0.0.0:PORT and serves only once it has it, with
+      the security that listener gives (xDS server credentials, plain text as the fallback)
   grpc_xds.py client TARGET NAME [xds-creds] [DEADLINE]
       calls Health/Check(NAME) on TARGET (e.g. xds:///host:port); with xds-creds, the channel
       takes its security from xDS (the bootstrap's certificate providers), plain text otherwise
@@ -43,6 +47,20 @@ def serve(port, name, cert_dir=None):
     server.wait_for_termination()
 
 
+def serve_xds(port, name):
+    server = grpc.server(
+        __import__("concurrent.futures").futures.ThreadPoolExecutor(4), xds=True
+    )
+    servicer = health.HealthServicer()
+    servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    creds = grpc.xds_server_credentials(grpc.insecure_server_credentials())
+    bound = server.add_secure_port(f"0.0.0.0:{port}", creds)
+    server.start()
+    print(f"serving port={bound}", flush=True)
+    server.wait_for_termination()
+
+
 def call(target, name, xds_creds=False, deadline=40.0):
     end = time.monotonic() + deadline
     last = None
@@ -72,6 +90,8 @@ if __name__ == "__main__":
     rest = sys.argv[4:]
     if mode == "server":
         serve(int(arg), name, rest[0] if rest else None)
+    elif mode == "xds-server":
+        serve_xds(int(arg), name)
     else:
         xds_creds = "xds-creds" in rest
         numbers = [float(a) for a in rest if a != "xds-creds"]

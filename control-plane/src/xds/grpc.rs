@@ -16,6 +16,9 @@
 //!   `LocalityLbEndpoints` without one; the empty locality stands for none) and weighted (gRPC
 //!   drops localities without a weight).
 //!
+//! - LDS, for xDS-enabled gRPC servers: `xds.istio.io/grpc/lds/inbound/<addr>:<port>` listeners
+//!   for the ports the proxy is a workload of (see [`inbound`]).
+//!
 //! LDS and CDS are wildcard here as for Envoy: the client receives every listener and cluster and
 //! ignores those it did not subscribe to.
 
@@ -47,9 +50,15 @@ pub fn listener_name(host: &str, port: u32) -> String {
     format!("{host}:{port}")
 }
 
+mod inbound;
+
 pub(super) fn generate(snap: &Snapshot, view: &ProxyView, ty: XdsType) -> Resources {
     match ty {
-        XdsType::Lds => listeners(snap, view),
+        XdsType::Lds => {
+            let mut out = listeners(snap, view);
+            out.extend(inbound::listeners(snap, view));
+            out
+        }
         XdsType::Rds => routes(snap, view),
         XdsType::Cds => clusters(snap, view),
         XdsType::Eds => endpoints(snap, view),
@@ -67,13 +76,7 @@ fn listeners(snap: &Snapshot, view: &ProxyView) -> Resources {
                     config_source: Some(ads_config_source()),
                     route_config_name: name.clone(),
                 })),
-                http_filters: vec![HttpFilter {
-                    name: "envoy.filters.http.router".into(),
-                    config_type: Some(http_filter::ConfigType::TypedConfig(proto::pack(
-                        &Router::default(),
-                    ))),
-                    ..Default::default()
-                }],
+                http_filters: vec![router_filter()],
                 ..Default::default()
             };
             let listener = Listener {
@@ -87,6 +90,17 @@ fn listeners(snap: &Snapshot, view: &ProxyView) -> Resources {
         }
     }
     out
+}
+
+/// The router filter gRPC requires last in every filter list.
+fn router_filter() -> HttpFilter {
+    HttpFilter {
+        name: "envoy.filters.http.router".into(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(proto::pack(
+            &Router::default(),
+        ))),
+        ..Default::default()
+    }
 }
 
 fn routes(snap: &Snapshot, view: &ProxyView) -> Resources {

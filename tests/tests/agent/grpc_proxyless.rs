@@ -240,3 +240,74 @@ fn istio_mutual_reaches_the_grpc_client_through_the_file_watcher_provider() {
     let (ok, out) = call(&pod, &["8"]);
     assert!(!ok, "a plain-text client reached the mTLS server: {out:#?}");
 }
+
+fn strict_mtls() -> String {
+    r#"---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: { name: default, namespace: demo }
+spec: { mtls: { mode: STRICT } }
+"#
+    .to_string()
+}
+
+/// Starts the xDS-enabled server on `port` with the pod's bootstrap.
+fn xds_server(p: &Proxyless, port: u16) -> Child {
+    let mut cmd = python(&["xds-server", &port.to_string(), HEALTH_NAME]);
+    cmd.env("GRPC_XDS_BOOTSTRAP", &p.bootstrap);
+    let server = Child::spawn("grpc-xds-server", cmd);
+    server.wait_for_line("serving port=", Duration::from_secs(30));
+    server
+}
+
+/// A direct (non-xDS, plain-text) call to `127.0.0.1:port` within `deadline` seconds.
+fn call_direct(port: u16, deadline: &str) -> (bool, Vec<String>) {
+    let target = format!("127.0.0.1:{port}");
+    let mut client = Child::spawn(
+        "grpc-direct-client",
+        python(&["client", &target, HEALTH_NAME, deadline]),
+    );
+    let exit = client.wait_timeout(Duration::from_secs(60));
+    (exit.is_some_and(|s| s.success()), client.output())
+}
+
+/// An xDS-enabled gRPC server (grpcio, `xds=True`) in the pod asks istiod-lite, through the
+/// agent, for `xds.istio.io/grpc/lds/inbound/0.0.0.0:<port>` and serves once it has it: plain
+/// text by default. A second xDS server on a port no service targets gets no listener and
+/// never serves (the control that the first one's listener came from xDS).
+#[test]
+fn xds_enabled_server_serves_on_the_listener_istiod_lite_sends() {
+    if !require_grpcio() {
+        return;
+    }
+    let (server_port, other_port) = (free_port(), free_port());
+    let pod = start(&mesh_config(server_port));
+    let _server = xds_server(&pod, server_port);
+    let _other = xds_server(&pod, other_port);
+    let (ok, out) = call(&pod, &[]);
+    assert_served(ok, &out);
+    let (ok, out) = call_direct(server_port, "20");
+    assert_served(ok, &out);
+    let (ok, out) = call_direct(other_port, "6");
+    assert!(!ok, "an xDS server without a listener served: {out:#?}");
+}
+
+/// With PeerAuthentication STRICT the server's listener requires mTLS from the bootstrap's
+/// certificate providers: the xDS client with xDS credentials (ISTIO_MUTUAL from CDS) is served,
+/// a plain-text client is not.
+#[test]
+fn xds_enabled_server_takes_strict_mtls_from_its_listener() {
+    if !require_grpcio() {
+        return;
+    }
+    let server_port = free_port();
+    let pod = start(&(mesh_config(server_port) + &istio_mutual() + &strict_mtls()));
+    let _server = xds_server(&pod, server_port);
+    let (ok, out) = call(&pod, &["xds-creds"]);
+    assert_served(ok, &out);
+    let (ok, out) = call_direct(server_port, "6");
+    assert!(
+        !ok,
+        "a plain-text client reached the STRICT server: {out:#?}"
+    );
+}

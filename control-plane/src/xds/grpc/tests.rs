@@ -232,3 +232,114 @@ fn istio_mutual_uses_the_bootstrap_certificate_provider() {
     let c: Cluster = decode(&resources(XdsType::Cds), &format!("outbound|7070||{HOST}"));
     assert!(c.transport_socket.is_none());
 }
+
+/// A gRPC proxy at `ip`, with `labels`.
+fn grpc_proxy_at(ip: &str, labels: &[(&str, &str)]) -> Proxy {
+    let mut p = grpc_proxy();
+    p.view.ips = vec![ip.to_string()];
+    p.view.labels = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    p
+}
+
+/// xDS-enabled gRPC servers ask for `xds.istio.io/grpc/lds/inbound/<addr>:<port>`: the workload
+/// at 198.18.0.7 gets its target port's listener for the wildcard addresses and its own IP,
+/// address from the name, one inline-route chain whose `/` route is a NonForwardingAction,
+/// router last; plain text by default (PERMISSIVE), mTLS requiring client certificates from
+/// the bootstrap's providers under STRICT or for an auto-mTLS workload. A proxy that is no
+/// workload of the service gets none.
+#[test]
+fn xds_servers_get_inbound_listeners_for_their_ports() {
+    use proto::envoy::config::core::v3::{address, socket_address, transport_socket};
+    use proto::envoy::config::listener::v3::filter;
+    use proto::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
+
+    let lds_for = |yaml: &str, proxy: &Proxy| {
+        let config = Config::from_objects(parse_file("test.yaml", yaml).expect("valid yaml"));
+        let snap = Snapshot::new(Arc::new(config), Arc::new(MeshSettings::default()), 1);
+        generate(&snap, &proxy.view, XdsType::Lds)
+    };
+    let server = grpc_proxy_at("198.18.0.7", &[]);
+    let lds = lds_for(YAML, &server);
+    let names: std::collections::BTreeSet<_> = lds
+        .iter()
+        .filter(|r| r.name.starts_with(super::inbound::SERVER_LISTENER_PREFIX))
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "xds.istio.io/grpc/lds/inbound/0.0.0.0:17070",
+            "xds.istio.io/grpc/lds/inbound/[::]:17070",
+            "xds.istio.io/grpc/lds/inbound/198.18.0.7:17070",
+        ]
+        .into()
+    );
+    let chain_of = |lds: &Resources, name: &str| {
+        let l: Listener = decode(lds, name);
+        let Some(address::Address::SocketAddress(sa)) = l.address.and_then(|a| a.address) else {
+            panic!("socket address");
+        };
+        assert_eq!(
+            sa.port_specifier,
+            Some(socket_address::PortSpecifier::PortValue(17070))
+        );
+        let [chain] = l.filter_chains.as_slice() else {
+            panic!("one chain: {:?}", l.filter_chains);
+        };
+        (sa.address, chain.clone())
+    };
+    let (addr, chain) = chain_of(&lds, "xds.istio.io/grpc/lds/inbound/[::]:17070");
+    assert_eq!(addr, "::");
+    assert_eq!(chain.name, "inbound-plaintext");
+    assert!(chain.transport_socket.is_none());
+    let Some(filter::ConfigType::TypedConfig(any)) = chain.filters[0].config_type.clone() else {
+        panic!("typed filter");
+    };
+    let hcm: HttpConnectionManager = proto::unpack(&any).expect("hcm");
+    let Some(RouteSpecifier::RouteConfig(rc)) = hcm.route_specifier else {
+        panic!("inline routes");
+    };
+    let route = &rc.virtual_hosts[0].routes[0];
+    assert_eq!(rc.virtual_hosts[0].domains, ["*"]);
+    assert!(matches!(
+        route.action,
+        Some(route::Action::NonForwardingAction(_))
+    ));
+    let filters: Vec<_> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(filters, ["envoy.filters.http.router"]);
+
+    let strict = format!(
+        "{YAML}---\nkind: PeerAuthentication\nmetadata: {{name: default, namespace: demo}}\nspec: {{mtls: {{mode: STRICT}}}}\n"
+    );
+    let auto = grpc_proxy_at("198.18.0.7", &[("security.istio.io/tlsMode", "istio")]);
+    for (yaml, proxy) in [(strict.as_str(), &server), (YAML, &auto)] {
+        let lds = lds_for(yaml, proxy);
+        let (_, chain) = chain_of(&lds, "xds.istio.io/grpc/lds/inbound/0.0.0.0:17070");
+        assert_eq!(chain.name, "inbound-mtls");
+        let Some(transport_socket::ConfigType::TypedConfig(any)) =
+            chain.transport_socket.expect("mTLS").config_type
+        else {
+            panic!("typed transport socket");
+        };
+        let tls: DownstreamTlsContext = proto::unpack(&any).expect("DownstreamTlsContext");
+        assert_eq!(tls.require_client_certificate.map(|b| b.value), Some(true));
+        let common = tls.common_tls_context.expect("common");
+        assert_eq!(
+            common
+                .tls_certificate_provider_instance
+                .expect("cert")
+                .certificate_name,
+            "default"
+        );
+    }
+    let elsewhere = lds_for(YAML, &grpc_proxy_at("198.18.0.9", &[]));
+    assert!(
+        !elsewhere
+            .iter()
+            .any(|r| r.name.starts_with(super::inbound::SERVER_LISTENER_PREFIX)),
+        "a proxy that is no workload of the service got a server listener"
+    );
+}

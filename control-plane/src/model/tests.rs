@@ -85,7 +85,7 @@ fn services_select_workload_entries_in_their_namespace() {
 fn auto_vips_are_stable_and_in_240_240() {
     let a = snapshot(SERVICES);
     let b = snapshot(&format!(
-        "{SERVICES}\n---\nkind: ServiceEntry\nmetadata: {{name: more, namespace: x}}\nspec: {{hosts: [zzz.example.com], ports: [{{number: 1, name: p}}]}}\n"
+        "{SERVICES}\n---\nkind: ServiceEntry\nmetadata: {{name: more, namespace: x}}\nspec: {{hosts: [zzz.example.com], ports: [{{number: 1, name: p}}], resolution: DNS}}\n"
     ));
     for s in &a.services {
         let vip = s.auto_vip.expect("allocated");

@@ -8,6 +8,7 @@
 //! soak::`).
 
 mod control_plane;
+mod kube;
 mod local_envoy;
 mod pod;
 mod replay;

@@ -559,7 +559,7 @@ fn allocate_vips(services: &mut [Service]) {
     for slot in slots {
         x += 1;
         let Some(i) = slot else { continue };
-        if x % 255 == 0 {
+        if x.is_multiple_of(255) {
             x += 1;
         }
         let (a, b) = (x / 255, x % 255);

@@ -141,9 +141,11 @@ fn from_pods(
         if !selector_matches(selector, &p.meta.labels) {
             continue;
         }
-        for ip in &p.spec.ips {
-            let mut ep = endpoint(ip, ns, Some(p), p.spec.ready);
-            for sp in ports {
+        // Each port's target on this pod; a pod without a named target port is not an
+        // endpoint (the EndpointSlice controller would not list it for that port).
+        let targets: Option<BTreeMap<String, u32>> = ports
+            .iter()
+            .map(|sp| {
                 let target = match &sp.target_port {
                     None => Some(sp.port),
                     Some(TargetPort::Number(n)) => Some(*n),
@@ -154,10 +156,13 @@ fn from_pods(
                         .find(|(n, _)| n == name)
                         .map(|(_, v)| *v),
                 };
-                if let Some(t) = target {
-                    ep.ports.insert(sp.name.clone(), t);
-                }
-            }
+                target.map(|t| (sp.name.clone(), t))
+            })
+            .collect();
+        let Some(targets) = targets else { continue };
+        for ip in &p.spec.ips {
+            let mut ep = endpoint(ip, ns, Some(p), p.spec.ready);
+            ep.ports = targets.clone();
             out.push(ep);
         }
     }

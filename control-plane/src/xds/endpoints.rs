@@ -70,7 +70,6 @@ pub(super) fn generate(snap: &Snapshot, view: &ProxyView) -> Resources {
                         HealthStatus::Unhealthy
                     } as i32,
                     metadata: ep.istio_tls.then(tls_metadata),
-                    ..Default::default()
                 });
         }
         let cla = ClusterLoadAssignment {

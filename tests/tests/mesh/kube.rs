@@ -269,3 +269,112 @@ fn pods_reach_kubernetes_services_by_short_name() {
     let (ok, out) = client.curl("http://httpbin-headless:8080/");
     assert!(ok && out.contains("hello from headless-pod"), "{out}");
 }
+
+/// `dig +short` for `name` of `qtype` as the app user in `pod` (captured DNS).
+fn dig_type(pod: &harness::mesh::Pod, name: &str, qtype: &str) -> Vec<String> {
+    let out = pod
+        .ns
+        .cmd_as(harness::mesh::APP_UID, harness::mesh::APP_UID, "dig")
+        .args(["+short", "+time=2", "+tries=1", name, qtype])
+        .output()
+        .expect("run dig");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// Istio's DNS proxy cases (pkg/dns/client/dns_test.go) answered in a pod: the mesh of
+/// `control-plane/tests/data/kube/dns-table.yaml` with the test's own namespace `ns1` as the
+/// pod's, through istiod-lite's NDS, the agent's NDS subscription and its DNS proxy. (The
+/// cases that need an upstream resolver run in `control-plane/tests/nds.rs`: this box has none.)
+#[test]
+fn istio_dns_cases_resolve_in_a_pod_through_the_agent() {
+    if !harness::mesh::prerequisites(&[]) {
+        return;
+    }
+    let fixture = include_str!("../../../control-plane/tests/data/kube/dns-table.yaml");
+    let mut mesh = Mesh::new(&fixture.replace("ns1", NAMESPACE));
+    mesh.start_istiod();
+    let mut client = mesh.pod("client", "sleep");
+    mesh.inject(&mut client);
+    mesh.wait_ready(&client, Duration::from_secs(30));
+
+    let own = NAMESPACE;
+    let search = format!("{own}.svc.cluster.local");
+    let pp_ns = format!("productpage.{own}.");
+    let cases: Vec<(String, &str, Vec<&str>)> = vec![
+        ("www.google.com.".into(), "A", vec!["1.1.1.1"]),
+        (
+            format!("www.google.com.{search}."),
+            "A",
+            vec!["www.google.com.", "1.1.1.1"],
+        ),
+        (
+            format!("productpage.{own}.svc.cluster.local."),
+            "A",
+            vec!["9.9.9.9"],
+        ),
+        (format!("productpage.{own}."), "A", vec!["9.9.9.9"]),
+        ("productpage.".into(), "A", vec!["9.9.9.9"]),
+        (format!("productpage.{own}.svc."), "A", vec!["9.9.9.9"]),
+        (
+            format!("productpage.{own}.{search}."),
+            "A",
+            vec![pp_ns.as_str(), "9.9.9.9"],
+        ),
+        (format!("productpage.{own}.{search}."), "AAAA", vec![]),
+        ("example.ns2.".into(), "A", vec!["10.10.10.10"]),
+        (
+            "example.ns2.svc.cluster.local.".into(),
+            "A",
+            vec!["10.10.10.10"],
+        ),
+        ("example.ns2.svc.".into(), "A", vec!["10.10.10.10"]),
+        ("dual.localhost.".into(), "A", vec!["2.2.2.2"]),
+        (
+            "dual.localhost.".into(),
+            "AAAA",
+            vec!["2001:db8::ff00:42:8329"],
+        ),
+        ("ipv6.localhost.".into(), "A", vec![]),
+        ("ipv4.localhost.".into(), "AAAA", vec![]),
+        ("foo.wildcard.".into(), "A", vec!["10.10.10.10"]),
+        ("a.b.wildcard.".into(), "A", vec!["11.11.11.11"]),
+        (
+            format!("foo.wildcard.{search}."),
+            "A",
+            vec!["*.wildcard.", "10.10.10.10"],
+        ),
+        ("foo.svc.mesh.company.net.".into(), "A", vec!["10.1.2.3"]),
+        (
+            "foo.foons.svc.mesh.company.net.".into(),
+            "A",
+            vec!["10.1.2.3"],
+        ),
+        ("example.localhost.".into(), "A", vec!["3.3.3.3"]),
+        // The headless Service: its ready pod, and the pod's own name.
+        ("db.".into(), "A", vec!["10.1.0.20"]),
+        (
+            format!("db-0.db.{own}.svc.cluster.local."),
+            "A",
+            vec!["10.1.0.20"],
+        ),
+    ];
+    // The first answer waits for the agent's first NDS push.
+    assert_eventually(Duration::from_secs(10), || {
+        match dig_type(&client, "www.google.com.", "A").as_slice() {
+            [ip] if ip == "1.1.1.1" => Ok(()),
+            other => Err(format!("www.google.com.: {other:?}")),
+        }
+    });
+    let mut failed = Vec::new();
+    for (name, qtype, want) in &cases {
+        let got = dig_type(&client, name, qtype);
+        if got != *want {
+            failed.push(format!("{name} {qtype}: got {got:?}, want {want:?}"));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}

@@ -38,12 +38,10 @@ fn is_ip(s: &str) -> bool {
 pub(crate) fn name_table(snap: &Snapshot, view: &ProxyView) -> NameTable {
     let mut table = NameTable::default();
     for svc in snap.visible_services(view) {
-        let mut ips: Vec<String> = snap
-            .vips_for(view, svc)
-            .into_iter()
-            .filter(|v| is_ip(v))
-            .collect();
-        let headless = snap.vips_for(view, svc).is_empty();
+        let vips = snap.vips_for(view, svc);
+        // No address at all (istiod's 0.0.0.0): headless. CIDRs are addresses, but no answer.
+        let headless = vips.is_empty();
+        let mut ips: Vec<String> = vips.into_iter().filter(|v| is_ip(v)).collect();
         if headless && svc.resolution == Resolution::None && !svc.ports.is_empty() {
             ips = headless_ips(&mut table, svc);
         }

@@ -1,11 +1,16 @@
-//! Istio configuration from `*.yaml` files: parsing, validation, and the watched directory.
+//! Istio and Kubernetes configuration from `*.yaml` files: parsing, validation, and the watched
+//! directory.
 //!
-//! Each file may hold several YAML documents. A document is
-//! `{apiVersion, kind, metadata: {name, namespace}, spec}`; the kinds are those in [`kinds`].
-//! A file with any bad document is rejected as a whole and its last good contents stay in force;
-//! every rejection names the file, the document index (0-based), the field and the reason.
+//! Each file may hold several YAML documents, and a document may be a `kind: List` of objects
+//! (as `kubectl get ... -o yaml` writes). An Istio document is
+//! `{apiVersion, kind, metadata: {name, namespace}, spec}` with the kinds in [`kinds`]; the
+//! Kubernetes kinds (`Service`, `EndpointSlice`, `Endpoints`, `Pod`, `Namespace`) are in
+//! [`kube`]. A file with any bad document is rejected as a whole and its last good contents stay
+//! in force; every rejection names the file, the document index (0-based), the field (with
+//! `items[i].` for a List item) and the reason.
 
 pub mod kinds;
+pub mod kube;
 mod watch;
 
 pub use watch::{ConfigStatus, Revision, WatchError, Watcher, WatcherInputs};
@@ -46,6 +51,12 @@ pub enum Spec {
     DestinationRule(DestinationRule),
     PeerAuthentication(PeerAuthentication),
     Sidecar(Sidecar),
+    Service(kube::Service),
+    EndpointSlice(kube::EndpointSlice),
+    /// A `v1 Endpoints`, one list per subset.
+    Endpoints(Vec<kube::EndpointSlice>),
+    Pod(kube::Pod),
+    Namespace(kube::Namespace),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -64,6 +75,13 @@ pub struct Config {
     pub destination_rules: Vec<Object<DestinationRule>>,
     pub peer_authentications: Vec<Object<PeerAuthentication>>,
     pub sidecars: Vec<Object<Sidecar>>,
+    /// Kubernetes `Service`s.
+    pub services: Vec<Object<kube::Service>>,
+    pub endpoint_slices: Vec<Object<kube::EndpointSlice>>,
+    /// `v1 Endpoints`, one list per subset (used for a Service that has no EndpointSlice).
+    pub endpoints: Vec<Object<Vec<kube::EndpointSlice>>>,
+    pub pods: Vec<Object<kube::Pod>>,
+    pub namespaces: Vec<Object<kube::Namespace>>,
 }
 
 impl Config {
@@ -80,6 +98,11 @@ impl Config {
                     c.peer_authentications.push(Object { meta, spec: s })
                 }
                 Spec::Sidecar(s) => c.sidecars.push(Object { meta, spec: s }),
+                Spec::Service(s) => c.services.push(Object { meta, spec: s }),
+                Spec::EndpointSlice(s) => c.endpoint_slices.push(Object { meta, spec: s }),
+                Spec::Endpoints(s) => c.endpoints.push(Object { meta, spec: s }),
+                Spec::Pod(s) => c.pods.push(Object { meta, spec: s }),
+                Spec::Namespace(s) => c.namespaces.push(Object { meta, spec: s }),
             }
         }
         fn norm<T>(v: &mut Vec<Object<T>>) {
@@ -106,6 +129,11 @@ impl Config {
         norm(&mut c.destination_rules);
         norm(&mut c.peer_authentications);
         norm(&mut c.sidecars);
+        norm(&mut c.services);
+        norm(&mut c.endpoint_slices);
+        norm(&mut c.endpoints);
+        norm(&mut c.pods);
+        norm(&mut c.namespaces);
         c
     }
 
@@ -117,6 +145,11 @@ impl Config {
             + self.destination_rules.len()
             + self.peer_authentications.len()
             + self.sidecars.len()
+            + self.services.len()
+            + self.endpoint_slices.len()
+            + self.endpoints.len()
+            + self.pods.len()
+            + self.namespaces.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -146,6 +179,29 @@ pub fn parse_file(file: &str, text: &str) -> Result<Vec<(Meta, Spec)>, Vec<Confi
         };
         if value.is_null() {
             continue; // empty document (e.g. a trailing `---`)
+        }
+        if value.get("kind").and_then(|k| k.as_str()) == Some("List") {
+            // kubectl's `kind: List`: each item is an object of its own.
+            let Some(items) = value.get("items") else {
+                errors.push(err(
+                    "items",
+                    "missing (a List holds its objects in items)".into(),
+                ));
+                continue;
+            };
+            let Some(items) = items.as_sequence() else {
+                errors.push(err("items", "not a list".into()));
+                continue;
+            };
+            for (i, item) in items.iter().enumerate() {
+                match parse_doc(item) {
+                    Ok(obj) => out.push(obj),
+                    Err((field, reason)) => {
+                        errors.push(err(&format!("items[{i}].{field}"), reason))
+                    }
+                }
+            }
+            continue;
         }
         match parse_doc(&value) {
             Ok(obj) => out.push(obj),
@@ -197,6 +253,9 @@ fn parse_doc(v: &serde_yaml::Value) -> Result<(Meta, Spec), DocError> {
         namespace,
         labels,
     };
+    if let Some(want) = kube::api_version(&kind) {
+        return parse_kube(v, &kind, want, meta);
+    }
     let spec_v = map
         .get("spec")
         .cloned()
@@ -212,7 +271,7 @@ fn parse_doc(v: &serde_yaml::Value) -> Result<(Meta, Spec), DocError> {
             return Err((
                 "kind".into(),
                 format!(
-                    "unsupported kind {other:?} (expected ServiceEntry, WorkloadEntry, VirtualService, DestinationRule, PeerAuthentication or Sidecar)"
+                    "unsupported kind {other:?} (expected ServiceEntry, WorkloadEntry, VirtualService, DestinationRule, PeerAuthentication, Sidecar, Service, EndpointSlice, Endpoints, Pod, Namespace or List)"
                 ),
             ));
         }
@@ -221,17 +280,58 @@ fn parse_doc(v: &serde_yaml::Value) -> Result<(Meta, Spec), DocError> {
     Ok((meta, spec))
 }
 
+/// A Kubernetes document: `apiVersion` checked, the whole object read (unknown fields ignored).
+fn parse_kube(
+    v: &serde_yaml::Value,
+    kind: &str,
+    want: &str,
+    meta: Meta,
+) -> Result<(Meta, Spec), DocError> {
+    let version = v.get("apiVersion").and_then(|a| a.as_str()).unwrap_or("");
+    if version != want {
+        return Err((
+            "apiVersion".into(),
+            format!("{version:?} is not {want:?} (the version istiod-lite reads {kind} at)"),
+        ));
+    }
+    let spec = match kind {
+        "Service" => Spec::Service(kube::service(typed_at("", v)?)?),
+        "EndpointSlice" => Spec::EndpointSlice(kube::endpoint_slice(
+            typed_at("", v)?,
+            &meta.namespace,
+            &meta.labels,
+        )?),
+        "Endpoints" => Spec::Endpoints(kube::endpoints(
+            typed_at("", v)?,
+            &meta.name,
+            &meta.namespace,
+        )?),
+        "Pod" => Spec::Pod(kube::pod(typed_at("", v)?, &meta.name)?),
+        _ => Spec::Namespace(kube::Namespace {}),
+    };
+    Ok((meta, spec))
+}
+
 /// Deserialises `spec` through a YAML string so that serde_yaml reports the field path.
 fn typed<T: serde::de::DeserializeOwned>(v: &serde_yaml::Value) -> Result<T, DocError> {
-    let text = serde_yaml::to_string(v).map_err(|e| ("spec".to_string(), e.to_string()))?;
+    typed_at("spec.", v)
+}
+
+/// Deserialises `v` (found at `prefix`, e.g. `spec.`) reporting the path of a bad field.
+fn typed_at<T: serde::de::DeserializeOwned>(
+    prefix: &str,
+    v: &serde_yaml::Value,
+) -> Result<T, DocError> {
+    let whole = prefix.trim_end_matches('.');
+    let text = serde_yaml::to_string(v).map_err(|e| (whole.to_string(), e.to_string()))?;
     serde_yaml::from_str(&text).map_err(|e| {
         let msg = e.to_string();
         // serde_yaml prints "path.to.field: reason at line N column M"; split the path off.
         match msg.split_once(": ") {
             Some((path, reason)) if !path.contains(' ') => {
-                (format!("spec.{path}"), reason.to_string())
+                (format!("{prefix}{path}"), reason.to_string())
             }
-            _ => ("spec".to_string(), msg),
+            _ => (whole.to_string(), msg),
         }
     })
 }
@@ -250,6 +350,12 @@ fn is_dns_label_path(s: &str) -> bool {
 
 fn is_host(s: &str) -> bool {
     let s = s.strip_prefix("*.").unwrap_or(s);
+    // A fully qualified name may end in a dot, as Istio's validation allows.
+    let s = if s.len() > 1 {
+        s.strip_suffix('.').unwrap_or(s)
+    } else {
+        s
+    };
     s == "*"
         || (!s.is_empty()
             && s.split('.').all(|l| {
@@ -482,6 +588,12 @@ fn validate(spec: &Spec) -> Result<(), DocError> {
             }
             Ok(())
         }
+        // Checked while parsing (control-plane/src/config/kube.rs).
+        Spec::Service(_)
+        | Spec::EndpointSlice(_)
+        | Spec::Endpoints(_)
+        | Spec::Pod(_)
+        | Spec::Namespace(_) => Ok(()),
     }
 }
 

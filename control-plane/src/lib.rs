@@ -4,7 +4,7 @@
 //!
 //! - [`listen`]: listening sockets with a large backlog and an accept loop that never stops.
 //! - [`ca`]: root material, CSR signing, tokens, the `IstioCertificateService`.
-//! - [`config`]: Istio YAML → typed objects, validation, the watched config directory (publishes
+//! - [`config`]: Istio and Kubernetes YAML → typed objects, validation, the watched config directory (publishes
 //!   config revisions).
 //! - [`model`]: the mesh as the proxies see it: a snapshot per config revision, the service
 //!   index, proxies. No xDS types.

@@ -5,13 +5,15 @@
 //! Envoy resources from a snapshot and owns the cache of what it generated.
 
 mod follow;
+mod kube;
 mod proxy;
 
 pub use follow::follow;
+pub use kube::protocol as kube_port_protocol;
 pub use proxy::{Proxy, ProxyError, ProxyView};
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -75,6 +77,12 @@ pub struct Endpoint {
     pub service_account: String,
     /// Has a sidecar that terminates Istio mTLS (`security.istio.io/tlsMode: istio`).
     pub istio_tls: bool,
+    /// Ready (an EndpointSlice's `conditions.ready`); others are sent as unhealthy.
+    pub healthy: bool,
+    /// A Kubernetes Pod's `hostname` and `subdomain` when it has a subdomain: under a headless
+    /// service the pod answers to `<hostname>.<subdomain>.<ns>.svc.<domain>`.
+    pub hostname: String,
+    pub subdomain: String,
 }
 
 impl Endpoint {
@@ -88,21 +96,46 @@ impl Endpoint {
     }
 }
 
-/// One host of a ServiceEntry, with its derived data.
+/// Where a service comes from (NDS `registry`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Registry {
+    /// A ServiceEntry host.
+    External,
+    /// A Kubernetes Service.
+    Kubernetes,
+}
+
+impl Registry {
+    /// The name istiod uses (`provider.ID`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Registry::External => "External",
+            Registry::Kubernetes => "Kubernetes",
+        }
+    }
+}
+
+/// One host of a ServiceEntry, or a Kubernetes Service, with its derived data.
 #[derive(Clone, Debug)]
 pub struct Service {
     pub host: String,
     pub namespace: String,
-    /// Explicit `addresses` (IPs; CIDRs kept as written).
+    /// The object's name (a Kubernetes Service's short name).
+    pub name: String,
+    pub registry: Registry,
+    /// Explicit `addresses` (IPs; CIDRs kept as written), or a Service's cluster IPs.
     pub vips: Vec<String>,
-    /// Auto-allocated VIP (240.240.0.0/16) when the ServiceEntry has no addresses.
+    /// Auto-allocated VIPs (240.240.0.0/16, 2001:2::/48) when the ServiceEntry has no addresses.
     pub auto_vip: Option<Ipv4Addr>,
+    pub auto_vip6: Option<Ipv6Addr>,
     pub ports: Vec<Port>,
     pub location: Location,
     pub resolution: Resolution,
     pub endpoints: Vec<Endpoint>,
     pub subject_alt_names: Vec<String>,
     pub selector: Option<Labels>,
+    /// A Service's `publishNotReadyAddresses`: not-ready endpoints are in its DNS answers.
+    pub publish_not_ready: bool,
 }
 
 /// An immutable view of the configuration with a version; pushes are generated from it.
@@ -130,12 +163,12 @@ fn selector_matches(selector: &Labels, labels: &Labels) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
-/// FNV-1a, for stable VIP allocation.
-fn fnv(s: &str) -> u64 {
-    let mut h = 0xcbf29ce484222325u64;
+/// FNV-1a, 32 bits (Go's `hash/fnv` New32a), for istiod's VIP allocation.
+fn fnv32a(s: &str) -> u32 {
+    let mut h = 0x811c9dc5u32;
     for b in s.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100000001b3);
+        h ^= b as u32;
+        h = h.wrapping_mul(0x01000193);
     }
     h
 }
@@ -164,7 +197,7 @@ impl Snapshot {
     /// Builds the snapshot of a config revision; it carries the revision's version and load time.
     pub fn from_revision(revision: &Revision, mesh: Arc<MeshSettings>) -> Snapshot {
         let config = revision.config.clone();
-        let services = build_services(&config);
+        let services = build_services(&config, &mesh);
         let endpoint_ips = services
             .iter()
             .filter(|s| s.selector.is_none())
@@ -323,19 +356,51 @@ impl Snapshot {
             .collect()
     }
 
-    /// The VIP a proxy should use for a service (explicit, else auto-allocated when enabled).
+    /// The VIPs a proxy should use for a service, as istiod's `GetAllAddressesForProxy`: a
+    /// Service's cluster IPs of the proxy's IP families; a ServiceEntry's addresses as
+    /// written; else the auto-allocated ones of the proxy's families, for a proxy that
+    /// captures DNS with auto-allocation on.
     pub fn vips_for(&self, view: &ProxyView, svc: &Service) -> Vec<String> {
+        let (v4, v6) = ip_families(view);
+        let family = |ip: &IpAddr| (ip.is_ipv4() && v4) || (ip.is_ipv6() && v6);
         if !svc.vips.is_empty() {
-            return svc.vips.clone();
-        }
-        match svc.auto_vip {
-            Some(ip)
-                if view.dns_capture && (view.dns_auto_allocate || self.mesh.ip_autoallocate) =>
-            {
-                vec![ip.to_string()]
+            if svc.registry == Registry::External {
+                return svc.vips.clone();
             }
-            _ => Vec::new(),
+            return svc
+                .vips
+                .iter()
+                .filter(|v| v.parse::<IpAddr>().is_ok_and(|ip| family(&ip)))
+                .cloned()
+                .collect();
         }
+        if !(view.dns_capture && (view.dns_auto_allocate || self.mesh.ip_autoallocate)) {
+            return Vec::new();
+        }
+        let auto = [svc.auto_vip.map(IpAddr::V4), svc.auto_vip6.map(IpAddr::V6)];
+        auto.into_iter()
+            .flatten()
+            .filter(family)
+            .map(|ip| ip.to_string())
+            .collect()
+    }
+
+    /// The proxy's own ports of its inbound services: (the port the workload listens on, the
+    /// service port). The workload's port is its endpoint's (`port_for`) when the service has
+    /// an endpoint at the proxy's IP, else the port's `targetPort` (or the port itself).
+    pub fn inbound_ports<'a>(&'a self, view: &ProxyView) -> Vec<(u32, &'a Port)> {
+        let mut out = Vec::new();
+        for svc in self.inbound_services(view) {
+            let own = svc.endpoints.iter().find(|e| view.ips.contains(&e.address));
+            for port in &svc.ports {
+                let target = match own {
+                    Some(e) => e.port_for(port),
+                    None => port.target_port.unwrap_or(port.number),
+                };
+                out.push((target, port));
+            }
+        }
+        out
     }
 }
 
@@ -344,8 +409,18 @@ fn short_host_matches(pattern: &str, ns: &str, host: &str) -> bool {
     !pattern.contains('.') && host.starts_with(&format!("{pattern}.{ns}.svc."))
 }
 
-fn build_services(config: &Config) -> Vec<Service> {
-    let mut out = Vec::new();
+/// The IP families a proxy uses (IPv4 when it reports no IP), as istiod's IP mode.
+fn ip_families(view: &ProxyView) -> (bool, bool) {
+    let ips: Vec<IpAddr> = view.ips.iter().filter_map(|s| s.parse().ok()).collect();
+    let v6 = ips.iter().any(|ip| ip.is_ipv6());
+    let v4 = ips.iter().any(|ip| ip.is_ipv4()) || !v6;
+    (v4, v6)
+}
+
+fn build_services(config: &Config, mesh: &MeshSettings) -> Vec<Service> {
+    // Kubernetes Services first: for a host both define, the Service wins (as in istiod's
+    // name table, where the Kubernetes registry takes precedence over a ServiceEntry).
+    let mut out = kube::services(config, &mesh.dns_domain);
     for o in &config.service_entries {
         let se: &ServiceEntry = &o.spec;
         let ns = &o.meta.namespace;
@@ -368,6 +443,9 @@ fn build_services(config: &Config) -> Vec<Service> {
                 .get("security.istio.io/tlsMode")
                 .map(String::as_str)
                 == Some("istio"),
+            healthy: true,
+            hostname: String::new(),
+            subdomain: String::new(),
         };
         for we in &se.endpoints {
             endpoints.push(to_ep(we, ns));
@@ -416,14 +494,18 @@ fn build_services(config: &Config) -> Vec<Service> {
             out.push(Service {
                 host: host.clone(),
                 namespace: ns.clone(),
+                name: o.meta.name.clone(),
+                registry: Registry::External,
                 vips: se.addresses.clone(),
                 auto_vip: None,
+                auto_vip6: None,
                 ports: ports.clone(),
                 location: se.location,
                 resolution: se.resolution,
                 endpoints: endpoints.clone(),
                 subject_alt_names: se.subject_alt_names.clone(),
                 selector: selector.clone(),
+                publish_not_ready: false,
             });
         }
     }
@@ -435,21 +517,62 @@ fn build_services(config: &Config) -> Vec<Service> {
     out
 }
 
-/// Stable auto-allocation in 240.240.0.0/16: hash the host, probe linearly on collision.
+/// istiod's deterministic auto-allocation (`autoAllocateIPs`, the allocation a proxy sees
+/// without the allocator controller's status): for each ServiceEntry host without addresses,
+/// not a wildcard and not resolution NONE, hash `<namespace>/<host>` (FNV-1a 32) into one of
+/// 256 × 254 slots, double hashing on collision; the n-th slot (1-based, skipping multiples of
+/// 255) is `240.240.<n / 255>.<n % 255>` and `2001:2::f0f0:<hex>`.
 fn allocate_vips(services: &mut [Service]) {
-    const SLOTS: u64 = 65534;
-    let mut used = BTreeSet::new();
-    for s in services.iter_mut() {
-        if !s.vips.is_empty() || s.host.starts_with('*') {
+    const MAX: u32 = 256 * 254;
+    const PRIME: u32 = 65011;
+    let mut slots: Vec<Option<usize>> = vec![None; MAX as usize];
+    let mut order: Vec<usize> = (0..services.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&services[a], &services[b]);
+        (&a.namespace, &a.host).cmp(&(&b.namespace, &b.host))
+    });
+    for i in order {
+        let s = &services[i];
+        if s.registry != Registry::External
+            || !s.vips.is_empty()
+            || s.host.starts_with('*')
+            || s.resolution == Resolution::None
+        {
             continue;
         }
-        let mut slot = fnv(&s.host) % SLOTS;
-        while used.contains(&slot) {
-            slot = (slot + 1) % SLOTS;
+        let h = fnv32a(&format!("{}/{}", s.namespace, s.host));
+        let mut slot = h % MAX;
+        if slots[slot as usize].is_some() {
+            let step = PRIME - (h % PRIME);
+            let mut k = 1u32;
+            loop {
+                slot = h.wrapping_add(k.wrapping_mul(step)) % (MAX - 1);
+                if slots[slot as usize].is_none() {
+                    break;
+                }
+                k += 1;
+            }
         }
-        used.insert(slot);
-        let n = slot as u32 + 1; // skip .0.0
-        s.auto_vip = Some(Ipv4Addr::new(240, 240, (n >> 8) as u8, (n & 0xff) as u8));
+        slots[slot as usize] = Some(i);
+    }
+    let mut x = 0u32;
+    for slot in slots {
+        x += 1;
+        let Some(i) = slot else { continue };
+        if x.is_multiple_of(255) {
+            x += 1;
+        }
+        let (a, b) = (x / 255, x % 255);
+        let s = &mut services[i];
+        s.auto_vip = Some(Ipv4Addr::new(240, 240, a as u8, b as u8));
+        let last = if a == 0 {
+            format!("{b:x}")
+        } else {
+            format!("{a:x}{b:x}")
+        };
+        s.auto_vip6 = u16::from_str_radix(&last, 16)
+            .ok()
+            .map(|l| Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0xf0f0, l));
     }
 }
 

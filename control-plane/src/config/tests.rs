@@ -211,3 +211,229 @@ fn later_duplicates_replace_earlier_ones() {
     assert_eq!(c.workload_entries[0].spec.address, "198.18.0.2");
     assert_eq!(c.workload_entries[0].meta.namespace, "default");
 }
+
+const KUBE_LIST: &str = include_str!("../../tests/data/kube/services-list.yaml");
+const KUBE_MULTI: &str = include_str!("../../tests/data/kube/services-multi.yaml");
+
+#[test]
+fn kubectl_list_and_multi_document_kubernetes_kinds_parse_beside_istio_kinds() {
+    let mut objs = parse_file("list.yaml", KUBE_LIST).expect("the List is valid");
+    objs.extend(parse_file("multi.yaml", KUBE_MULTI).expect("the documents are valid"));
+    let c = Config::from_objects(objs);
+    let names: Vec<(&str, &str)> = c
+        .services
+        .iter()
+        .map(|s| (s.meta.namespace.as_str(), s.meta.name.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("ns1", "db"),
+            ("ns1", "legacy"),
+            ("ns1", "productpage"),
+            ("ns2", "example")
+        ]
+    );
+    let pp = &c.services[2].spec;
+    assert_eq!(pp.cluster_ips, vec!["9.9.9.9"]);
+    assert!(!pp.headless);
+    assert_eq!(pp.ports[0].name, "http");
+    assert_eq!(
+        pp.ports[0].target_port,
+        Some(kube::TargetPort::Number(9080))
+    );
+    assert_eq!(pp.selector.as_ref().unwrap()["app"], "productpage");
+    assert!(c.services[0].spec.headless, "clusterIP: None");
+    assert!(c.services[0].spec.cluster_ips.is_empty());
+    let ex = &c.services[3].spec;
+    assert_eq!(ex.service_type, "ClusterIP", "the default type");
+    assert_eq!(ex.ports[0].app_protocol.as_deref(), Some("http"));
+    assert_eq!(
+        ex.ports[0].target_port,
+        Some(kube::TargetPort::Name("http-web".into()))
+    );
+
+    let slice = &c.endpoint_slices[0];
+    assert_eq!(slice.spec.service_name, "productpage");
+    assert_eq!(slice.spec.address_type, "IPv4");
+    assert_eq!(slice.spec.endpoints[0].addresses, vec!["10.1.0.5"]);
+    assert!(slice.spec.endpoints[0].ready);
+    assert_eq!(
+        slice.spec.endpoints[0].pod,
+        Some(("ns1".into(), "productpage-v1-abc12".into()))
+    );
+    assert_eq!(
+        slice.spec.ports,
+        vec![kube::SlicePort {
+            name: "http".into(),
+            port: 9080
+        }]
+    );
+
+    let legacy = &c.endpoints[0].spec;
+    assert_eq!(legacy.len(), 1, "one list per subset");
+    assert_eq!(legacy[0].service_name, "legacy");
+    let ready: Vec<(&str, bool)> = legacy[0]
+        .endpoints
+        .iter()
+        .map(|e| (e.addresses[0].as_str(), e.ready))
+        .collect();
+    assert_eq!(ready, vec![("10.1.0.30", true), ("10.1.0.31", false)]);
+
+    fn pod<'a>(c: &'a Config, name: &str) -> &'a kube::Pod {
+        &c.pods.iter().find(|p| p.meta.name == name).unwrap().spec
+    }
+    let pod = |name: &str| pod(&c, name).clone();
+    let ex1 = pod("example-1");
+    assert_eq!(ex1.ips, vec!["10.2.0.7"]);
+    assert_eq!(ex1.service_account, "example");
+    assert_eq!(ex1.container_ports, vec![("http-web".to_string(), 8080)]);
+    assert!(ex1.ready);
+    assert_eq!(
+        pod("productpage-v1-abc12").ips,
+        vec!["10.1.0.5"],
+        "podIP alone"
+    );
+    assert!(pod("db-0").ready, "no conditions: written by hand, ready");
+    assert!(!pod("db-1").ready, "Ready False");
+    assert_eq!(
+        (
+            pod("db-0").hostname.as_str(),
+            pod("db-0").subdomain.as_str()
+        ),
+        ("db-0", "db")
+    );
+    assert_eq!(
+        pod("example-1").hostname,
+        "example-1",
+        "the pod name by default"
+    );
+    assert_eq!(c.namespaces[0].meta.name, "ns2");
+    assert_eq!(c.namespaces[0].meta.labels["istio-injection"], "enabled");
+    assert_eq!(c.service_entries.len(), 1, "Istio kinds in the same file");
+}
+
+#[test]
+fn bad_kubernetes_documents_name_the_document_and_the_field() {
+    let cases: &[(&str, usize, &str, &str)] = &[
+        (
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {ports: [{port: 0}]}\n",
+            0,
+            "spec.ports[0].port",
+            "is not a port",
+        ),
+        (
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {ports: [{port: x}]}\n",
+            0,
+            "spec.ports[0].port",
+            "invalid type",
+        ),
+        (
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.0.0.300}\n",
+            0,
+            "spec.clusterIP",
+            "is not an IP address",
+        ),
+        (
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {ports: [{port: 1}, {port: 2}]}\n",
+            0,
+            "spec.ports[1].name",
+            "distinct names",
+        ),
+        (
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {type: Weird}\n",
+            0,
+            "spec.type",
+            "is not ClusterIP",
+        ),
+        (
+            "apiVersion: v2\nkind: Service\nmetadata: {name: a}\nspec: {}\n",
+            0,
+            "apiVersion",
+            "is not \"v1\"",
+        ),
+        (
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a}\naddressType: IPv4\n",
+            0,
+            "metadata.labels.kubernetes.io/service-name",
+            "missing",
+        ),
+        (
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a, labels: {kubernetes.io/service-name: a}}\naddressType: IPv4\nendpoints: [{addresses: [fd00::1]}]\n",
+            0,
+            "endpoints[0].addresses[0]",
+            "is not of addressType IPv4",
+        ),
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nstatus: {podIP: nope}\n",
+            0,
+            "status.podIPs[0].ip",
+            "is not an IP address",
+        ),
+        (
+            "apiVersion: v1\nkind: Endpoints\nmetadata: {name: e}\nsubsets: [{addresses: [{ip: x}]}]\n",
+            0,
+            "subsets[0].addresses[0].ip",
+            "is not an IP address",
+        ),
+        (
+            "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Namespace\n  metadata: {name: ok}\n- apiVersion: v1\n  kind: Service\n  metadata: {name: bad}\n  spec: {ports: [{port: 70000}]}\n",
+            0,
+            "items[1].spec.ports[0].port",
+            "70000 is not a port",
+        ),
+        (
+            "apiVersion: v1\nkind: List\nitems: {}\n",
+            0,
+            "items",
+            "not a list",
+        ),
+        (
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: ok}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: Bad_Name}\nspec: {}\n",
+            1,
+            "metadata.name",
+            "DNS-1123",
+        ),
+    ];
+    for (yaml, doc, field, reason) in cases {
+        let errs = parse_file("k.yaml", yaml).expect_err(yaml);
+        assert_eq!(errs.len(), 1, "{yaml}: {errs:?}");
+        let e = &errs[0];
+        assert_eq!((e.doc, e.field.as_str()), (*doc, *field), "{yaml}: {e}");
+        assert!(e.reason.contains(reason), "{yaml}: {e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("k.yaml: document {doc}: {field}: "))
+        );
+    }
+}
+
+#[test]
+fn a_bad_kubernetes_file_keeps_its_last_good_contents_and_other_files_load() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("list.yaml"), KUBE_LIST).unwrap();
+    std::fs::write(dir.path().join("multi.yaml"), KUBE_MULTI).unwrap();
+    let mut store = Store::default();
+    let c = store.reload(dir.path());
+    assert!(store.errors().is_empty(), "{:?}", store.errors());
+    assert_eq!(c.services.len(), 4);
+    std::fs::write(
+        dir.path().join("list.yaml"),
+        KUBE_LIST.replace(
+            "port: 9080, protocol: TCP, targetPort",
+            "port: -1, protocol: TCP, targetPort",
+        ),
+    )
+    .unwrap();
+    let c = store.reload(dir.path());
+    assert_eq!(store.errors().len(), 1);
+    assert!(
+        store.errors()[0]
+            .field
+            .starts_with("items[0].spec.ports[0].port"),
+        "{}",
+        store.errors()[0]
+    );
+    assert_eq!(c.services.len(), 4, "the file's last good objects stay");
+    assert_eq!(c.pods.len(), 4, "the other file loads");
+}

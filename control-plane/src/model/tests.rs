@@ -85,7 +85,7 @@ fn services_select_workload_entries_in_their_namespace() {
 fn auto_vips_are_stable_and_in_240_240() {
     let a = snapshot(SERVICES);
     let b = snapshot(&format!(
-        "{SERVICES}\n---\nkind: ServiceEntry\nmetadata: {{name: more, namespace: x}}\nspec: {{hosts: [zzz.example.com], ports: [{{number: 1, name: p}}]}}\n"
+        "{SERVICES}\n---\nkind: ServiceEntry\nmetadata: {{name: more, namespace: x}}\nspec: {{hosts: [zzz.example.com], ports: [{{number: 1, name: p}}], resolution: DNS}}\n"
     ));
     for s in &a.services {
         let vip = s.auto_vip.expect("allocated");
@@ -274,4 +274,151 @@ fn proxy_from_node_reads_id_and_metadata() {
             ..
         })
     ));
+}
+
+fn kube_snapshot() -> Snapshot {
+    let mut objs = parse_file(
+        "list.yaml",
+        include_str!("../../tests/data/kube/services-list.yaml"),
+    )
+    .expect("valid");
+    objs.extend(
+        parse_file(
+            "multi.yaml",
+            include_str!("../../tests/data/kube/services-multi.yaml"),
+        )
+        .expect("valid"),
+    );
+    Snapshot::new(
+        Arc::new(Config::from_objects(objs)),
+        Arc::new(MeshSettings::default()),
+        1,
+    )
+}
+
+#[test]
+fn kubernetes_services_become_services_with_endpoints_from_slices_endpoints_or_pods() {
+    let snap = kube_snapshot();
+    let svc = |host: &str| {
+        snap.services
+            .iter()
+            .find(|s| s.host == host)
+            .unwrap_or_else(|| panic!("no {host}"))
+    };
+    let pp = svc("productpage.ns1.svc.cluster.local");
+    assert_eq!(pp.registry, Registry::Kubernetes);
+    assert_eq!(
+        (pp.name.as_str(), pp.namespace.as_str()),
+        ("productpage", "ns1")
+    );
+    assert_eq!(pp.vips, vec!["9.9.9.9"]);
+    assert_eq!(pp.resolution, Resolution::Static);
+    assert_eq!(pp.ports[0].protocol, "HTTP", "from the port name");
+    assert_eq!(pp.endpoints.len(), 1, "from the EndpointSlice");
+    let ep = &pp.endpoints[0];
+    assert_eq!(ep.address, "10.1.0.5");
+    assert_eq!(ep.service_account, "bookinfo-productpage", "the Pod's");
+    assert_eq!(ep.labels["version"], "v1");
+    assert_eq!(ep.port_for(&pp.ports[0]), 9080);
+
+    let ex = svc("example.ns2.svc.cluster.local");
+    assert_eq!(ex.ports[0].protocol, "HTTP", "from appProtocol");
+    assert_eq!(ex.ports[0].name, "");
+    let ep = &ex.endpoints[0];
+    assert_eq!(ep.address, "10.2.0.7", "no slice: the selected Pod");
+    assert_eq!(ep.port_for(&ex.ports[0]), 8080, "named targetPort");
+    assert!(ep.istio_tls);
+
+    let legacy = svc("legacy.ns1.svc.cluster.local");
+    assert_eq!(legacy.ports[0].protocol, "GRPC");
+    let eps: Vec<(&str, bool, u32)> = legacy
+        .endpoints
+        .iter()
+        .map(|e| (e.address.as_str(), e.healthy, e.port_for(&legacy.ports[0])))
+        .collect();
+    assert_eq!(
+        eps,
+        vec![("10.1.0.30", true, 17070), ("10.1.0.31", false, 17070)]
+    );
+
+    let db = svc("db.ns1.svc.cluster.local");
+    assert_eq!(db.resolution, Resolution::None, "headless: passthrough");
+    assert!(db.vips.is_empty());
+    let pods: Vec<(&str, &str, &str, bool)> = db
+        .endpoints
+        .iter()
+        .map(|e| {
+            (
+                e.address.as_str(),
+                e.hostname.as_str(),
+                e.subdomain.as_str(),
+                e.healthy,
+            )
+        })
+        .collect();
+    assert_eq!(
+        pods,
+        vec![
+            ("10.1.0.20", "db-0", "db", true),
+            ("10.1.0.21", "db-1", "db", false)
+        ]
+    );
+    assert!(db.auto_vip.is_none(), "Services get no auto-allocated VIP");
+    assert_eq!(
+        snap.vips_for(&view("ns1", &[], &["fd00::9"], true), pp),
+        Vec::<String>::new(),
+        "an IPv6 proxy does not get the IPv4 cluster IP"
+    );
+}
+
+#[test]
+fn pods_selected_by_a_service_get_its_inbound_ports() {
+    let snap = kube_snapshot();
+    let at = |ns: &str, ip: &str| -> Vec<(u32, String)> {
+        snap.inbound_ports(&view(ns, &[], &[ip], true))
+            .into_iter()
+            .map(|(t, p)| (t, p.protocol.clone()))
+            .collect()
+    };
+    assert_eq!(at("ns2", "10.2.0.7"), vec![(8080, "HTTP".to_string())]);
+    assert_eq!(at("ns1", "10.1.0.5"), vec![(9080, "HTTP".to_string())]);
+    assert_eq!(at("ns1", "10.1.0.20"), vec![(5432, "TCP".to_string())]);
+    assert!(at("ns1", "10.9.9.9").is_empty(), "no service has that pod");
+}
+
+#[test]
+fn auto_allocation_is_istiods() {
+    // istiod's own expectations (pilot/pkg/xds/nds_test.go, "auto allocate").
+    let snap = snapshot(include_str!("../../tests/data/kube/nds-se.yaml"));
+    let auto = |host: &str| {
+        let s = snap.services.iter().find(|s| s.host == host).unwrap();
+        (
+            s.auto_vip.map(|v| v.to_string()),
+            s.auto_vip6.map(|v| v.to_string()),
+        )
+    };
+    assert_eq!(
+        auto("random-1.host.example").0.as_deref(),
+        Some("240.240.116.21")
+    );
+    assert_eq!(
+        auto("random-3.host.example").0.as_deref(),
+        Some("240.240.81.100")
+    );
+    assert_eq!(
+        auto("random-1.host.example").1.as_deref(),
+        Some("2001:2::f0f0:7415"),
+        "the IPv6 twin: 2001:2::f0f0:<third octet><fourth octet> in hex"
+    );
+    assert_eq!(
+        auto("random-2.host.example"),
+        (None, None),
+        "has an address"
+    );
+    assert_eq!(auto("*.random-4.host.example"), (None, None), "wildcard");
+    assert_eq!(
+        auto("random-5.host.example"),
+        (None, None),
+        "resolution NONE"
+    );
 }

@@ -109,12 +109,9 @@ pub(super) fn generate(snap: &Snapshot, view: &ProxyView) -> Resources {
         let c = outbound_cluster(snap, &spec);
         out.push(resource(spec.name.clone(), &c));
     }
-    for svc in snap.inbound_services(view) {
-        for port in &svc.ports {
-            let target = port.target_port.unwrap_or(port.number);
-            let name = inbound_cluster_name(target);
-            out.push(resource(name.clone(), &original_dst(&name, true)));
-        }
+    for (target, _) in snap.inbound_ports(view) {
+        let name = inbound_cluster_name(target);
+        out.push(resource(name.clone(), &original_dst(&name, true)));
     }
     out.push(resource(
         PASSTHROUGH_CLUSTER,

@@ -1,9 +1,10 @@
-//! EDS: one `ClusterLoadAssignment` per EDS outbound cluster, from WorkloadEntries and inline
-//! ServiceEntry endpoints, grouped by locality; subsets filter by labels.
+//! EDS: one `ClusterLoadAssignment` per EDS outbound cluster, from WorkloadEntries, inline
+//! ServiceEntry endpoints and a Kubernetes Service's endpoints (not-ready ones UNHEALTHY),
+//! grouped by locality; subsets filter by labels.
 
 use std::collections::BTreeMap;
 
-use proto::envoy::config::core::v3::{Locality, Metadata};
+use proto::envoy::config::core::v3::{HealthStatus, Locality, Metadata};
 use proto::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
@@ -63,8 +64,12 @@ pub(super) fn generate(snap: &Snapshot, view: &ProxyView) -> Resources {
                         ..Default::default()
                     })),
                     load_balancing_weight: Some(UInt32Value { value: ep.weight }),
+                    health_status: if ep.healthy {
+                        HealthStatus::Unknown
+                    } else {
+                        HealthStatus::Unhealthy
+                    } as i32,
                     metadata: ep.istio_tls.then(tls_metadata),
-                    ..Default::default()
                 });
         }
         let cla = ClusterLoadAssignment {

@@ -310,21 +310,18 @@ fn mode_chains(
 fn virtual_inbound(snap: &Snapshot, view: &ProxyView) -> Listener {
     let mut chains = Vec::new();
     let mut seen = BTreeSet::new();
-    for svc in snap.inbound_services(view) {
-        for port in &svc.ports {
-            let target = port.target_port.unwrap_or(port.number);
-            if !seen.insert(target) {
-                continue;
-            }
-            let mode = snap.mtls_mode(view, target);
-            chains.extend(mode_chains(
-                &format!("inbound|{target}||"),
-                Some(target),
-                mode,
-                vec![inbound_filter(target, port.is_http())],
-                port.is_http(),
-            ));
+    for (target, port) in snap.inbound_ports(view) {
+        if !seen.insert(target) {
+            continue;
         }
+        let mode = snap.mtls_mode(view, target);
+        chains.extend(mode_chains(
+            &format!("inbound|{target}||"),
+            Some(target),
+            mode,
+            vec![inbound_filter(target, port.is_http())],
+            port.is_http(),
+        ));
     }
     // Ports no service declares: pass through to the original destination, under the
     // workload-wide mode.

@@ -38,6 +38,30 @@ pub(super) fn generate(snap: &Snapshot, view: &ProxyView) -> Resources {
         .collect()
 }
 
+/// The other Host headers a `<name>.<ns>.svc.<domain>` host is called by from a proxy in
+/// namespace `proxy_ns` (istiod's `GenerateAltVirtualHosts` for a proxy domain
+/// `<proxy_ns>.svc.<domain>`): `name`, `name.ns` and `name.ns.svc` from the same namespace,
+/// `name.ns` and `name.ns.svc` from another. Other hosts have none.
+pub(crate) fn alt_hosts(host: &str, proxy_ns: &str, domain: &str) -> Vec<String> {
+    let Some(svc_at) = host.find(".svc.") else {
+        return Vec::new();
+    };
+    if !host.ends_with(&format!(".svc.{domain}")) {
+        return Vec::new();
+    }
+    let Some(ns_at) = host.find('.').filter(|&i| i < svc_at) else {
+        return Vec::new();
+    };
+    let name_ns = &host[..svc_at];
+    let mut out = Vec::new();
+    if &host[ns_at + 1..svc_at] == proxy_ns {
+        out.push(host[..ns_at].to_string());
+    }
+    out.push(name_ns.to_string());
+    out.push(format!("{name_ns}.svc"));
+    out
+}
+
 fn route_config(
     snap: &Snapshot,
     view: &ProxyView,
@@ -48,6 +72,10 @@ fn route_config(
     let mut vhosts = Vec::new();
     for (svc, p) in services {
         let mut domains = vec![svc.host.clone(), format!("{}:{}", svc.host, p.number)];
+        for alt in alt_hosts(&svc.host, &view.namespace, &snap.mesh.dns_domain) {
+            domains.push(format!("{alt}:{}", p.number));
+            domains.push(alt);
+        }
         for vip in snap.vips_for(view, svc) {
             if !vip.contains('/') {
                 domains.push(vip.clone());

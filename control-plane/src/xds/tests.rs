@@ -514,3 +514,125 @@ fn registry_only_blackholes_unknown_traffic() {
         ))
     );
 }
+
+const KUBE: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: reviews, namespace: bookinfo}
+spec:
+  clusterIP: 198.19.0.40
+  selector: {app: reviews}
+  ports: [{name: http, port: 9080, targetPort: http-app}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: reviews-1, namespace: bookinfo, labels: {app: reviews, security.istio.io/tlsMode: istio}}
+spec:
+  serviceAccountName: bookinfo-reviews
+  containers: [{name: app, ports: [{name: http-app, containerPort: 9081}]}]
+status: {podIP: 198.18.0.100}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: reviews-2, namespace: bookinfo, labels: {app: reviews}}
+spec:
+  containers: [{name: app, ports: [{name: http-app, containerPort: 9082}]}]
+status:
+  podIP: 198.18.0.101
+  conditions: [{type: Ready, status: "False"}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: reviews-3, namespace: bookinfo, labels: {app: reviews}}
+status: {podIP: 198.18.0.102}
+"#;
+
+#[test]
+fn kubernetes_service_generates_istios_cluster_endpoints_routes_and_inbound() {
+    let snap = snapshot(KUBE);
+    let host = "reviews.bookinfo.svc.cluster.local";
+    let cluster = format!("outbound|9080||{host}");
+    let mut view = client("bookinfo", true);
+    // CDS: the EDS cluster, auto mTLS towards the Pod's identity.
+    let c: Cluster = decode(get(&generate(&snap, &view, XdsType::Cds), &cluster));
+    assert_eq!(
+        c.cluster_discovery_type,
+        Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32))
+    );
+    assert_eq!(c.transport_socket_matches[0].name, "tlsMode-istio");
+    // EDS: the pods on the container port the named targetPort points at; the not-ready one
+    // UNHEALTHY.
+    let cla: ClusterLoadAssignment = decode(get(&generate(&snap, &view, XdsType::Eds), &cluster));
+    let eps: Vec<(String, i32)> = cla.endpoints[0]
+        .lb_endpoints
+        .iter()
+        .map(|e| {
+            let Some(lb_endpoint::HostIdentifier::Endpoint(ep)) = &e.host_identifier else {
+                panic!("endpoint")
+            };
+            let Some(proto::envoy::config::core::v3::address::Address::SocketAddress(sa)) =
+                ep.address.as_ref().and_then(|a| a.address.as_ref())
+            else {
+                panic!("socket address")
+            };
+            let Some(proto::envoy::config::core::v3::socket_address::PortSpecifier::PortValue(p)) =
+                sa.port_specifier
+            else {
+                panic!("port")
+            };
+            (format!("{}:{p}", sa.address), e.health_status)
+        })
+        .collect();
+    use proto::envoy::config::core::v3::HealthStatus;
+    assert_eq!(
+        eps,
+        vec![
+            (
+                "198.18.0.100:9081".to_string(),
+                HealthStatus::Unknown as i32
+            ),
+            (
+                "198.18.0.101:9082".to_string(),
+                HealthStatus::Unhealthy as i32
+            ),
+        ],
+        "reviews-3 has no port named http-app: not an endpoint"
+    );
+    // RDS: the Host headers of a Service called from its own namespace.
+    let rc: RouteConfiguration = decode(get(&generate(&snap, &view, XdsType::Rds), "9080"));
+    let domains = &rc.virtual_hosts[0].domains;
+    for d in [
+        host,
+        "reviews",
+        "reviews:9080",
+        "reviews.bookinfo",
+        "reviews.bookinfo.svc",
+        "198.19.0.40",
+    ] {
+        assert!(domains.iter().any(|x| x == d), "{d} not in {domains:?}");
+    }
+    view.namespace = "other".into();
+    let rc: RouteConfiguration = decode(get(&generate(&snap, &view, XdsType::Rds), "9080"));
+    let domains = &rc.virtual_hosts[0].domains;
+    assert!(!domains.iter().any(|x| x == "reviews"), "{domains:?}");
+    assert!(
+        domains.iter().any(|x| x == "reviews.bookinfo"),
+        "{domains:?}"
+    );
+    // The pod at 198.18.0.100 gets the inbound side on its container port.
+    let view = client("bookinfo", true);
+    let cds = generate(&snap, &view, XdsType::Cds);
+    get(&cds, "inbound|9081||");
+    // NDS: registry Kubernetes with the short name and namespace.
+    let nt: NameTable = decode(&generate(&snap, &view, XdsType::Nds)[0]);
+    let info = &nt.table[host];
+    assert_eq!(info.ips, vec!["198.19.0.40"]);
+    assert_eq!(
+        (
+            info.registry.as_str(),
+            info.namespace.as_str(),
+            info.shortname.as_str()
+        ),
+        ("Kubernetes", "bookinfo", "reviews")
+    );
+}

@@ -1,13 +1,14 @@
-//! End-to-end tests of the mesh: pods in a box and a VM against istiod-lite, with real Envoy,
-//! real iptables and real traffic in network namespaces; istiod-lite against a plain Envoy; a
-//! local Envoy behind `pilot-agent --external-envoy`; the soak and the root CA change; recorded
-//! Istio config dumps replayed by `istiod-lite replay`.
+//! End-to-end tests of the mesh: pods in a box (fed Istio or Kubernetes YAML) and a VM against
+//! istiod-lite, with real Envoy, real iptables and real traffic in network namespaces;
+//! istiod-lite against a plain Envoy; a local Envoy behind `pilot-agent --external-envoy`; the
+//! soak and the root CA change; recorded Istio config dumps replayed by `istiod-lite replay`.
 //!
 //! One test binary for all of them (one link instead of eight); each module is one former
 //! binary, so a test's name is `<module>::<test>` (`cargo nextest run -p tests --test mesh
 //! soak::`).
 
 mod control_plane;
+mod kube;
 mod local_envoy;
 mod pod;
 mod replay;

@@ -54,12 +54,11 @@ pub(super) fn listeners(snap: &Snapshot, view: &ProxyView) -> Resources {
             hosts.push(host);
         }
     }
-    let mut ports = BTreeSet::new();
-    for svc in snap.inbound_services(view) {
-        for port in &svc.ports {
-            ports.insert(port.target_port.unwrap_or(port.number));
-        }
-    }
+    let ports: BTreeSet<u32> = snap
+        .inbound_ports(view)
+        .into_iter()
+        .map(|(target, _)| target)
+        .collect();
     let mut out = Vec::new();
     for port in ports {
         let chain = filter_chain(mode(snap, view, port));

@@ -2,7 +2,6 @@
 //! `/stats/prometheus`, app probes, `/quitquitquit`, `/drain`, `/debug/ndsz`,
 //! `/debug/config_dump` (the agent's effective configuration, secrets redacted).
 
-pub mod grpc_health;
 pub mod grpc_ready;
 pub mod probe;
 pub mod stats;
@@ -178,10 +177,12 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
         };
         let state = state.clone();
         let token = token.clone();
+        let local_port = stream.local_addr().map(|a| a.port()).unwrap_or(0);
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(state, peer, req).await) }
+                let conn = Conn { peer, local_port };
+                async move { Ok::<_, Infallible>(handle(state, conn, req).await) }
             });
             let builder =
                 hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
@@ -194,12 +195,44 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
     }
 }
 
+/// The connection a request came on.
+#[derive(Clone, Copy)]
+struct Conn {
+    peer: SocketAddr,
+    /// The status port the client reached.
+    local_port: u16,
+}
+
+/// Decodes `%XX` escapes, as Go's `URL.Path` (an invalid escape is kept as is).
+fn unescape_path(p: &str) -> String {
+    let b = p.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%'
+            && let (Some(h), Some(l)) = (
+                b.get(i + 1).copied().and_then(hex),
+                b.get(i + 2).copied().and_then(hex),
+            )
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 async fn handle(
     state: Arc<State>,
-    peer: SocketAddr,
+    conn: Conn,
     req: http::Request<Incoming>,
 ) -> http::Response<Body> {
-    let path = req.uri().path().to_string();
+    let peer = conn.peer;
+    let path = unescape_path(req.uri().path());
     let loopback = peer.ip().is_loopback()
         || matches!(peer.ip(), std::net::IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()));
     match path.as_str() {
@@ -268,9 +301,20 @@ async fn handle(
         }
         p if p.starts_with("/app-health/") || p.starts_with("/app-lifecycle/") => {
             let Some(probe) = state.inputs.probers.get(p) else {
+                tracing::warn!(path = p, "app prober config does not exist");
                 return full(400, format!("app prober config does not exists for {p}"));
             };
-            let r = state.inputs.prober.run(probe, req.headers()).await;
+            let host = req
+                .headers()
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .or_else(|| req.uri().authority().map(|a| a.as_str()));
+            let kubelet = probe::KubeletRequest {
+                headers: req.headers(),
+                host,
+                status_port: conn.local_port,
+            };
+            let r = state.inputs.prober.run_app(probe, kubelet).await;
             full(r.status, r.body)
         }
         _ => full(404, ""),

@@ -1,13 +1,35 @@
 //! Application probes (`ISTIO_KUBE_APP_PROBERS`) and the app-metrics scrape config
-//! (`ISTIO_PROMETHEUS_ANNOTATIONS`): parsing, validation and execution. Probes are sent from
-//! 127.0.0.6 (or ::6) so the iptables rules let them bypass Envoy.
+//! (`ISTIO_PROMETHEUS_ANNOTATIONS`). The injector rewrites the app's probes to
+//! `/app-health/<container>/livez|readyz|startupz` (and lifecycle hooks to
+//! `/app-lifecycle/<container>/prestopz|poststartz`) on the status port; the status server runs
+//! the original probe against the app and answers as Istio's agent does (see docs/probes.md).
+//! Probes are sent from 127.0.0.6 (or ::6) so the iptables rules let them bypass Envoy.
+//!
+//! - `config`: parsing (`gojson`: Go's case-insensitive JSON decoding).
+//! - `http` (+ `tls`): HTTP/1.1, HTTPS with HTTP/2 by ALPN, redirects.
+//! - `grpc`: `grpc.health.v1.Health/Check`.
+//!
+//! TCP probes are a connect, here.
+
+mod config;
+mod gojson;
+mod grpc;
+mod http;
+mod tls;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::{
+    RESERVED_PORTS, parse_probers, parse_prometheus_annotations, parse_readiness_probe,
+};
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty, Limited};
-use serde::Deserialize;
+use ::http::{HeaderMap, HeaderValue, header};
+use http_body_util::{BodyExt, Limited};
 
 /// Probes by status-server path (`/app-health/<c>/readyz`, ...).
 pub type AppProbers = BTreeMap<String, AppProbe>;
@@ -26,8 +48,12 @@ pub enum ProbeAction {
     Http {
         path: String,
         port: u16,
+        /// Parsed but not used by app probes (Istio probes the pod IP); the `Host` header the
+        /// kubelet sends is forwarded instead.
         host: String,
         https: bool,
+        /// Used by the VM health probe only: for app probes the kubelet sends these headers
+        /// to the status port, and the status server forwards what it received.
         headers: Vec<(String, String)>,
     },
     Tcp {
@@ -40,127 +66,6 @@ pub enum ProbeAction {
     },
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawProber {
-    http_get: Option<RawHttpGet>,
-    tcp_socket: Option<RawTcp>,
-    grpc: Option<RawGrpc>,
-    #[serde(default)]
-    timeout_seconds: i64,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawHttpGet {
-    #[serde(default)]
-    path: String,
-    port: serde_json::Value,
-    #[serde(default)]
-    host: String,
-    #[serde(default)]
-    scheme: String,
-    #[serde(default)]
-    http_headers: Vec<RawHeader>,
-}
-
-#[derive(Deserialize)]
-struct RawHeader {
-    name: String,
-    #[serde(default)]
-    value: String,
-}
-
-#[derive(Deserialize)]
-struct RawTcp {
-    port: serde_json::Value,
-    #[serde(default)]
-    host: String,
-}
-
-#[derive(Deserialize)]
-struct RawGrpc {
-    port: serde_json::Value,
-    #[serde(default)]
-    service: Option<String>,
-}
-
-fn int_port(path: &str, v: &serde_json::Value) -> Result<u16, String> {
-    v.as_u64()
-        .and_then(|p| u16::try_from(p).ok())
-        .filter(|p| *p > 0)
-        .ok_or_else(|| format!("{path}: port {v} must be an integer in 1-65535"))
-}
-
-fn valid_path(path: &str) -> bool {
-    let parts: Vec<&str> = path.split('/').collect();
-    matches!(parts.as_slice(),
-        ["", kind, container, probe]
-            if matches!(*kind, "app-health" | "app-lifecycle")
-                && !container.is_empty()
-                && matches!(*probe, "livez" | "readyz" | "startupz" | "prestopz" | "poststartz"))
-}
-
-/// Parses `ISTIO_KUBE_APP_PROBERS`. Empty means no probes. The error says what was expected.
-pub fn parse_probers(json: &str) -> Result<AppProbers, String> {
-    if json.trim().is_empty() {
-        return Ok(AppProbers::new());
-    }
-    let raw: BTreeMap<String, RawProber> =
-        serde_json::from_str(json).map_err(|e| format!("a JSON map of path to prober ({e})"))?;
-    let mut out = AppProbers::new();
-    for (path, p) in raw {
-        if !valid_path(&path) {
-            return Err(format!(
-                "paths of the form /app-health|app-lifecycle/<container>/livez|readyz|startupz|prestopz|poststartz, not {path}"
-            ));
-        }
-        let probe = to_probe(&path, p)?;
-        out.insert(path, probe);
-    }
-    Ok(out)
-}
-
-fn to_probe(path: &str, p: RawProber) -> Result<AppProbe, String> {
-    let count = p.http_get.is_some() as u8 + p.tcp_socket.is_some() as u8 + p.grpc.is_some() as u8;
-    if count != 1 {
-        return Err(format!(
-            "exactly one of httpGet, tcpSocket, grpc for {path}"
-        ));
-    }
-    let timeout = Duration::from_secs(u64::try_from(p.timeout_seconds).unwrap_or(0));
-    let action = if let Some(h) = p.http_get {
-        ProbeAction::Http {
-            path: if h.path.starts_with('/') {
-                h.path
-            } else {
-                format!("/{}", h.path)
-            },
-            port: int_port(path, &h.port)?,
-            host: h.host,
-            https: h.scheme.eq_ignore_ascii_case("https"),
-            headers: h
-                .http_headers
-                .into_iter()
-                .map(|h| (h.name, h.value))
-                .collect(),
-        }
-    } else if let Some(t) = p.tcp_socket {
-        ProbeAction::Tcp {
-            port: int_port(path, &t.port)?,
-            host: t.host,
-        }
-    } else if let Some(g) = p.grpc {
-        ProbeAction::Grpc {
-            port: int_port(path, &g.port)?,
-            service: g.service.unwrap_or_default(),
-        }
-    } else {
-        return Err(format!("a probe action for {path}"));
-    };
-    Ok(AppProbe { action, timeout })
-}
-
 /// `ProxyConfig.readinessProbe` (VMs): the probe plus its schedule.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ReadinessProbe {
@@ -171,116 +76,11 @@ pub struct ReadinessProbe {
     pub failure_threshold: u32,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawSchedule {
-    #[serde(default)]
-    initial_delay_seconds: i64,
-    #[serde(default)]
-    period_seconds: i64,
-    #[serde(default)]
-    success_threshold: i64,
-    #[serde(default)]
-    failure_threshold: i64,
-}
-
-/// Parses `readinessProbe` with Istio's defaults (timeout 1 s, period 10 s, thresholds 1).
-pub fn parse_readiness_probe(v: &serde_json::Value) -> Result<ReadinessProbe, String> {
-    let raw: RawProber = serde_json::from_value(v.clone())
-        .map_err(|e| format!("a probe with httpGet, tcpSocket or grpc ({e})"))?;
-    let sched: RawSchedule =
-        serde_json::from_value(v.clone()).map_err(|e| format!("integer probe timings ({e})"))?;
-    let mut probe = to_probe("readinessProbe", raw)?;
-    if probe.timeout.is_zero() {
-        probe.timeout = Duration::from_secs(1);
-    }
-    let secs = |n: i64, default: u64| {
-        Duration::from_secs(u64::try_from(n).ok().filter(|n| *n > 0).unwrap_or(default))
-    };
-    let count = |n: i64| u32::try_from(n).ok().filter(|n| *n > 0).unwrap_or(1);
-    Ok(ReadinessProbe {
-        probe,
-        initial_delay: Duration::from_secs(u64::try_from(sched.initial_delay_seconds).unwrap_or(0)),
-        period: secs(sched.period_seconds, 10),
-        success_threshold: count(sched.success_threshold),
-        failure_threshold: count(sched.failure_threshold),
-    })
-}
-
 /// Where app metrics are scraped from (`ISTIO_PROMETHEUS_ANNOTATIONS`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct PrometheusAnnotations {
     /// `(port, path)` per target.
     pub targets: Vec<(u16, String)>,
-}
-
-#[derive(Deserialize)]
-struct RawScrape {
-    #[serde(default)]
-    scrape: String,
-    #[serde(default)]
-    path: String,
-    #[serde(default)]
-    port: String,
-    #[serde(default)]
-    targets: Vec<RawTarget>,
-}
-
-#[derive(Deserialize)]
-struct RawTarget {
-    #[serde(default)]
-    port: String,
-    #[serde(default)]
-    path: String,
-}
-
-/// Ports the sidecar owns; an app target may not use them.
-pub const RESERVED_PORTS: [u16; 9] = [
-    15000, 15001, 15004, 15006, 15008, 15020, 15021, 15053, 15090,
-];
-
-/// Parses `ISTIO_PROMETHEUS_ANNOTATIONS`; `Ok(None)` when scraping is off.
-pub fn parse_prometheus_annotations(
-    json: &str,
-    status_port: u16,
-) -> Result<Option<PrometheusAnnotations>, String> {
-    let raw: RawScrape = serde_json::from_str(json)
-        .map_err(|e| format!("JSON {{scrape,path,port,targets}} ({e})"))?;
-    if raw.scrape == "false" {
-        return Ok(None);
-    }
-    let port_of = |p: &str| -> Result<u16, String> {
-        let port: u16 = p
-            .parse()
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| format!("target port {p:?} in 1-65535"))?;
-        if port == status_port || RESERVED_PORTS.contains(&port) {
-            return Err(format!("target port {port} not reserved by Istio"));
-        }
-        Ok(port)
-    };
-    let default_path = |p: String| {
-        if p.is_empty() {
-            "/metrics".to_string()
-        } else {
-            p
-        }
-    };
-    let targets = if raw.targets.is_empty() {
-        let port = if raw.port.is_empty() {
-            "80".to_string()
-        } else {
-            raw.port
-        };
-        vec![(port_of(&port)?, default_path(raw.path))]
-    } else {
-        raw.targets
-            .into_iter()
-            .map(|t| Ok((port_of(&t.port)?, default_path(t.path))))
-            .collect::<Result<_, String>>()?
-    };
-    Ok(Some(PrometheusAnnotations { targets }))
 }
 
 /// The outcome of one probe, as the status server answers it.
@@ -290,6 +90,34 @@ pub struct ProbeResult {
     pub body: bytes::Bytes,
 }
 
+impl ProbeResult {
+    fn ok() -> Self {
+        ProbeResult {
+            status: 200,
+            body: bytes::Bytes::new(),
+        }
+    }
+    /// A failure: 500 with no body, as Istio (the reason goes to the log).
+    fn failed() -> Self {
+        ProbeResult {
+            status: 500,
+            body: bytes::Bytes::new(),
+        }
+    }
+}
+
+/// The kubelet's request to the status port, as far as a probe needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct KubeletRequest<'a> {
+    /// Its headers; all but `Host`, `Content-Length`, `Transfer-Encoding` and `Trailer` are
+    /// forwarded to an HTTP app.
+    pub headers: &'a HeaderMap,
+    /// Its `Host` (or HTTP/2 `:authority`); `None` when it sent none.
+    pub host: Option<&'a str>,
+    /// The port it reached: a `Host` naming this port is rewritten to the app's port.
+    pub status_port: u16,
+}
+
 /// Runs probes against the application.
 #[derive(Debug, Clone)]
 pub struct Prober {
@@ -297,7 +125,36 @@ pub struct Prober {
     pub destination: IpAddr,
 }
 
+/// Istio keeps at most 10 KiB of an app's probe answer.
 const BODY_CAP: usize = 10 * 1024;
+
+/// Headers the status server does not pass on: Go's server and client handle them themselves.
+const NOT_FORWARDED: [header::HeaderName; 4] = [
+    header::HOST,
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::TRAILER,
+];
+
+/// Go's `net.SplitHostPort`: `host:port` or `[v6]:port`; `None` without a port.
+fn split_host_port(s: &str) -> Option<(&str, &str)> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        Some((host, after.strip_prefix(':')?))
+    } else {
+        let (host, port) = s.rsplit_once(':')?;
+        (!host.contains(':')).then_some((host, port))
+    }
+}
+
+/// Go's `net.JoinHostPort`: brackets around a host with a colon.
+fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
 
 impl Prober {
     fn source(&self) -> IpAddr {
@@ -321,241 +178,188 @@ impl Prober {
         socket.connect(dest).await
     }
 
-    /// Runs `probe`, forwarding the kubelet's headers for HTTP probes.
-    pub async fn run(&self, probe: &AppProbe, incoming: &http::HeaderMap) -> ProbeResult {
-        let fut = self.run_inner(probe, incoming);
-        if probe.timeout.is_zero() {
-            return fut.await;
-        }
-        match tokio::time::timeout(probe.timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => ProbeResult {
-                status: 500,
-                body: bytes::Bytes::from("probe timed out"),
-            },
-        }
+    fn deadline(timeout: Duration) -> Option<tokio::time::Instant> {
+        (!timeout.is_zero()).then(|| tokio::time::Instant::now() + timeout)
     }
 
-    async fn run_inner(&self, probe: &AppProbe, incoming: &http::HeaderMap) -> ProbeResult {
-        let fail = |msg: String| ProbeResult {
-            status: 500,
-            body: bytes::Bytes::from(msg),
+    /// Runs a rewritten app probe for the kubelet's request `kubelet` (`/app-health/...`).
+    pub async fn run_app(&self, probe: &AppProbe, kubelet: KubeletRequest<'_>) -> ProbeResult {
+        let deadline = Self::deadline(probe.timeout);
+        let outcome = match &probe.action {
+            ProbeAction::Http {
+                path, port, https, ..
+            } => {
+                let mut headers = HeaderMap::new();
+                for (k, v) in kubelet.headers {
+                    if !NOT_FORWARDED.contains(k) {
+                        headers.append(k, v.clone());
+                    }
+                }
+                let host =
+                    kubelet
+                        .host
+                        .filter(|h| !h.is_empty())
+                        .map(|h| match split_host_port(h) {
+                            Some((name, p))
+                                if p.parse::<u32>().ok() == Some(kubelet.status_port.into()) =>
+                            {
+                                join_host_port(name, *port)
+                            }
+                            _ => h.to_string(),
+                        });
+                let req = http::Request {
+                    https: *https,
+                    port: *port,
+                    path: path.clone(),
+                    headers,
+                    host,
+                    offer_h2: true,
+                };
+                self.http(req, deadline).await
+            }
+            ProbeAction::Tcp { port, .. } => self.tcp(*port, probe.timeout).await,
+            ProbeAction::Grpc { port, service } => {
+                let user_agent = match kubelet
+                    .headers
+                    .get(header::USER_AGENT)
+                    .and_then(|v| v.to_str().ok())
+                {
+                    Some(ua) => format!("{ua} {}", grpc::GRPC_GO_USER_AGENT),
+                    None => grpc::GRPC_GO_USER_AGENT.to_string(),
+                };
+                self.grpc(*port, service, &user_agent, probe.timeout).await
+            }
         };
-        match &probe.action {
-            ProbeAction::Tcp { port, .. } => match self.connect(*port).await {
-                Ok(_) => ProbeResult {
-                    status: 200,
-                    body: bytes::Bytes::new(),
-                },
-                Err(e) => fail(format!("tcp probe to port {port} failed: {e}")),
-            },
+        outcome.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, action = ?probe.action, "app probe failed");
+            ProbeResult::failed()
+        })
+    }
+
+    /// Runs `probe` on its own (the VM health probe): HTTP probes send their configured
+    /// headers (`Host` among them) and `User-Agent: istio-probe/1.0` unless configured, over
+    /// HTTP/1.1 only, as Istio's health checker.
+    pub async fn run(&self, probe: &AppProbe, extra: &HeaderMap) -> ProbeResult {
+        let deadline = Self::deadline(probe.timeout);
+        let outcome = match &probe.action {
             ProbeAction::Http {
                 path,
                 port,
-                host,
                 https,
-                headers,
+                headers: configured,
+                ..
             } => {
-                match self
-                    .http(*port, path, host, *https, headers, incoming)
-                    .await
-                {
-                    Ok((status, body)) => ProbeResult {
-                        status: if (300..400).contains(&status) {
-                            200
-                        } else {
-                            status
-                        },
-                        body,
-                    },
-                    Err(e) => fail(format!("http probe to port {port} failed: {e}")),
-                }
-            }
-            ProbeAction::Grpc { port, service } => match self.grpc(*port, service).await {
-                Ok(true) => ProbeResult {
-                    status: 200,
-                    body: bytes::Bytes::new(),
-                },
-                Ok(false) => fail(format!("grpc service {service:?} is not SERVING")),
-                Err(e) => fail(format!("grpc probe to port {port} failed: {e}")),
-            },
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn http(
-        &self,
-        port: u16,
-        path: &str,
-        host: &str,
-        https: bool,
-        headers: &[(String, String)],
-        incoming: &http::HeaderMap,
-    ) -> Result<(u16, bytes::Bytes), String> {
-        let stream = self.connect(port).await.map_err(|e| e.to_string())?;
-        let mut sender = if https {
-            // Like the kubelet, HTTPS probes do not verify the app's certificate.
-            let tls = tokio_rustls::TlsConnector::from(insecure_tls_config())
-                .connect(tls_server_name(host, self.destination), stream)
-                .await
-                .map_err(|e| format!("TLS handshake: {e}"))?;
-            handshake(hyper_util::rt::TokioIo::new(tls)).await?
-        } else {
-            handshake(hyper_util::rt::TokioIo::new(stream)).await?
-        };
-        let authority_host = if host.is_empty() {
-            match self.destination {
-                IpAddr::V6(v6) => format!("[{v6}]"),
-                IpAddr::V4(v4) => v4.to_string(),
-            }
-        } else {
-            host.to_string()
-        };
-        let mut req = http::Request::builder()
-            .method(http::Method::GET)
-            .uri(path)
-            .body(Empty::<bytes::Bytes>::new())
-            .map_err(|e| e.to_string())?;
-        for (k, v) in incoming {
-            if k != http::header::HOST && k != http::header::CONNECTION {
-                req.headers_mut().append(k.clone(), v.clone());
-            }
-        }
-        // The kubelet's Host with the status port replaced by the app port.
-        let host_header = incoming
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(|h| {
-                let name = h.rsplit_once(':').map(|(n, _)| n).unwrap_or(h);
-                format!("{name}:{port}")
-            })
-            .unwrap_or_else(|| format!("{authority_host}:{port}"));
-        if let Ok(v) = http::HeaderValue::from_str(&host_header) {
-            req.headers_mut().insert(http::header::HOST, v);
-        }
-        if !req.headers().contains_key(http::header::USER_AGENT) {
-            req.headers_mut().insert(
-                http::header::USER_AGENT,
-                http::HeaderValue::from_static("istio-probe/1.0"),
-            );
-        }
-        for (k, v) in headers {
-            if let (Ok(k), Ok(v)) = (
-                http::HeaderName::from_bytes(k.as_bytes()),
-                http::HeaderValue::from_str(v),
-            ) {
-                req.headers_mut().insert(k, v);
-            }
-        }
-        req.headers_mut().insert(
-            http::header::CONNECTION,
-            http::HeaderValue::from_static("close"),
-        );
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-        let status = resp.status().as_u16();
-        // Keep at most the first 10 KiB of the body.
-        let mut body = Vec::new();
-        let mut incoming_body = resp.into_body();
-        while body.len() < BODY_CAP {
-            match incoming_body.frame().await {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        let take = (BODY_CAP - body.len()).min(data.len());
-                        body.extend_from_slice(&data[..take]);
+                let mut headers = extra.clone();
+                let mut host = None;
+                for (k, v) in configured {
+                    let (Ok(k), Ok(v)) = (
+                        header::HeaderName::from_bytes(k.as_bytes()),
+                        HeaderValue::from_str(v),
+                    ) else {
+                        continue;
+                    };
+                    if k == header::HOST {
+                        host.get_or_insert_with(|| v.to_str().unwrap_or_default().to_string());
+                    } else {
+                        headers.append(k, v);
                     }
                 }
-                Some(Err(e)) => return Err(e.to_string()),
-                None => break,
+                if !headers.contains_key(header::USER_AGENT) {
+                    headers.insert(
+                        header::USER_AGENT,
+                        HeaderValue::from_static("istio-probe/1.0"),
+                    );
+                }
+                let req = http::Request {
+                    https: *https,
+                    port: *port,
+                    path: path.clone(),
+                    headers,
+                    host,
+                    offer_h2: false,
+                };
+                self.http(req, deadline).await
             }
+            ProbeAction::Tcp { port, .. } => self.tcp(*port, probe.timeout).await,
+            ProbeAction::Grpc { port, service } => {
+                self.grpc(*port, service, grpc::GRPC_GO_USER_AGENT, probe.timeout)
+                    .await
+            }
+        };
+        outcome.unwrap_or_else(|e| ProbeResult {
+            status: 500,
+            body: bytes::Bytes::from(e),
+        })
+    }
+
+    async fn http(
+        &self,
+        req: http::Request,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<ProbeResult, String> {
+        let port = req.port;
+        let (status, body) = http::get(self, req, deadline, BODY_CAP)
+            .await
+            .map_err(|e| format!("http probe to port {port}: {e}"))?;
+        // Redirects not followed (elsewhere, or without Location) are a success: the kubelet
+        // would not follow them either.
+        if (300..400).contains(&status) {
+            return Ok(ProbeResult::ok());
         }
-        Ok((status, bytes::Bytes::from(body)))
+        Ok(ProbeResult { status, body })
     }
 
-    async fn grpc(&self, port: u16, service: &str) -> Result<bool, String> {
-        crate::status::grpc_health::check(
-            self.connect(port).await.map_err(|e| e.to_string())?,
-            service,
-        )
-        .await
+    async fn tcp(&self, port: u16, timeout: Duration) -> Result<ProbeResult, String> {
+        let connect = self.connect(port);
+        let stream = if timeout.is_zero() {
+            connect.await
+        } else {
+            tokio::time::timeout(timeout, connect)
+                .await
+                .map_err(|_| format!("tcp probe to port {port}: timed out"))?
+        };
+        stream.map_err(|e| format!("tcp probe to port {port}: {e}"))?;
+        Ok(ProbeResult::ok())
     }
-}
 
-async fn handshake<IO>(
-    io: IO,
-) -> Result<hyper::client::conn::http1::SendRequest<Empty<bytes::Bytes>>, String>
-where
-    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let (sender, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(sender)
-}
-
-/// Accepts any server certificate (app probes, like the kubelet's, do not verify).
-#[derive(Debug)]
-struct NoVerify(std::sync::Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for NoVerify {
-    fn verify_server_cert(
+    async fn grpc(
         &self,
-        _end_entity: &rustls_pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls_pki_types::CertificateDer<'_>],
-        _server_name: &rustls_pki_types::ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls_pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
+        port: u16,
+        service: &str,
+        user_agent: &str,
+        timeout: Duration,
+    ) -> Result<ProbeResult, String> {
+        let authority = join_host_port(&self.destination.to_string(), port);
+        let run = async {
+            let stream = self.connect(port).await.map_err(|e| e.to_string())?;
+            grpc::check(
+                stream,
+                grpc::Check {
+                    authority: &authority,
+                    service,
+                    user_agent,
+                    timeout: (!timeout.is_zero()).then_some(timeout),
+                },
+            )
+            .await
+        };
+        let serving = if timeout.is_zero() {
+            run.await
+        } else {
+            tokio::time::timeout(timeout, run)
+                .await
+                .map_err(|_| "timed out".to_string())
+                .and_then(|r| r)
+        }
+        .map_err(|e| format!("grpc probe to port {port}: {e}"))?;
+        if serving {
+            Ok(ProbeResult::ok())
+        } else {
+            Err(format!(
+                "grpc probe to port {port}: service {service:?} is not SERVING"
+            ))
+        }
     }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls_pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls_pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-fn insecure_tls_config() -> std::sync::Arc<rustls::ClientConfig> {
-    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .unwrap_or_else(|_| rustls::ClientConfig::builder())
-        .dangerous()
-        .with_custom_certificate_verifier(std::sync::Arc::new(NoVerify(provider)))
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    std::sync::Arc::new(config)
-}
-
-fn tls_server_name(host: &str, destination: IpAddr) -> rustls_pki_types::ServerName<'static> {
-    rustls_pki_types::ServerName::try_from(host.to_string())
-        .unwrap_or(rustls_pki_types::ServerName::IpAddress(destination.into()))
 }
 
 /// Reads at most `cap` bytes of a body; `None` when it is larger.
@@ -573,188 +377,5 @@ where
             Ok(None)
         }
         Err(e) => Err(e.to_string()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn probers_parse_and_validate() {
-        let p = parse_probers(
-            r#"{"/app-health/httpbin/livez":{"httpGet":{"path":"hello","port":8080},"timeoutSeconds":2},
-                "/app-health/httpbin/readyz":{"tcpSocket":{"port":8081}},
-                "/app-health/g/startupz":{"grpc":{"port":9090}}}"#,
-        )
-        .unwrap();
-        assert_eq!(p.len(), 3);
-        let live = &p["/app-health/httpbin/livez"];
-        assert_eq!(live.timeout, Duration::from_secs(2));
-        assert!(
-            matches!(&live.action, ProbeAction::Http { path, port: 8080, .. } if path == "/hello")
-        );
-        for bad in [
-            r#"{"/bad/x/livez":{"tcpSocket":{"port":1}}}"#,
-            r#"{"/app-health/x/livez":{}}"#,
-            r#"{"/app-health/x/livez":{"tcpSocket":{"port":"http"}}}"#,
-            r#"{"/app-health/x/livez":{"tcpSocket":{"port":1},"grpc":{"port":1}}}"#,
-            r#"["x"]"#,
-        ] {
-            assert!(parse_probers(bad).is_err(), "{bad}");
-        }
-        assert!(parse_probers("").unwrap().is_empty());
-    }
-
-    #[test]
-    fn readiness_probe_defaults() {
-        let p =
-            parse_readiness_probe(&serde_json::json!({"httpGet": {"path": "/r", "port": 8080}}))
-                .unwrap();
-        assert_eq!(p.probe.timeout, Duration::from_secs(1));
-        assert_eq!(p.period, Duration::from_secs(10));
-        assert_eq!((p.success_threshold, p.failure_threshold), (1, 1));
-        let p = parse_readiness_probe(&serde_json::json!({
-            "tcpSocket": {"port": 22}, "periodSeconds": 3, "failureThreshold": 4, "initialDelaySeconds": 2
-        }))
-        .unwrap();
-        assert_eq!(
-            (p.period, p.failure_threshold, p.initial_delay),
-            (Duration::from_secs(3), 4, Duration::from_secs(2))
-        );
-        assert!(
-            parse_readiness_probe(&serde_json::json!({"exec": {"command": ["true"]}})).is_err()
-        );
-    }
-
-    #[test]
-    fn prometheus_annotations() {
-        let a =
-            parse_prometheus_annotations(r#"{"scrape":"true","port":"9000","path":"/m"}"#, 15020)
-                .unwrap()
-                .unwrap();
-        assert_eq!(a.targets, vec![(9000, "/m".to_string())]);
-        let a = parse_prometheus_annotations(r#"{"scrape":"true"}"#, 15020)
-            .unwrap()
-            .unwrap();
-        assert_eq!(a.targets, vec![(80, "/metrics".to_string())]);
-        assert_eq!(
-            parse_prometheus_annotations(r#"{"scrape":"false"}"#, 15020).unwrap(),
-            None
-        );
-        assert!(parse_prometheus_annotations(r#"{"port":"15090"}"#, 15020).is_err());
-        assert!(parse_prometheus_annotations(r#"{"targets":[{"port":"0"}]}"#, 15020).is_err());
-    }
-
-    #[tokio::test]
-    async fn tcp_and_http_probes_against_a_real_server() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut s, peer)) = listener.accept().await else {
-                    return;
-                };
-                tokio::spawn(async move {
-                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                    let mut buf = vec![0u8; 4096];
-                    let n = s.read(&mut buf).await.unwrap_or(0);
-                    let req = String::from_utf8_lossy(&buf[..n]).to_string();
-                    let code = if req.starts_with("GET /ok") {
-                        "200 OK"
-                    } else {
-                        "503 Unavailable"
-                    };
-                    let body = format!("peer={}", peer.ip());
-                    let resp = format!(
-                        "HTTP/1.1 {code}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = s.write_all(resp.as_bytes()).await;
-                });
-            }
-        });
-        let prober = Prober {
-            destination: "127.0.0.1".parse().unwrap(),
-        };
-        let http = |path: &str| AppProbe {
-            action: ProbeAction::Http {
-                path: path.into(),
-                port,
-                host: String::new(),
-                https: false,
-                headers: vec![],
-            },
-            timeout: Duration::from_secs(2),
-        };
-        let r = prober.run(&http("/ok"), &http::HeaderMap::new()).await;
-        assert_eq!(r.status, 200);
-        assert_eq!(&r.body[..], b"peer=127.0.0.6");
-        let r = prober.run(&http("/fail"), &http::HeaderMap::new()).await;
-        assert_eq!(r.status, 503);
-        let tcp = AppProbe {
-            action: ProbeAction::Tcp {
-                port,
-                host: String::new(),
-            },
-            timeout: Duration::from_secs(1),
-        };
-        assert_eq!(prober.run(&tcp, &http::HeaderMap::new()).await.status, 200);
-        // A closed port fails.
-        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let closed_port = closed.local_addr().unwrap().port();
-        drop(closed);
-        let tcp = AppProbe {
-            action: ProbeAction::Tcp {
-                port: closed_port,
-                host: String::new(),
-            },
-            timeout: Duration::from_secs(1),
-        };
-        assert_eq!(prober.run(&tcp, &http::HeaderMap::new()).await.status, 500);
-    }
-
-    #[tokio::test]
-    async fn https_probe_does_not_verify_the_app_certificate() {
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-        let cert = rcgen::generate_simple_self_signed(vec!["app.local".to_string()]).unwrap();
-        let server_config = rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![cert.cert.der().clone()],
-                rustls_pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into()),
-            )
-            .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server_config));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let (s, _) = listener.accept().await.unwrap();
-            let mut tls = acceptor.accept(s).await.unwrap();
-            let mut buf = vec![0u8; 4096];
-            let _ = tls.read(&mut buf).await;
-            let _ = tls
-                .write_all(
-                    b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\nconnection: close\r\n\r\nsecure",
-                )
-                .await;
-            let _ = tls.shutdown().await;
-        });
-        let prober = Prober {
-            destination: "127.0.0.1".parse().unwrap(),
-        };
-        let probe = AppProbe {
-            action: ProbeAction::Http {
-                path: "/".into(),
-                port,
-                host: String::new(),
-                https: true,
-                headers: vec![],
-            },
-            timeout: Duration::from_secs(5),
-        };
-        let r = prober.run(&probe, &http::HeaderMap::new()).await;
-        assert_eq!((r.status, &r.body[..]), (200, &b"secure"[..]));
     }
 }

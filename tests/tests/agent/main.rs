@@ -1,7 +1,7 @@
 //! End-to-end tests of pilot-agent and its pieces: the injected sidecar's lifecycle with real
 //! Envoy against istiod-lite, lifecycle and identity faults, our SDS server against real Envoy,
-//! the image's root filesystem, proxyless gRPC through the agent, and the agent's own xDS
-//! upstream reconnects.
+//! the image's root filesystem, proxyless gRPC through the agent, the agent's own xDS
+//! upstream reconnects, and rewritten app probes as the kubelet sends them.
 //!
 //! One test binary for all of them; each module is one former binary, so a test's name is
 //! `<module>::<test>` (`cargo nextest run -p tests --test agent agent_faults::`).
@@ -11,6 +11,7 @@ mod agent_faults;
 mod grpc_proxyless;
 mod identity_faults;
 mod image;
+mod probes;
 mod sds;
 mod spire;
 mod templates;

@@ -1,5 +1,8 @@
-//! A minimal `grpc.health.v1.Health/Check` client over an already-connected TCP stream (the probe
-//! source address is bound by the caller).
+//! gRPC probes: one `grpc.health.v1.Health/Check` over HTTP/2 without TLS (as the kubelet and
+//! Istio's agent: credentials are not supported), on an already-connected TCP stream (the
+//! caller binds the probe's source address). Only `SERVING` passes; `NOT_SERVING`, `UNKNOWN`,
+//! an unknown service (`NOT_FOUND`), or a server without the health service (`UNIMPLEMENTED`)
+//! fail.
 
 use http_body_util::{BodyExt, Full};
 
@@ -19,8 +22,22 @@ struct HealthCheckResponse {
 
 const SERVING: i32 = 1;
 
-/// Returns whether `service` is SERVING.
-pub async fn check(stream: tokio::net::TcpStream, service: &str) -> Result<bool, String> {
+/// What grpc-go (the client of Istio's agent, v1.82.1 when this was written) appends to the
+/// caller's `User-Agent`, or sends alone.
+pub(super) const GRPC_GO_USER_AGENT: &str = "grpc-go/1.82.1";
+
+/// One health check.
+pub(super) struct Check<'a> {
+    /// `:authority`: the app's `host:port`, as grpc-go sends the dialed target.
+    pub authority: &'a str,
+    pub service: &'a str,
+    pub user_agent: &'a str,
+    /// Sent as `grpc-timeout` when set.
+    pub timeout: Option<std::time::Duration>,
+}
+
+/// Returns whether the service is SERVING; `Err` for transport and gRPC errors.
+pub(super) async fn check(stream: tokio::net::TcpStream, c: Check<'_>) -> Result<bool, String> {
     let io = hyper_util::rt::TokioIo::new(stream);
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
@@ -30,18 +47,29 @@ pub async fn check(stream: tokio::net::TcpStream, service: &str) -> Result<bool,
         let _ = conn.await;
     });
     let msg = prost::Message::encode_to_vec(&HealthCheckRequest {
-        service: service.to_string(),
+        service: c.service.to_string(),
     });
     let mut frame = Vec::with_capacity(5 + msg.len());
     frame.push(0);
     frame.extend_from_slice(&u32::try_from(msg.len()).unwrap_or(0).to_be_bytes());
     frame.extend_from_slice(&msg);
-    let req = http::Request::builder()
+    let mut req = http::Request::builder()
         .method(http::Method::POST)
-        .uri("http://localhost/grpc.health.v1.Health/Check")
+        .uri(format!(
+            "http://{}/grpc.health.v1.Health/Check",
+            c.authority
+        ))
         .header(http::header::CONTENT_TYPE, "application/grpc")
         .header(http::header::TE, "trailers")
-        .header(http::header::USER_AGENT, "istio-probe/1.0")
+        .header(http::header::USER_AGENT, c.user_agent);
+    if let Some(t) = c.timeout {
+        // grpc-timeout: at most 8 digits and a unit.
+        req = req.header(
+            "grpc-timeout",
+            format!("{}m", t.as_millis().min(99_999_999)),
+        );
+    }
+    let req = req
         .body(Full::new(bytes::Bytes::from(frame)))
         .map_err(|e| e.to_string())?;
     let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
@@ -65,7 +93,16 @@ pub async fn check(stream: tokio::net::TcpStream, service: &str) -> Result<bool,
         .map(str::to_string)
         .or(grpc_status_header);
     if grpc_status.as_deref() != Some("0") {
-        return Err(format!("grpc-status {}", grpc_status.unwrap_or_default()));
+        let message = collected
+            .trailers()
+            .and_then(|t| t.get("grpc-message"))
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        return Err(format!(
+            "grpc-status {} {message}",
+            grpc_status.unwrap_or_default()
+        ));
     }
     let body = collected.to_bytes();
     if body.len() < 5 {

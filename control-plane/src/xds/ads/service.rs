@@ -34,8 +34,8 @@ use super::{AdsServer, Req, ReqStream};
 pub(crate) enum Wire {
     /// One response.
     Message(Frame),
-    /// The stream ends with this status.
-    End(Status),
+    /// The stream ends with this status (boxed: the channel's slots stay small).
+    End(Box<Status>),
 }
 
 /// Responses a stream's task may queue before it waits for the connection (per stream).
@@ -177,7 +177,7 @@ impl Body for ResponseBody {
                 }
                 return Poll::Ready(Some(Ok(BodyFrame::data(frame.head))));
             }
-            Some(Wire::End(status)) => status,
+            Some(Wire::End(status)) => *status,
             None => Status::ok(""),
         };
         this.done = true;
@@ -212,7 +212,7 @@ mod tests {
         };
         tx.send(Wire::Message(frame(b"h1", b"b1"))).await.unwrap();
         tx.send(Wire::Message(frame(b"h2", b""))).await.unwrap();
-        tx.send(Wire::End(Status::invalid_argument("bad node")))
+        tx.send(Wire::End(Box::new(Status::invalid_argument("bad node"))))
             .await
             .unwrap();
         let mut data = Vec::new();
@@ -227,7 +227,10 @@ mod tests {
         assert_eq!(data, ["h1", "b1", "h2"], "an empty body part is not sent");
         let trailer = trailer.expect("trailers");
         assert_eq!(trailer["grpc-status"], "3");
-        assert_eq!(trailer["grpc-message"], "bad%20node", "percent-encoded, as gRPC says");
+        assert_eq!(
+            trailer["grpc-message"], "bad%20node",
+            "percent-encoded, as gRPC says"
+        );
         assert!(body.is_end_stream());
     }
 

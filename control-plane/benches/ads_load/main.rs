@@ -111,7 +111,7 @@ fn raise_nofile() -> u64 {
         }
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
     }
-    lim.rlim_cur as u64
+    lim.rlim_cur
 }
 
 fn write_atomic(dir: &Path, text: &str) {

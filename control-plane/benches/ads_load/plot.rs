@@ -106,7 +106,7 @@ pub fn draw(path: &Path, title: &str, panels: &[Panel]) -> Result<(), String> {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(SeriesLabelPosition::LowerRight)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .label_font(("sans-serif", 13))

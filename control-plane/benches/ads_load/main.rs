@@ -328,6 +328,7 @@ fn plot(outcomes: &[Outcome], path: &Path) -> Result<(), String> {
             })
             .collect(),
         goal: Some(("goal 2 s".into(), 2000.0)),
+        legend: plotters::chart::SeriesLabelPosition::UpperLeft,
     };
     let memory = plot::Panel {
         title: "istiod-lite RSS per connected proxy".into(),
@@ -337,6 +338,7 @@ fn plot(outcomes: &[Outcome], path: &Path) -> Result<(), String> {
             .map(|m| series(*m, "", false, &|o| o.per_proxy_kib()))
             .collect(),
         goal: Some(("goal 40 KiB".into(), 40.0)),
+        legend: plotters::chart::SeriesLabelPosition::LowerRight,
     };
     let connect = plot::Panel {
         title: "connect + initial sync (CDS, EDS, LDS, RDS)".into(),
@@ -346,6 +348,7 @@ fn plot(outcomes: &[Outcome], path: &Path) -> Result<(), String> {
             .map(|m| series(*m, "", false, &|o| ms(o.connect)))
             .collect(),
         goal: None,
+        legend: plotters::chart::SeriesLabelPosition::LowerRight,
     };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;

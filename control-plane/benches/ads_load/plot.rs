@@ -20,6 +20,8 @@ pub struct Panel {
     pub y_desc: String,
     pub series: Vec<Series>,
     pub goal: Option<(String, f64)>,
+    /// Where the legend goes (a corner the lines leave empty).
+    pub legend: SeriesLabelPosition,
 }
 
 const FONTS: [&str; 4] = [
@@ -106,7 +108,7 @@ pub fn draw(path: &Path, title: &str, panels: &[Panel]) -> Result<(), String> {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
+            .position(panel.legend.clone())
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .label_font(("sans-serif", 13))

@@ -275,6 +275,14 @@ pub async fn serve_sources(
     }
     let serving = tls::ServingTls::new(&ca.current(), names)?;
 
+    match listen::raise_open_file_limit() {
+        Ok((soft, _)) if soft < 4096 => tracing::warn!(
+            limit = soft,
+            "the open-file limit (RLIMIT_NOFILE, hard) caps the proxies that can connect; raise it"
+        ),
+        Ok((soft, _)) => tracing::info!(limit = soft, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     let grpc = bind("grpc", inputs.grpc_addr)?;
     let secure = bind("secure-grpc", inputs.secure_grpc_addr)?;
     let monitoring = bind("monitoring", inputs.monitoring_addr)?;

@@ -23,8 +23,8 @@
 //! `ADS_LOAD_PLOT` (PNG path).
 //!
 //! File descriptors: each proxy holds one socket here and one in istiod-lite (10,000 proxies:
-//! ~20,000 in all), so the bench raises its soft `RLIMIT_NOFILE` to the hard limit before it
-//! starts istiod-lite, which inherits it; a hard limit below the largest fleet (plus slack) is
+//! ~20,000 in all), so the bench raises its soft `RLIMIT_NOFILE` to the hard limit (istiod-lite
+//! does the same for itself at start); a hard limit below the largest fleet (plus slack) is
 //! reported before the run.
 
 use std::path::{Path, PathBuf};

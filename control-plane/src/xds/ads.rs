@@ -7,6 +7,11 @@
 //! task regenerates the proxy's resources (shared across proxies with equal views) and pushes, in
 //! the order CDS, EDS, LDS, RDS, NDS, only the types whose content changed for this proxy; at
 //! most `PILOT_PUSH_THROTTLE` connections generate and send at once.
+//!
+//! Responses are not built as messages per proxy: the cache keeps each generation's resource
+//! entries encoded once (`xds::encoded`), a push writes a small head (version, type, nonce,
+//! removals) and hands the shared bytes to the stream's response body (`ads/service.rs`, the
+//! hand-written gRPC service).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;

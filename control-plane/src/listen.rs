@@ -47,6 +47,28 @@ pub fn effective_backlog() -> Option<u32> {
     Some(somaxconn.min(LISTEN_BACKLOG))
 }
 
+/// Raises the soft open-file limit to the hard limit, as Go's runtime does for istiod: every
+/// connected proxy holds a socket, and the usual soft limit (1024) would stop a fleet of a few
+/// thousand at the accept loop. Returns the (soft, hard) limits now in force.
+pub fn raise_open_file_limit() -> io::Result<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed to them.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok((lim.rlim_cur, lim.rlim_max))
+}
+
 /// True for errors that concern one connection only (the peer gave up before we accepted it):
 /// accept again at once.
 fn is_connection_error(e: &io::Error) -> bool {
@@ -152,6 +174,19 @@ mod tests {
         assert!(is_connection_error(&io::Error::from_raw_os_error(EPROTO)));
         // EMFILE: the server is out of file descriptors.
         assert!(!is_connection_error(&io::Error::from_raw_os_error(24)));
+    }
+
+    #[test]
+    fn the_open_file_limit_is_raised_to_the_hard_limit() {
+        let (soft, hard) = raise_open_file_limit().expect("rlimit");
+        assert_eq!(soft, hard);
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit only writes the struct passed to it.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert_eq!((lim.rlim_cur, lim.rlim_max), (soft, hard), "in force");
     }
 
     #[test]

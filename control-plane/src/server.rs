@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use proto::istio::ca::istio_certificate_service_server::IstioCertificateServiceServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -26,6 +25,9 @@ use crate::model::{MeshSettings, Snapshot};
 use crate::xds::{AdsInputs, AdsServer, FixedResources, SyncTable, XdsMetrics};
 
 pub mod tls;
+
+/// Largest ADS request accepted (a Delta request's initial versions can be large).
+const MAX_REQUEST_SIZE: usize = 64 << 20;
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
@@ -273,6 +275,14 @@ pub async fn serve_sources(
     }
     let serving = tls::ServingTls::new(&ca.current(), names)?;
 
+    match listen::raise_open_file_limit() {
+        Ok((soft, _)) if soft < 4096 => tracing::warn!(
+            limit = soft,
+            "the open-file limit (RLIMIT_NOFILE, hard) caps the proxies that can connect; raise it"
+        ),
+        Ok((soft, _)) => tracing::info!(limit = soft, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     let grpc = bind("grpc", inputs.grpc_addr)?;
     let secure = bind("secure-grpc", inputs.secure_grpc_addr)?;
     let monitoring = bind("monitoring", inputs.monitoring_addr)?;
@@ -320,10 +330,7 @@ pub async fn serve_sources(
         // Plaintext: xDS only (no CA: `IstioCertificateService` answers UNIMPLEMENTED here).
         let router = Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(
-                AggregatedDiscoveryServiceServer::new(ads.clone())
-                    .max_decoding_message_size(64 << 20),
-            );
+            .add_service(ads.service(MAX_REQUEST_SIZE));
         let c = cancel.clone();
         tasks.spawn(async move {
             if let Err(e) = router
@@ -341,9 +348,7 @@ pub async fn serve_sources(
         let router = Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(IstioCertificateServiceServer::new(ca_svc))
-            .add_service(
-                AggregatedDiscoveryServiceServer::new(ads).max_decoding_message_size(64 << 20),
-            );
+            .add_service(ads.service(MAX_REQUEST_SIZE));
         let c = cancel.clone();
         tasks.spawn(async move {
             if let Err(e) = router

@@ -10,6 +10,7 @@
 mod ads;
 mod cache;
 mod clusters;
+mod encoded;
 mod endpoints;
 mod grpc;
 mod listeners;

@@ -6,13 +6,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::encoded::Encoded;
 use super::{FixedResources, Resources, XdsType, generate};
 use crate::model::{ProxyView, Snapshot};
 
 /// A snapshot and what was generated from it so far.
 pub struct CachedSnapshot {
     snapshot: Arc<Snapshot>,
-    generated: Mutex<HashMap<(ProxyView, XdsType), Arc<Resources>>>,
+    generated: Mutex<HashMap<(ProxyView, XdsType), Arc<Encoded>>>,
     /// Resources served as they are instead of generated (`istiod-lite replay`).
     fixed: Option<Arc<dyn FixedResources>>,
 }
@@ -53,6 +54,16 @@ impl CachedSnapshot {
         if let Some(fixed) = &self.fixed {
             return fixed.resources(view, ty);
         }
+        self.encoded(view, ty).resources.clone()
+    }
+
+    /// [`Self::resources`] with their response entries, encoded once per (view, type) and
+    /// shared by every stream that sends them. Fixed resources are encoded on each call
+    /// (`replay` serves a handful of proxies).
+    pub(crate) fn encoded(&self, view: &ProxyView, ty: XdsType) -> Arc<Encoded> {
+        if let Some(fixed) = &self.fixed {
+            return Arc::new(Encoded::new(fixed.resources(view, ty)));
+        }
         // Proxies that differ only in what the snapshot cannot tell apart share one generation.
         let key = (self.snapshot.distinguishing_view(view), ty);
         if let Ok(cache) = self.generated.lock()
@@ -60,11 +71,12 @@ impl CachedSnapshot {
         {
             return r.clone();
         }
-        let generated = Arc::new(generate(&self.snapshot, view, ty));
-        if let Ok(mut cache) = self.generated.lock() {
-            cache.entry(key).or_insert_with(|| generated.clone());
+        let generated = Arc::new(Encoded::new(Arc::new(generate(&self.snapshot, view, ty))));
+        // Another stream may have generated the same meanwhile: keep (and share) the first.
+        match self.generated.lock() {
+            Ok(mut cache) => cache.entry(key).or_insert(generated).clone(),
+            Err(_) => generated,
         }
-        generated
     }
 }
 

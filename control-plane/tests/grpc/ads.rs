@@ -11,7 +11,6 @@ use prometheus_client::registry::Registry;
 use proto::envoy::config::core::v3::Node;
 use proto::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use proto::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use proto::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
@@ -76,7 +75,7 @@ async fn harness(initial: Arc<Snapshot>) -> Harness {
     let c = cancel.clone();
     tokio::spawn(async move {
         let _ = tonic::transport::Server::builder()
-            .add_service(AggregatedDiscoveryServiceServer::new(ads))
+            .add_service(ads.service(64 << 20))
             .serve_with_incoming_shutdown(
                 tonic::transport::server::TcpIncoming::from(listener),
                 c.cancelled(),

@@ -7,6 +7,7 @@
 //!   runs on;
 //! - `traffic.sidecar.istio.io/excludeInterfaces`: that interface's addresses leave
 //!   `INSTANCE_IPS` (pod in a box, a second interface in the pod);
+//! - a dual-stack pod: the status port answers on both families;
 //! - the agent as root serving DNS on `:53` (pod in a box): Envoy runs as 1337, gets its
 //!   certificate over the SDS socket handed to it, and the agent answers on port 53.
 
@@ -503,4 +504,56 @@ fn descendants(pid: u32) -> Vec<u32> {
         }
     }
     out
+}
+
+/// The interface in `ns` that holds `ip`.
+fn dev_with(ns: &harness::Netns, ip: &str) -> String {
+    let out = sh(ns.cmd("ip").args(["-o", "addr", "show"]));
+    out.lines()
+        .find(|l| l.contains(&format!(" {ip}/")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .map(|d| d.split('@').next().unwrap_or(d).to_string())
+        .unwrap_or_else(|| panic!("no interface with {ip}: {out}"))
+}
+
+/// A dual-stack pod (IPv4 and IPv6 on its interface): the kubelet probes the status port on
+/// either family, and both answer `/healthz/ready` with 200 once the sidecar is ready.
+#[test]
+fn dual_stack_pod_answers_status_on_both_families() {
+    if !mesh_prerequisites() {
+        return;
+    }
+    let mut mesh = Mesh::new(&pod_in_a_box_config("198.18.1.2"));
+    mesh.start_istiod();
+    let mut pod = mesh.pod("dual", "sleep");
+    let (pod_v6, node_v6) = ("fd00::18:1:2", "fd00::18:1:1");
+    let pod_dev = dev_with(&pod.ns, &pod.ip);
+    let node_dev = dev_with(&mesh.node, &pod.node_ip);
+    sh(pod.ns.cmd("ip").args([
+        "addr",
+        "add",
+        &format!("{pod_v6}/112"),
+        "dev",
+        &pod_dev,
+        "nodad",
+    ]));
+    sh(mesh.node.cmd("ip").args([
+        "addr",
+        "add",
+        &format!("{node_v6}/112"),
+        "dev",
+        &node_dev,
+        "nodad",
+    ]));
+    mesh.inject(&mut pod);
+    mesh.wait_ready(&pod, Duration::from_secs(30));
+    for addr in [format!("{}:15020", pod.ip), format!("[{pod_v6}]:15020")] {
+        let a: SocketAddr = addr.parse().expect("addr");
+        assert_eventually(Duration::from_secs(10), || {
+            match mesh.node.run(move || http_get(a, "/healthz/ready")) {
+                Ok((200, _)) => Ok(()),
+                other => Err(format!("{a}: {other:?}")),
+            }
+        });
+    }
 }

@@ -23,6 +23,7 @@
 
 mod authority;
 mod codec;
+mod connect;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 mod hpack;
@@ -45,6 +46,7 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 pub use codec::RawResponse;
+pub use connect::upstream;
 
 #[cfg(feature = "fuzzing")]
 pub(crate) mod fuzzing {

@@ -11,5 +11,6 @@ mod agent_faults;
 mod grpc_proxyless;
 mod identity_faults;
 mod image;
+mod istiod_failover;
 mod sds;
 mod xds_reconnect;

@@ -65,58 +65,67 @@ fn start(extra_env: &[(&str, &str)]) -> Option<Sidecar> {
     Some(sidecar)
 }
 
+/// The view of the istiod-lite monitored at `monitoring`: one connection of the agent's, with
+/// CDS and LDS acked and nothing stale; returns its connection id.
+pub(crate) fn synced(monitoring: SocketAddr) -> Result<String, String> {
+    let (code, body) = http_get(monitoring, "/debug/syncz")?;
+    if code != 200 {
+        return Err(format!("/debug/syncz {code}"));
+    }
+    let rows: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+    let ours: Vec<&serde_json::Value> = rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| {
+            r["proxy"]
+                .as_str()
+                .is_some_and(|p| p.contains("local.demo"))
+        })
+        .collect();
+    let [row] = ours[..] else {
+        return Err(format!("want one connection of the agent's: {body}"));
+    };
+    let types = row["types"].as_object().ok_or("no types")?;
+    for (ty, t) in types {
+        match t["status"].as_str() {
+            Some("SYNCED") | Some("NOT SENT") if !["CDS", "LDS"].contains(&ty.as_str()) => {}
+            Some("SYNCED") => {}
+            other => return Err(format!("{ty} is {other:?}: {t}")),
+        }
+    }
+    Ok(row["connectionId"].as_str().unwrap_or_default().to_string())
+}
+
+/// Envoy's `cluster.xds-grpc.upstream_rq_total` (admin at `admin`): ADS streams Envoy opened
+/// to the agent.
+pub(crate) fn ads_streams(admin: SocketAddr) -> u64 {
+    let (code, body) = http_get(admin, "/stats").expect("/stats");
+    assert_eq!(code, 200, "{body}");
+    body.lines()
+        // Istio's stats tags print the cluster as `cluster.xds-grpc;.<stat>`.
+        .find_map(|l| {
+            l.strip_prefix("cluster.xds-grpc")?
+                .trim_start_matches(';')
+                .strip_prefix(".upstream_rq_total: ")
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| {
+            let xds: Vec<&str> = body.lines().filter(|l| l.contains("xds")).collect();
+            panic!(
+                "no upstream_rq_total in {} lines: {xds:?}",
+                body.lines().count()
+            )
+        })
+}
+
 impl Sidecar {
-    /// istiod-lite's view: one connection of the agent's, with CDS and LDS acked and nothing
-    /// stale; returns its connection id.
     fn synced(&self) -> Result<String, String> {
-        let (code, body) = http_get(self.istiod.monitoring, "/debug/syncz")?;
-        if code != 200 {
-            return Err(format!("/debug/syncz {code}"));
-        }
-        let rows: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-        let ours: Vec<&serde_json::Value> = rows
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| {
-                r["proxy"]
-                    .as_str()
-                    .is_some_and(|p| p.contains("local.demo"))
-            })
-            .collect();
-        let [row] = ours[..] else {
-            return Err(format!("want one connection of the agent's: {body}"));
-        };
-        let types = row["types"].as_object().ok_or("no types")?;
-        for (ty, t) in types {
-            match t["status"].as_str() {
-                Some("SYNCED") | Some("NOT SENT") if !["CDS", "LDS"].contains(&ty.as_str()) => {}
-                Some("SYNCED") => {}
-                other => return Err(format!("{ty} is {other:?}: {t}")),
-            }
-        }
-        Ok(row["connectionId"].as_str().unwrap_or_default().to_string())
+        synced(self.istiod.monitoring)
     }
 
-    /// Envoy's `cluster.xds-grpc.upstream_rq_total`: ADS streams Envoy opened to the agent.
     fn ads_streams(&self) -> u64 {
-        let (code, body) = http_get(self.admin, "/stats").expect("/stats");
-        assert_eq!(code, 200, "{body}");
-        body.lines()
-            // Istio's stats tags print the cluster as `cluster.xds-grpc;.<stat>`.
-            .find_map(|l| {
-                l.strip_prefix("cluster.xds-grpc")?
-                    .trim_start_matches(';')
-                    .strip_prefix(".upstream_rq_total: ")
-            })
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| {
-                let xds: Vec<&str> = body.lines().filter(|l| l.contains("xds")).collect();
-                panic!(
-                    "no upstream_rq_total in {} lines: {xds:?}",
-                    body.lines().count()
-                )
-            })
+        ads_streams(self.admin)
     }
 
     fn envoy_has_cluster(&self, name: &str) -> Result<(), String> {

@@ -9,6 +9,7 @@
 
 mod control_plane;
 mod local_envoy;
+mod outage;
 mod pod;
 mod replay;
 mod root_ca_rotation;

@@ -31,7 +31,6 @@ mod relay;
 mod subscriptions;
 
 use std::convert::Infallible;
-use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -217,7 +216,7 @@ impl XdsProxy {
 }
 
 /// Envoy's ADS service, hand-written rather than generated so that responses are written with
-/// [`codec::DownstreamCodec`] (bytes as received from istiod) instead of being re-encoded.
+/// [`codec::ResponseBody`] (bytes as received from istiod) instead of being re-encoded.
 #[derive(Clone)]
 pub struct AdsService {
     proxy: XdsProxy,
@@ -227,39 +226,31 @@ impl tonic::server::NamedService for AdsService {
     const NAME: &'static str = SERVICE;
 }
 
-/// One ADS method (SotW or Delta) as a tonic streaming service.
-struct Method<F> {
-    proxy: XdsProxy,
-    flavor: PhantomData<fn() -> F>,
-}
-
-impl<F: relay::Flavor> tonic::server::StreamingService<F::Req> for Method<F> {
-    type Response = RawResponse;
-    type ResponseStream =
-        tokio_stream::wrappers::ReceiverStream<Result<RawResponse, tonic::Status>>;
-    type Future = std::future::Ready<Result<tonic::Response<Self::ResponseStream>, tonic::Status>>;
-
-    fn call(&mut self, request: tonic::Request<tonic::Streaming<F::Req>>) -> Self::Future {
-        std::future::ready(Ok(tonic::Response::new(relay::start::<F>(
-            self.proxy.inputs.clone(),
-            request.into_inner(),
-            self.proxy.register(),
-        ))))
-    }
-}
-
-async fn serve_method<F: relay::Flavor>(
+/// One ADS stream: Envoy's requests decoded by tonic, the relay's responses written by
+/// [`codec::ResponseBody`] as the bytes istiod sent.
+fn serve_method<F: relay::Flavor>(
     proxy: XdsProxy,
     request: http::Request<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
-    let mut grpc = tonic::server::Grpc::new(codec::DownstreamCodec::<F::Req>::default())
-        .max_decoding_message_size(MAX_REQUEST)
-        .max_encoding_message_size(usize::MAX);
-    let method = Method::<F> {
-        proxy,
-        flavor: PhantomData,
-    };
-    grpc.streaming(method, request).await
+    if request.headers().get("grpc-encoding").is_some_and(|e| e != "identity") {
+        return tonic::Status::unimplemented("compressed xDS requests are not supported")
+            .into_http();
+    }
+    let requests = tonic::Streaming::new_request(
+        codec::request_decoder::<F::Req>(),
+        request.into_body(),
+        None,
+        Some(MAX_REQUEST),
+    );
+    let responses = relay::start::<F>(proxy.inputs.clone(), requests, proxy.register());
+    let mut response = http::Response::new(tonic::body::Body::new(codec::ResponseBody::new(
+        responses,
+    )));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    response
 }
 
 impl tonic::codegen::Service<http::Request<tonic::body::Body>> for AdsService {
@@ -275,10 +266,10 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for AdsService {
         let proxy = self.proxy.clone();
         match request.uri().path() {
             SOTW_PATH => {
-                Box::pin(async move { Ok(serve_method::<relay::Sotw>(proxy, request).await) })
+                Box::pin(async move { Ok(serve_method::<relay::Sotw>(proxy, request)) })
             }
             DELTA_PATH => {
-                Box::pin(async move { Ok(serve_method::<relay::Delta>(proxy, request).await) })
+                Box::pin(async move { Ok(serve_method::<relay::Delta>(proxy, request)) })
             }
             _ => Box::pin(async move {
                 Ok(tonic::Status::unimplemented("unknown ADS method").into_http())

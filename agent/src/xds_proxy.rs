@@ -232,7 +232,11 @@ fn serve_method<F: relay::Flavor>(
     proxy: XdsProxy,
     request: http::Request<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
-    if request.headers().get("grpc-encoding").is_some_and(|e| e != "identity") {
+    if request
+        .headers()
+        .get("grpc-encoding")
+        .is_some_and(|e| e != "identity")
+    {
         return tonic::Status::unimplemented("compressed xDS requests are not supported")
             .into_http();
     }
@@ -243,9 +247,8 @@ fn serve_method<F: relay::Flavor>(
         Some(MAX_REQUEST),
     );
     let responses = relay::start::<F>(proxy.inputs.clone(), requests, proxy.register());
-    let mut response = http::Response::new(tonic::body::Body::new(codec::ResponseBody::new(
-        responses,
-    )));
+    let mut response =
+        http::Response::new(tonic::body::Body::new(codec::ResponseBody::new(responses)));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/grpc"),
@@ -265,12 +268,8 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for AdsService {
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let proxy = self.proxy.clone();
         match request.uri().path() {
-            SOTW_PATH => {
-                Box::pin(async move { Ok(serve_method::<relay::Sotw>(proxy, request)) })
-            }
-            DELTA_PATH => {
-                Box::pin(async move { Ok(serve_method::<relay::Delta>(proxy, request)) })
-            }
+            SOTW_PATH => Box::pin(async move { Ok(serve_method::<relay::Sotw>(proxy, request)) }),
+            DELTA_PATH => Box::pin(async move { Ok(serve_method::<relay::Delta>(proxy, request)) }),
             _ => Box::pin(async move {
                 Ok(tonic::Status::unimplemented("unknown ADS method").into_http())
             }),

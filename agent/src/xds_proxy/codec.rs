@@ -170,8 +170,9 @@ impl<S> ResponseBody<S> {
 
 /// A gRPC message header: not compressed, then the length (big endian).
 fn message_header(len: usize) -> Result<Bytes, Status> {
-    let len = u32::try_from(len)
-        .map_err(|_| Status::resource_exhausted(format!("a {len}-byte response is over gRPC's 4 GiB")))?;
+    let len = u32::try_from(len).map_err(|_| {
+        Status::resource_exhausted(format!("a {len}-byte response is over gRPC's 4 GiB"))
+    })?;
     let mut header = bytes::BytesMut::with_capacity(5);
     header.put_u8(0);
     header.put_u32(len);
@@ -204,9 +205,10 @@ where
         if self.done {
             return Poll::Ready(None);
         }
-        let status = match std::task::ready!(
-            futures::Stream::poll_next(std::pin::Pin::new(&mut self.responses), cx)
-        ) {
+        let status = match std::task::ready!(futures::Stream::poll_next(
+            std::pin::Pin::new(&mut self.responses),
+            cx
+        )) {
             Some(Ok(resp)) => match message_header(resp.bytes.len()) {
                 Ok(header) => {
                     self.pending = Some(resp.bytes);

@@ -29,6 +29,9 @@
 //! ChannelInputs::new(addr, root, server_name)  // TLS, no client cert, Istio keepalive 30s/10s
 //! RootSource::{System, Pem(Vec<u8>), File(PathBuf)}
 //! grpc_channel(&ChannelInputs) -> Result<tonic::transport::Channel, Error>   // lazy, non-blocking
+//! tls::failover::Failover::new(address, plaintext)?   // Istio's one address, or a comma list:
+//!   .targets().await, .succeeded(addr), .failed(addr)   // every IP of every entry, in order
+//! tls::connect_failover(&ChannelInputs, &Failover, per_target).await -> (Channel, SocketAddr)
 //! read_token(&Path) -> Option<String>
 //! token::jwt_expiry(&str) -> Option<SystemTime>   // `exp` of a JWT, signature not checked
 //! csr::generate(identity, KeyAlgorithm, pkcs8) -> Result<KeyAndCsr, Error>

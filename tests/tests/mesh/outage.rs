@@ -110,17 +110,17 @@ fn long_istiod_outage_with_rotation_due_keeps_traffic_and_rotates_on_return() {
     let back_at = Instant::now();
     mesh.start_istiod();
     let ready = Instant::now();
+    let version = istiod_version(&mesh).expect("version after the return");
+    assert_eventually(Duration::from_secs(30), || {
+        synced_at(&mesh, &[&client, &server], &version)
+    });
+    let synced = ready.elapsed();
     let rotated = assert_eventually(cap * 2 + Duration::from_secs(10), || {
         match serials([&client, &server]) {
             [Some(c), Some(s)] if c != first[0] && s != first[1] => Ok(ready.elapsed()),
             other => Err(format!("serials {other:?}, before the outage {first:?}")),
         }
     });
-    let version = istiod_version(&mesh).expect("version after the return");
-    assert_eventually(Duration::from_secs(30), || {
-        synced_at(&mesh, &[&client, &server], &version)
-    });
-    let synced = ready.elapsed();
     // Traffic a little longer on the new certificates.
     std::thread::sleep(Duration::from_secs(2));
     let ((http_ok, mut failed), (tcp_ok, tcp_failed)) = (http.stop(), tcp.stop());

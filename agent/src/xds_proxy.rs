@@ -77,6 +77,12 @@ pub enum Error {
 pub type Connect =
     Arc<dyn Fn() -> BoxFuture<'static, Result<tonic::transport::Channel, String>> + Send + Sync>;
 
+/// Called when an upstream connection is lost: what became of the istiod it went to
+/// (`dead`: its address refuses connections; `stalled`: it still accepts TCP, so the process is
+/// there but stopped answering on the connection; `unreachable`: no answer at all within a
+/// quarter second). The address is read when called, the answer comes later.
+pub type Probe = Arc<dyn Fn() -> BoxFuture<'static, Option<&'static str>> + Send + Sync>;
+
 /// Returns the bearer token for the next upstream stream, if any.
 pub type TokenFn = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
@@ -90,6 +96,8 @@ pub struct Upstream {
     /// gRPC metadata on every upstream stream (`ClusterID`, `XDS_HEADER_*`).
     pub metadata: Vec<(String, String)>,
     pub token: TokenFn,
+    /// Labels a lost connection (`None`: `lost` / `keepalive` from the status alone).
+    pub probe: Option<Probe>,
 }
 
 /// What the proxy needs.
@@ -120,8 +128,10 @@ pub(crate) struct TerminationLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ReconnectLabels {
-    /// `closed` (istiod ended the stream), `lost` (connection gone: istiod dead, or a stalled
-    /// connection dropped after an unanswered keepalive ping), `keepalive` (reported as such).
+    /// `closed` (istiod ended the stream); for a lost connection, what the probe of its address
+    /// found: `dead` (refused: istiod gone), `stalled` (still accepts TCP: istiod there but not
+    /// answering, e.g. caught by the keepalive ping), `unreachable` (no answer); without a probe
+    /// `lost` or `keepalive` (from the stream's status).
     pub(crate) reason: &'static str,
 }
 

@@ -5,7 +5,7 @@
 //!   unchanged), and config pushed after the return reaches Envoy.
 //! - istiod-lite SIGSTOPped: the stalled connection is replaced within two keepalive periods
 //!   (`XDS_PROXY_KEEPALIVE_INTERVAL=1s`), `istio_agent_xds_upstream_reconnects_total` counts
-//!   it; after SIGCONT Envoy is SYNCED again on the same ADS stream.
+//!   it as `stalled` (a killed one is `dead`); after SIGCONT Envoy is SYNCED again on the same ADS stream.
 
 use harness::local::{
     HTTPBIN_HOST, LocalIstiod, Ports, Unprivileged, agent_env, httpbin_config, start_envoy,
@@ -139,6 +139,11 @@ impl Sidecar {
 
     /// The agent's `istio_agent_xds_upstream_reconnects_total`, all reasons.
     fn reconnects(&self) -> Result<u64, String> {
+        self.reconnects_for("")
+    }
+
+    /// The same for one `reason` label (`""`: all).
+    fn reconnects_for(&self, reason: &str) -> Result<u64, String> {
         let (code, body) = http_get(self.status, "/stats/prometheus")?;
         if code != 200 {
             return Err(format!("/stats/prometheus {code}"));
@@ -146,6 +151,7 @@ impl Sidecar {
         Ok(body
             .lines()
             .filter(|l| l.starts_with("istio_agent_xds_upstream_reconnects_total{"))
+            .filter(|l| reason.is_empty() || l.contains(&format!("reason=\"{reason}\"")))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum())
     }
@@ -207,6 +213,20 @@ fn istiod_restart_is_invisible_to_envoy() {
         "Envoy re-opened its ADS stream to the agent"
     );
     assert!(sidecar.reconnects().expect("agent metrics") >= 1);
+    // The lost connection's address refused the probe: a dead istiod, not a stalled one.
+    assert_eventually(Duration::from_secs(5), || {
+        match sidecar.reconnects_for("dead")? {
+            0 => Err(format!(
+                "no reconnect labelled dead: {:?}",
+                http_get(sidecar.status, "/stats/prometheus").map(|(_, b)| b
+                    .lines()
+                    .filter(|l| l.contains("reconnects"))
+                    .map(str::to_string)
+                    .collect::<Vec<_>>())
+            )),
+            _ => Ok(()),
+        }
+    });
 
     let cluster = sidecar.push_service("after-restart.demo.example", "198.19.0.20");
     assert_eventually(Duration::from_secs(20), || {
@@ -252,6 +272,11 @@ fn stalled_istiod_is_replaced_within_two_keepalive_periods() {
         }
     });
     let detected = stopped.elapsed();
+    // The stopped istiod still accepts TCP: labelled stalled, not dead.
+    assert!(
+        sidecar.reconnects_for("stalled").expect("agent metrics") >= 1,
+        "the stall was not labelled stalled"
+    );
     eprintln!(
         "FIGURE stalled_istiod: detected and replaced after {detected:?} (keepalive interval {KEEPALIVE:?}, timeout half of it)"
     );

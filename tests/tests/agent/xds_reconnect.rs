@@ -5,7 +5,8 @@
 //!   unchanged), and config pushed after the return reaches Envoy.
 //! - istiod-lite SIGSTOPped: the stalled connection is replaced within two keepalive periods
 //!   (`XDS_PROXY_KEEPALIVE_INTERVAL=1s`), `istio_agent_xds_upstream_reconnects_total` counts
-//!   it as `stalled` (a killed one is `dead`); after SIGCONT Envoy is SYNCED again on the same ADS stream.
+//!   it as `stalled` (a killed one is `dead`); after SIGCONT Envoy is SYNCED again on the same
+//!   ADS stream.
 
 use harness::local::{
     HTTPBIN_HOST, LocalIstiod, Ports, Unprivileged, agent_env, httpbin_config, start_envoy,

@@ -13,7 +13,8 @@
 //!   no istio#34097 unbounded queue).
 //! - The proxy owns the upstream (unlike Istio): when the upstream stream or connection is lost
 //!   (istiod restarted, or a stalled connection caught by the HTTP/2 keepalive), Envoy's stream
-//!   stays open; the proxy reconnects (jittered backoff from 100 ms, capped at 1 s) and opens
+//!   stays open; the proxy reconnects (jittered backoff from 100 ms, capped at 1 s; with several
+//!   istiod addresses or IPs, to the next one first: [`connect`]) and opens
 //!   the new stream with Envoy's current subscriptions ([`subscriptions`]), so Envoy never
 //!   sees the restart. ACKs/NACKs for the old stream's responses are not forwarded. With
 //!   `XDS_PROXY_RECONNECT=false` (Istio's behaviour), and always when istiod refuses the stream

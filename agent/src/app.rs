@@ -76,30 +76,6 @@ impl Drop for SocketFiles {
     }
 }
 
-/// The xDS proxy's connection to istiod, from its sub-config; the bearer token is read for each
-/// stream and the `PROV_CERT` identity for each connection (with the CA client's policy).
-fn upstream(config: &crate::config::XdsUpstream) -> xds_proxy::Upstream {
-    let mut inputs = sds::ChannelInputs::new(
-        config.address.clone(),
-        config.root.clone(),
-        config.server_name.clone(),
-    );
-    inputs.plaintext = config.plaintext;
-    inputs.keepalive = Some(config.keepalive);
-    let prov_cert = config.prov_cert.clone();
-    let connect: xds_proxy::Connect = Arc::new(move || {
-        let mut inputs = inputs.clone();
-        inputs.client_identity = prov_cert.as_ref().and_then(sds::ca::prov_cert_identity);
-        Box::pin(async move { sds::grpc_channel(&inputs).map_err(|e| e.to_string()) })
-    });
-    let token_path = config.token_path.clone();
-    xds_proxy::Upstream {
-        connect,
-        metadata: config.metadata.clone(),
-        token: Arc::new(move || sds::read_token(&token_path)),
-    }
-}
-
 /// The status server's listeners: `addr` when given (tests), else `statusPort` on each address
 /// family the pod has, IPv4 and IPv6 on their own sockets (kubelet probes `[podIPv6]:15020` in a
 /// dual-stack pod); none when `statusPort` is 0 (`status.sidecar.istio.io/port: "0"`).
@@ -263,7 +239,7 @@ impl App {
             .as_ref()
             .map(|_| tokio::sync::watch::channel(None));
         let proxy = XdsProxy::new(xds_proxy::Inputs {
-            upstream: upstream(&config.upstream),
+            upstream: xds_proxy::upstream(&config.upstream).map_err(anyhow::Error::msg)?,
             nds,
             metrics: xds_metrics,
             health: health_channel.as_ref().map(|(_, rx)| rx.clone()),

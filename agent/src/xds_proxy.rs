@@ -13,7 +13,8 @@
 //!   no istio#34097 unbounded queue).
 //! - The proxy owns the upstream (unlike Istio): when the upstream stream or connection is lost
 //!   (istiod restarted, or a stalled connection caught by the HTTP/2 keepalive), Envoy's stream
-//!   stays open; the proxy reconnects (jittered backoff from 100 ms, capped at 1 s) and opens
+//!   stays open; the proxy reconnects (jittered backoff from 100 ms, capped at 1 s; with several
+//!   istiod addresses or IPs, to the next one first: [`connect`]) and opens
 //!   the new stream with Envoy's current subscriptions ([`subscriptions`]), so Envoy never
 //!   sees the restart. ACKs/NACKs for the old stream's responses are not forwarded. With
 //!   `XDS_PROXY_RECONNECT=false` (Istio's behaviour), and always when istiod refuses the stream
@@ -23,6 +24,7 @@
 
 mod authority;
 mod codec;
+mod connect;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 mod hpack;
@@ -30,7 +32,6 @@ mod relay;
 mod subscriptions;
 
 use std::convert::Infallible;
-use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -45,6 +46,7 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 pub use codec::RawResponse;
+pub use connect::upstream;
 
 #[cfg(feature = "fuzzing")]
 pub(crate) mod fuzzing {
@@ -76,6 +78,12 @@ pub enum Error {
 pub type Connect =
     Arc<dyn Fn() -> BoxFuture<'static, Result<tonic::transport::Channel, String>> + Send + Sync>;
 
+/// Called when an upstream connection is lost: what became of the istiod it went to
+/// (`dead`: its address refuses connections; `stalled`: it still accepts TCP, so the process is
+/// there but stopped answering on the connection; `unreachable`: no answer at all within a
+/// quarter second). The address is read when called, the answer comes later.
+pub type Probe = Arc<dyn Fn() -> BoxFuture<'static, Option<&'static str>> + Send + Sync>;
+
 /// Returns the bearer token for the next upstream stream, if any.
 pub type TokenFn = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
@@ -89,6 +97,8 @@ pub struct Upstream {
     /// gRPC metadata on every upstream stream (`ClusterID`, `XDS_HEADER_*`).
     pub metadata: Vec<(String, String)>,
     pub token: TokenFn,
+    /// Labels a lost connection (`None`: `lost` / `keepalive` from the status alone).
+    pub probe: Option<Probe>,
 }
 
 /// What the proxy needs.
@@ -119,8 +129,10 @@ pub(crate) struct TerminationLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ReconnectLabels {
-    /// `closed` (istiod ended the stream), `lost` (connection gone: istiod dead, or a stalled
-    /// connection dropped after an unanswered keepalive ping), `keepalive` (reported as such).
+    /// `closed` (istiod ended the stream); for a lost connection, what the probe of its address
+    /// found: `dead` (refused: istiod gone), `stalled` (still accepts TCP: istiod there but not
+    /// answering, e.g. caught by the keepalive ping), `unreachable` (no answer); without a probe
+    /// `lost` or `keepalive` (from the stream's status).
     pub(crate) reason: &'static str,
 }
 
@@ -215,7 +227,7 @@ impl XdsProxy {
 }
 
 /// Envoy's ADS service, hand-written rather than generated so that responses are written with
-/// [`codec::DownstreamCodec`] (bytes as received from istiod) instead of being re-encoded.
+/// [`codec::ResponseBody`] (bytes as received from istiod) instead of being re-encoded.
 #[derive(Clone)]
 pub struct AdsService {
     proxy: XdsProxy,
@@ -225,39 +237,34 @@ impl tonic::server::NamedService for AdsService {
     const NAME: &'static str = SERVICE;
 }
 
-/// One ADS method (SotW or Delta) as a tonic streaming service.
-struct Method<F> {
-    proxy: XdsProxy,
-    flavor: PhantomData<fn() -> F>,
-}
-
-impl<F: relay::Flavor> tonic::server::StreamingService<F::Req> for Method<F> {
-    type Response = RawResponse;
-    type ResponseStream =
-        tokio_stream::wrappers::ReceiverStream<Result<RawResponse, tonic::Status>>;
-    type Future = std::future::Ready<Result<tonic::Response<Self::ResponseStream>, tonic::Status>>;
-
-    fn call(&mut self, request: tonic::Request<tonic::Streaming<F::Req>>) -> Self::Future {
-        std::future::ready(Ok(tonic::Response::new(relay::start::<F>(
-            self.proxy.inputs.clone(),
-            request.into_inner(),
-            self.proxy.register(),
-        ))))
-    }
-}
-
-async fn serve_method<F: relay::Flavor>(
+/// One ADS stream: Envoy's requests decoded by tonic, the relay's responses written by
+/// [`codec::ResponseBody`] as the bytes istiod sent.
+fn serve_method<F: relay::Flavor>(
     proxy: XdsProxy,
     request: http::Request<tonic::body::Body>,
 ) -> http::Response<tonic::body::Body> {
-    let mut grpc = tonic::server::Grpc::new(codec::DownstreamCodec::<F::Req>::default())
-        .max_decoding_message_size(MAX_REQUEST)
-        .max_encoding_message_size(usize::MAX);
-    let method = Method::<F> {
-        proxy,
-        flavor: PhantomData,
-    };
-    grpc.streaming(method, request).await
+    if request
+        .headers()
+        .get("grpc-encoding")
+        .is_some_and(|e| e != "identity")
+    {
+        return tonic::Status::unimplemented("compressed xDS requests are not supported")
+            .into_http();
+    }
+    let requests = tonic::Streaming::new_request(
+        codec::request_decoder::<F::Req>(),
+        request.into_body(),
+        None,
+        Some(MAX_REQUEST),
+    );
+    let responses = relay::start::<F>(proxy.inputs.clone(), requests, proxy.register());
+    let mut response =
+        http::Response::new(tonic::body::Body::new(codec::ResponseBody::new(responses)));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    response
 }
 
 impl tonic::codegen::Service<http::Request<tonic::body::Body>> for AdsService {
@@ -272,12 +279,8 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for AdsService {
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let proxy = self.proxy.clone();
         match request.uri().path() {
-            SOTW_PATH => {
-                Box::pin(async move { Ok(serve_method::<relay::Sotw>(proxy, request).await) })
-            }
-            DELTA_PATH => {
-                Box::pin(async move { Ok(serve_method::<relay::Delta>(proxy, request).await) })
-            }
+            SOTW_PATH => Box::pin(async move { Ok(serve_method::<relay::Sotw>(proxy, request)) }),
+            DELTA_PATH => Box::pin(async move { Ok(serve_method::<relay::Delta>(proxy, request)) }),
             _ => Box::pin(async move {
                 Ok(tonic::Status::unimplemented("unknown ADS method").into_http())
             }),

@@ -9,8 +9,13 @@
 //! mistake that would put the workload's credential on the wire in clear. Retries: 5 tries, 100 ms doubling with 10% jitter, on
 //! retryable codes only. The channel is rebuilt after any error and whenever the root file's
 //! directory changes (kubelet `..data` swaps included).
+//!
+//! Several CAs: `CA_ADDR` (or the discovery address) resolving to several IPs, or a comma-separated
+//! list of addresses (not Istio), is dialled one target at a time ([`Failover`]); a call that fails
+//! as unreachable moves the next attempt (the retry 100 ms later) to the next target.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -25,7 +30,8 @@ use tracing::{debug, info, warn};
 use crate::Error;
 use crate::config::{CertDir, Config};
 use crate::metrics::{Metrics, csr_labels};
-use crate::tls::{ChannelInputs, RootSource, grpc_channel, read_token};
+use crate::tls::failover::Failover;
+use crate::tls::{ChannelInputs, RootSource, grpc_channel_to, read_token};
 
 /// Number of attempts per signing call (Istio's retry interceptor).
 pub const MAX_ATTEMPTS: u32 = 5;
@@ -56,7 +62,9 @@ struct Inner {
     cert_signer: String,
     ttl: Duration,
     metrics: Arc<Metrics>,
-    channel: Arc<Mutex<Option<Channel>>>,
+    /// The cached channel and the target it dials.
+    channel: Arc<Mutex<Option<(Channel, SocketAddr)>>>,
+    failover: Failover,
     /// Bumped whenever the root file's content changes (see [`CaClient::root_changes`]).
     root_changes: tokio::sync::watch::Receiver<u64>,
     _root_watch: Option<notify::RecommendedWatcher>,
@@ -79,7 +87,14 @@ fn jittered(d: Duration) -> Duration {
 impl CaClient {
     /// Builds the client from `config`; the channel itself is created lazily on the first call.
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<CaClient, Error> {
-        let channel: Arc<Mutex<Option<Channel>>> = Arc::new(Mutex::new(None));
+        let channel: Arc<Mutex<Option<(Channel, SocketAddr)>>> = Arc::new(Mutex::new(None));
+        let failover = Failover::new(&config.ca_addr, config.ca_plaintext).map_err(|reason| {
+            Error::Config {
+                var: "CA_ADDR".to_string(),
+                value: config.ca_addr.clone(),
+                expected: reason,
+            }
+        })?;
         let (root_tx, root_changes) = tokio::sync::watch::channel(0u64);
         let root_watch = match &config.ca_root {
             RootSource::File(path) if !config.ca_plaintext => {
@@ -103,6 +118,7 @@ impl CaClient {
                 ttl: config.secret_ttl,
                 metrics,
                 channel,
+                failover,
                 root_changes,
                 _root_watch: root_watch,
             }),
@@ -116,11 +132,27 @@ impl CaClient {
         self.inner.root_changes.clone()
     }
 
-    fn channel(&self) -> Result<Channel, Error> {
-        let mut guard = self.inner.channel.lock().map_err(|_| Error::Closed)?;
-        if let Some(ch) = guard.as_ref() {
-            return Ok(ch.clone());
+    /// The cached channel, or a new one to the failover's first target.
+    async fn channel(&self) -> Result<(Channel, SocketAddr), Error> {
+        if let Some(cached) = self
+            .inner
+            .channel
+            .lock()
+            .map_err(|_| Error::Closed)?
+            .as_ref()
+        {
+            return Ok(cached.clone());
         }
+        let targets = self
+            .inner
+            .failover
+            .targets()
+            .await
+            .map_err(|reason| Error::Channel {
+                addr: self.inner.addr.clone(),
+                reason,
+            })?;
+        let target = &targets[0];
         let inputs = ChannelInputs {
             addr: self.inner.addr.clone(),
             plaintext: self.is_plaintext(),
@@ -129,10 +161,11 @@ impl CaClient {
             client_identity: self.inner.prov_cert.as_ref().and_then(load_client_identity),
             keepalive: self.inner.keepalive,
         };
-        let ch = grpc_channel(&inputs)?;
-        debug!(addr = %self.inner.addr, server_name = %self.inner.server_name, root = %self.inner.root.describe(), "built CA channel");
-        *guard = Some(ch.clone());
-        Ok(ch)
+        let ch = grpc_channel_to(&inputs, target)?;
+        debug!(addr = %self.inner.addr, target = %target.addr, server_name = %self.inner.server_name, root = %self.inner.root.describe(), "built CA channel");
+        let mut guard = self.inner.channel.lock().map_err(|_| Error::Closed)?;
+        *guard = Some((ch.clone(), target.addr));
+        Ok((ch, target.addr))
     }
 
     fn reset_channel(&self) {
@@ -226,7 +259,7 @@ impl CaClient {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let channel = self.channel()?;
+            let (channel, target) = self.channel().await?;
             let req = self.request(csr_pem)?;
             self.inner
                 .metrics
@@ -245,6 +278,7 @@ impl CaClient {
                 .observe(started.elapsed().as_secs_f64());
             match result {
                 Ok(resp) => {
+                    self.inner.failover.succeeded(target);
                     let chain = resp.into_inner().cert_chain;
                     if chain.len() <= 1 {
                         self.inner
@@ -271,6 +305,15 @@ impl CaClient {
                     // A new root file or a new CA address takes effect on the next call.
                     self.reset_channel();
                     let code = status.code();
+                    if matches!(
+                        code,
+                        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                    ) {
+                        // Unreachable: the next attempt goes to the next CA address, if any.
+                        self.inner.failover.failed(target);
+                    } else {
+                        self.inner.failover.succeeded(target);
+                    }
                     if is_retryable(code) && attempt < MAX_ATTEMPTS {
                         let delay = jittered(RETRY_BASE * 2u32.pow(attempt - 1));
                         debug!(addr = %self.inner.addr, ?code, attempt, ?delay, "CA call failed; retrying");
@@ -323,7 +366,7 @@ pub fn prov_cert_identity(dir: &CertDir) -> Option<(Vec<u8>, Vec<u8>)> {
 /// channel and bumps `changes`.
 fn watch_root(
     path: &Path,
-    channel: Arc<Mutex<Option<Channel>>>,
+    channel: Arc<Mutex<Option<(Channel, SocketAddr)>>>,
     changes: tokio::sync::watch::Sender<u64>,
     metrics: &Metrics,
 ) -> Option<notify::RecommendedWatcher> {
@@ -588,6 +631,43 @@ mod tests {
                 "num_outgoing_requests_total{{request_type=\"csr\"}} {MAX_ATTEMPTS}"
             )),
             "{out}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_list_of_cas_fails_over_past_a_dead_one_and_stays_on_the_live_one() {
+        let ca = FakeCa::start_plaintext();
+        let base = tempfile::tempdir().expect("tempdir");
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("port");
+        let (c, _, reg) = client_at(format!("{dead}, {}", ca.ca_addr()), base.path(), true);
+        let chain = c.sign(&csr()).await.expect("signed by the second CA");
+        assert!(chain.len() >= 2);
+        // One failed attempt at the dead address, then the live one; the next call goes straight
+        // to the live one.
+        c.sign(&csr()).await.expect("signed again");
+        let out = metrics_text(&reg);
+        assert!(
+            out.contains("num_outgoing_requests_total{request_type=\"csr\"} 3"),
+            "{out}"
+        );
+        assert!(
+            out.contains("num_outgoing_retries_total{request_type=\"csr\"} 1"),
+            "{out}"
+        );
+        // A bad entry is an error naming CA_ADDR and the entry.
+        let cfg = Config {
+            ca_addr: "127.0.0.1:1,:2".into(),
+            ..Config::defaults(base.path())
+        };
+        let mut reg = prometheus_client::registry::Registry::default();
+        let e = CaClient::new(&cfg, Arc::new(Metrics::new(&mut reg)))
+            .err()
+            .expect("bad entry");
+        assert!(
+            e.to_string().contains("CA_ADDR") && e.to_string().contains("\":2\""),
+            "{e}"
         );
     }
 

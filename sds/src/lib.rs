@@ -32,6 +32,9 @@
 //! grpc_channel(&ChannelInputs) -> Result<tonic::transport::Channel, Error>   // lazy, non-blocking
 //! external::check_socket(&Path, timeout) -> Result<SocketCheck, Error>  // Absent | Healthy |
 //!                                           // RemovedStale (a socket nobody answers on)
+//! tls::failover::Failover::new(address, plaintext)?   // Istio's one address, or a comma list:
+//!   .targets().await, .succeeded(addr), .failed(addr)   // every IP of every entry, in order
+//! tls::connect_failover(&ChannelInputs, &Failover, per_target).await -> (Channel, SocketAddr)
 //! read_token(&Path) -> Option<String>
 //! token::jwt_expiry(&str) -> Option<SystemTime>   // `exp` of a JWT, signature not checked
 //! csr::generate(identity, KeyAlgorithm, pkcs8) -> Result<KeyAndCsr, Error>

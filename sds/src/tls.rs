@@ -1,11 +1,16 @@
-//! gRPC channels to Istio's CA and discovery server: one TLS policy for both.
+//! gRPC channels to Istio's CA and discovery server: one TLS policy for both, and one way to
+//! fail over between several istiod addresses ([`failover`]).
 
+pub mod failover;
+
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::Error;
+use failover::{Failover, Target};
 
 /// Where the server's root of trust comes from.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -70,15 +75,74 @@ impl ChannelInputs {
 /// Builds a lazy (non-blocking) channel: TLS 1.2+ with the given root and ServerName, or
 /// plaintext; 1 MiB windows; keepalive as given.
 pub fn grpc_channel(inputs: &ChannelInputs) -> Result<Channel, Error> {
-    let err = |reason: String| Error::Channel {
-        addr: inputs.addr.clone(),
-        reason,
-    };
     let scheme = if inputs.plaintext { "http" } else { "https" };
     let uri = if inputs.addr.contains("://") {
         inputs.addr.clone()
     } else {
         format!("{scheme}://{}", inputs.addr)
+    };
+    Ok(endpoint(inputs, uri)?.connect_lazy())
+}
+
+/// A lazy channel to one resolved target of `inputs` (its `:authority` stays the address as
+/// configured; TLS checks `server_name` as for [`grpc_channel`]).
+pub fn grpc_channel_to(inputs: &ChannelInputs, target: &Target) -> Result<Channel, Error> {
+    Ok(endpoint(inputs, target.dial_uri())?
+        .origin(target.origin.clone())
+        .connect_lazy())
+}
+
+/// Connects (TCP, TLS, HTTP/2) to the first target of `failover` that answers within
+/// `per_target` each, in the failover's order; a target that fails is marked so and the next
+/// one is tried. Returns the channel and the target's address (mark it failed when the
+/// connection is later lost). The error lists every attempt.
+pub async fn connect_failover(
+    inputs: &ChannelInputs,
+    failover: &Failover,
+    per_target: Duration,
+) -> Result<(Channel, SocketAddr), Error> {
+    let err = |reason: String| Error::Channel {
+        addr: inputs.addr.clone(),
+        reason,
+    };
+    let targets = failover.targets().await.map_err(err)?;
+    let mut failures = Vec::new();
+    for target in &targets {
+        let ep = endpoint(inputs, target.dial_uri())?.origin(target.origin.clone());
+        let reason = match tokio::time::timeout(per_target, ep.connect()).await {
+            Ok(Ok(channel)) => {
+                failover.succeeded(target.addr);
+                if !failures.is_empty() || failover.is_list() {
+                    tracing::info!(addr = %target.addr, address = %target.origin, "connected to istiod");
+                }
+                return Ok((channel, target.addr));
+            }
+            Ok(Err(e)) => error_chain(&e),
+            Err(_) => format!("no connection within {per_target:?}"),
+        };
+        tracing::debug!(addr = %target.addr, %reason, "cannot connect to an istiod address; trying the next");
+        failover.failed(target.addr);
+        failures.push(format!("{}: {reason}", target.addr));
+    }
+    Err(err(failures.join("; ")))
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// The endpoint for `uri` with the TLS policy, windows and keepalive of `inputs`.
+fn endpoint(inputs: &ChannelInputs, uri: String) -> Result<Endpoint, Error> {
+    let err = |reason: String| Error::Channel {
+        addr: inputs.addr.clone(),
+        reason,
     };
     let mut ep = Endpoint::from_shared(uri)
         .map_err(|e| err(format!("invalid address: {e}")))?
@@ -118,7 +182,7 @@ pub fn grpc_channel(inputs: &ChannelInputs) -> Result<Channel, Error> {
             .tls_config(tls)
             .map_err(|e| err(format!("TLS config (root {}): {e}", inputs.root.describe())))?;
     }
-    Ok(ep.connect_lazy())
+    Ok(ep)
 }
 
 /// Reads a bearer token, trimmed. `None` when the file is absent or empty.
@@ -145,6 +209,53 @@ mod tests {
         assert_eq!(read_token(&p), None);
         std::fs::write(&p, "abc.def\n").expect("write");
         assert_eq!(read_token(&p).as_deref(), Some("abc.def"));
+    }
+
+    #[tokio::test]
+    async fn connect_failover_skips_dead_and_stalled_targets() {
+        // TLS: a stopped server accepts TCP but never completes the handshake.
+        let live = crate::testing::FakeCa::start();
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("port");
+        // Accepts TCP (the kernel's backlog) and never answers: a stopped istiod.
+        let stalled = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let stalled_addr = stalled.local_addr().expect("addr");
+        let list = format!("{dead},{stalled_addr},{}", live.ca_addr());
+        let inputs = ChannelInputs::new(
+            list.clone(),
+            RootSource::Pem(live.tls_root_pem.clone().into_bytes()),
+            "istiod.istio-system.svc",
+        );
+        let failover = Failover::new(&list, false).expect("list");
+        let started = std::time::Instant::now();
+        let (_channel, addr) = connect_failover(&inputs, &failover, Duration::from_millis(300))
+            .await
+            .expect("the live one");
+        assert_eq!(addr.to_string(), live.ca_addr());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        // The live one is tried first from now on.
+        let first = failover.targets().await.expect("targets")[0].addr;
+        assert_eq!(first, addr);
+        // Nothing answers: the error names every attempt.
+        let none = format!("{dead},{stalled_addr}");
+        let e = connect_failover(
+            &inputs,
+            &Failover::new(&none, false).expect("list"),
+            Duration::from_millis(100),
+        )
+        .await
+        .expect_err("nothing answers");
+        let e = e.to_string();
+        assert!(
+            e.contains(&dead.to_string()) && e.contains(&stalled_addr.to_string()),
+            "{e}"
+        );
+        drop(stalled);
     }
 
     #[tokio::test]

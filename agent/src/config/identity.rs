@@ -87,10 +87,13 @@ pub fn workload_socket(base_dir: &Path, socket_file: &str) -> Result<WorkloadSoc
 
 /// Istio's TLS ServerName for istiod (CA and xDS alike): `ISTIOD_SAN` when set, else the host of
 /// `addr`, and `istiod.istio-system.svc` for a host containing `localhost` (port-forwarding).
+/// For a comma-separated list of addresses (not Istio), the first one's host: every istiod of
+/// the list serves a certificate for the same name.
 pub fn istiod_server_name(addr: &str, istiod_san: Option<&str>) -> String {
     if let Some(san) = istiod_san {
         return san.to_string();
     }
+    let addr = first_entry(addr);
     let no_scheme = addr.split_once("://").map(|(_, r)| r).unwrap_or(addr);
     let host = if let Some(rest) = no_scheme.strip_prefix('[') {
         rest.split(']').next().unwrap_or(rest)
@@ -107,9 +110,18 @@ pub fn istiod_server_name(addr: &str, istiod_san: Option<&str>) -> String {
     }
 }
 
-/// Istio's plaintext port: no TLS to a `CA_ADDR` or `discoveryAddress` ending in `:15010`.
+/// Istio's plaintext port: no TLS to a `CA_ADDR` or `discoveryAddress` ending in `:15010` (for a
+/// list, its first address: one policy for all).
 pub fn is_plaintext_addr(addr: &str) -> bool {
-    addr.ends_with(":15010")
+    first_entry(addr).ends_with(":15010")
+}
+
+/// The first address of a comma-separated list (Istio's single address as it is).
+fn first_entry(addr: &str) -> &str {
+    sds::tls::failover::entries(addr)
+        .first()
+        .copied()
+        .unwrap_or(addr)
 }
 
 fn non_empty_file(p: &Path) -> bool {

@@ -101,6 +101,11 @@ fn invalid_values_name_variable_and_value() {
             "readinessProbe: {exec: {}}",
             "readinessProbe",
         ),
+        (
+            "PROXY_CONFIG",
+            r#"{"discoveryAddress":"a:15012,b:port"}"#,
+            "discoveryAddress",
+        ),
     ] {
         let err = load(dir.path(), &env(&[(k, v)])).unwrap_err().to_string();
         assert!(err.contains(needle), "{k}={v}: {err}");
@@ -488,6 +493,29 @@ fn identity_go_durations_and_server_names() {
         "istiod.istio-system.svc"
     );
     assert_eq!(istiod_server_name("x:1", Some("san")), "san");
+    // A list of istiods (not Istio): the first one's name and port decide for all.
+    assert_eq!(
+        istiod_server_name("istiod-a.svc:15012, istiod-b.svc:15012", None),
+        "istiod-a.svc"
+    );
+    assert!(identity::is_plaintext_addr("a:15010,b:15010"));
+    assert!(!identity::is_plaintext_addr("a:15012,b:15010"));
+}
+
+#[test]
+fn a_list_of_discovery_addresses_is_kept_for_the_upstream_and_the_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let list = "istiod-a.istio-system.svc:15012,istiod-b.istio-system.svc:15012";
+    let e = env(&[(
+        "PROXY_CONFIG",
+        &format!(r#"{{"discoveryAddress":"{list}"}}"#),
+    )]);
+    let c = load(dir.path(), &e).unwrap();
+    assert_eq!(c.upstream.address, list);
+    assert!(!c.upstream.plaintext);
+    assert_eq!(c.upstream.server_name, "istiod-a.istio-system.svc");
+    assert_eq!(c.identity.ca_addr, list);
+    assert_eq!(c.identity.ca_server_name, "istiod-a.istio-system.svc");
 }
 
 /// An HTTP/2 server on `path` as SPIRE's agent would be: our SDS server on its own runtime.

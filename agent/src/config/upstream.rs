@@ -13,7 +13,9 @@ use super::{AuthPolicy, Error, env::Env, resolve};
 /// The connection to istiod for the xDS proxy.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct XdsUpstream {
-    /// ProxyConfig `discoveryAddress`.
+    /// ProxyConfig `discoveryAddress`: Istio's `host:port`, or (not Istio) a comma-separated
+    /// list of them. Every address is resolved to all its IPs and the proxy fails over between
+    /// them (`sds::tls::failover`).
     pub address: String,
     /// No TLS: `controlPlaneAuthPolicy: NONE` or a `:15010` address.
     pub plaintext: bool,
@@ -54,6 +56,13 @@ pub struct Inputs<'a> {
 pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
     let address = i.discovery_address.to_string();
     let plaintext = i.auth_policy == AuthPolicy::None || is_plaintext_addr(&address);
+    sds::tls::failover::Failover::new(&address, plaintext).map_err(|expected| {
+        Error::ProxyConfigField {
+            field: "discoveryAddress".into(),
+            value: address.clone(),
+            expected,
+        }
+    })?;
     let root = if plaintext {
         RootSource::System
     } else {

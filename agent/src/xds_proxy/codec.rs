@@ -93,20 +93,6 @@ impl Decoder for RawDecoder {
     }
 }
 
-/// Writes a [`RawResponse`]'s bytes unchanged.
-pub(crate) struct RawEncoder;
-
-impl Encoder for RawEncoder {
-    type Item = RawResponse;
-    type Error = Status;
-
-    fn encode(&mut self, item: RawResponse, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.reserve(item.bytes.len());
-        dst.put_slice(&item.bytes);
-        Ok(())
-    }
-}
-
 /// Encodes a typed message with prost.
 pub(crate) struct TypedEncoder<M>(PhantomData<M>);
 
@@ -156,27 +142,89 @@ impl<Req: Message + Send + 'static> Codec for UpstreamCodec<Req> {
     }
 }
 
-/// Towards Envoy: typed requests in, raw responses out.
-pub(crate) struct DownstreamCodec<Req>(PhantomData<fn() -> Req>);
+/// Decodes Envoy's requests (typed, with prost).
+pub(crate) fn request_decoder<M: Message + Default + Send + 'static>() -> TypedDecoder<M> {
+    TypedDecoder(PhantomData)
+}
 
-impl<Req> Default for DownstreamCodec<Req> {
-    fn default() -> Self {
-        DownstreamCodec(PhantomData)
+/// The gRPC response body towards Envoy: each [`RawResponse`] goes out as its 5-byte gRPC
+/// message header and then its bytes as received from istiod (shared, not copied: tonic's
+/// encoder would copy every message into its own buffer first), then the trailers with the
+/// stream's status (`grpc-status: 0`, or the status the relay ended it with).
+pub(crate) struct ResponseBody<S> {
+    responses: S,
+    /// The message whose header was just sent.
+    pending: Option<Bytes>,
+    done: bool,
+}
+
+impl<S> ResponseBody<S> {
+    pub(crate) fn new(responses: S) -> Self {
+        ResponseBody {
+            responses,
+            pending: None,
+            done: false,
+        }
     }
 }
 
-impl<Req: Message + Default + Send + 'static> Codec for DownstreamCodec<Req> {
-    type Encode = RawResponse;
-    type Decode = Req;
-    type Encoder = RawEncoder;
-    type Decoder = TypedDecoder<Req>;
+/// A gRPC message header: not compressed, then the length (big endian).
+fn message_header(len: usize) -> Result<Bytes, Status> {
+    let len = u32::try_from(len).map_err(|_| {
+        Status::resource_exhausted(format!("a {len}-byte response is over gRPC's 4 GiB"))
+    })?;
+    let mut header = bytes::BytesMut::with_capacity(5);
+    header.put_u8(0);
+    header.put_u32(len);
+    Ok(header.freeze())
+}
 
-    fn encoder(&mut self) -> RawEncoder {
-        RawEncoder
+fn trailers(status: &Status) -> http::HeaderMap {
+    let mut map = http::HeaderMap::new();
+    if status.add_header(&mut map).is_err() {
+        map.insert("grpc-status", http::HeaderValue::from_static("13"));
+    }
+    map
+}
+
+impl<S> hyper::body::Body for ResponseBody<S>
+where
+    S: futures::Stream<Item = Result<RawResponse, Status>> + Unpin,
+{
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Status>>> {
+        use std::task::Poll;
+        if let Some(bytes) = self.pending.take() {
+            return Poll::Ready(Some(Ok(hyper::body::Frame::data(bytes))));
+        }
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let status = match std::task::ready!(futures::Stream::poll_next(
+            std::pin::Pin::new(&mut self.responses),
+            cx
+        )) {
+            Some(Ok(resp)) => match message_header(resp.bytes.len()) {
+                Ok(header) => {
+                    self.pending = Some(resp.bytes);
+                    return Poll::Ready(Some(Ok(hyper::body::Frame::data(header))));
+                }
+                Err(status) => status,
+            },
+            Some(Err(status)) => status,
+            None => Status::ok(""),
+        };
+        self.done = true;
+        Poll::Ready(Some(Ok(hyper::body::Frame::trailers(trailers(&status)))))
     }
 
-    fn decoder(&mut self) -> TypedDecoder<Req> {
-        TypedDecoder(PhantomData)
+    fn is_end_stream(&self) -> bool {
+        self.done && self.pending.is_none()
     }
 }
 

@@ -557,17 +557,30 @@ async fn upstream_to_downstream<F: Flavor>(
                     }
                     break;
                 }
-                inputs
-                    .metrics
-                    .upstream_reconnects
-                    .get_or_create(&ReconnectLabels { reason })
-                    .inc();
-                tracing::warn!(
-                    flavor = F::NAME,
-                    reason,
-                    status = status.as_ref().map(|s| s.to_string()),
-                    "upstream xDS stream lost (istiod gone, or its connection stalled and missed the keepalive ping); reconnecting with Envoy's subscriptions, Envoy's stream stays open"
-                );
+                let status = status.as_ref().map(|s| s.to_string());
+                // The probe's answer comes while the reconnect goes on.
+                let probe = (reason != "closed")
+                    .then(|| inputs.upstream.probe.as_ref().map(|p| p()))
+                    .flatten();
+                let metrics = inputs.metrics.upstream_reconnects.clone();
+                let report = async move {
+                    let reason = match probe {
+                        Some(p) => p.await.unwrap_or(reason),
+                        None => reason,
+                    };
+                    metrics.get_or_create(&ReconnectLabels { reason }).inc();
+                    tracing::warn!(
+                        flavor = F::NAME,
+                        reason,
+                        status,
+                        "upstream xDS stream lost (closed by istiod, istiod dead, or stalled: a keepalive ping unanswered); reconnecting with Envoy's subscriptions, Envoy's stream stays open"
+                    );
+                };
+                if inputs.upstream.probe.is_some() && reason != "closed" {
+                    tokio::spawn(report);
+                } else {
+                    report.await;
+                }
             }
         }
         // The next generation's channel and replay, built together (see [`Link`]).

@@ -76,6 +76,7 @@ async fn proxy_with(
                 ("X-Extra".into(), "yes".into()),
             ],
             token: Arc::new(|| Some("tok123".into())),
+            probe: None,
         },
         nds: nds.then_some(sink),
         metrics: metrics.clone(),

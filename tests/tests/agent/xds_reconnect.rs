@@ -5,7 +5,8 @@
 //!   unchanged), and config pushed after the return reaches Envoy.
 //! - istiod-lite SIGSTOPped: the stalled connection is replaced within two keepalive periods
 //!   (`XDS_PROXY_KEEPALIVE_INTERVAL=1s`), `istio_agent_xds_upstream_reconnects_total` counts
-//!   it; after SIGCONT Envoy is SYNCED again on the same ADS stream.
+//!   it as `stalled` (a killed one is `dead`); after SIGCONT Envoy is SYNCED again on the same
+//!   ADS stream.
 
 use harness::local::{
     HTTPBIN_HOST, LocalIstiod, Ports, Unprivileged, agent_env, httpbin_config, start_envoy,
@@ -65,58 +66,67 @@ fn start(extra_env: &[(&str, &str)]) -> Option<Sidecar> {
     Some(sidecar)
 }
 
+/// The view of the istiod-lite monitored at `monitoring`: one connection of the agent's, with
+/// CDS and LDS acked and nothing stale; returns its connection id.
+pub(crate) fn synced(monitoring: SocketAddr) -> Result<String, String> {
+    let (code, body) = http_get(monitoring, "/debug/syncz")?;
+    if code != 200 {
+        return Err(format!("/debug/syncz {code}"));
+    }
+    let rows: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+    let ours: Vec<&serde_json::Value> = rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| {
+            r["proxy"]
+                .as_str()
+                .is_some_and(|p| p.contains("local.demo"))
+        })
+        .collect();
+    let [row] = ours[..] else {
+        return Err(format!("want one connection of the agent's: {body}"));
+    };
+    let types = row["types"].as_object().ok_or("no types")?;
+    for (ty, t) in types {
+        match t["status"].as_str() {
+            Some("SYNCED") | Some("NOT SENT") if !["CDS", "LDS"].contains(&ty.as_str()) => {}
+            Some("SYNCED") => {}
+            other => return Err(format!("{ty} is {other:?}: {t}")),
+        }
+    }
+    Ok(row["connectionId"].as_str().unwrap_or_default().to_string())
+}
+
+/// Envoy's `cluster.xds-grpc.upstream_rq_total` (admin at `admin`): ADS streams Envoy opened
+/// to the agent.
+pub(crate) fn ads_streams(admin: SocketAddr) -> u64 {
+    let (code, body) = http_get(admin, "/stats").expect("/stats");
+    assert_eq!(code, 200, "{body}");
+    body.lines()
+        // Istio's stats tags print the cluster as `cluster.xds-grpc;.<stat>`.
+        .find_map(|l| {
+            l.strip_prefix("cluster.xds-grpc")?
+                .trim_start_matches(';')
+                .strip_prefix(".upstream_rq_total: ")
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| {
+            let xds: Vec<&str> = body.lines().filter(|l| l.contains("xds")).collect();
+            panic!(
+                "no upstream_rq_total in {} lines: {xds:?}",
+                body.lines().count()
+            )
+        })
+}
+
 impl Sidecar {
-    /// istiod-lite's view: one connection of the agent's, with CDS and LDS acked and nothing
-    /// stale; returns its connection id.
     fn synced(&self) -> Result<String, String> {
-        let (code, body) = http_get(self.istiod.monitoring, "/debug/syncz")?;
-        if code != 200 {
-            return Err(format!("/debug/syncz {code}"));
-        }
-        let rows: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-        let ours: Vec<&serde_json::Value> = rows
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| {
-                r["proxy"]
-                    .as_str()
-                    .is_some_and(|p| p.contains("local.demo"))
-            })
-            .collect();
-        let [row] = ours[..] else {
-            return Err(format!("want one connection of the agent's: {body}"));
-        };
-        let types = row["types"].as_object().ok_or("no types")?;
-        for (ty, t) in types {
-            match t["status"].as_str() {
-                Some("SYNCED") | Some("NOT SENT") if !["CDS", "LDS"].contains(&ty.as_str()) => {}
-                Some("SYNCED") => {}
-                other => return Err(format!("{ty} is {other:?}: {t}")),
-            }
-        }
-        Ok(row["connectionId"].as_str().unwrap_or_default().to_string())
+        synced(self.istiod.monitoring)
     }
 
-    /// Envoy's `cluster.xds-grpc.upstream_rq_total`: ADS streams Envoy opened to the agent.
     fn ads_streams(&self) -> u64 {
-        let (code, body) = http_get(self.admin, "/stats").expect("/stats");
-        assert_eq!(code, 200, "{body}");
-        body.lines()
-            // Istio's stats tags print the cluster as `cluster.xds-grpc;.<stat>`.
-            .find_map(|l| {
-                l.strip_prefix("cluster.xds-grpc")?
-                    .trim_start_matches(';')
-                    .strip_prefix(".upstream_rq_total: ")
-            })
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| {
-                let xds: Vec<&str> = body.lines().filter(|l| l.contains("xds")).collect();
-                panic!(
-                    "no upstream_rq_total in {} lines: {xds:?}",
-                    body.lines().count()
-                )
-            })
+        ads_streams(self.admin)
     }
 
     fn envoy_has_cluster(&self, name: &str) -> Result<(), String> {
@@ -130,6 +140,11 @@ impl Sidecar {
 
     /// The agent's `istio_agent_xds_upstream_reconnects_total`, all reasons.
     fn reconnects(&self) -> Result<u64, String> {
+        self.reconnects_for("")
+    }
+
+    /// The same for one `reason` label (`""`: all).
+    fn reconnects_for(&self, reason: &str) -> Result<u64, String> {
         let (code, body) = http_get(self.status, "/stats/prometheus")?;
         if code != 200 {
             return Err(format!("/stats/prometheus {code}"));
@@ -137,6 +152,7 @@ impl Sidecar {
         Ok(body
             .lines()
             .filter(|l| l.starts_with("istio_agent_xds_upstream_reconnects_total{"))
+            .filter(|l| reason.is_empty() || l.contains(&format!("reason=\"{reason}\"")))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum())
     }
@@ -198,6 +214,20 @@ fn istiod_restart_is_invisible_to_envoy() {
         "Envoy re-opened its ADS stream to the agent"
     );
     assert!(sidecar.reconnects().expect("agent metrics") >= 1);
+    // The lost connection's address refused the probe: a dead istiod, not a stalled one.
+    assert_eventually(Duration::from_secs(5), || {
+        match sidecar.reconnects_for("dead")? {
+            0 => Err(format!(
+                "no reconnect labelled dead: {:?}",
+                http_get(sidecar.status, "/stats/prometheus").map(|(_, b)| b
+                    .lines()
+                    .filter(|l| l.contains("reconnects"))
+                    .map(str::to_string)
+                    .collect::<Vec<_>>())
+            )),
+            _ => Ok(()),
+        }
+    });
 
     let cluster = sidecar.push_service("after-restart.demo.example", "198.19.0.20");
     assert_eventually(Duration::from_secs(20), || {
@@ -243,6 +273,11 @@ fn stalled_istiod_is_replaced_within_two_keepalive_periods() {
         }
     });
     let detected = stopped.elapsed();
+    // The stopped istiod still accepts TCP: labelled stalled, not dead.
+    assert!(
+        sidecar.reconnects_for("stalled").expect("agent metrics") >= 1,
+        "the stall was not labelled stalled"
+    );
     eprintln!(
         "FIGURE stalled_istiod: detected and replaced after {detected:?} (keepalive interval {KEEPALIVE:?}, timeout half of it)"
     );

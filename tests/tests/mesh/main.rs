@@ -10,6 +10,7 @@
 mod control_plane;
 mod kube;
 mod local_envoy;
+mod outage;
 mod pod;
 mod replay;
 mod root_ca_rotation;

@@ -49,7 +49,7 @@ fn soak_seconds() -> u64 {
 
 /// The base config (httpbin over HTTP, STRICT mTLS, ISTIO_MUTUAL) plus a TCP service on the
 /// same workload (port 81 → the app's second port, 8081).
-fn base_config(server_ip: &str) -> String {
+pub(crate) fn base_config(server_ip: &str) -> String {
     let host = format!("echo-tcp.{NAMESPACE}.svc.cluster.local");
     pod_in_a_box_config(server_ip)
         + &format!(
@@ -105,7 +105,7 @@ fn churn_host(g: u32) -> String {
 
 /// One request over HTTP (port 80, through the VirtualService) or plain TCP (a new mTLS
 /// handshake upstream), from inside the client's namespace as root (captured like an app).
-fn request(tcp: bool) -> Result<(), String> {
+pub(crate) fn request(tcp: bool) -> Result<(), String> {
     let (addr, want): (SocketAddr, &str) = if tcp {
         (
             format!("{TCP_VIP}:{TCP_PORT}").parse().expect("addr"),
@@ -162,7 +162,7 @@ fn request(tcp: bool) -> Result<(), String> {
 }
 
 /// Serial of the workload certificate Envoy holds (`/certs`), if exactly one.
-fn envoy_serial(pod: &Pod) -> Option<String> {
+pub(crate) fn envoy_serial(pod: &Pod) -> Option<String> {
     let id = format!(
         "spiffe://cluster.local/ns/{NAMESPACE}/sa/{}",
         pod.service_account
@@ -205,7 +205,7 @@ fn fd_count(pid: u32) -> Option<u64> {
 }
 
 /// A counter from the agent's merged metrics (status port), summed over matching series.
-fn agent_counter(pod: &Pod, series: &str) -> Option<f64> {
+pub(crate) fn agent_counter(pod: &Pod, series: &str) -> Option<f64> {
     let (code, body) = pod
         .get(
             "127.0.0.1:15020".parse().expect("addr"),
@@ -224,7 +224,7 @@ fn agent_counter(pod: &Pod, series: &str) -> Option<f64> {
 }
 
 /// istiod-lite's snapshot version (`/debug/configz`).
-fn istiod_version(mesh: &Mesh) -> Result<String, String> {
+pub(crate) fn istiod_version(mesh: &Mesh) -> Result<String, String> {
     let (code, body) = mesh.monitoring_get("/debug/configz")?;
     if code != 200 {
         return Err(format!("/debug/configz {code}"));
@@ -238,7 +238,7 @@ fn istiod_version(mesh: &Mesh) -> Result<String, String> {
 
 /// Ok when both proxies are connected to istiod-lite with every xDS type acked at `version`
 /// (NDS too: DNS capture is on) and nothing stale.
-fn synced_at(mesh: &Mesh, pods: &[&Pod], version: &str) -> Result<(), String> {
+pub(crate) fn synced_at(mesh: &Mesh, pods: &[&Pod], version: &str) -> Result<(), String> {
     let (code, body) = mesh.monitoring_get("/debug/syncz")?;
     if code != 200 {
         return Err(format!("/debug/syncz {code}"));

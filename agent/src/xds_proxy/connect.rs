@@ -1,0 +1,107 @@
+//! The connector to istiod, from the upstream sub-config: every connection dials the targets of
+//! the discovery address in failover order (several IPs for one name, or a comma-separated
+//! list), with the TLS policy the CA client uses, the `PROV_CERT` identity read for each
+//! connection and the bearer token for each stream.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use sds::tls::failover::Failover;
+
+use super::{Connect, Probe, Upstream};
+use crate::config::XdsUpstream;
+
+/// The proxy's [`Upstream`] for `config`. A new connection is only asked for after the previous
+/// one was lost, closed or could not open a stream, so each one starts past the target the
+/// previous one used: a dead or stalled istiod is tried last, and the others first.
+/// The address was validated when the config was loaded; an error here names it again.
+pub fn upstream(config: &XdsUpstream) -> Result<Upstream, String> {
+    let failover = Failover::new(&config.address, config.plaintext)
+        .map_err(|e| format!("discoveryAddress: {e}"))?;
+    let mut inputs = sds::ChannelInputs::new(
+        config.address.clone(),
+        config.root.clone(),
+        config.server_name.clone(),
+    );
+    inputs.plaintext = config.plaintext;
+    inputs.keepalive = Some(config.keepalive);
+    // A target that accepts TCP but never completes the handshake (a stopped istiod) is left
+    // after the keepalive timeout, as a stalled connection would be.
+    let per_target = config.keepalive.1;
+    let prov_cert = config.prov_cert.clone();
+    let in_use: Arc<Mutex<Option<SocketAddr>>> = Arc::default();
+    // The target of the latest connection (kept for the probe of a lost one).
+    let last: Arc<Mutex<Option<SocketAddr>>> = Arc::default();
+    let last_set = last.clone();
+    let connect: Connect = Arc::new(move || {
+        let mut inputs = inputs.clone();
+        inputs.client_identity = prov_cert.as_ref().and_then(sds::ca::prov_cert_identity);
+        let failover = failover.clone();
+        let in_use = in_use.clone();
+        let last = last_set.clone();
+        Box::pin(async move {
+            let previous = in_use
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(previous) = previous {
+                failover.failed(previous);
+            }
+            let (channel, addr) = sds::tls::connect_failover(&inputs, &failover, per_target)
+                .await
+                .map_err(|e| e.to_string())?;
+            *in_use
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(addr);
+            *last
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(addr);
+            Ok(channel)
+        })
+    });
+    let token_path = config.token_path.clone();
+    let probe: Probe = Arc::new(move || {
+        let addr = *last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Box::pin(async move { Some(probe(addr?).await) })
+    });
+    Ok(Upstream {
+        connect,
+        metadata: config.metadata.clone(),
+        token: Arc::new(move || sds::read_token(&token_path)),
+        probe: Some(probe),
+    })
+}
+
+/// How long the probe of a lost connection's address waits for TCP.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How long after the loss the probe connects: a process being killed closes its connections
+/// before its listener, so a connect at once can still be accepted by a dying istiod.
+const PROBE_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// What a TCP connect to `addr` says about the istiod there (see [`Probe`]).
+async fn probe(addr: SocketAddr) -> &'static str {
+    tokio::time::sleep(PROBE_DELAY).await;
+    match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
+        Ok(Ok(_)) => "stalled",
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => "dead",
+        _ => "unreachable",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::probe;
+
+    #[tokio::test]
+    async fn probe_tells_a_dead_istiod_from_a_stalled_one() {
+        // Listening but never serving: the stalled one.
+        let stalled = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert_eq!(probe(stalled.local_addr().unwrap()).await, "stalled");
+        let addr = stalled.local_addr().unwrap();
+        drop(stalled);
+        assert_eq!(probe(addr).await, "dead");
+    }
+}

@@ -416,6 +416,23 @@ fn envoy_bin() -> Option<PathBuf> {
     None
 }
 
+/// `envoy --mode validate` on a generated bootstrap, from its scratch directory.
+fn validate(envoy: &Path, g: &Generated) -> std::process::Output {
+    Command::new(envoy)
+        .args([
+            "--mode",
+            "validate",
+            "--disable-hot-restart",
+            "-l",
+            "error",
+            "-c",
+        ])
+        .arg(&g.bootstrap)
+        .current_dir(&g.scratch)
+        .output()
+        .expect("run envoy")
+}
+
 /// Cases upstream Envoy 1.40 cannot load, with the extension type its error names: `ambient`
 /// uses Istio's `metadata_discovery` bootstrap extension (only in Istio's Envoy build), and
 /// `tracing_lightstep` the Lightstep tracer upstream Envoy no longer ships.
@@ -441,19 +458,7 @@ fn rendered_bootstraps_validate_in_envoy() {
                     continue;
                 }
             };
-            let out = Command::new(&envoy)
-                .args([
-                    "--mode",
-                    "validate",
-                    "--disable-hot-restart",
-                    "-l",
-                    "error",
-                    "-c",
-                ])
-                .arg(&g.bootstrap)
-                .current_dir(&g.scratch)
-                .output()
-                .expect("run envoy");
+            let out = validate(&envoy, &g);
             let log = format!(
                 "{}{}",
                 String::from_utf8_lossy(&out.stdout),
@@ -586,19 +591,7 @@ fn external_sds_socket_gives_the_golden_plus_the_file_only_cluster() {
         let (diffs, _) = check("default", &golden.to_string(), &mut generated);
         assert!(diffs.is_empty(), "{way:?}:\n  {}", diffs.join("\n  "));
         if let Some(envoy) = envoy_bin() {
-            let out = Command::new(&envoy)
-                .args([
-                    "--mode",
-                    "validate",
-                    "--disable-hot-restart",
-                    "-l",
-                    "error",
-                    "-c",
-                ])
-                .arg(&g.bootstrap)
-                .current_dir(&g.scratch)
-                .output()
-                .expect("run envoy");
+            let out = validate(&envoy, &g);
             assert!(
                 out.status.success(),
                 "{way:?}: Envoy rejects the file-only bootstrap: {}",

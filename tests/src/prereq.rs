@@ -69,3 +69,27 @@ pub fn envoy_bin() -> Option<PathBuf> {
         None
     }
 }
+
+/// Where `scripts/setup.sh` puts grpcio (`PY_GRPC_DIR` overrides): the `PYTHONPATH` for the
+/// Python gRPC apps of the proxyless and probe tests.
+pub fn py_grpc_dir() -> PathBuf {
+    std::env::var_os("PY_GRPC_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::repo_root().join(".tools/py-grpc"))
+}
+
+/// True when python3 can import grpcio and its health service from [`py_grpc_dir`].
+pub fn require_grpcio() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import grpc, grpc_health.v1.health"])
+        .env("PYTHONPATH", py_grpc_dir())
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        missing(
+            &format!("python3 with grpcio in {}", py_grpc_dir().display()),
+            "run scripts/setup.sh, which installs grpcio from PyPI there",
+        );
+    }
+    ok
+}

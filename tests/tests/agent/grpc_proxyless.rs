@@ -12,7 +12,8 @@
 //! every port moved to a free one.
 
 use harness::local::{LocalIstiod, Ports, agent_env, free_port};
-use harness::{Child, assert_eventually, http_get, in_ci, workspace_bin};
+use harness::prereq::{py_grpc_dir, require_grpcio};
+use harness::{Child, assert_eventually, http_get, workspace_bin};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -30,13 +31,6 @@ fn tests_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Where `scripts/setup.sh` puts grpcio (`PY_GRPC_DIR` overrides).
-fn py_grpc_dir() -> PathBuf {
-    std::env::var_os("PY_GRPC_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| tests_dir().join("../.tools/py-grpc"))
-}
-
 fn python(script_args: &[&str]) -> Command {
     let mut cmd = Command::new("python3");
     cmd.arg(tests_dir().join("py/grpc_xds.py"))
@@ -44,28 +38,6 @@ fn python(script_args: &[&str]) -> Command {
         .env("PYTHONPATH", py_grpc_dir())
         .env("PYTHONUNBUFFERED", "1");
     cmd
-}
-
-/// True when python3 can import grpcio; otherwise skips (fails under `CI=true`).
-fn require_grpcio() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import grpc, grpc_health.v1.health"])
-        .env("PYTHONPATH", py_grpc_dir())
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        let msg = format!(
-            "missing prerequisite: python3 with grpcio in {} (run scripts/setup.sh, which \
-             installs grpcio from PyPI there)",
-            py_grpc_dir().display()
-        );
-        assert!(
-            !in_ci(),
-            "{msg}; CI=true, so this test fails instead of skipping"
-        );
-        eprintln!("SKIP: {msg}");
-    }
-    ok
 }
 
 /// One ServiceEntry: the gRPC service at a VIP, its one endpoint the test server on loopback

@@ -11,10 +11,11 @@
 //! No root, no namespaces, no Envoy: everything on 127.0.0.1 (the pod IP), every port free.
 
 use harness::local::{Ports, Unprivileged, agent_env, free_port};
-use harness::{Child, assert_eventually, in_ci};
+use harness::prereq::{py_grpc_dir, require_grpcio};
+use harness::{Child, assert_eventually};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,36 +26,6 @@ const GRPC_SERVICE: &str = "probes-e2e";
 /// This crate's folder (`tests/`), as this test was built.
 fn tests_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Where `scripts/setup.sh` puts grpcio (`PY_GRPC_DIR` overrides).
-fn py_grpc_dir() -> PathBuf {
-    std::env::var_os("PY_GRPC_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| tests_dir().join("../.tools/py-grpc"))
-}
-
-/// True when python3 can import grpcio's health service; otherwise skips (fails under
-/// `CI=true`).
-fn require_grpcio() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import grpc, grpc_health.v1.health"])
-        .env("PYTHONPATH", py_grpc_dir())
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        let msg = format!(
-            "missing prerequisite: python3 with grpcio in {} (run scripts/setup.sh, which \
-             installs grpcio from PyPI there)",
-            py_grpc_dir().display()
-        );
-        assert!(
-            !in_ci(),
-            "{msg}; CI=true, so this test fails instead of skipping"
-        );
-        eprintln!("SKIP: {msg}");
-    }
-    ok
 }
 
 /// One request the HTTP app saw: its head (request line and headers) and its peer.

@@ -180,8 +180,11 @@ fn gateway_template_runs_a_router() {
         .map(|a| a.to_string())
         .collect()
     };
+    // A root flag before the subcommand, its value a separate argument (as cobra takes it).
     let mut cmd = user.command("pilot-agent");
-    cmd.args(args("bootstrap")).current_dir(s);
+    cmd.args(["--log_output_level", "default:info"])
+        .args(args("bootstrap"))
+        .current_dir(s);
     agent_env(&mut cmd, istiod.secure, SA, &ports);
     let out = cmd.output().expect("pilot-agent bootstrap router");
     assert!(

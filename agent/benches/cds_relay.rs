@@ -9,7 +9,9 @@
 //!
 //! Usually run by `agent/benches/cds-relay.sh` (builds the release binaries first). Env:
 //! `CDS_RELAY_AGENT` (default `target/dist/pilot-agent`, the shipped build), `CDS_RELAY_ISTIOD`
-//! (default `target/release/istiod-lite`), `CDS_RELAY_CLUSTERS` (10000), `CDS_RELAY_RUNS` (5).
+//! (default `target/release/istiod-lite`), `CDS_RELAY_CLUSTERS` (10000), `CDS_RELAY_RUNS` (5),
+//! `CDS_RELAY_BASELINE` (another pilot-agent build, e.g. the previous commit's: relayed and
+//! measured in the same runs, and compared with the agent under test).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -23,6 +25,10 @@ use proto::type_url::CLUSTER;
 
 const NS: &str = "demo";
 const SAN: &str = "istiod.istio-system.svc";
+/// Envoy's default HTTP/2 receive windows (`Http2ProtocolOptions`: 256 MiB, stream and
+/// connection), which Istio's bootstrap leaves as they are for `xds-grpc`: the simulated
+/// Envoy reads with them on every path.
+const ENVOY_WINDOW: u32 = 256 << 20;
 
 struct Procs(Vec<Child>);
 
@@ -49,6 +55,19 @@ fn status_kib(pid: u32, field: &str) -> u64 {
             s.lines()
                 .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// CPU time the process has used (all threads, ns), from /proc/<pid>/task/*/schedstat.
+fn cpu_ns(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+                .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .sum()
         })
         .unwrap_or(0)
 }
@@ -81,8 +100,8 @@ type Client = AggregatedDiscoveryServiceClient<tonic::transport::Channel>;
 
 async fn uds_client(path: PathBuf) -> Client {
     let channel = tonic::transport::Endpoint::from_static("http://xds")
-        .initial_stream_window_size(1 << 20)
-        .initial_connection_window_size(1 << 20)
+        .initial_stream_window_size(ENVOY_WINDOW)
+        .initial_connection_window_size(ENVOY_WINDOW)
         .connect_with_connector(tower::service_fn(move |_| {
             let path = path.clone();
             async move {
@@ -208,56 +227,42 @@ fn main() {
     let root = std::fs::read(w.join("ca/root-cert.pem")).unwrap();
     std::fs::write(w.join("pod/var/run/secrets/istio/root-cert.pem"), &root).unwrap();
 
-    let status_port = free_port();
-    let agent = Command::new(&agent_bin)
-        .args(["proxy", "sidecar"])
-        .current_dir(w.join("pod"))
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .envs([
-            ("POD_NAME", "bench"),
-            ("POD_NAMESPACE", NS),
-            ("SERVICE_ACCOUNT", "sa"),
-            ("INSTANCE_IP", "127.0.0.1"),
-            ("ISTIOD_SAN", SAN),
-            ("ECC_SIGNATURE_ALGORITHM", "ECDSA"),
-            ("ISTIO_AGENT_EXTERNAL_ENVOY", "true"),
-            ("RUST_LOG", "warn"),
-        ])
-        .env(
-            "PROXY_CONFIG",
-            format!(
-                r#"{{"discoveryAddress":"127.0.0.1:{secure}","proxyAdminPort":{},"statusPort":{status_port}}}"#,
-                free_port()
-            ),
-        )
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("starting pilot-agent (build it: cargo build --profile dist -p agent --bin pilot-agent)");
-    let agent_pid = agent.id();
-    procs.0.push(agent);
-    let xds = w.join("pod/etc/istio/proxy/XDS");
-    wait_for("the agent's XDS socket", || xds.exists());
+    let mut agents = vec![Agent::start(&agent_bin, w, "pod", secure, &mut procs)];
+    if let Some(baseline) = std::env::var_os("CDS_RELAY_BASELINE") {
+        for f in ["tokens/istio-token", "istio/root-cert.pem"] {
+            let to = w.join("baseline/var/run/secrets").join(f);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(w.join("pod/var/run/secrets").join(f), to).unwrap();
+        }
+        agents.push(Agent::start(
+            Path::new(&baseline),
+            w,
+            "baseline",
+            secure,
+            &mut procs,
+        ));
+    }
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let tls = sds::ChannelInputs::new(
+    let mut tls = sds::ChannelInputs::new(
         format!("127.0.0.1:{secure}"),
         sds::RootSource::Pem(root),
         SAN,
     );
+    tls.window = ENVOY_WINDOW;
     let mut plain =
         sds::ChannelInputs::new(format!("127.0.0.1:{grpc}"), sds::RootSource::System, "");
     plain.plaintext = true;
+    plain.window = ENVOY_WINDOW;
 
-    let (mut direct_tls, mut direct_plain, mut via_agent) = (vec![], vec![], vec![]);
-    let (mut n_direct, mut n_agent, mut bytes) = (0, 0, 0);
-    let (rss_before, hwm_before) = (
-        status_kib(agent_pid, "VmRSS:"),
-        status_kib(agent_pid, "VmHWM:"),
-    );
+    let (mut direct_tls, mut direct_plain) = (vec![], vec![]);
+    let (mut n_direct, mut bytes) = (0, 0);
+    for a in &mut agents {
+        a.before = (status_kib(a.pid, "VmRSS:"), status_kib(a.pid, "VmHWM:"));
+    }
     rt.block_on(async {
         // Warm-up: istiod-lite builds and caches the config on the first request.
         fetch_cds(tcp_client(&plain), None).await;
@@ -266,35 +271,116 @@ fn main() {
             direct_tls.push(d);
             (n_direct, bytes) = (n, b);
             direct_plain.push(fetch_cds(tcp_client(&plain), None).await.0);
-            let (d, n, _) = fetch_cds(uds_client(xds.clone()).await, None).await;
-            via_agent.push(d);
-            n_agent = n;
+            for a in &mut agents {
+                let cpu = cpu_ns(a.pid);
+                let (d, n, _) = fetch_cds(uds_client(a.xds.clone()).await, None).await;
+                a.cpu.push(Duration::from_nanos(cpu_ns(a.pid) - cpu));
+                a.times.push(d);
+                assert_eq!(n, n_direct, "{}: the agent relayed every cluster", a.name);
+            }
         }
     });
-    let hwm_after = status_kib(agent_pid, "VmHWM:");
-    let rss_after = status_kib(agent_pid, "VmRSS:");
+    for a in &mut agents {
+        a.after = (status_kib(a.pid, "VmRSS:"), status_kib(a.pid, "VmHWM:"));
+    }
     // The agent trims its heap every 10 s while idle.
     std::thread::sleep(Duration::from_secs(11));
-    let rss_idle = status_kib(agent_pid, "VmRSS:");
-    assert_eq!(n_direct, n_agent, "the agent relayed every cluster");
-    let (t, p, a) = (
-        median(&mut direct_tls),
-        median(&mut direct_plain),
-        median(&mut via_agent),
-    );
+    let (t, p) = (median(&mut direct_tls), median(&mut direct_plain));
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "clusters={n_agent} cds_bytes={bytes} runs={runs}\n\
-         direct_tls_ms={:.1} direct_plaintext_ms={:.1} via_agent_ms={:.1} (medians)\n\
-         relay_overhead_ms={:.1} via_agent/direct_tls={:.2}\n\
-         agent_rss_kib_before={rss_before} agent_hwm_kib_before={hwm_before} \
-         agent_hwm_kib_after={hwm_after} agent_peak_delta_kib={} agent_rss_kib_after={rss_after} \
-         agent_rss_kib_after_11s_idle={rss_idle}",
+        "clusters={n_direct} cds_bytes={bytes} runs={runs}\n\
+         direct_tls_ms={:.1} direct_plaintext_ms={:.1} (medians)",
         ms(t),
         ms(p),
-        ms(a),
-        ms(a) - ms(t),
-        a.as_secs_f64() / t.as_secs_f64(),
-        hwm_after.saturating_sub(hwm_before),
     );
+    let mut first = None;
+    for a in &mut agents {
+        let via = median(&mut a.times);
+        let vs_first = first
+            .map(|f: Duration| {
+                format!(
+                    " {}/agent={:.2}",
+                    a.name,
+                    via.as_secs_f64() / f.as_secs_f64()
+                )
+            })
+            .unwrap_or_default();
+        first.get_or_insert(via);
+        println!(
+            "{name}: via_{name}_ms={:.1} relay_overhead_ms={:.1} via_{name}/direct_tls={:.2}{vs_first} \
+             cpu_ms_per_relay={:.1}\n\
+             {name}: rss_kib_before={} hwm_kib_before={} hwm_kib_after={} peak_delta_kib={} \
+             rss_kib_after={} rss_kib_after_11s_idle={}",
+            ms(via),
+            ms(via) - ms(t),
+            via.as_secs_f64() / t.as_secs_f64(),
+            ms(median(&mut a.cpu)),
+            a.before.0,
+            a.before.1,
+            a.after.1,
+            a.after.1.saturating_sub(a.before.1),
+            a.after.0,
+            status_kib(a.pid, "VmRSS:"),
+            name = a.name,
+        );
+    }
+}
+
+/// One pilot-agent under test: `agent` (CDS_RELAY_AGENT), or `baseline` (CDS_RELAY_BASELINE).
+struct Agent {
+    name: &'static str,
+    pid: u32,
+    xds: PathBuf,
+    times: Vec<Duration>,
+    /// CPU time during each relay.
+    cpu: Vec<Duration>,
+    /// (VmRSS, VmHWM) before and after the pushes.
+    before: (u64, u64),
+    after: (u64, u64),
+}
+
+impl Agent {
+    /// Starts `bin` as a sidecar agent (external Envoy) in `<w>/<name>` (token and root cert in
+    /// place), relaying to istiod-lite on `secure`.
+    fn start(bin: &Path, w: &Path, dir: &'static str, secure: u16, procs: &mut Procs) -> Agent {
+        let status_port = free_port();
+        let agent = Command::new(bin)
+            .args(["proxy", "sidecar"])
+            .current_dir(w.join(dir))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .envs([
+                ("POD_NAME", "bench"),
+                ("POD_NAMESPACE", NS),
+                ("SERVICE_ACCOUNT", "sa"),
+                ("INSTANCE_IP", "127.0.0.1"),
+                ("ISTIOD_SAN", SAN),
+                ("ECC_SIGNATURE_ALGORITHM", "ECDSA"),
+                ("ISTIO_AGENT_EXTERNAL_ENVOY", "true"),
+                ("RUST_LOG", "warn"),
+            ])
+            .env(
+                "PROXY_CONFIG",
+                format!(
+                    r#"{{"discoveryAddress":"127.0.0.1:{secure}","proxyAdminPort":{},"statusPort":{status_port}}}"#,
+                    free_port()
+                ),
+            )
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {} (build it: cargo build --profile dist -p agent --bin pilot-agent): {e}", bin.display()));
+        let pid = agent.id();
+        procs.0.push(agent);
+        let xds = w.join(dir).join("etc/istio/proxy/XDS");
+        wait_for("the agent's XDS socket", || xds.exists());
+        Agent {
+            name: if dir == "pod" { "agent" } else { "baseline" },
+            pid,
+            xds,
+            times: vec![],
+            cpu: vec![],
+            before: (0, 0),
+            after: (0, 0),
+        }
+    }
 }

@@ -160,6 +160,7 @@ impl CaClient {
             server_name: self.inner.server_name.clone(),
             client_identity: self.inner.prov_cert.as_ref().and_then(load_client_identity),
             keepalive: self.inner.keepalive,
+            window: crate::tls::DEFAULT_WINDOW,
         };
         let ch = grpc_channel_to(&inputs, target)?;
         debug!(addr = %self.inner.addr, target = %target.addr, server_name = %self.inner.server_name, root = %self.inner.root.describe(), "built CA channel");

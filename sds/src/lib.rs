@@ -26,8 +26,8 @@
 //!   .is_root()                                // ROOTCA / file-root:* (a validation context)
 //! SdsServer::bind(&socket_path, manager).await -> Result<SdsServer, Error>   // stale socket removed
 //!   .path(), .run(CancellationToken).await -> Result<(), Error>   // socket removed at the end
-//! ChannelInputs { addr, plaintext, root: RootSource, server_name, client_identity, keepalive }
-//! ChannelInputs::new(addr, root, server_name)  // TLS, no client cert, Istio keepalive 30s/10s
+//! ChannelInputs { addr, plaintext, root: RootSource, server_name, client_identity, keepalive, window }
+//! ChannelInputs::new(addr, root, server_name)  // TLS, no client cert, Istio keepalive 30s/10s, 4 MiB windows
 //! RootSource::{System, Pem(Vec<u8>), File(PathBuf)}
 //! grpc_channel(&ChannelInputs) -> Result<tonic::transport::Channel, Error>   // lazy, non-blocking
 //! external::check_socket(&Path, timeout) -> Result<SocketCheck, Error>  // Absent | Healthy |

@@ -26,5 +26,7 @@ pub mod xds_proxy;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use crate::xds_proxy::fuzzing::{ResponseHead, decode_response_head};
+    pub use crate::xds_proxy::fuzzing::{
+        ResponseHead, check_against_prost, decode_response_head, relay_frames,
+    };
 }

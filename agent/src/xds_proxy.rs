@@ -4,6 +4,9 @@
 //! - Requests, ACKs, NACKs and responses pass verbatim and in order; the proxy never acks for
 //!   Envoy. Responses are relayed as the bytes istiod sent, never decoded beyond their type
 //!   URL, version and nonce (see [`codec`]); requests are decoded (the proxy reads their type URL).
+//! - Responses up to 64 KiB are held until complete, then relayed; a longer one for Envoy goes
+//!   on frame by frame as it arrives, its head read on the way ([`upstream`], [`sieve`]), so the
+//!   second hop overlaps the first and the proxy never holds a large response whole.
 //! - Only NDS (the DNS name table) is the proxy's own: subscribed after Envoy's first LDS
 //!   request when DNS capture is on, decoded in full, acked or nacked by the proxy (a malformed
 //!   table is nacked), never shown to Envoy.
@@ -16,7 +19,9 @@
 //!   stays open; the proxy reconnects (jittered backoff from 100 ms, capped at 1 s; with several
 //!   istiod addresses or IPs, to the next one first: [`connect`]) and opens
 //!   the new stream with Envoy's current subscriptions ([`subscriptions`]), so Envoy never
-//!   sees the restart. ACKs/NACKs for the old stream's responses are not forwarded. With
+//!   sees the restart. ACKs/NACKs for the old stream's responses are not forwarded. The one
+//!   loss Envoy does see: in the middle of a long response already partly relayed, Envoy holds
+//!   part of a message that can never be completed, so its stream ends (UNAVAILABLE). With
 //!   `XDS_PROXY_RECONNECT=false` (Istio's behaviour), and always when istiod refuses the stream
 //!   (e.g. PERMISSION_DENIED) or Envoy leaves, the other side is closed with the same status.
 //! - One Envoy stream at a time (as Istio): a new stream, SotW or Delta, ends the previous one
@@ -29,7 +34,9 @@ mod connect;
 pub mod fake;
 mod hpack;
 mod relay;
+mod sieve;
 mod subscriptions;
+mod upstream;
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
@@ -51,6 +58,8 @@ pub use connect::upstream;
 #[cfg(feature = "fuzzing")]
 pub(crate) mod fuzzing {
     pub use super::codec::{ResponseHead, decode_response_head};
+    pub use super::sieve::check_against_prost;
+    pub use super::upstream::relay_frames;
 }
 
 /// The ADS service's gRPC name and its two methods.

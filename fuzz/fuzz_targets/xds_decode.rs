@@ -1,7 +1,9 @@
 //! xDS and NDS from the wire into our types: `DiscoveryResponse` / `DeltaDiscoveryResponse` /
 //! `NameTable` decoding and `proto::unpack` of every resource into the type its URL names; and the
 //! agent's xDS proxy header codec (`version_info`/`type_url`/`nonce` only), which must never panic
-//! and must agree with prost's full decode whenever that succeeds.
+//! and must agree with prost's full decode whenever that succeeds; the proxy's streaming sieve,
+//! fed the bytes in input-chosen chunks, which must read what prost reads and reject what prost
+//! rejects; and its response framer, which must only ever send Envoy a prefix of istiod's bytes.
 #![no_main]
 
 use prost::Message;
@@ -60,4 +62,19 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = NameTable::decode(data);
+
+    // Chunk boundaries from the input's first bytes; both message kinds.
+    let cuts: Vec<usize> = data.iter().take(8).map(|&b| b as usize * 7 % (data.len() + 1)).collect();
+    for delta in [false, true] {
+        if let Err(e) = agent::fuzzing::check_against_prost(data, delta, &cuts) {
+            panic!("sieve and prost disagree (delta={delta}): {e}");
+        }
+    }
+    // The input as istiod's byte stream: gRPC-framed responses, in frames of 1..=64 bytes,
+    // holding up to 32 bytes.
+    let frame = data.first().map_or(1, |&b| usize::from(b % 64) + 1);
+    for delta in [false, true] {
+        let (sent, _) = agent::fuzzing::relay_frames(data, delta, 32, frame);
+        assert!(data.starts_with(&sent), "the framer sent Envoy bytes istiod did not send");
+    }
 });

@@ -5,10 +5,10 @@
 
 use std::marker::PhantomData;
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::{BufMut, Bytes};
 use prost::Message;
 use tonic::Status;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{DecodeBuf, Decoder};
 
 /// The fields of a `DiscoveryResponse` or `DeltaDiscoveryResponse` the proxy reads; their
 /// numbers are the same in both messages (`version_info` / `system_version_info` 1, `type_url`
@@ -80,32 +80,6 @@ fn decode_error(e: prost::DecodeError) -> Status {
     Status::internal(e.to_string())
 }
 
-/// Decodes a [`RawResponse`] without copying the message out of tonic's receive buffer.
-pub(crate) struct RawDecoder;
-
-impl Decoder for RawDecoder {
-    type Item = RawResponse;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<RawResponse>, Status> {
-        let bytes = src.copy_to_bytes(src.remaining());
-        RawResponse::new(bytes).map(Some).map_err(decode_error)
-    }
-}
-
-/// Encodes a typed message with prost.
-pub(crate) struct TypedEncoder<M>(PhantomData<M>);
-
-impl<M: Message> Encoder for TypedEncoder<M> {
-    type Item = M;
-    type Error = Status;
-
-    fn encode(&mut self, item: M, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        item.encode(dst)
-            .map_err(|e| Status::internal(format!("encoding a request: {e}")))
-    }
-}
-
 /// Decodes a typed message with prost.
 pub(crate) struct TypedDecoder<M>(PhantomData<M>);
 
@@ -118,39 +92,23 @@ impl<M: Message + Default> Decoder for TypedDecoder<M> {
     }
 }
 
-/// Towards istiod: typed requests out, raw responses in.
-pub(crate) struct UpstreamCodec<Req>(PhantomData<fn() -> Req>);
-
-impl<Req> Default for UpstreamCodec<Req> {
-    fn default() -> Self {
-        UpstreamCodec(PhantomData)
-    }
-}
-
-impl<Req: Message + Send + 'static> Codec for UpstreamCodec<Req> {
-    type Encode = Req;
-    type Decode = RawResponse;
-    type Encoder = TypedEncoder<Req>;
-    type Decoder = RawDecoder;
-
-    fn encoder(&mut self) -> TypedEncoder<Req> {
-        TypedEncoder(PhantomData)
-    }
-
-    fn decoder(&mut self) -> RawDecoder {
-        RawDecoder
-    }
-}
-
 /// Decodes Envoy's requests (typed, with prost).
 pub(crate) fn request_decoder<M: Message + Default + Send + 'static>() -> TypedDecoder<M> {
     TypedDecoder(PhantomData)
 }
 
-/// The gRPC response body towards Envoy: each [`RawResponse`] goes out as its 5-byte gRPC
-/// message header and then its bytes as received from istiod (shared, not copied: tonic's
-/// encoder would copy every message into its own buffer first), then the trailers with the
-/// stream's status (`grpc-status: 0`, or the status the relay ended it with).
+/// What the relay hands Envoy's stream: a whole response, or bytes of one relayed as it
+/// arrives ([`super::upstream::Piece::Part`], gRPC header included).
+#[derive(Debug)]
+pub(crate) enum Down {
+    Whole(RawResponse),
+    Part(Bytes),
+}
+
+/// The gRPC response body towards Envoy: each whole [`RawResponse`] goes out as its 5-byte
+/// gRPC message header and then its bytes as received from istiod (shared, not copied: tonic's
+/// encoder would copy every message into its own buffer first), each part as it is, then the
+/// trailers with the stream's status (`grpc-status: 0`, or the status the relay ended it with).
 pub(crate) struct ResponseBody<S> {
     responses: S,
     /// The message whose header was just sent.
@@ -189,7 +147,7 @@ fn trailers(status: &Status) -> http::HeaderMap {
 
 impl<S> hyper::body::Body for ResponseBody<S>
 where
-    S: futures::Stream<Item = Result<RawResponse, Status>> + Unpin,
+    S: futures::Stream<Item = Result<Down, Status>> + Unpin,
 {
     type Data = Bytes;
     type Error = Status;
@@ -209,7 +167,10 @@ where
             std::pin::Pin::new(&mut self.responses),
             cx
         )) {
-            Some(Ok(resp)) => match message_header(resp.bytes.len()) {
+            Some(Ok(Down::Part(bytes))) => {
+                return Poll::Ready(Some(Ok(hyper::body::Frame::data(bytes))));
+            }
+            Some(Ok(Down::Whole(resp))) => match message_header(resp.bytes.len()) {
                 Ok(header) => {
                     self.pending = Some(resp.bytes);
                     return Poll::Ready(Some(Ok(hyper::body::Frame::data(header))));

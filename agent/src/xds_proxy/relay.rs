@@ -13,8 +13,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use super::codec::{Head, RawResponse, UpstreamCodec};
+use super::codec::{Down, Head, RawResponse};
 use super::subscriptions::{DeltaSubscriptions, SotwSubscriptions, Subscriptions};
+use super::upstream::{Piece, RequestStream, Responses};
 use super::{Inputs, ReconnectLabels, TerminationLabels};
 use crate::health::Health;
 
@@ -33,6 +34,7 @@ pub(crate) trait Flavor: Send + Sync + 'static {
     /// What a new upstream stream replays.
     type Subs: Subscriptions<Req = Self::Req>;
     const NAME: &'static str;
+    const DELTA: bool;
     /// The ADS method's gRPC path.
     const PATH: &'static str;
     fn req_type(r: &Self::Req) -> &str;
@@ -48,29 +50,6 @@ pub(crate) trait Flavor: Send + Sync + 'static {
     /// `None`: nothing changed (a Delta response without resources, e.g. after a reconnect
     /// whose `initial_resource_versions` matched), so the table stays and is acked.
     fn nds_table(resp: &Self::Resp) -> Result<Option<NameTable>, String>;
-}
-
-/// The requests of one upstream stream.
-type RequestStream<Req> = std::pin::Pin<Box<dyn futures::Stream<Item = Req> + Send>>;
-
-/// Opens the upstream ADS stream: typed requests out, responses in as received.
-async fn call<F: Flavor>(
-    channel: tonic::transport::Channel,
-    req: tonic::Request<RequestStream<F::Req>>,
-) -> Result<tonic::Streaming<RawResponse>, tonic::Status> {
-    let mut grpc = tonic::client::Grpc::new(channel)
-        .max_decoding_message_size(i32::MAX as usize)
-        .max_encoding_message_size(usize::MAX);
-    grpc.ready()
-        .await
-        .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
-    grpc.streaming(
-        req,
-        http::uri::PathAndQuery::from_static(F::PATH),
-        UpstreamCodec::<F::Req>::default(),
-    )
-    .await
-    .map(tonic::Response::into_inner)
 }
 
 /// The first resource of an NDS response, decoded from the raw response.
@@ -99,6 +78,7 @@ impl Flavor for Sotw {
     type Resp = DiscoveryResponse;
     type Subs = SotwSubscriptions;
     const NAME: &'static str = "sotw";
+    const DELTA: bool = false;
     const PATH: &'static str = super::SOTW_PATH;
     fn req_type(r: &DiscoveryRequest) -> &str {
         &r.type_url
@@ -146,6 +126,7 @@ impl Flavor for Delta {
     type Resp = DeltaDiscoveryResponse;
     type Subs = DeltaSubscriptions;
     const NAME: &'static str = "delta";
+    const DELTA: bool = true;
     const PATH: &'static str = super::DELTA_PATH;
     fn req_type(r: &DeltaDiscoveryRequest) -> &str {
         &r.type_url
@@ -192,7 +173,7 @@ impl Flavor for Delta {
 }
 
 /// Types relayed to Envoy; everything else from istiod is dropped.
-fn forwarded(type_url: &str) -> bool {
+pub(crate) fn forwarded(type_url: &str) -> bool {
     type_url.starts_with("type.googleapis.com/envoy.")
         || type_url.starts_with("type.googleapis.com/istio.workload.")
 }
@@ -247,9 +228,9 @@ pub(crate) fn start<F: Flavor>(
     inputs: Arc<Inputs>,
     downstream: tonic::Streaming<F::Req>,
     done: CancellationToken,
-) -> ReceiverStream<Result<RawResponse, tonic::Status>> {
+) -> ReceiverStream<Result<Down, tonic::Status>> {
     let queue = inputs.queue.max(1);
-    let (down_tx, down_rx) = mpsc::channel::<Result<RawResponse, tonic::Status>>(queue);
+    let (down_tx, down_rx) = mpsc::channel::<Result<Down, tonic::Status>>(queue);
     let (up_tx, up_rx) = mpsc::channel::<F::Req>(queue);
     let link: Shared<F> = Arc::new(std::sync::Mutex::new(Link {
         tx: up_tx,
@@ -435,7 +416,7 @@ async fn open<F: Flavor>(
     inputs: &Inputs,
     replay: Vec<F::Req>,
     rx: mpsc::Receiver<F::Req>,
-) -> Result<tonic::Streaming<RawResponse>, tonic::Status> {
+) -> Result<Responses, tonic::Status> {
     let channel = (inputs.upstream.connect)()
         .await
         .map_err(|e| tonic::Status::unavailable(format!("connecting to istiod: {e}")))?;
@@ -443,24 +424,24 @@ async fn open<F: Flavor>(
         futures::stream::iter(replay),
         ReceiverStream::new(rx),
     ));
-    let mut request = tonic::Request::new(body);
+    let mut headers = http::HeaderMap::new();
     for (k, v) in &inputs.upstream.metadata {
         match (
-            tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()),
-            tonic::metadata::MetadataValue::try_from(v.as_str()),
+            http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes()),
+            http::HeaderValue::try_from(v.as_str()),
         ) {
-            (Ok(k), Ok(v)) => {
-                request.metadata_mut().insert(k, v);
+            (Ok(k), Ok(v)) if !k.as_str().starts_with("grpc-") && !k.as_str().starts_with(':') => {
+                headers.insert(k, v);
             }
             _ => tracing::warn!(header = %k, "skipping invalid upstream xDS header"),
         }
     }
     if let Some(token) = (inputs.upstream.token)()
-        && let Ok(v) = tonic::metadata::MetadataValue::try_from(format!("Bearer {token}"))
+        && let Ok(v) = http::HeaderValue::try_from(format!("Bearer {token}"))
     {
-        request.metadata_mut().insert("authorization", v);
+        headers.insert(http::header::AUTHORIZATION, v);
     }
-    call::<F>(channel, request).await
+    super::upstream::call(channel, F::PATH, headers, body, F::DELTA).await
 }
 
 /// Jittered exponential backoff between upstream attempts: from [`BACKOFF_START`] doubling up
@@ -484,7 +465,7 @@ async fn upstream_to_downstream<F: Flavor>(
     inputs: Arc<Inputs>,
     first: mpsc::Receiver<F::Req>,
     link: Shared<F>,
-    down_tx: mpsc::Sender<Result<RawResponse, tonic::Status>>,
+    down_tx: mpsc::Sender<Result<Down, tonic::Status>>,
     done: CancellationToken,
 ) {
     let envoy_gone = || {
@@ -615,8 +596,8 @@ async fn upstream_to_downstream<F: Flavor>(
 async fn relay<F: Flavor>(
     inputs: &Inputs,
     link: &Shared<F>,
-    mut upstream: tonic::Streaming<RawResponse>,
-    down_tx: &mpsc::Sender<Result<RawResponse, tonic::Status>>,
+    mut upstream: Responses,
+    down_tx: &mpsc::Sender<Result<Down, tonic::Status>>,
     done: &CancellationToken,
     backoff: &mut Backoff,
 ) -> Outcome {
@@ -624,10 +605,25 @@ async fn relay<F: Flavor>(
         let msg = tokio::select! {
             _ = done.cancelled() => return Outcome::Done,
             _ = down_tx.closed() => return Outcome::Done,
-            m = upstream.message() => m,
+            m = upstream.next() => m,
         };
         match msg {
-            Ok(Some(resp)) => {
+            Ok(Some(Piece::Part(bytes))) => {
+                if !send(down_tx, Ok(Down::Part(bytes)), done, "Envoy").await {
+                    return Outcome::Done;
+                }
+            }
+            Ok(Some(Piece::Last(bytes, resp))) => {
+                inputs.metrics.responses.inc();
+                *backoff = Backoff(0);
+                if let Some(subs) = lock(link).subs.as_mut() {
+                    subs.on_response(&resp);
+                }
+                if !send(down_tx, Ok(Down::Part(bytes)), done, "Envoy").await {
+                    return Outcome::Done;
+                }
+            }
+            Ok(Some(Piece::Whole(resp))) => {
                 inputs.metrics.responses.inc();
                 *backoff = Backoff(0);
                 if let Some(subs) = lock(link).subs.as_mut() {
@@ -650,7 +646,7 @@ async fn relay<F: Flavor>(
                         return Outcome::Done;
                     }
                 } else if forwarded(t) {
-                    if !send(down_tx, Ok(resp), done, "Envoy").await {
+                    if !send(down_tx, Ok(Down::Whole(resp)), done, "Envoy").await {
                         return Outcome::Done;
                     }
                 } else {
@@ -670,6 +666,23 @@ async fn relay<F: Flavor>(
                     status: None,
                     reason: "closed",
                 };
+            }
+            Err(status) if upstream.relaying() => {
+                // Envoy holds part of a response that can never be completed: its stream ends
+                // (as Istio's always does) and Envoy reconnects.
+                tracing::warn!(flavor = F::NAME, status = %status,
+                    "upstream xDS stream ended in the middle of a response partly relayed to Envoy; ending Envoy's stream");
+                inputs
+                    .metrics
+                    .istiod_connection_terminations
+                    .get_or_create(&TerminationLabels {
+                        r#type: termination(&status),
+                    })
+                    .inc();
+                return Outcome::End(tonic::Status::unavailable(format!(
+                    "the upstream xDS stream ended in the middle of a response: {}",
+                    status.message()
+                )));
             }
             Err(status) => {
                 tracing::warn!(flavor = F::NAME, status = %status, "upstream xDS stream ended");

@@ -137,19 +137,19 @@ impl Subscriptions for SotwSubscriptions {
 
 /// The names and versions of a Delta response's resources (the resources themselves skipped).
 #[derive(Clone, PartialEq, prost::Message)]
-struct DeltaResources {
+pub(crate) struct DeltaResources {
     #[prost(message, repeated, tag = "2")]
-    resources: Vec<ResourceId>,
+    pub(crate) resources: Vec<ResourceId>,
     #[prost(string, repeated, tag = "6")]
-    removed_resources: Vec<String>,
+    pub(crate) removed_resources: Vec<String>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-struct ResourceId {
+pub(crate) struct ResourceId {
     #[prost(string, tag = "1")]
-    version: String,
+    pub(crate) version: String,
     #[prost(string, tag = "3")]
-    name: String,
+    pub(crate) name: String,
 }
 
 /// One Delta type: subscribed names and the versions Envoy holds.

@@ -545,52 +545,91 @@ async fn health_goes_upstream_after_lds_and_on_change() {
     assert_eq!((detail.code, detail.message.as_str()), (13, "app down"));
 }
 
-/// Envoy receives each response as the bytes istiod sent (read here without decoding), and an
-/// unknown method of the ADS service is UNIMPLEMENTED.
+/// Reads a proxy's ADS stream below tonic's decoder: each response as the bytes on the wire.
+async fn raw_stream(
+    path: &Path,
+    method: &'static str,
+    rx: mpsc::Receiver<DiscoveryRequest>,
+) -> Result<upstream::Responses, tonic::Status> {
+    upstream::call(
+        uds_channel(path).await,
+        method,
+        http::HeaderMap::new(),
+        Box::pin(ReceiverStream::new(rx)),
+        false,
+    )
+    .await
+}
+
+/// The next response from a raw stream, its parts put together.
+async fn raw_response(stream: &mut upstream::Responses) -> Vec<u8> {
+    let mut parts = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("a response within 10 s")
+            .expect("the stream is open")
+            .expect("a response, not the end")
+        {
+            upstream::Piece::Whole(resp) => return resp.bytes().to_vec(),
+            upstream::Piece::Part(b) => parts.extend_from_slice(&b),
+            upstream::Piece::Last(b, _) => {
+                parts.extend_from_slice(&b);
+                // The gRPC header of a response relayed in parts.
+                return parts.split_off(5);
+            }
+        }
+    }
+}
+
+fn cds_with(n: usize, value_len: usize) -> DiscoveryResponse {
+    let mut cds = resp(type_url::CLUSTER, "n1");
+    for i in 0..n {
+        let mut value = format!("cluster-{i}-").into_bytes();
+        value.resize(value_len, b'x');
+        cds.resources
+            .push(proto::envoy_types_crate::pb::google::protobuf::Any {
+                type_url: type_url::CLUSTER.into(),
+                value,
+            });
+    }
+    cds
+}
+
+/// Envoy receives each response as the bytes istiod sent (read here without decoding), a small
+/// one held whole and a large one relayed as it arrives, and an unknown method of the ADS
+/// service is UNIMPLEMENTED.
 #[tokio::test]
 async fn responses_reach_envoy_as_sent() {
     let mut ads = FakeAds::start().await.unwrap();
     let h = proxy(ads.connect(), false).await;
-    let mut grpc = tonic::client::Grpc::new(uds_channel(&h.path).await);
     let (tx, rx) = mpsc::channel(8);
     tx.send(req(type_url::CLUSTER, "")).await.unwrap();
-    grpc.ready().await.unwrap();
-    let mut from_proxy = grpc
-        .streaming(
-            tonic::Request::new(ReceiverStream::new(rx)),
-            http::uri::PathAndQuery::from_static(SOTW_PATH),
-            codec::UpstreamCodec::<DiscoveryRequest>::default(),
-        )
-        .await
-        .unwrap()
-        .into_inner();
+    let mut from_proxy = raw_stream(&h.path, SOTW_PATH, rx).await.unwrap();
     let mut up = next(&mut ads.sotw).await;
     assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
-    let mut cds = resp(type_url::CLUSTER, "n1");
-    for i in 0..100 {
-        cds.resources
-            .push(proto::envoy_types_crate::pb::google::protobuf::Any {
-                type_url: type_url::CLUSTER.into(),
-                value: format!("cluster-{i}").into_bytes(),
-            });
+    // 100 clusters, 1.6 kB: held whole. 4,000 of 1 kB: over the hold limit, relayed in parts.
+    for (n, len) in [(100, 16), (4000, 1000)] {
+        let cds = cds_with(n, len);
+        up.responses.send(Ok(cds.clone())).await.unwrap();
+        let got = raw_response(&mut from_proxy).await;
+        assert_eq!(got.len(), prost::Message::encoded_len(&cds));
+        assert!(
+            got == prost::Message::encode_to_vec(&cds),
+            "{n} clusters: bytes differ"
+        );
     }
-    up.responses.send(Ok(cds.clone())).await.unwrap();
-    let got = from_proxy.message().await.unwrap().unwrap();
-    assert_eq!(got.bytes()[..], prost::Message::encode_to_vec(&cds)[..]);
-    assert_eq!(got.type_url(), type_url::CLUSTER);
 
     let (_tx2, rx2) = mpsc::channel::<DiscoveryRequest>(1);
-    grpc.ready().await.unwrap();
-    let status = grpc
-        .streaming(
-            tonic::Request::new(ReceiverStream::new(rx2)),
-            http::uri::PathAndQuery::from_static(
-                "/envoy.service.discovery.v3.AggregatedDiscoveryService/NoSuchMethod",
-            ),
-            codec::UpstreamCodec::<DiscoveryRequest>::default(),
-        )
-        .await
-        .unwrap_err();
+    let Err(status) = raw_stream(
+        &h.path,
+        "/envoy.service.discovery.v3.AggregatedDiscoveryService/NoSuchMethod",
+        rx2,
+    )
+    .await
+    else {
+        panic!("an unknown method answered");
+    };
     assert_eq!(status.code(), tonic::Code::Unimplemented);
 }
 

@@ -426,3 +426,126 @@ async fn delta_nds_without_resources_is_acked_and_keeps_the_table() {
     assert_eq!(ack.error_detail, None);
     assert!(h.tables.lock().unwrap().is_empty());
 }
+
+/// A TCP relay in front of the fake ADS whose first connection ends after `limit` bytes from
+/// istiod: istiod lost in the middle of a response. Later connections pass whole.
+async fn cutter(to: std::net::SocketAddr, limit: u64) -> Connect {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut down, _)) = listener.accept().await {
+            let cut = std::mem::take(&mut first);
+            tokio::spawn(async move {
+                let Ok(mut up) = tokio::net::TcpStream::connect(to).await else {
+                    return;
+                };
+                if !cut {
+                    let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    return;
+                }
+                let (mut up_r, mut up_w) = up.into_split();
+                let (mut down_r, mut down_w) = down.into_split();
+                let requests = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut down_r, &mut up_w).await;
+                });
+                let _ = tokio::io::copy(&mut (&mut up_r).take(limit), &mut down_w).await;
+                requests.abort();
+            });
+        }
+    });
+    let uri = format!("http://{addr}");
+    Arc::new(move || {
+        let uri = uri.clone();
+        Box::pin(async move {
+            Ok(tonic::transport::Endpoint::from_shared(uri)
+                .map_err(|e| e.to_string())?
+                .connect_lazy())
+        })
+    })
+}
+
+/// istiod lost after part of a large response went to Envoy (relayed as it arrived): Envoy
+/// holds a message that can never be completed, so its stream ends (UNAVAILABLE) and the proxy
+/// opens no upstream stream of its own; Envoy's next stream is served.
+#[tokio::test]
+async fn loss_inside_a_relayed_response_ends_envoys_stream() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(cutter(ads.addr, 1 << 20).await, false).await;
+    let mut client = envoy_client(&h.path).await;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
+    let mut from_proxy = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.sotw).await;
+    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
+    // 4 MB: the connection ends a quarter of the way in, well past the hold limit.
+    let big = cds_with(4000, 1000);
+    let _ = up.responses.send(Ok(big.clone())).await;
+    let status = tokio::time::timeout(Duration::from_secs(10), from_proxy.message())
+        .await
+        .expect("Envoy's stream ends")
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
+    assert!(
+        status.message().contains("middle of a response"),
+        "{status}"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), ads.sotw.recv())
+            .await
+            .is_err(),
+        "the proxy reconnected though Envoy holds part of a message"
+    );
+    assert_eq!(reconnects(&h, "lost"), 0);
+
+    // Envoy reconnects (a new stream, a new upstream connection that is not cut).
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
+    let mut from_proxy = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.sotw).await;
+    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
+    up.responses.send(Ok(big.clone())).await.unwrap();
+    let got = from_proxy.message().await.unwrap().unwrap();
+    assert_eq!(got, big);
+}
+
+/// istiod lost while the proxy still held the start of a large response (under the hold
+/// limit, nothing of it sent to Envoy): the proxy reconnects on its own, Envoy's stream stays
+/// open and gets the response from the new upstream stream, whole.
+#[tokio::test]
+async fn loss_inside_a_held_response_is_invisible_to_envoy() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(cutter(ads.addr, 20_000).await, false).await;
+    let mut client = envoy_client(&h.path).await;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
+    let mut from_proxy = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.sotw).await;
+    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
+    let big = cds_with(4000, 1000);
+    let _ = up.responses.send(Ok(big.clone())).await;
+    // The proxy's own new stream replays Envoy's request.
+    let mut up = next(&mut ads.sotw).await;
+    assert_eq!(next(&mut up.requests).await.type_url, type_url::CLUSTER);
+    up.responses.send(Ok(big.clone())).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), from_proxy.message())
+        .await
+        .expect("a response")
+        .expect("Envoy's stream stays open")
+        .unwrap();
+    assert_eq!(got, big);
+    assert_eq!(reconnects(&h, "lost"), 1);
+}

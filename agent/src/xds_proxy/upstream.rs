@@ -296,17 +296,17 @@ pub(crate) async fn call<Req: Message + 'static>(
     if response.status() != http::StatusCode::OK {
         return Err(http_status(response.status()));
     }
-    // A trailers-only answer: the stream ended before it began.
-    if let Some(status) = Status::from_header_map(response.headers())
-        && status.code() != tonic::Code::Ok
-    {
-        return Err(status);
-    }
+    // A trailers-only answer: the stream ended before it began (OK: closed at once).
+    let end = match Status::from_header_map(response.headers()) {
+        Some(status) if status.code() != tonic::Code::Ok => return Err(status),
+        Some(_) => Some(None),
+        None => None,
+    };
     Ok(Responses {
         body: response.into_body(),
         framer: Framer::new(HOLD, delta),
         pieces: VecDeque::new(),
-        end: None,
+        end,
     })
 }
 
@@ -351,13 +351,14 @@ impl Responses {
         }
     }
 
-    /// How the stream ends: a status that is OK but cuts a message short is an error.
+    /// How the stream ends: a status that is OK but cuts a message short is a lost stream
+    /// (UNKNOWN), as a connection that drops.
     fn ended(&self, status: Status) -> Option<Status> {
         if status.code() != tonic::Code::Ok {
             return Some(status);
         }
         (!self.framer.at_boundary())
-            .then(|| Status::internal("istiod's xDS stream ended in the middle of a response"))
+            .then(|| Status::unknown("istiod's xDS stream ended in the middle of a response"))
     }
 }
 

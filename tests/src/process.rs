@@ -38,6 +38,8 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 pub struct Child {
     inner: Option<std::process::Child>,
     output: Arc<Mutex<Vec<String>>>,
+    /// Output streams read to their end (0, 1 or 2).
+    drained: Arc<std::sync::atomic::AtomicUsize>,
     name: String,
 }
 
@@ -49,6 +51,7 @@ impl Child {
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {name} ({cmd:?}): {e}"));
         let output = Arc::new(Mutex::new(Vec::new()));
+        let drained = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
         for (stream, tag) in [
@@ -56,17 +59,20 @@ impl Child {
             (Box::new(stderr), "err"),
         ] {
             let output = output.clone();
+            let drained = drained.clone();
             let name = name.to_string();
             std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
                     eprintln!("[{name} {tag}] {line}");
                     output.lock().expect("output lock").push(line);
                 }
+                drained.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             });
         }
         Child {
             inner: Some(child),
             output,
+            drained,
             name: name.to_string(),
         }
     }
@@ -105,11 +111,19 @@ impl Child {
         }
     }
 
-    /// Waits for exit, at most `timeout`.
+    /// Waits for exit, at most `timeout`; then what the child printed has been read.
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             if let Some(s) = self.try_wait() {
+                // What it printed last may still be in the pipes: read them to their end (for
+                // at most 2 s: a child of its own may still hold them open).
+                let drained = std::time::Instant::now() + Duration::from_secs(2);
+                while self.drained.load(std::sync::atomic::Ordering::SeqCst) < 2
+                    && std::time::Instant::now() < drained
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 return Some(s);
             }
             if std::time::Instant::now() >= deadline {

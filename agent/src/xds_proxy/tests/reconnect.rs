@@ -549,3 +549,69 @@ async fn loss_inside_a_held_response_is_invisible_to_envoy() {
     assert_eq!(got, big);
     assert_eq!(reconnects(&h, "lost"), 1);
 }
+
+/// A Delta push longer than the hold limit is relayed in parts, and the names and versions the
+/// sieve read on the way are what the next upstream stream's `initial_resource_versions` say.
+#[tokio::test]
+async fn delta_names_of_a_relayed_response_are_replayed() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), false).await;
+    let mut client = envoy_client(&h.path).await;
+    let (tx, rx) = mpsc::channel(8);
+    let cds = DeltaDiscoveryRequest {
+        type_url: type_url::CLUSTER.into(),
+        node: Some(node()),
+        ..Default::default()
+    };
+    tx.send(cds.clone()).await.unwrap();
+    let mut from_proxy = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.delta).await;
+    assert_eq!(next(&mut up.requests).await, cds);
+    // 2,000 clusters of ~300 bytes: 600 kB, relayed as it arrives.
+    let pushed = DeltaDiscoveryResponse {
+        type_url: type_url::CLUSTER.into(),
+        nonce: "big".into(),
+        resources: (0..2000)
+            .map(|i| Resource {
+                name: format!("cluster-{i}"),
+                version: format!("v{i}"),
+                resource: Some(proto::envoy_types_crate::pb::google::protobuf::Any {
+                    type_url: type_url::CLUSTER.into(),
+                    value: vec![b'c'; 300],
+                }),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    assert!(prost::Message::encoded_len(&pushed) > upstream::HOLD * 4);
+    up.responses.send(Ok(pushed.clone())).await.unwrap();
+    assert_eq!(from_proxy.message().await.unwrap().unwrap(), pushed);
+    let ack = DeltaDiscoveryRequest {
+        type_url: type_url::CLUSTER.into(),
+        response_nonce: "big".into(),
+        ..Default::default()
+    };
+    tx.send(ack.clone()).await.unwrap();
+    assert_eq!(next(&mut up.requests).await, ack);
+
+    up.responses
+        .send(Err(tonic::Status::unavailable("connection reset")))
+        .await
+        .unwrap();
+    let mut up2 = next(&mut ads.delta).await;
+    let replayed = next(&mut up2.requests).await;
+    assert_eq!(replayed.initial_resource_versions.len(), 2000);
+    assert_eq!(
+        replayed
+            .initial_resource_versions
+            .get("cluster-1999")
+            .map(String::as_str),
+        Some("v1999")
+    );
+    assert_eq!(reconnects(&h, "lost"), 1);
+}

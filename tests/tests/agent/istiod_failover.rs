@@ -1,6 +1,8 @@
 //! Several istiod addresses (issue 16): two istiod-lite sharing one CA directory and one config
-//! directory, on 127.0.0.2 and 127.0.0.3, given to the agent as a comma-separated
-//! `discoveryAddress` (the CA address follows it). With real Envoy (the local harness), the one
+//! directory, on 127.0.0.2 and 127.0.0.3 (one port), given to the agent as a comma-separated
+//! `discoveryAddress`, or as one name that resolves to both IPs (Istio's form: a Service name
+//! with several istiod pods behind a headless Service, or a DNS name with several A records);
+//! the CA address follows it. With real Envoy (the local harness), the one
 //! in use is SIGKILLed: Envoy is SYNCED via the other within a bound, its ADS stream to the agent
 //! is never re-opened, and the next certificate rotation is signed by the other CA.
 
@@ -26,15 +28,17 @@ struct Istiod {
 }
 
 impl Istiod {
-    fn start(ip: &str, config_dir: &Path, ca_dir: &Path) -> Istiod {
+    /// Listens on `ip`, its secure gRPC port `secure_port` (0: any).
+    fn start(ip: &str, secure_port: u16, config_dir: &Path, ca_dir: &Path) -> Istiod {
         let any = format!("{ip}:0");
+        let secure = format!("{ip}:{secure_port}");
         let mut cmd = Command::new(workspace_bin("istiod-lite"));
         cmd.arg("serve")
             .arg("--config-dir")
             .arg(config_dir)
             .arg("--ca-dir")
             .arg(ca_dir)
-            .args(["--grpc-addr", &any, "--secure-grpc-addr", &any])
+            .args(["--grpc-addr", &any, "--secure-grpc-addr", &secure])
             .args(["--monitoring-addr", &any])
             .env("RUST_LOG", "info");
         let child = Child::spawn(&format!("istiod-lite@{ip}"), cmd);
@@ -63,8 +67,51 @@ impl Istiod {
     }
 }
 
+/// How the agent is given the two istiods.
+#[derive(Clone, Copy, Debug)]
+enum Address {
+    /// `discoveryAddress: "127.0.0.2:<port>,127.0.0.3:<port>"` (our extension).
+    List,
+    /// `discoveryAddress: "istiod.failover.test:<port>"`, one name with both IPs (in the
+    /// agent's own `/etc/hosts`, bind-mounted in a private mount namespace), Istio's form.
+    Name,
+}
+
+/// The name of [`Address::Name`].
+const MULTI_IP_NAME: &str = "istiod.failover.test";
+
 #[test]
 fn agent_fails_over_to_the_other_istiod() {
+    fails_over(Address::List);
+}
+
+#[test]
+fn agent_fails_over_between_the_ips_of_one_name() {
+    fails_over(Address::Name);
+}
+
+/// `cmd` run in a mount namespace of its own whose `/etc/hosts` is `hosts`.
+fn with_hosts_file(cmd: &Command, hosts: &Path) -> Command {
+    let mut wrapped = Command::new("unshare");
+    wrapped
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(r#"mount --bind "$0" /etc/hosts && exec "$@""#)
+        .arg(hosts)
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .env_clear();
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            wrapped.env(k, v);
+        }
+    }
+    if let Some(dir) = cmd.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    wrapped
+}
+
+fn fails_over(form: Address) {
     let Some(envoy) = envoy_bin() else {
         return;
     };
@@ -77,8 +124,20 @@ fn agent_fails_over_to_the_other_istiod() {
     let ca_dir = tempfile::tempdir().expect("tempdir");
     write_file(&config_dir.path().join("mesh.yaml"), &httpbin_config());
     // The first creates the CA; the second loads it.
-    let mut istiods = vec![Istiod::start("127.0.0.2", config_dir.path(), ca_dir.path())];
-    istiods.push(Istiod::start("127.0.0.3", config_dir.path(), ca_dir.path()));
+    let mut istiods = vec![Istiod::start(
+        "127.0.0.2",
+        0,
+        config_dir.path(),
+        ca_dir.path(),
+    )];
+    // Both on one port, so that one name with two IPs reaches either.
+    let port = istiods[0].secure.port();
+    istiods.push(Istiod::start(
+        "127.0.0.3",
+        port,
+        config_dir.path(),
+        ca_dir.path(),
+    ));
     let token = Command::new(workspace_bin("istiod-lite"))
         .arg("token")
         .arg("--ca-dir")
@@ -103,16 +162,28 @@ fn agent_fails_over_to_the_other_istiod() {
     cmd.args(["proxy", "sidecar", "--external-envoy"])
         .current_dir(scratch);
     agent_env(&mut cmd, istiods[0].secure, SERVICE_ACCOUNT, &ports);
-    let list = format!("{},{}", istiods[0].secure, istiods[1].secure);
+    let address = match form {
+        Address::List => format!("{},{}", istiods[0].secure, istiods[1].secure),
+        Address::Name => format!("{MULTI_IP_NAME}:{port}"),
+    };
     cmd.env(
         "PROXY_CONFIG",
         format!(
-            r#"{{"discoveryAddress":"{list}","statusPort":{},"proxyAdminPort":{}}}"#,
+            r#"{{"discoveryAddress":"{address}","statusPort":{},"proxyAdminPort":{}}}"#,
             ports.status, ports.admin
         ),
     )
     // Short certificates: one rotation every few seconds (grace ratio 0.5).
     .env("SECRET_TTL", "8s");
+    let hosts = scratch.join("hosts");
+    write_file(
+        &hosts,
+        &format!("127.0.0.1 localhost\n127.0.0.2 {MULTI_IP_NAME}\n127.0.0.3 {MULTI_IP_NAME}\n"),
+    );
+    let cmd = match form {
+        Address::List => cmd,
+        Address::Name => with_hosts_file(&cmd, &hosts),
+    };
     let agent = Child::spawn("agent", cmd);
     agent.wait_for_line("agent listeners bound", Duration::from_secs(20));
     let _envoy = start_envoy(&user, &bootstrap, scratch);
@@ -146,7 +217,7 @@ fn agent_fails_over_to_the_other_istiod() {
         "istiod-lite did not exit after SIGKILL"
     );
     eprintln!(
-        "FIGURE istiod_failover: Envoy SYNCED via the other istiod-lite {on_other:?} after SIGKILL of the one in use"
+        "FIGURE istiod_failover ({form:?}): Envoy SYNCED via the other istiod-lite {on_other:?} after SIGKILL of the one in use"
     );
     // Goal 1 s; the margin absorbs a loaded 2-core CI host.
     assert!(
@@ -184,7 +255,7 @@ fn agent_fails_over_to_the_other_istiod() {
             .ok_or(format!("Envoy still has {serials:?}"))
     });
     eprintln!(
-        "FIGURE istiod_failover: certificate rotated via the other CA {rotated:?} after the kill (SECRET_TTL 8s)"
+        "FIGURE istiod_failover ({form:?}): certificate rotated via the other CA {rotated:?} after the kill (SECRET_TTL 8s)"
     );
     assert_eq!(ads_streams(admin), streams);
 }

@@ -667,25 +667,7 @@ async fn relay<F: Flavor>(
                     reason: "closed",
                 };
             }
-            Err(status) if upstream.relaying() => {
-                // Envoy holds part of a response that can never be completed: its stream ends
-                // (as Istio's always does) and Envoy reconnects.
-                tracing::warn!(flavor = F::NAME, status = %status,
-                    "upstream xDS stream ended in the middle of a response partly relayed to Envoy; ending Envoy's stream");
-                inputs
-                    .metrics
-                    .istiod_connection_terminations
-                    .get_or_create(&TerminationLabels {
-                        r#type: termination(&status),
-                    })
-                    .inc();
-                return Outcome::End(tonic::Status::unavailable(format!(
-                    "the upstream xDS stream ended in the middle of a response: {}",
-                    status.message()
-                )));
-            }
             Err(status) => {
-                tracing::warn!(flavor = F::NAME, status = %status, "upstream xDS stream ended");
                 inputs
                     .metrics
                     .istiod_connection_terminations
@@ -693,6 +675,17 @@ async fn relay<F: Flavor>(
                         r#type: termination(&status),
                     })
                     .inc();
+                if upstream.relaying() {
+                    // Envoy holds part of a response that can never be completed: its stream
+                    // ends (as Istio's always does) and Envoy reconnects.
+                    tracing::warn!(flavor = F::NAME, status = %status,
+                        "upstream xDS stream ended in the middle of a response partly relayed to Envoy; ending Envoy's stream");
+                    return Outcome::End(tonic::Status::unavailable(format!(
+                        "the upstream xDS stream ended in the middle of a response: {}",
+                        status.message()
+                    )));
+                }
+                tracing::warn!(flavor = F::NAME, status = %status, "upstream xDS stream ended");
                 if !lost(&status) {
                     return Outcome::End(status);
                 }

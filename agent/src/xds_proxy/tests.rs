@@ -96,7 +96,7 @@ async fn proxy_with(
     }
 }
 
-async fn envoy_client(path: &Path) -> AggregatedDiscoveryServiceClient<tonic::transport::Channel> {
+async fn envoy_client(path: &Path) -> EnvoyClient {
     AggregatedDiscoveryServiceClient::new(uds_channel(path).await)
         .max_decoding_message_size(usize::MAX)
 }
@@ -113,6 +113,54 @@ async fn uds_channel(path: &Path) -> tonic::transport::Channel {
         }))
         .await
         .unwrap()
+}
+
+type EnvoyClient = AggregatedDiscoveryServiceClient<tonic::transport::Channel>;
+type UpStream<Req, Resp> = super::fake::FakeStream<Req, Resp>;
+
+/// Envoy opens a SotW stream whose first request is `first`; returns Envoy's request sender and
+/// response stream, and the upstream stream the proxy opened (`first` read from it).
+async fn open_sotw(
+    client: &mut EnvoyClient,
+    ads: &mut FakeAds,
+    first: DiscoveryRequest,
+) -> (
+    mpsc::Sender<DiscoveryRequest>,
+    tonic::Streaming<DiscoveryResponse>,
+    UpStream<DiscoveryRequest, DiscoveryResponse>,
+) {
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(first.clone()).await.unwrap();
+    let from_proxy = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.sotw).await;
+    assert_eq!(next(&mut up.requests).await, first);
+    (tx, from_proxy, up)
+}
+
+/// [`open_sotw`] for Delta.
+async fn open_delta(
+    client: &mut EnvoyClient,
+    ads: &mut FakeAds,
+    first: DeltaDiscoveryRequest,
+) -> (
+    mpsc::Sender<DeltaDiscoveryRequest>,
+    tonic::Streaming<DeltaDiscoveryResponse>,
+    UpStream<DeltaDiscoveryRequest, DeltaDiscoveryResponse>,
+) {
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(first.clone()).await.unwrap();
+    let from_proxy = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.delta).await;
+    assert_eq!(next(&mut up.requests).await, first);
+    (tx, from_proxy, up)
 }
 
 fn req(t: &str, nonce: &str) -> DiscoveryRequest {

@@ -126,20 +126,12 @@ async fn delta_reconnect_replays_initial_resource_versions() {
     let mut ads = FakeAds::start().await.unwrap();
     let h = proxy(ads.connect(), false).await;
     let mut client = envoy_client(&h.path).await;
-    let (tx, rx) = mpsc::channel(8);
     let cds = DeltaDiscoveryRequest {
         type_url: type_url::CLUSTER.into(),
         node: Some(node()),
         ..Default::default()
     };
-    tx.send(cds.clone()).await.unwrap();
-    let mut from_proxy = client
-        .delta_aggregated_resources(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut up = next(&mut ads.delta).await;
-    assert_eq!(next(&mut up.requests).await, cds);
+    let (tx, mut from_proxy, mut up) = open_delta(&mut client, &mut ads, cds).await;
     let eds = DeltaDiscoveryRequest {
         type_url: type_url::ENDPOINT.into(),
         resource_names_subscribe: vec!["a".into(), "b".into()],
@@ -474,15 +466,8 @@ async fn loss_inside_a_relayed_response_ends_envoys_stream() {
     let mut ads = FakeAds::start().await.unwrap();
     let h = proxy(cutter(ads.addr, 1 << 20).await, false).await;
     let mut client = envoy_client(&h.path).await;
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
-    let mut from_proxy = client
-        .stream_aggregated_resources(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut up = next(&mut ads.sotw).await;
-    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
+    let (_tx, mut from_proxy, up) =
+        open_sotw(&mut client, &mut ads, req(type_url::CLUSTER, "")).await;
     // 4 MB: the connection ends a quarter of the way in, well past the hold limit.
     let big = cds_with(4000, 1000);
     let _ = up.responses.send(Ok(big.clone())).await;
@@ -504,15 +489,8 @@ async fn loss_inside_a_relayed_response_ends_envoys_stream() {
     assert_eq!(reconnects(&h, "lost"), 0);
 
     // Envoy reconnects (a new stream, a new upstream connection that is not cut).
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
-    let mut from_proxy = client
-        .stream_aggregated_resources(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut up = next(&mut ads.sotw).await;
-    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
+    let (_tx, mut from_proxy, up) =
+        open_sotw(&mut client, &mut ads, req(type_url::CLUSTER, "")).await;
     up.responses.send(Ok(big.clone())).await.unwrap();
     let got = from_proxy.message().await.unwrap().unwrap();
     assert_eq!(got, big);
@@ -526,15 +504,8 @@ async fn loss_inside_a_held_response_is_invisible_to_envoy() {
     let mut ads = FakeAds::start().await.unwrap();
     let h = proxy(cutter(ads.addr, 20_000).await, false).await;
     let mut client = envoy_client(&h.path).await;
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
-    let mut from_proxy = client
-        .stream_aggregated_resources(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut up = next(&mut ads.sotw).await;
-    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
+    let (_tx, mut from_proxy, up) =
+        open_sotw(&mut client, &mut ads, req(type_url::CLUSTER, "")).await;
     let big = cds_with(4000, 1000);
     let _ = up.responses.send(Ok(big.clone())).await;
     // The proxy's own new stream replays Envoy's request.
@@ -557,20 +528,12 @@ async fn delta_names_of_a_relayed_response_are_replayed() {
     let mut ads = FakeAds::start().await.unwrap();
     let h = proxy(ads.connect(), false).await;
     let mut client = envoy_client(&h.path).await;
-    let (tx, rx) = mpsc::channel(8);
     let cds = DeltaDiscoveryRequest {
         type_url: type_url::CLUSTER.into(),
         node: Some(node()),
         ..Default::default()
     };
-    tx.send(cds.clone()).await.unwrap();
-    let mut from_proxy = client
-        .delta_aggregated_resources(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut up = next(&mut ads.delta).await;
-    assert_eq!(next(&mut up.requests).await, cds);
+    let (tx, mut from_proxy, mut up) = open_delta(&mut client, &mut ads, cds).await;
     // 2,000 clusters of ~300 bytes: 600 kB, relayed as it arrives.
     let pushed = DeltaDiscoveryResponse {
         type_url: type_url::CLUSTER.into(),

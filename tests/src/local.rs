@@ -298,7 +298,9 @@ impl LocalIstiod {
     }
 }
 
-fn wait_ready(monitoring: SocketAddr) {
+/// Waits (20 s at most) until the istiod-lite whose monitoring port is `monitoring` answers
+/// `/ready` with 200.
+pub fn wait_ready(monitoring: SocketAddr) {
     crate::assert_eventually(Duration::from_secs(20), || {
         match crate::http_get(monitoring, "/ready") {
             Ok((200, _)) => Ok(()),

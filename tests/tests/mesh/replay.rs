@@ -130,12 +130,7 @@ impl Replay {
         let _grpc = listen_addr(&child, "grpc");
         let secure = listen_addr(&child, "secure-grpc");
         let monitoring = listen_addr(&child, "monitoring");
-        assert_eventually(Duration::from_secs(20), || {
-            match http_get(monitoring, "/ready") {
-                Ok((200, _)) => Ok(()),
-                other => Err(format!("/ready: {other:?}")),
-            }
-        });
+        harness::local::wait_ready(monitoring);
         Replay {
             child,
             secure,

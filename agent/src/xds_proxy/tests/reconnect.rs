@@ -391,19 +391,11 @@ async fn delta_nds_without_resources_is_acked_and_keeps_the_table() {
     let mut ads = FakeAds::start().await.unwrap();
     let h = proxy(ads.connect(), true).await;
     let mut client = envoy_client(&h.path).await;
-    let (tx, rx) = mpsc::channel(8);
     let lds = DeltaDiscoveryRequest {
         type_url: type_url::LISTENER.into(),
         ..Default::default()
     };
-    tx.send(lds.clone()).await.unwrap();
-    let _from_proxy = client
-        .delta_aggregated_resources(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut up = next(&mut ads.delta).await;
-    assert_eq!(next(&mut up.requests).await, lds);
+    let (_tx, _from_proxy, mut up) = open_delta(&mut client, &mut ads, lds).await;
     assert_eq!(next(&mut up.requests).await.type_url, type_url::NAME_TABLE);
     up.responses
         .send(Ok(DeltaDiscoveryResponse {

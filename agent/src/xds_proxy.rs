@@ -28,6 +28,7 @@
 //!   (OK status) and closes its upstream.
 
 mod authority;
+mod coalesce;
 mod codec;
 mod connect;
 #[cfg(any(test, feature = "testing"))]
@@ -328,7 +329,10 @@ pub async fn serve(
     listener: UnixListener,
     token: CancellationToken,
 ) -> Result<(), Error> {
-    let incoming = authority::fix(tokio_stream::wrappers::UnixListenerStream::new(listener));
+    let incoming = authority::fix(futures::StreamExt::map(
+        tokio_stream::wrappers::UnixListenerStream::new(listener),
+        |conn| conn.map(coalesce::Coalesce::new),
+    ));
     tonic::transport::Server::builder()
         .max_concurrent_streams(100_000)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))

@@ -98,11 +98,11 @@ pub(crate) fn request_decoder<M: Message + Default + Send + 'static>() -> TypedD
 }
 
 /// What the relay hands Envoy's stream: a whole response, or bytes of one relayed as it
-/// arrives ([`super::upstream::Piece::Part`], gRPC header included).
+/// arrives ([`super::upstream::Piece::Part`]s in order, gRPC header included).
 #[derive(Debug)]
 pub(crate) enum Down {
     Whole(RawResponse),
-    Part(Bytes),
+    Part(Vec<Bytes>),
 }
 
 /// The gRPC response body towards Envoy: each whole [`RawResponse`] goes out as its 5-byte
@@ -111,8 +111,8 @@ pub(crate) enum Down {
 /// trailers with the stream's status (`grpc-status: 0`, or the status the relay ended it with).
 pub(crate) struct ResponseBody<S> {
     responses: S,
-    /// The message whose header was just sent.
-    pending: Option<Bytes>,
+    /// Data still to send: a message whose header was just sent, or the rest of some parts.
+    pending: std::collections::VecDeque<Bytes>,
     done: bool,
 }
 
@@ -120,7 +120,7 @@ impl<S> ResponseBody<S> {
     pub(crate) fn new(responses: S) -> Self {
         ResponseBody {
             responses,
-            pending: None,
+            pending: std::collections::VecDeque::new(),
             done: false,
         }
     }
@@ -157,35 +157,42 @@ where
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Status>>> {
         use std::task::Poll;
-        if let Some(bytes) = self.pending.take() {
-            return Poll::Ready(Some(Ok(hyper::body::Frame::data(bytes))));
-        }
-        if self.done {
-            return Poll::Ready(None);
-        }
-        let status = match std::task::ready!(futures::Stream::poll_next(
-            std::pin::Pin::new(&mut self.responses),
-            cx
-        )) {
-            Some(Ok(Down::Part(bytes))) => {
+        loop {
+            if let Some(bytes) = self.pending.pop_front() {
                 return Poll::Ready(Some(Ok(hyper::body::Frame::data(bytes))));
             }
-            Some(Ok(Down::Whole(resp))) => match message_header(resp.bytes.len()) {
-                Ok(header) => {
-                    self.pending = Some(resp.bytes);
-                    return Poll::Ready(Some(Ok(hyper::body::Frame::data(header))));
+            if self.done {
+                return Poll::Ready(None);
+            }
+            let status = match std::task::ready!(futures::Stream::poll_next(
+                std::pin::Pin::new(&mut self.responses),
+                cx
+            )) {
+                Some(Ok(Down::Part(parts))) => {
+                    self.pending
+                        .extend(parts.into_iter().filter(|p| !p.is_empty()));
+                    continue;
                 }
-                Err(status) => status,
-            },
-            Some(Err(status)) => status,
-            None => Status::ok(""),
-        };
-        self.done = true;
-        Poll::Ready(Some(Ok(hyper::body::Frame::trailers(trailers(&status)))))
+                Some(Ok(Down::Whole(resp))) => match message_header(resp.bytes.len()) {
+                    Ok(header) => {
+                        self.pending.push_back(header);
+                        if !resp.bytes.is_empty() {
+                            self.pending.push_back(resp.bytes);
+                        }
+                        continue;
+                    }
+                    Err(status) => status,
+                },
+                Some(Err(status)) => status,
+                None => Status::ok(""),
+            };
+            self.done = true;
+            return Poll::Ready(Some(Ok(hyper::body::Frame::trailers(trailers(&status)))));
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done && self.pending.is_none()
+        self.done && self.pending.is_empty()
     }
 }
 
@@ -268,5 +275,60 @@ mod tests {
             decode_error(RawResponse::new(Bytes::from_static(&[0x20, 0x01])).unwrap_err()).code(),
             tonic::Code::Internal
         );
+    }
+
+    /// What the body hands the HTTP/2 server for `downs`: data frames, then the trailers'
+    /// grpc-status.
+    fn body_frames(downs: Vec<Result<Down, Status>>) -> (Vec<Bytes>, String) {
+        use http_body_util::BodyExt;
+        let mut body = ResponseBody::new(futures::stream::iter(downs));
+        let mut data = Vec::new();
+        futures::executor::block_on(async {
+            while let Some(frame) = body.frame().await {
+                match frame.unwrap().into_data() {
+                    Ok(d) => data.push(d),
+                    Err(f) => {
+                        let status = f.trailers_ref().unwrap()["grpc-status"].to_str().unwrap();
+                        assert!(hyper::body::Body::is_end_stream(&body));
+                        return (data, status.to_string());
+                    }
+                }
+            }
+            panic!("the body ended without trailers");
+        })
+    }
+
+    #[test]
+    fn body_sends_headers_whole_messages_and_parts_in_order() {
+        let whole = |b: &'static [u8]| RawResponse::new(Bytes::from_static(b)).unwrap();
+        // An empty message (all fields default) is a 0-length gRPC message: header only.
+        let (data, status) = body_frames(vec![
+            Ok(Down::Whole(whole(b""))),
+            Ok(Down::Part(vec![
+                Bytes::from_static(&[0, 0, 0, 0, 4]),
+                Bytes::new(),
+                Bytes::from_static(b"\x22\x02"),
+            ])),
+            Ok(Down::Part(vec![])),
+            Ok(Down::Part(vec![Bytes::from_static(b"ab")])),
+            Ok(Down::Whole(whole(b"\x22\x01x"))),
+        ]);
+        let expect: Vec<&[u8]> = vec![
+            &[0, 0, 0, 0, 0],
+            &[0, 0, 0, 0, 4],
+            b"\x22\x02",
+            b"ab",
+            &[0, 0, 0, 0, 3],
+            b"\x22\x01x",
+        ];
+        assert_eq!(data, expect);
+        assert_eq!(status, "0");
+        // The relay's status ends the stream after what was sent before it.
+        let (data, status) = body_frames(vec![
+            Ok(Down::Part(vec![Bytes::from_static(b"cut")])),
+            Err(Status::unavailable("gone")),
+        ]);
+        assert_eq!(data, vec![Bytes::from_static(b"cut")]);
+        assert_eq!(status, (tonic::Code::Unavailable as i32).to_string());
     }
 }

@@ -592,6 +592,30 @@ async fn upstream_to_downstream<F: Flavor>(
     done.cancel();
 }
 
+/// Most bytes of a relayed response gathered while Envoy's queue is full.
+const HELD_MAX: usize = 256 << 10;
+
+/// Parts of a relayed response not yet handed to Envoy's stream. While Envoy's queue is full
+/// the relay goes on reading istiod and gathers what arrives (up to [`HELD_MAX`]), so one
+/// hand-off, and one write to Envoy, carries many frames instead of one each.
+#[derive(Default)]
+struct Held {
+    parts: Vec<bytes::Bytes>,
+    bytes: usize,
+}
+
+impl Held {
+    fn push(&mut self, part: bytes::Bytes) {
+        self.bytes += part.len();
+        self.parts.push(part);
+    }
+
+    fn take(&mut self) -> Down {
+        self.bytes = 0;
+        Down::Part(std::mem::take(&mut self.parts))
+    }
+}
+
 /// Relays one upstream generation's responses until it ends.
 async fn relay<F: Flavor>(
     inputs: &Inputs,
@@ -601,25 +625,34 @@ async fn relay<F: Flavor>(
     done: &CancellationToken,
     backoff: &mut Backoff,
 ) -> Outcome {
+    let mut held = Held::default();
     loop {
+        if held.bytes >= HELD_MAX && !send(down_tx, Ok(held.take()), done, "Envoy").await {
+            return Outcome::Done;
+        }
         let msg = tokio::select! {
+            biased;
             _ = done.cancelled() => return Outcome::Done,
             _ = down_tx.closed() => return Outcome::Done,
+            permit = down_tx.reserve(), if held.bytes > 0 => {
+                match permit {
+                    Ok(permit) => permit.send(Ok(held.take())),
+                    Err(_) => return Outcome::Done,
+                }
+                continue;
+            }
             m = upstream.next() => m,
         };
         match msg {
-            Ok(Some(Piece::Part(bytes))) => {
-                if !send(down_tx, Ok(Down::Part(bytes)), done, "Envoy").await {
-                    return Outcome::Done;
-                }
-            }
+            Ok(Some(Piece::Part(bytes))) => held.push(bytes),
             Ok(Some(Piece::Last(bytes, resp))) => {
                 inputs.metrics.responses.inc();
                 *backoff = Backoff(0);
                 if let Some(subs) = lock(link).subs.as_mut() {
                     subs.on_response(&resp);
                 }
-                if !send(down_tx, Ok(Down::Part(bytes)), done, "Envoy").await {
+                held.push(bytes);
+                if !send(down_tx, Ok(held.take()), done, "Envoy").await {
                     return Outcome::Done;
                 }
             }

@@ -645,8 +645,8 @@ fn cds_with(n: usize, value_len: usize) -> DiscoveryResponse {
 }
 
 /// Envoy receives each response as the bytes istiod sent (read here without decoding), a small
-/// one held whole and a large one relayed as it arrives, and an unknown method of the ADS
-/// service is UNIMPLEMENTED.
+/// one held whole, a large one relayed as it arrives, large ones pushed before Envoy reads, and
+/// an unknown method of the ADS service is UNIMPLEMENTED.
 #[tokio::test]
 async fn responses_reach_envoy_as_sent() {
     let mut ads = FakeAds::start().await.unwrap();
@@ -665,6 +665,20 @@ async fn responses_reach_envoy_as_sent() {
         assert!(
             got == prost::Message::encode_to_vec(&cds),
             "{n} clusters: bytes differ"
+        );
+    }
+    // Three large ones pushed before Envoy reads: their parts are gathered while Envoy's
+    // queue is full, and still reach Envoy whole, in order, byte for byte.
+    let pushed: Vec<DiscoveryResponse> = (1..=3).map(|i| cds_with(1500 * i, 700)).collect();
+    for cds in &pushed {
+        up.responses.send(Ok(cds.clone())).await.unwrap();
+    }
+    for cds in &pushed {
+        let got = raw_response(&mut from_proxy).await;
+        assert!(
+            got == prost::Message::encode_to_vec(cds),
+            "{} clusters pushed together: bytes differ",
+            cds.resources.len()
         );
     }
 

@@ -101,6 +101,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Coalesce<S> {
             // Nothing gathered (`poll_room` wrote it out): this one goes as it is.
             return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
         }
+        if this.buf.len() + len > KEEP && this.buf.capacity() < CAPACITY {
+            // Past what a small buffer holds: room for a whole burst at once, so that it is not
+            // copied again as it grows.
+            this.buf.reserve_exact(CAPACITY.max(len) - this.buf.len());
+        }
         for b in bufs {
             this.buf.extend_from_slice(b);
         }

@@ -143,8 +143,8 @@ pub async fn connect_failover(
 
 /// Reads from istiod go through a buffer this large, below TLS: rustls reads at most one record
 /// (16 KiB) per call, so without it a 1.8 MB push costs a `recv` (and an ACK, a wakeup of
-/// istiod) per record; with it each `recv` takes what has arrived.
-const READ_BUFFER: usize = 256 << 10;
+/// istiod) per record; with it each `recv` takes up to four records.
+const READ_BUFFER: usize = 64 << 10;
 
 /// A connector to `addr` (whatever URI the channel asks for: its `:authority` and TLS name come
 /// from the endpoint), TCP_NODELAY, reads buffered ([`READ_BUFFER`]).

@@ -7,6 +7,9 @@
 //! - Responses up to 64 KiB are held until complete, then relayed; a longer one for Envoy goes
 //!   on frame by frame as it arrives, its head read on the way ([`upstream`], [`sieve`]), so the
 //!   second hop overlaps the first and the proxy never holds a large response whole.
+//!   While Envoy's queue is full, the parts that arrive are gathered (up to 256 KiB) and handed
+//!   over together, and the frames written to Envoy between two flushes go out in one write
+//!   ([`coalesce`]): a burst costs Envoy one wakeup, not one per 16 KiB frame.
 //! - Only NDS (the DNS name table) is the proxy's own: subscribed after Envoy's first LDS
 //!   request when DNS capture is on, decoded in full, acked or nacked by the proxy (a malformed
 //!   table is nacked), never shown to Envoy.

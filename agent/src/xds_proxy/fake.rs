@@ -107,7 +107,12 @@ impl FakeAds {
             let _ = tonic::transport::Server::builder()
                 .add_service(AggregatedDiscoveryServiceServer::new(svc))
                 .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    // TCP_NODELAY, as istiod: otherwise Nagle holds a response's DATA behind its
+                    // HEADERS until the delayed ACK, 40 ms later.
+                    futures::StreamExt::map(
+                        tokio_stream::wrappers::TcpListenerStream::new(listener),
+                        |s| s.and_then(|s| s.set_nodelay(true).map(|()| s)),
+                    ),
                     token.cancelled_owned(),
                 )
                 .await;

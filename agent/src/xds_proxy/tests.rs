@@ -696,3 +696,37 @@ async fn responses_reach_envoy_as_sent() {
 }
 
 mod reconnect;
+
+/// Gathered writes never hold a response back: 300 small responses, each sent only after the
+/// previous one arrived, every one reaches Envoy promptly (a flush left pending would wait
+/// for the next write, which here never comes until the response arrives).
+#[tokio::test]
+async fn small_responses_are_not_held_by_write_gathering() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), false).await;
+    let mut client = envoy_client(&h.path).await;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
+    let mut from_proxy = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.sotw).await;
+    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
+    let mut slowest = Duration::ZERO;
+    for i in 0..300 {
+        let r = resp(type_url::CLUSTER, &i.to_string());
+        let sent = std::time::Instant::now();
+        up.responses.send(Ok(r.clone())).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), from_proxy.message())
+            .await
+            .expect("a response held back")
+            .unwrap()
+            .unwrap();
+        slowest = slowest.max(sent.elapsed());
+        assert_eq!(got, r);
+    }
+    eprintln!("slowest of 300 small responses: {slowest:?}");
+    drop(tx);
+}

@@ -298,12 +298,10 @@ impl App {
 
         let health = match (config.status.health_probe.clone(), health_channel) {
             (Some(probe), Some((tx, _))) => {
-                let dest = if config.status.rewrite_probe_legacy_localhost {
-                    localhost
-                } else {
-                    config.ips.first().copied().unwrap_or(localhost)
-                };
-                Some((probe, Prober { destination: dest }, tx))
+                let destination = config
+                    .status
+                    .probe_destination(config.ips.first().copied(), localhost);
+                Some((probe, Prober { destination }, tx))
             }
             _ => None,
         };

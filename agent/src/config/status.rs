@@ -4,8 +4,8 @@
 use std::net::IpAddr;
 
 use crate::status::probe::{
-    AppProbers, PrometheusAnnotations, ReadinessProbe, parse_probers, parse_prometheus_annotations,
-    parse_readiness_probe,
+    AppProbers, Destination, PrometheusAnnotations, ReadinessProbe, parse_probers,
+    parse_prometheus_annotations, parse_readiness_probe,
 };
 
 use super::{Error, ProxyConfig, env::Env};
@@ -27,12 +27,13 @@ pub struct StatusConfig {
 }
 
 impl StatusConfig {
-    /// Where rewritten app probes connect: `INSTANCE_IP`, or `localhost` with the legacy setting.
-    pub fn probe_destination(&self, instance_ip: Option<IpAddr>, localhost: IpAddr) -> IpAddr {
+    /// Where rewritten app probes connect: `ip` (`localhost` when unknown), or the name
+    /// `localhost` with the legacy setting.
+    pub fn probe_destination(&self, ip: Option<IpAddr>, localhost: IpAddr) -> Destination {
         if self.rewrite_probe_legacy_localhost {
-            localhost
+            Destination::Localhost
         } else {
-            instance_ip.unwrap_or(localhost)
+            Destination::Ip(ip.unwrap_or(localhost))
         }
     }
 }

@@ -596,3 +596,40 @@ fn external_workload_socket_switches_to_files_only() {
     assert_eq!(c.sds_socket(), socket);
     assert!(!socket.exists(), "the leftover socket file was not removed");
 }
+
+/// Probes go to `INSTANCE_IP`, or to the name `localhost` with
+/// `REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION=true` (Istio dials the name, not an address).
+#[test]
+fn legacy_localhost_probe_destination_is_the_name() {
+    use crate::status::probe::Destination;
+    let dir = tempfile::tempdir().unwrap();
+    let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let pod: std::net::IpAddr = "198.18.0.7".parse().unwrap();
+    let c = load(dir.path(), &env(&[])).unwrap();
+    assert_eq!(
+        c.status.probe_destination(Some(pod), loopback),
+        Destination::Ip(pod)
+    );
+    assert_eq!(
+        c.status.probe_destination(None, loopback),
+        Destination::Ip(loopback)
+    );
+    let legacy = load(
+        dir.path(),
+        &env(&[("REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", "true")]),
+    )
+    .unwrap();
+    assert_eq!(
+        legacy.status.probe_destination(Some(pod), loopback),
+        Destination::Localhost
+    );
+    assert!(
+        load(
+            dir.path(),
+            &env(&[("REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", "maybe")])
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION")
+    );
+}

@@ -122,7 +122,39 @@ pub struct KubeletRequest<'a> {
 #[derive(Debug, Clone)]
 pub struct Prober {
     /// Where the app is (INSTANCE_IP, or localhost with the legacy env).
-    pub destination: IpAddr,
+    pub destination: Destination,
+}
+
+/// Where rewritten app probes go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destination {
+    /// The pod IP (`INSTANCE_IP`; the loopback address when unknown).
+    Ip(IpAddr),
+    /// The name `localhost` (`REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION`), as Istio's agent
+    /// dials it: resolved for each probe and its addresses tried in order, and `localhost:<port>`
+    /// the probe's `Host` / `:authority` and TLS server name.
+    Localhost,
+}
+
+impl std::fmt::Display for Destination {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Destination::Ip(ip) => ip.fmt(f),
+            Destination::Localhost => f.write_str("localhost"),
+        }
+    }
+}
+
+impl std::str::FromStr for Destination {
+    type Err = std::net::AddrParseError;
+
+    /// `localhost`, or an IP address.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "localhost" {
+            return Ok(Destination::Localhost);
+        }
+        s.parse().map(Destination::Ip)
+    }
 }
 
 /// Istio keeps at most 10 KiB of an app's probe answer.
@@ -156,26 +188,55 @@ fn join_host_port(host: &str, port: u16) -> String {
     }
 }
 
-impl Prober {
-    fn source(&self) -> IpAddr {
-        match self.destination {
-            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6)),
-            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6)),
+/// The source address of probe connections to `dest`: iptables lets 127.0.0.6 (`::6`) bypass
+/// Envoy.
+fn source(dest: IpAddr) -> IpAddr {
+    match dest {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6)),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6)),
+    }
+}
+
+/// Connects to `dest` from [`source`]; from an ephemeral source when that cannot be bound (e.g.
+/// IPv6 without `::6`).
+async fn connect_to(dest: SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = match dest {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    let from = source(dest.ip());
+    if socket.bind(SocketAddr::new(from, 0)).is_err() {
+        tracing::debug!(source = %from, "cannot bind probe source; using default");
+    }
+    socket.connect(dest).await
+}
+
+/// Connects to the first of `addrs` that accepts, in order (Go's dialer over the addresses of
+/// a name); the error is the last one's.
+async fn connect_any(
+    addrs: impl IntoIterator<Item = SocketAddr>,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let mut last = None;
+    for addr in addrs {
+        match connect_to(addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
         }
     }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no address to connect to")))
+}
 
+impl Prober {
     async fn connect(&self, port: u16) -> std::io::Result<tokio::net::TcpStream> {
-        let dest = SocketAddr::new(self.destination, port);
-        let socket = match dest {
-            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
-            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
-        };
-        // Bypass Envoy: iptables exempts 127.0.0.6. Fall back to an ephemeral source when the
-        // address cannot be bound (e.g. IPv6 without ::6).
-        if socket.bind(SocketAddr::new(self.source(), 0)).is_err() {
-            tracing::debug!(source = %self.source(), "cannot bind probe source; using default");
+        match self.destination {
+            Destination::Ip(ip) => connect_to(SocketAddr::new(ip, port)).await,
+            Destination::Localhost => {
+                let addrs = tokio::net::lookup_host(("localhost", port))
+                    .await
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("localhost: {e}")))?;
+                connect_any(addrs).await
+            }
         }
-        socket.connect(dest).await
     }
 
     fn deadline(timeout: Duration) -> Option<tokio::time::Instant> {

@@ -181,7 +181,9 @@ async fn send(
         let server_name = match url.host() {
             Some(url::Host::Domain(d)) => rustls_pki_types::ServerName::try_from(d.to_string())
                 .map_err(|e| format!("TLS server name {d:?}: {e}"))?,
-            _ => rustls_pki_types::ServerName::IpAddress(prober.destination.into()),
+            Some(url::Host::Ipv4(ip)) => rustls_pki_types::ServerName::IpAddress(ip.into()),
+            Some(url::Host::Ipv6(ip)) => rustls_pki_types::ServerName::IpAddress(ip.into()),
+            None => return Err(format!("no host in {url}")),
         };
         let tls = tokio_rustls::TlsConnector::from(tls_config(req.offer_h2))
             .connect(server_name, stream)

@@ -1150,6 +1150,65 @@ async fn http_probes_over_ipv6() {
     assert_eq!(app.last().host, format!("[::1]:{port}"));
 }
 
+/// `REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION`: probes dial the name `localhost`. The kubelet's
+/// own `Host` still wins (port rewritten), as in Istio; a probe without one (the VM health
+/// probe) sends `localhost:<port>`, the URL's host.
+#[tokio::test]
+async fn legacy_localhost_probes_name_localhost() {
+    let app = http_app("127.0.0.1:0", Proto::Auto).await;
+    let port = app.addr.port();
+    let probers = format!(
+        r#"{{"/app-health/web/livez":{},"/app-health/tcp/livez":{{"tcpSocket":{{"port":{port}}},"timeoutSeconds":2}}}}"#,
+        http_probe("/hello/sunnyvale", port, "")
+    );
+    let status = status_server(&probers, "localhost").await;
+    assert_eq!(
+        kubelet_get(status, "/app-health/web/livez", &KUBELET).await,
+        (200, "welcome, it works".to_string())
+    );
+    assert_eq!(app.last().host, format!("127.0.0.1:{port}"));
+    assert_eq!(
+        kubelet_get(status, "/app-health/tcp/livez", &KUBELET)
+            .await
+            .0,
+        200
+    );
+    let prober = Prober {
+        destination: Destination::Localhost,
+    };
+    let health = AppProbe {
+        action: ProbeAction::Http {
+            path: "/hello/sunnyvale".into(),
+            port,
+            host: String::new(),
+            https: false,
+            headers: vec![],
+        },
+        timeout: Duration::from_secs(2),
+    };
+    assert_eq!(prober.run(&health, &HeaderMap::new()).await.status, 200);
+    assert_eq!(app.last().host, format!("localhost:{port}"));
+}
+
+/// The addresses of a name are tried in order: a refused one is passed over, and when all are
+/// refused the error is the last one's.
+#[tokio::test]
+async fn probe_connects_to_the_first_address_that_accepts() {
+    let refused = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let open = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let open_addr = open.local_addr().unwrap();
+    let stream = super::connect_any([refused, open_addr]).await.unwrap();
+    assert_eq!(stream.peer_addr().unwrap(), open_addr);
+    let err = super::connect_any([open_addr, refused].into_iter().skip(1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+    assert!(super::connect_any([]).await.is_err());
+}
+
 // ---------------------------------------------------------------------------------------------
 // The VM health probe (ProxyConfig.readinessProbe) sends its configured headers itself.
 

@@ -9,6 +9,7 @@
 //! in force; every rejection names the file, the document index (0-based), the field (with
 //! `items[i].` for a List item) and the reason.
 
+pub mod export_to;
 pub mod kinds;
 pub mod kube;
 mod watch;
@@ -447,7 +448,7 @@ fn validate(spec: &Spec) -> Result<(), DocError> {
                     "resolution STATIC needs endpoints or a workloadSelector".into(),
                 ));
             }
-            Ok(())
+            export_to::check("exportTo", &se.export_to)
         }
         Spec::WorkloadEntry(we) => {
             if we.address.is_empty() {
@@ -459,6 +460,7 @@ fn validate(spec: &Spec) -> Result<(), DocError> {
             if vs.hosts.is_empty() {
                 return Err(("hosts".into(), "at least one host is required".into()));
             }
+            export_to::check("exportTo", &vs.export_to)?;
             for (i, h) in vs.hosts.iter().enumerate() {
                 if !is_host(h) {
                     return Err((format!("hosts[{i}]"), format!("{h:?} is not a host name")));
@@ -526,6 +528,7 @@ fn validate(spec: &Spec) -> Result<(), DocError> {
             if !is_host(&dr.host) {
                 return Err(("host".into(), format!("{:?} is not a host name", dr.host)));
             }
+            export_to::check("exportTo", &dr.export_to)?;
             let check_tp = |f: &str, tp: &Option<TrafficPolicy>| -> Result<(), DocError> {
                 if let Some(tp) = tp
                     && let Some(cp) = &tp.connection_pool

@@ -21,7 +21,7 @@ use crate::config::kinds::{
     DestinationRule, Labels, Location, MtlsMode, PeerAuthentication, Resolution, ServiceEntry,
     Sidecar, VirtualService,
 };
-use crate::config::{Config, Object, Revision};
+use crate::config::{Config, Object, Revision, export_to};
 
 /// Mesh-wide settings (from `--trust-domain`, `--mesh` and the environment).
 #[derive(Clone, Debug, PartialEq)]
@@ -136,6 +136,8 @@ pub struct Service {
     pub selector: Option<Labels>,
     /// A Service's `publishNotReadyAddresses`: not-ready endpoints are in its DNS answers.
     pub publish_not_ready: bool,
+    /// Namespaces that see it (`exportTo`; empty: all).
+    pub export_to: Vec<String>,
 }
 
 /// An immutable view of the configuration with a version; pushes are generated from it.
@@ -221,11 +223,12 @@ impl Snapshot {
         key
     }
 
-    /// Services visible to a proxy (Sidecar egress scoping).
+    /// Services visible to a proxy: exported to its namespace, and within its Sidecar's egress.
     pub fn visible_services<'a>(&'a self, view: &ProxyView) -> Vec<&'a Service> {
         let sidecar = self.sidecar_for(view);
         self.services
             .iter()
+            .filter(|s| export_to::visible(&s.export_to, &s.namespace, &view.namespace))
             .filter(|s| match sidecar {
                 None => true,
                 Some(sc) => sc.egress.iter().any(|e| {
@@ -263,22 +266,19 @@ impl Snapshot {
             .map(|o| &o.spec)
     }
 
-    /// The DestinationRule for a host, as seen from `proxy_ns`.
+    /// The DestinationRule for a host, as seen from `proxy_ns` (only those exported to it).
     pub fn destination_rule(&self, proxy_ns: &str, svc: &Service) -> Option<&DestinationRule> {
         let matching = |o: &&Object<DestinationRule>| host_matches(&o.spec.host, &svc.host);
-        let by_ns = |ns: &str| {
-            let exact = self
-                .config
-                .destination_rules
-                .iter()
-                .find(|o| o.meta.namespace == ns && o.spec.host == svc.host);
-            exact.or_else(|| {
-                self.config
-                    .destination_rules
-                    .iter()
-                    .filter(|o| o.meta.namespace == ns)
-                    .find(matching)
+        let in_ns = |ns: &str| {
+            let ns = ns.to_string();
+            self.config.destination_rules.iter().filter(move |o| {
+                o.meta.namespace == ns
+                    && export_to::visible(&o.spec.export_to, &o.meta.namespace, proxy_ns)
             })
+        };
+        let by_ns = |ns: &str| {
+            let exact = in_ns(ns).find(|o| o.spec.host == svc.host);
+            exact.or_else(|| in_ns(ns).find(matching))
         };
         by_ns(proxy_ns)
             .or_else(|| by_ns(&svc.namespace))
@@ -286,12 +286,14 @@ impl Snapshot {
             .map(|o| &o.spec)
     }
 
-    /// VirtualServices bound to the mesh that route `host`, in (namespace, name) order.
-    pub fn virtual_services_for(&self, host: &str) -> Vec<&VirtualService> {
+    /// VirtualServices bound to the mesh, exported to `proxy_ns`, that route `host`, in
+    /// (namespace, name) order.
+    pub fn virtual_services_for(&self, proxy_ns: &str, host: &str) -> Vec<&VirtualService> {
         self.config
             .virtual_services
             .iter()
             .filter(|o| o.spec.gateways.is_empty() || o.spec.gateways.iter().any(|g| g == "mesh"))
+            .filter(|o| export_to::visible(&o.spec.export_to, &o.meta.namespace, proxy_ns))
             .filter(|o| {
                 o.spec.hosts.iter().any(|h| {
                     host_matches(h, host) || short_host_matches(h, &o.meta.namespace, host)
@@ -506,6 +508,7 @@ fn build_services(config: &Config, mesh: &MeshSettings) -> Vec<Service> {
                 subject_alt_names: se.subject_alt_names.clone(),
                 selector: selector.clone(),
                 publish_not_ready: false,
+                export_to: se.export_to.clone(),
             });
         }
     }

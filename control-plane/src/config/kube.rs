@@ -33,6 +33,8 @@ pub struct Service {
     pub publish_not_ready_addresses: bool,
     /// `spec.externalName` of an `ExternalName` service.
     pub external_name: String,
+    /// The `networking.istio.io/exportTo` annotation's entries ([`super::export_to`]).
+    pub export_to: Vec<String>,
 }
 
 /// A Service port.
@@ -112,7 +114,14 @@ pub struct Namespace {}
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 struct RawService {
+    metadata: RawMetadata,
     spec: RawServiceSpec,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct RawMetadata {
+    annotations: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -283,6 +292,17 @@ pub fn api_version(kind: &str) -> Option<&'static str> {
 
 /// Parses a `v1 Service` document.
 pub(super) fn service(raw: RawServiceDoc) -> Result<Service, DocError> {
+    let export_to = raw
+        .0
+        .metadata
+        .annotations
+        .get(super::export_to::ANNOTATION)
+        .map(|v| super::export_to::parse_annotation(v))
+        .unwrap_or_default();
+    super::export_to::check(
+        &format!("metadata.annotations[{}]", super::export_to::ANNOTATION),
+        &export_to,
+    )?;
     let spec = raw.0.spec;
     let service_type = spec.service_type.unwrap_or_else(|| "ClusterIP".into());
     if !["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"].contains(&service_type.as_str()) {
@@ -365,6 +385,7 @@ pub(super) fn service(raw: RawServiceDoc) -> Result<Service, DocError> {
         selector: spec.selector.filter(|s| !s.is_empty()),
         publish_not_ready_addresses: spec.publish_not_ready_addresses,
         external_name,
+        export_to,
     })
 }
 

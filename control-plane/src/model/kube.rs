@@ -238,6 +238,7 @@ pub(super) fn services(config: &Config, domain: &str) -> Vec<Service> {
             // The selector is resolved into endpoints above; inbound matches by endpoint IP.
             selector: None,
             publish_not_ready: spec.publish_not_ready_addresses,
+            export_to: spec.export_to.clone(),
         });
     }
     out

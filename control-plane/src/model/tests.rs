@@ -422,3 +422,126 @@ fn auto_allocation_is_istiods() {
         "resolution NONE"
     );
 }
+
+const EXPORTED: &str = r#"
+kind: ServiceEntry
+metadata: {name: local, namespace: web}
+spec:
+  hosts: [local.example.com]
+  ports: [{number: 80, name: http, protocol: HTTP}]
+  resolution: DNS
+  exportTo: ["."]
+---
+kind: ServiceEntry
+metadata: {name: to-other, namespace: web}
+spec:
+  hosts: [to-other.example.com]
+  ports: [{number: 80, name: http, protocol: HTTP}]
+  resolution: DNS
+  exportTo: [other]
+---
+kind: ServiceEntry
+metadata: {name: hidden, namespace: web}
+spec:
+  hosts: [hidden.example.com]
+  ports: [{number: 80, name: http, protocol: HTTP}]
+  resolution: DNS
+  exportTo: ["~"]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: db
+  namespace: web
+  annotations: {networking.istio.io/exportTo: ".,other"}
+spec:
+  clusterIP: 10.96.0.20
+  ports: [{name: tcp, port: 5432}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: open, namespace: web}
+spec:
+  clusterIP: 10.96.0.21
+  ports: [{name: http, port: 80}]
+---
+kind: DestinationRule
+metadata: {name: open-web-only, namespace: web}
+spec:
+  host: open.web.svc.cluster.local
+  exportTo: ["."]
+  trafficPolicy: {tls: {mode: DISABLE}}
+---
+kind: VirtualService
+metadata: {name: open-web-only, namespace: web}
+spec:
+  hosts: [open.web.svc.cluster.local]
+  exportTo: ["."]
+  http: [{route: [{destination: {host: open.web.svc.cluster.local}}]}]
+"#;
+
+/// `exportTo` (ServiceEntry and DestinationRule/VirtualService `spec.exportTo`, a Service's
+/// `networking.istio.io/exportTo` annotation) decides which namespaces' proxies see each one.
+#[test]
+fn export_to_scopes_services_rules_and_routes() {
+    let snap = snapshot(EXPORTED);
+    let visible = |ns: &str| -> Vec<String> {
+        snap.visible_services(&view(ns, &[], &[], false))
+            .iter()
+            .map(|s| s.host.clone())
+            .collect()
+    };
+    assert_eq!(
+        visible("web"),
+        vec![
+            "db.web.svc.cluster.local",
+            "local.example.com",
+            "open.web.svc.cluster.local"
+        ]
+    );
+    assert_eq!(
+        visible("other"),
+        vec![
+            "db.web.svc.cluster.local",
+            "open.web.svc.cluster.local",
+            "to-other.example.com"
+        ]
+    );
+    assert_eq!(visible("third"), vec!["open.web.svc.cluster.local"]);
+    let open = snap
+        .services
+        .iter()
+        .find(|s| s.host == "open.web.svc.cluster.local")
+        .unwrap();
+    assert!(snap.destination_rule("web", open).is_some());
+    assert!(snap.destination_rule("third", open).is_none());
+    assert_eq!(snap.virtual_services_for("web", &open.host).len(), 1);
+    assert!(snap.virtual_services_for("third", &open.host).is_empty());
+}
+
+#[test]
+fn bad_export_to_names_the_field() {
+    let err = parse_file(
+        "bad.yaml",
+        "kind: ServiceEntry\nmetadata: {name: a, namespace: web}\nspec: {hosts: [a.example.com], ports: [{number: 80, name: http}], resolution: DNS, exportTo: [\"~\", \".\"]}\n",
+    )
+    .unwrap_err()
+    .iter()
+    .map(ToString::to_string)
+    .collect::<Vec<_>>()
+    .join("; ");
+    assert!(err.contains("spec.exportTo[0]"), "{err}");
+    let err = parse_file(
+        "bad.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: web, annotations: {networking.istio.io/exportTo: \"Web\"}}\nspec: {ports: [{port: 80}]}\n",
+    )
+    .unwrap_err()
+    .iter()
+    .map(ToString::to_string)
+    .collect::<Vec<_>>()
+    .join("; ");
+    assert!(
+        err.contains("metadata.annotations[networking.istio.io/exportTo][0]"),
+        "{err}"
+    );
+}

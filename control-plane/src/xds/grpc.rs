@@ -113,7 +113,7 @@ fn routes(snap: &Snapshot, view: &ProxyView) -> Resources {
                 virtual_hosts: vec![VirtualHost {
                     name: name.clone(),
                     domains: vec![svc.host.clone(), name.clone()],
-                    routes: routes::routes_for(snap, svc, port),
+                    routes: routes::routes_for(snap, &view.namespace, svc, port),
                     ..Default::default()
                 }],
                 ..Default::default()

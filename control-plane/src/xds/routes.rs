@@ -89,7 +89,7 @@ fn route_config(
         vhosts.push(VirtualHost {
             name: format!("{}:{}", svc.host, p.number),
             domains,
-            routes: routes_for(snap, svc, p),
+            routes: routes_for(snap, &view.namespace, svc, p),
             include_request_attempt_count: true,
             ..Default::default()
         });
@@ -267,9 +267,15 @@ fn action(domain: &str, svc: &Service, port: &Port, r: &HttpRoute) -> RouteActio
     }
 }
 
-pub(super) fn routes_for(snap: &Snapshot, svc: &Service, port: &Port) -> Vec<Route> {
+/// The routes to `svc`'s `port` for proxies in `proxy_ns` (their exported VirtualServices).
+pub(super) fn routes_for(
+    snap: &Snapshot,
+    proxy_ns: &str,
+    svc: &Service,
+    port: &Port,
+) -> Vec<Route> {
     let mut routes = Vec::new();
-    if let Some(vs) = snap.virtual_services_for(&svc.host).first() {
+    if let Some(vs) = snap.virtual_services_for(proxy_ns, &svc.host).first() {
         for (i, r) in vs.http.iter().enumerate() {
             let act = action(&snap.mesh.dns_domain, svc, port, r);
             let name = if r.name.is_empty() {

@@ -636,3 +636,26 @@ fn kubernetes_service_generates_istios_cluster_endpoints_routes_and_inbound() {
         ("Kubernetes", "bookinfo", "reviews")
     );
 }
+
+/// A ServiceEntry exported only to its own namespace: its cluster, its listener chain and its
+/// DNS entry are generated for proxies there and for nobody else.
+#[test]
+fn export_to_keeps_a_service_out_of_other_namespaces_config() {
+    let snap = snapshot(
+        "kind: ServiceEntry\nmetadata: {name: local, namespace: web}\nspec: {hosts: [local.example.com], addresses: [198.18.20.1], ports: [{number: 80, name: http, protocol: HTTP}], resolution: DNS, exportTo: [\".\"]}\n",
+    );
+    let cluster = "outbound|80||local.example.com";
+    let has_cluster = |ns: &str| {
+        generate(&snap, &client(ns, true), XdsType::Cds)
+            .iter()
+            .any(|r| r.name == cluster)
+    };
+    assert!(has_cluster("web"));
+    assert!(!has_cluster("other"));
+    let names = |ns: &str| -> Vec<String> {
+        let t: NameTable = decode(&generate(&snap, &client(ns, true), XdsType::Nds)[0]);
+        t.table.keys().cloned().collect()
+    };
+    assert_eq!(names("web"), vec!["local.example.com"]);
+    assert!(names("other").is_empty());
+}

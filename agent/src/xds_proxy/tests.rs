@@ -705,15 +705,8 @@ async fn small_responses_are_not_held_by_write_gathering() {
     let mut ads = FakeAds::start().await.unwrap();
     let h = proxy(ads.connect(), false).await;
     let mut client = envoy_client(&h.path).await;
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
-    let mut from_proxy = client
-        .stream_aggregated_resources(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut up = next(&mut ads.sotw).await;
-    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
+    let (tx, mut from_proxy, up) =
+        open_sotw(&mut client, &mut ads, req(type_url::CLUSTER, "")).await;
     let mut slowest = Duration::ZERO;
     for i in 0..300 {
         let r = resp(type_url::CLUSTER, &i.to_string());

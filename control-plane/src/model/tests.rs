@@ -423,31 +423,14 @@ fn auto_allocation_is_istiods() {
     );
 }
 
+/// A ServiceEntry `name` in namespace `web`, host `<name>.example.com`, exported to `export_to`.
+fn exported_se(name: &str, export_to: &str) -> String {
+    format!(
+        "kind: ServiceEntry\nmetadata: {{name: {name}, namespace: web}}\nspec: {{hosts: [{name}.example.com], ports: [{{number: 80, name: http, protocol: HTTP}}], resolution: DNS, exportTo: {export_to}}}\n---\n"
+    )
+}
+
 const EXPORTED: &str = r#"
-kind: ServiceEntry
-metadata: {name: local, namespace: web}
-spec:
-  hosts: [local.example.com]
-  ports: [{number: 80, name: http, protocol: HTTP}]
-  resolution: DNS
-  exportTo: ["."]
----
-kind: ServiceEntry
-metadata: {name: to-other, namespace: web}
-spec:
-  hosts: [to-other.example.com]
-  ports: [{number: 80, name: http, protocol: HTTP}]
-  resolution: DNS
-  exportTo: [other]
----
-kind: ServiceEntry
-metadata: {name: hidden, namespace: web}
-spec:
-  hosts: [hidden.example.com]
-  ports: [{number: 80, name: http, protocol: HTTP}]
-  resolution: DNS
-  exportTo: ["~"]
----
 apiVersion: v1
 kind: Service
 metadata:
@@ -484,7 +467,12 @@ spec:
 /// `networking.istio.io/exportTo` annotation) decides which namespaces' proxies see each one.
 #[test]
 fn export_to_scopes_services_rules_and_routes() {
-    let snap = snapshot(EXPORTED);
+    let snap = snapshot(&format!(
+        "{}{}{}{EXPORTED}",
+        exported_se("local", r#"["."]"#),
+        exported_se("to-other", "[other]"),
+        exported_se("hidden", r#"["~"]"#),
+    ));
     let visible = |ns: &str| -> Vec<String> {
         snap.visible_services(&view(ns, &[], &[], false))
             .iter()

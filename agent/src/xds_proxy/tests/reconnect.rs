@@ -28,6 +28,15 @@ fn reconnects(h: &Harness, reason: &'static str) -> u64 {
         .get()
 }
 
+/// Envoy's first Delta request: CDS, with the node.
+fn delta_cds() -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: type_url::CLUSTER.into(),
+        node: Some(node()),
+        ..Default::default()
+    }
+}
+
 /// SotW: the new stream starts with, per type in subscription order, the last request (names,
 /// last ACKed version, no nonce; the node on the first); the proxy's own NDS with its last ACKed
 /// version. An ACK for the old stream's response is not forwarded; an old answer that changes
@@ -37,17 +46,9 @@ async fn sotw_reconnect_replays_subscriptions_and_drops_old_acks() {
     let mut ads = FakeAds::start().await.unwrap();
     let h = proxy(ads.connect(), true).await;
     let mut client = envoy_client(&h.path).await;
-    let (tx, rx) = mpsc::channel(8);
     let mut first = req(type_url::CLUSTER, "");
     first.node = Some(node());
-    tx.send(first.clone()).await.unwrap();
-    let mut from_proxy = client
-        .stream_aggregated_resources(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut up = next(&mut ads.sotw).await;
-    assert_eq!(next(&mut up.requests).await, first);
+    let (tx, mut from_proxy, mut up) = open_sotw(&mut client, &mut ads, first).await;
     tx.send(req(type_url::LISTENER, "")).await.unwrap();
     assert_eq!(next(&mut up.requests).await, req(type_url::LISTENER, ""));
     assert_eq!(next(&mut up.requests).await, req(type_url::NAME_TABLE, ""));
@@ -126,12 +127,7 @@ async fn delta_reconnect_replays_initial_resource_versions() {
     let mut ads = FakeAds::start().await.unwrap();
     let h = proxy(ads.connect(), false).await;
     let mut client = envoy_client(&h.path).await;
-    let cds = DeltaDiscoveryRequest {
-        type_url: type_url::CLUSTER.into(),
-        node: Some(node()),
-        ..Default::default()
-    };
-    let (tx, mut from_proxy, mut up) = open_delta(&mut client, &mut ads, cds).await;
+    let (tx, mut from_proxy, mut up) = open_delta(&mut client, &mut ads, delta_cds()).await;
     let eds = DeltaDiscoveryRequest {
         type_url: type_url::ENDPOINT.into(),
         resource_names_subscribe: vec!["a".into(), "b".into()],
@@ -520,12 +516,7 @@ async fn delta_names_of_a_relayed_response_are_replayed() {
     let mut ads = FakeAds::start().await.unwrap();
     let h = proxy(ads.connect(), false).await;
     let mut client = envoy_client(&h.path).await;
-    let cds = DeltaDiscoveryRequest {
-        type_url: type_url::CLUSTER.into(),
-        node: Some(node()),
-        ..Default::default()
-    };
-    let (tx, mut from_proxy, mut up) = open_delta(&mut client, &mut ads, cds).await;
+    let (tx, mut from_proxy, mut up) = open_delta(&mut client, &mut ads, delta_cds()).await;
     // 2,000 clusters of ~300 bytes: 600 kB, relayed as it arrives.
     let pushed = DeltaDiscoveryResponse {
         type_url: type_url::CLUSTER.into(),

@@ -68,7 +68,29 @@ impl Unprivileged {
 
 /// A port nobody listens on right now (on all interfaces, since Envoy's 15021/15090 listeners
 /// bind the wildcard address).
+///
+/// Taken below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`, 32768 and up by
+/// default): a port from that range can be taken by any parallel test's outgoing connection
+/// between this check and the bind of the process it is meant for (Envoy's admin port was, once:
+/// `Address already in use`). Each process walks the range from its own offset, so parallel test
+/// processes seldom try the same port at the same time.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = std::process::id().wrapping_mul(2_654_435_761) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOW + (offset + n) % SPAN) as u16;
+        let v6_free = match TcpListener::bind(("::", port)) {
+            Ok(_) => true,
+            Err(e) => e.kind() != std::io::ErrorKind::AddrInUse,
+        };
+        if v6_free && TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("0.0.0.0:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

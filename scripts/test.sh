@@ -10,22 +10,43 @@ step() { echo; echo "==> $* ($((SECONDS - start))s)"; }
 step "setup"
 scripts/setup.sh
 
+# A check whose tool is missing (setup.sh installs them where it can) is said plainly; under
+# CI=true it fails the run instead of passing silently.
+missing_tool() {
+  echo "test: $1 is missing: the $2 check did not run" >&2
+  if [[ ${CI:-} == true ]]; then exit 1; fi
+}
+
 step "format"
-cargo fmt --all -- --check
+if cargo fmt --version >/dev/null 2>&1; then
+  cargo fmt --all -- --check
+else
+  missing_tool "cargo fmt" format
+fi
 
 step "clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+if cargo clippy --version >/dev/null 2>&1; then
+  cargo clippy --workspace --all-targets --locked -- -D warnings
+else
+  missing_tool "cargo clippy" clippy
+fi
 
 step "build (once: every binary and test)"
 cargo build --workspace --bins --locked
+nextest=false
 if cargo nextest --version >/dev/null 2>&1; then
+  nextest=true
+else
+  missing_tool cargo-nextest "nextest (its per-test processes and the ci profile)"
+fi
+if $nextest; then
   cargo nextest run --workspace --locked --no-run
 else
   cargo test --workspace --locked --no-run
 fi
 
 step "tests (unit, conformance, end-to-end)"
-if cargo nextest --version >/dev/null 2>&1; then
+if $nextest; then
   cargo nextest run --workspace --locked --profile "$([[ ${CI:-} == true ]] && echo ci || echo default)"
 else
   cargo test --workspace --locked

@@ -47,18 +47,21 @@ pub struct SdsServer {
 }
 
 impl SdsServer {
-    /// Removes a stale socket, creates the directory (0750) and binds the socket (0660).
+    /// Removes a stale socket, creates the directory (0750) when it is missing and binds the
+    /// socket (0660). An existing directory is left as it is, as Istio's listener does: in a pod
+    /// it is an emptyDir the kubelet made (root-owned, 0777) that the proxy user cannot chmod.
     pub async fn bind(socket_path: &Path, manager: SecretManager) -> Result<SdsServer, Error> {
-        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
         let err = |reason: String| Error::Socket {
             path: socket_path.display().to_string(),
             reason,
         };
-        if let Some(dir) = socket_path.parent() {
-            std::fs::create_dir_all(dir)
+        if let Some(dir) = socket_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(dir)
                 .map_err(|e| err(format!("creating the directory: {e}")))?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
-                .map_err(|e| err(format!("chmod 0750 on the directory: {e}")))?;
         }
         match std::fs::remove_file(socket_path) {
             Ok(()) => debug!(path = %socket_path.display(), "removed stale SDS socket"),

@@ -38,8 +38,14 @@ async fn start(ca: &FakeCa, tweak: impl FnOnce(&mut Config)) -> Fixture {
     };
     tweak(&mut cfg);
     let path = cfg.socket_path.clone();
-    // A stale file where the socket goes must be replaced.
+    // The socket's directory exists as a kubelet makes an emptyDir (0777), and a stale file
+    // where the socket goes must be replaced.
     std::fs::create_dir_all(path.parent().expect("p")).expect("mkdir");
+    std::fs::set_permissions(
+        path.parent().expect("p"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .expect("chmod");
     std::fs::write(&path, b"stale").expect("stale");
     let mut reg = prometheus_client::registry::Registry::default();
     let manager =
@@ -154,10 +160,30 @@ async fn socket_permissions_and_stale_file() {
     );
     assert_eq!(meta.permissions().mode() & 0o007, 0, "no access for others");
     let dir = std::fs::metadata(f.path.parent().expect("p")).expect("dir");
-    assert_eq!(dir.permissions().mode() & 0o777, 0o750);
+    assert_eq!(
+        dir.permissions().mode() & 0o777,
+        0o777,
+        "an existing directory (the kubelet's emptyDir) is left as it is"
+    );
     f.shutdown.cancel();
     f.server.await.expect("join").expect("clean shutdown");
     assert!(!f.path.exists(), "socket removed at shutdown");
+}
+
+#[tokio::test]
+async fn missing_socket_directory_is_created_0750() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = Config::defaults(dir.path());
+    let path = dir.path().join("a/b/socket");
+    let mut reg = prometheus_client::registry::Registry::default();
+    let manager =
+        SecretManager::new(Arc::new(cfg), Arc::new(Metrics::new(&mut reg))).expect("manager");
+    let server = SdsServer::bind(&path, manager).await.expect("bind");
+    let mode = std::fs::metadata(dir.path().join("a/b")).expect("dir").permissions().mode();
+    assert_eq!(mode & 0o700, 0o700, "the owner has the directory");
+    assert_eq!(mode & 0o027, 0, "0750: not writable by the group, nothing for others");
+    drop(server);
 }
 
 #[tokio::test]

@@ -314,8 +314,16 @@ async fn relayed_queries_ignore_spoofs_and_survive_rotation() {
         ]
     })
     .await;
-    // A new socket every 2 queries while earlier ones still wait for their answers.
-    let f = Arc::new(fwd(vec![up], false).with_rotation(2, Duration::from_secs(3600)));
+    // A new socket every 2 queries while earlier ones still wait for their answers. Nothing
+    // here is about timeouts: a generous one keeps a loaded machine from failing the test.
+    let f = Forwarder::new(
+        vec![up],
+        Duration::from_secs(10),
+        false,
+        1232,
+        CancellationToken::new(),
+    );
+    let f = Arc::new(f.with_rotation(2, Duration::from_secs(3600)));
     let mut set = JoinSet::new();
     for _ in 0..40 {
         let f = f.clone();

@@ -93,6 +93,8 @@ pub struct Pod {
     pub apps: Vec<Child>,
 }
 
+/// Hands a tree to `uid` (a VM's files, as Istio's VM instructions `chown` them; never a
+/// pod's: a kubelet does not).
 fn chown_r(path: &Path, uid: u32) {
     sh(Command::new("chown")
         .arg("-R")
@@ -157,8 +159,14 @@ impl Mesh {
 
     /// Starts `istiod-lite` in the node namespace on all its addresses.
     pub fn start_istiod(&mut self) {
+        self.start_istiod_with(&[]);
+    }
+
+    /// [`Mesh::start_istiod`] with extra arguments (e.g. `--san` names).
+    pub fn start_istiod_with(&mut self, extra: &[String]) {
         let mut cmd = self.node.cmd(self.bin("istiod-lite"));
         cmd.arg("serve")
+            .args(extra)
             .arg("--config-dir")
             .arg(self.config_dir())
             .arg("--ca-dir")
@@ -208,8 +216,9 @@ impl Mesh {
         .to_string()
     }
 
-    /// Creates a pod namespace joined to the node (no sidecar yet).
-    pub fn pod(&mut self, name: &str, service_account: &str) -> Pod {
+    /// A pod's network: a namespace joined to the node by a veth pair, its default route via
+    /// the node. Returns the namespace, the pod's IP and the node's IP on that link.
+    pub fn pod_network(&mut self, name: &str) -> (Netns, String, String) {
         self.pods += 1;
         let n = self.pods;
         let ns = Netns::new(name);
@@ -223,6 +232,12 @@ impl Mesh {
         sh(ns
             .cmd("ip")
             .args(["route", "add", "default", "via", &node_ip]));
+        (ns, pod_ip, node_ip)
+    }
+
+    /// Creates a pod namespace joined to the node (no sidecar yet).
+    pub fn pod(&mut self, name: &str, service_account: &str) -> Pod {
+        let (ns, pod_ip, node_ip) = self.pod_network(name);
         // What a pod sees: cluster DNS at the node address, istiod's name in /etc/hosts.
         ns.set_resolv_conf(&format!(
             "nameserver {node_ip}\nsearch {NAMESPACE}.svc.cluster.local svc.cluster.local cluster.local\n"
@@ -299,7 +314,18 @@ impl Mesh {
             pod.dir.join("var/run/secrets/istio/root-cert.pem"),
         )
         .expect("copy root cert (is istiod-lite started?)");
-        chown_r(&pod.dir, uid);
+        // As a kubelet leaves them: the pod's files root-owned, the token and root certificate
+        // 0644, the emptyDirs 0777; nothing is handed to the proxy's uid.
+        for f in [
+            "var/run/secrets/tokens/istio-token",
+            "var/run/secrets/istio/root-cert.pem",
+        ] {
+            std::fs::set_permissions(
+                pod.dir.join(f),
+                std::os::unix::fs::PermissionsExt::from_mode(0o644),
+            )
+            .expect("chmod");
+        }
         let mut cmd = pod.ns.cmd_as(uid, gid, self.bin("pilot-agent"));
         cmd.args(proxy_args())
             .current_dir(&pod.dir)

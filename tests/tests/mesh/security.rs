@@ -47,13 +47,17 @@ fn pod_exposes_no_key_socket_or_debug_endpoint() {
         }
     });
 
-    // SDS socket: directory 0750, socket with no bits for others.
+    // SDS socket: its directory is the kubelet's emptyDir, left as the kubelet made it (root,
+    // 0777); the socket has no bits for others.
     let uds_dir = client.dir.join("var/run/secrets/workload-spiffe-uds");
-    let dir_mode = std::fs::metadata(&uds_dir)
-        .expect("SDS socket directory")
-        .permissions()
-        .mode();
-    assert_eq!(dir_mode & 0o777, 0o750, "{}", uds_dir.display());
+    let meta = std::fs::metadata(&uds_dir).expect("SDS socket directory");
+    let dir_mode = meta.permissions().mode();
+    assert_eq!(dir_mode & 0o777, 0o777, "{}", uds_dir.display());
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&meta),
+        0,
+        "the emptyDir stays root's"
+    );
     let sock = std::fs::symlink_metadata(uds_dir.join("socket")).expect("SDS socket");
     assert!(sock.file_type().is_socket(), "not a socket: {sock:?}");
     let sock_mode = sock.permissions().mode();

@@ -7,10 +7,12 @@
 //! - [`process`]: child processes killed on drop, workspace binaries.
 //! - [`envoy`]: a real Envoy started from a YAML config, with its admin address read back.
 //! - [`http`]: a tiny HTTP/1.0 client for admin and status endpoints.
+//! - [`kubelet`]: pods run from Istio's injected specs the way a kubelet and containerd run them.
 //! - [`assert_eventually`]: bounded polling; tests never sleep a fixed time to wait for a state.
 
 pub mod envoy;
 pub mod http;
+pub mod kubelet;
 pub mod local;
 pub mod mesh;
 pub mod netns;
@@ -35,6 +37,25 @@ pub fn assert_eventually<T>(timeout: Duration, mut f: impl FnMut() -> Result<T, 
             Err(e) if Instant::now() >= deadline => {
                 panic!("condition not met within {timeout:?}; last error: {e}")
             }
+            Err(_) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// [`assert_eventually`] that returns the last error instead of panicking.
+pub fn assert_eventually_result<T>(
+    timeout: Duration,
+    mut f: impl FnMut() -> Result<T, String>,
+) -> Result<T, String> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) if Instant::now() >= deadline => return Err(e),
             Err(_) => {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(100));

@@ -11,7 +11,7 @@ pub fn in_ci() -> bool {
 }
 
 /// Reports a missing prerequisite: panics in CI, prints a skip line otherwise.
-fn missing(what: &str, fix: &str) {
+pub fn missing(what: &str, fix: &str) {
     let msg = format!("missing prerequisite: {what} ({fix})");
     if in_ci() {
         panic!("{msg}; CI=true, so this test fails instead of skipping");

@@ -9,6 +9,7 @@
 
 mod control_plane;
 mod kube;
+mod kubelet;
 mod local_envoy;
 mod outage;
 mod pod;

@@ -76,6 +76,7 @@
 //! (`reason="plaintext_token"`).
 
 pub mod ca;
+pub mod clock;
 pub mod config;
 pub mod csr;
 pub mod external;

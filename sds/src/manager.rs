@@ -14,7 +14,7 @@ mod rotation;
 pub use crate::pem::parse_certs;
 pub use crate::x509::cert_validity;
 pub use output_certs::{write_atomic, write_atomic_mode};
-pub use rotation::{rotation_backoff_cap, rotation_delay};
+pub use rotation::{rotation_backoff_cap, rotation_time};
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -22,11 +22,12 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use tokio::sync::{Notify, watch};
-use tokio::time::Instant;
+
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::ca::CaClient;
+use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::csr;
 use crate::metrics::Metrics;
@@ -76,7 +77,8 @@ struct Workload {
     root_cert_pem: Vec<u8>,
     expire_time: SystemTime,
     created_time: SystemTime,
-    rotate_at: Instant,
+    /// When to re-issue: a wall-clock time, re-checked (see [`crate::clock`]).
+    rotate_at: SystemTime,
 }
 
 type Slot = watch::Sender<Option<Arc<SecretItem>>>;
@@ -99,6 +101,7 @@ struct Inner {
     generating: tokio::sync::Mutex<()>,
     rotation_wake: Notify,
     shutdown: CancellationToken,
+    clock: Arc<dyn Clock>,
 }
 
 /// Secret cache and rotation. Cheap to clone; background tasks stop when the last clone is
@@ -113,6 +116,15 @@ impl SecretManager {
     /// A manager for `config`; its CA client (none with file-mounted certificates) is built
     /// from the same config.
     pub fn new(config: Arc<Config>, metrics: Arc<Metrics>) -> Result<SecretManager, Error> {
+        SecretManager::with_clock(config, metrics, Arc::new(SystemClock))
+    }
+
+    /// [`SecretManager::new`] measuring certificate deadlines on `clock` (tests jump it).
+    pub fn with_clock(
+        config: Arc<Config>,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<SecretManager, Error> {
         let ca = if config.file_mounted_certs.is_some() || config.serve_only_files {
             None
         } else {
@@ -129,6 +141,7 @@ impl SecretManager {
                 generating: tokio::sync::Mutex::new(()),
                 rotation_wake: Notify::new(),
                 shutdown,
+                clock,
             }),
         })
     }
@@ -217,10 +230,17 @@ impl Inner {
             return self.fetch_file(name, &src).await;
         }
         let cached = lock(&self.state).workload.clone();
-        if let Some(w) = cached {
-            return Ok(self.publish(name, workload_item(name, &w)));
-        }
-        let w = self.generate(None).await?;
+        let w = match cached {
+            // An expired certificate is never served as if valid (a host suspended past its
+            // NotAfter): it is replaced first, and the error is returned if that fails.
+            Some(w) if w.expire_time <= self.clock.now() => {
+                warn!(expired_at = %rfc3339(w.expire_time), "the cached certificate has expired; re-issuing before serving");
+                self.rotation_wake.notify_one();
+                self.generate(Some(w.created_time)).await?
+            }
+            Some(w) => return Ok(self.publish(name, workload_item(name, &w))),
+            None => self.generate(None).await?,
+        };
         Ok(self.publish(name, workload_item(name, &w)))
     }
 
@@ -283,7 +303,7 @@ impl Inner {
         info!(
             identity = %self.config.spiffe_id(),
             expires = %rfc3339(w.expire_time),
-            rotate_in = ?w.rotate_at.saturating_duration_since(Instant::now()),
+            rotate_in = ?w.rotate_at.duration_since(self.clock.now()).unwrap_or_default(),
             "workload certificate issued"
         );
         let root_changed = cached
@@ -338,8 +358,8 @@ impl Inner {
                 "the last cert_chain entry (the root) is not a PEM certificate".into(),
             ));
         }
-        let created_time = SystemTime::now();
-        let delay = rotation_delay(
+        let created_time = self.clock.now();
+        let rotate_at = rotation_time(
             created_time,
             expire_time,
             self.config.grace_ratio,
@@ -351,7 +371,7 @@ impl Inner {
             root_cert_pem: root,
             expire_time,
             created_time,
-            rotate_at: Instant::now() + delay,
+            rotate_at,
         })
     }
 }

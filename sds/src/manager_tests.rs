@@ -6,6 +6,7 @@ use x509_parser::prelude::*;
 
 use super::rotation::ROTATE_BACKOFF_START;
 use super::*;
+use crate::clock::{JumpClock, WALL_CLOCK_RECHECK};
 use crate::config::KeyAlgorithm;
 use crate::testing::{Answer, FakeCa};
 use crate::x509::check_key_matches;
@@ -42,11 +43,22 @@ impl Setup {
         self.dir.path()
     }
     fn manager(&self) -> SecretManager {
+        self.manager_and_clock().0
+    }
+    /// The manager and its wall clock, which follows tokio's (paused) clock and can jump.
+    fn manager_and_clock(&self) -> (SecretManager, Arc<JumpClock>) {
         let mut cfg = self.config.clone();
         // Paused-time tests must not have HTTP/2 ping timers racing the fake CA's replies.
         cfg.grpc_keepalive = None;
         let mut reg = prometheus_client::registry::Registry::default();
-        SecretManager::new(Arc::new(cfg), Arc::new(Metrics::new(&mut reg))).expect("manager")
+        let clock = Arc::new(JumpClock::new());
+        let m = SecretManager::with_clock(
+            Arc::new(cfg),
+            Arc::new(Metrics::new(&mut reg)),
+            clock.clone(),
+        )
+        .expect("manager");
+        (m, clock)
     }
 }
 
@@ -454,17 +466,66 @@ async fn serve_only_files_serves_files_and_never_calls_the_ca() {
 }
 
 #[test]
-fn rotation_delay_follows_ratio() {
+fn rotation_time_follows_ratio() {
     let now = SystemTime::now();
-    let d = rotation_delay(now, now + Duration::from_secs(86400), 0.5, 0.0);
-    assert!(
-        d <= Duration::from_secs(43200) && d > Duration::from_secs(43190),
-        "{d:?}"
-    );
-    let d = rotation_delay(now, now + Duration::from_secs(86400), 0.5, 0.01);
+    let day = Duration::from_secs(86400);
+    let at = rotation_time(now, now + day, 0.5, 0.0);
+    assert_eq!(at, now + Duration::from_secs(43200));
+    let at = rotation_time(now, now + day, 0.5, 0.01);
+    let d = at.duration_since(now).expect("after creation");
     assert!(
         d >= Duration::from_secs(43200 - 865) && d <= Duration::from_secs(43200 + 865),
         "{d:?}"
+    );
+}
+
+/// A host suspended past the rotation point (the wall clock jumps, the monotonic clock does
+/// not move): the certificate is re-issued within WALL_CLOCK_RECHECK of the resume, not 12 h
+/// of running time later as a timer on the monotonic clock would.
+#[tokio::test(start_paused = true)]
+async fn rotation_survives_a_host_suspend() {
+    let ca = FakeCa::start();
+    let setup = Setup::new(&ca).with(|c| c.secret_ttl = Duration::from_secs(86400));
+    let (m, clock) = setup.manager_and_clock();
+    let mut rx = m.subscribe("default");
+    let first = m.fetch("default").await.expect("first");
+    rx.borrow_and_update();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(ca.received().len(), 1, "no rotation before the suspend");
+    clock.jump(Duration::from_secs(13 * 3600));
+    let resumed = tokio::time::Instant::now();
+    rx.changed().await.expect("a new certificate pushed");
+    let after = resumed.elapsed();
+    assert!(
+        after <= WALL_CLOCK_RECHECK,
+        "re-issued {after:?} after the resume"
+    );
+    let second = rx.borrow_and_update().clone().expect("value");
+    assert_ne!(leaf(&second).1, leaf(&first).1, "a new certificate");
+}
+
+/// A certificate that expired while the host slept is never served as valid: with the CA
+/// failing, the fetch fails instead of handing out the expired one; once the CA answers, a
+/// fresh certificate is served.
+#[tokio::test(start_paused = true)]
+async fn an_expired_certificate_is_not_served() {
+    let ca = FakeCa::start();
+    let setup = Setup::new(&ca).with(|c| c.secret_ttl = Duration::from_secs(86400));
+    let (m, clock) = setup.manager_and_clock();
+    let first = m.fetch("default").await.expect("first");
+    ca.set_default_answer(Answer::Fail(tonic::Code::PermissionDenied));
+    clock.jump(Duration::from_secs(25 * 3600));
+    let served = m.fetch("default").await;
+    assert!(
+        served.is_err(),
+        "an expired certificate was served: {served:?}"
+    );
+    ca.set_default_answer(Answer::Sign);
+    let fresh = m.fetch("default").await.expect("re-issued");
+    assert_ne!(
+        leaf(&fresh).1,
+        leaf(&first).1,
+        "a new certificate, not the expired one"
     );
 }
 

@@ -180,9 +180,16 @@ async fn missing_socket_directory_is_created_0750() {
     let manager =
         SecretManager::new(Arc::new(cfg), Arc::new(Metrics::new(&mut reg))).expect("manager");
     let server = SdsServer::bind(&path, manager).await.expect("bind");
-    let mode = std::fs::metadata(dir.path().join("a/b")).expect("dir").permissions().mode();
+    let mode = std::fs::metadata(dir.path().join("a/b"))
+        .expect("dir")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o700, 0o700, "the owner has the directory");
-    assert_eq!(mode & 0o027, 0, "0750: not writable by the group, nothing for others");
+    assert_eq!(
+        mode & 0o027,
+        0,
+        "0750: not writable by the group, nothing for others"
+    );
     drop(server);
 }
 

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
 use super::{Inner, lock};
+use crate::clock::WALL_CLOCK_RECHECK;
 use crate::timestamp::rfc3339;
 use crate::{ROOT_CA, WORKLOAD_KEY_CERT};
 
@@ -55,18 +56,18 @@ async fn root_file_changed(rx: &mut Option<watch::Receiver<u64>>) {
     std::future::pending().await
 }
 
-/// Delay until rotation: Istio's `rotateTime`, with the ratio jittered by ±`jitter_max`.
-pub fn rotation_delay(
+/// When to rotate: Istio's `rotateTime` (at `ratio` of the lifetime before expiry), with the
+/// ratio jittered by ±`jitter_max`; a wall-clock time.
+pub fn rotation_time(
     created: SystemTime,
     expire: SystemTime,
     ratio: f64,
     jitter_max: f64,
-) -> Duration {
+) -> SystemTime {
     let j = rand::random::<f64>() * jitter_max * if rand::random::<bool>() { 1.0 } else { -1.0 };
     let r = (ratio + j).clamp(0.0, 1.0);
     let lifetime = expire.duration_since(created).unwrap_or_default();
-    let at = expire - lifetime.mul_f64(r);
-    at.duration_since(SystemTime::now()).unwrap_or_default()
+    expire - lifetime.mul_f64(r)
 }
 
 /// Longest pause between failed rotation attempts: a tenth of the certificate's lifetime, at
@@ -96,10 +97,21 @@ impl Inner {
             let Some(w) = lock(&self.state).workload.clone() else {
                 return;
             };
+            // The deadline is wall-clock time: sleep at most WALL_CLOCK_RECHECK on the
+            // monotonic clock (which stops during a host suspend), then look at the wall clock
+            // again.
+            let left = w
+                .rotate_at
+                .duration_since(self.clock.now())
+                .unwrap_or_default();
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
                 _ = self.rotation_wake.notified() => continue,
-                _ = tokio::time::sleep_until(w.rotate_at) => {}
+                _ = tokio::time::sleep(left.min(WALL_CLOCK_RECHECK)) => {
+                    if self.clock.now() < w.rotate_at {
+                        continue;
+                    }
+                }
                 // A new trust bundle (root CA rotation): re-issue now rather than at the next
                 // rotation, so Envoy gets the CA's new ROOTCA and, once the CA signs with the
                 // new root, a certificate from it.
@@ -120,7 +132,7 @@ impl Inner {
                     Err(e) => {
                         let remaining = w
                             .expire_time
-                            .duration_since(SystemTime::now())
+                            .duration_since(self.clock.now())
                             .unwrap_or_default();
                         let delay = jitter(backoff, 0.1);
                         if remaining.is_zero() {

@@ -633,3 +633,21 @@ fn legacy_localhost_probe_destination_is_the_name() {
         .contains("REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION")
     );
 }
+
+/// A VM's mesh.yaml from `istioctl x workload entry configure` carries the WorkloadGroup's
+/// probe, which may be `exec`: the agent must start with it (it did not: the VM never joined).
+#[test]
+fn vm_exec_readiness_probe_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = env(&[(
+        "PROXY_CONFIG",
+        r#"{"readinessProbe":{"exec":{"command":["/usr/bin/check","--quick"]},"timeoutSeconds":3,"periodSeconds":5}}"#,
+    )]);
+    let c = load(dir.path(), &e).unwrap();
+    let probe = c.status.health_probe.expect("the VM health probe");
+    assert_eq!(probe.probe.timeout, std::time::Duration::from_secs(3));
+    assert!(matches!(
+        &probe.probe.action,
+        crate::status::probe::ProbeAction::Exec { command } if command == &["/usr/bin/check", "--quick"]
+    ));
+}

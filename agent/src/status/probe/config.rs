@@ -195,8 +195,17 @@ struct RawProber {
     http_get: Option<RawHttpGet>,
     tcp_socket: Option<RawTcp>,
     grpc: Option<RawGrpc>,
+    /// Only in `readinessProbe` (a VM's WorkloadGroup probe); Istio never rewrites exec probes
+    /// of pods.
+    exec: Option<RawExec>,
     #[serde(default)]
     timeout_seconds: i64,
+}
+
+#[derive(Deserialize)]
+struct RawExec {
+    #[serde(default)]
+    command: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -243,10 +252,13 @@ fn int_port(path: &str, v: &serde_json::Value) -> Result<u16, String> {
 
 fn readiness_action(p: RawProber) -> Result<AppProbe, String> {
     let path = "readinessProbe";
-    let count = p.http_get.is_some() as u8 + p.tcp_socket.is_some() as u8 + p.grpc.is_some() as u8;
+    let count = p.http_get.is_some() as u8
+        + p.tcp_socket.is_some() as u8
+        + p.grpc.is_some() as u8
+        + p.exec.is_some() as u8;
     if count != 1 {
         return Err(format!(
-            "exactly one of httpGet, tcpSocket, grpc for {path}"
+            "exactly one of httpGet, tcpSocket, grpc, exec for {path}"
         ));
     }
     let timeout = Duration::from_secs(u64::try_from(p.timeout_seconds).unwrap_or(0));
@@ -276,6 +288,11 @@ fn readiness_action(p: RawProber) -> Result<AppProbe, String> {
             port: int_port(path, &g.port)?,
             service: g.service.unwrap_or_default(),
         }
+    } else if let Some(e) = p.exec {
+        if e.command.first().is_none_or(|c| c.is_empty()) {
+            return Err(format!("{path}: exec.command with a program to run"));
+        }
+        ProbeAction::Exec { command: e.command }
     } else {
         return Err(format!("a probe action for {path}"));
     };
@@ -298,7 +315,7 @@ struct RawSchedule {
 /// Parses `readinessProbe` with Istio's defaults (timeout 1 s, period 10 s, thresholds 1).
 pub fn parse_readiness_probe(v: &serde_json::Value) -> Result<ReadinessProbe, String> {
     let raw: RawProber = serde_json::from_value(v.clone())
-        .map_err(|e| format!("a probe with httpGet, tcpSocket or grpc ({e})"))?;
+        .map_err(|e| format!("a probe with httpGet, tcpSocket, grpc or exec ({e})"))?;
     let sched: RawSchedule =
         serde_json::from_value(v.clone()).map_err(|e| format!("integer probe timings ({e})"))?;
     let mut probe = readiness_action(raw)?;

@@ -219,7 +219,50 @@ fn readiness_probe_defaults() {
         (p.period, p.failure_threshold, p.initial_delay),
         (Duration::from_secs(3), 4, Duration::from_secs(2))
     );
-    assert!(parse_readiness_probe(&serde_json::json!({"exec": {"command": ["true"]}})).is_err());
+    // A VM's WorkloadGroup probe may be exec (istioctl copies it into mesh.yaml).
+    let p = parse_readiness_probe(&serde_json::json!({"exec": {"command": ["true"]}})).unwrap();
+    assert!(matches!(&p.probe.action, ProbeAction::Exec { command } if command == &["true"]));
+    assert!(parse_readiness_probe(&serde_json::json!({"exec": {"command": []}})).is_err());
+    assert!(
+        parse_readiness_probe(
+            &serde_json::json!({"exec": {"command": ["true"]}, "tcpSocket": {"port": 1}})
+        )
+        .is_err()
+    );
+}
+
+#[tokio::test]
+async fn exec_readiness_probe_is_healthy_when_the_command_exits_0() {
+    let prober = Prober {
+        destination: "127.0.0.1".parse().unwrap(),
+    };
+    let probe = |cmd: &str, timeout: u64| AppProbe {
+        action: ProbeAction::Exec {
+            command: vec!["sh".into(), "-c".into(), cmd.into()],
+        },
+        timeout: Duration::from_secs(timeout),
+    };
+    let none = HeaderMap::new();
+    assert_eq!(prober.run(&probe("exit 0", 1), &none).await.status, 200);
+    let failed = prober.run(&probe("echo broken; exit 3", 1), &none).await;
+    assert_eq!(failed.status, 500);
+    assert!(
+        String::from_utf8_lossy(&failed.body).contains("broken"),
+        "{failed:?}"
+    );
+    let slow = prober.run(&probe("sleep 5", 1), &none).await;
+    assert_eq!(slow.status, 500);
+    assert!(
+        String::from_utf8_lossy(&slow.body).contains("timed out"),
+        "{slow:?}"
+    );
+    let missing = AppProbe {
+        action: ProbeAction::Exec {
+            command: vec!["/nonexistent/probe".into()],
+        },
+        timeout: Duration::from_secs(1),
+    };
+    assert_eq!(prober.run(&missing, &none).await.status, 500);
 }
 
 #[test]

@@ -31,8 +31,6 @@ pub use options::LIGHTSTEP_TOKEN_FILE;
 /// Bootstrap errors.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("invalid {var}: value {value:?} is not a JSON object")]
-    MetaJson { var: String, value: String },
     #[error("invalid {var}={value:?}: expected {expected}")]
     MetaValue {
         var: String,

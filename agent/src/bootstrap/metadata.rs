@@ -71,12 +71,20 @@ pub fn node(config: &Config) -> Result<Node, Error> {
         let Some(key) = k.strip_prefix("ISTIO_METAJSON_").filter(|k| !k.is_empty()) else {
             continue;
         };
-        let bad = || Error::MetaJson {
-            var: (*k).clone(),
-            value: (*v).clone(),
-        };
-        let Value::Object(obj) = serde_json::from_str::<Value>(v).map_err(|_| bad())? else {
-            return Err(bad());
+        // Not a JSON object: Istio warns (its json.Unmarshal into the map fails) and goes on
+        // without it.
+        let obj = match serde_json::from_str::<Value>(v) {
+            Ok(Value::Object(obj)) => obj,
+            Ok(Value::Null) => continue,
+            other => {
+                tracing::warn!(
+                    var = %k,
+                    value = %v,
+                    error = %other.err().map_or("not a JSON object".to_string(), |e| e.to_string()),
+                    "ISTIO_METAJSON_ variable is not a JSON object; ignored"
+                );
+                continue;
+            }
         };
         if key == "LABELS" {
             // Istio reads the labels as strings: one non-string value drops them all.

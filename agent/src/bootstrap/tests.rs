@@ -170,12 +170,26 @@ fn bootstrap_has_istio_shape() {
     );
 }
 
+/// Istio warns about an `ISTIO_METAJSON_*` that is not a JSON object and renders without it;
+/// the agent must not refuse to start.
 #[test]
-fn bad_metajson_is_named() {
+fn bad_metajson_is_skipped() {
     let dir = tempfile::tempdir().unwrap();
-    let c = config(dir.path(), &[("ISTIO_METAJSON_FOO", "[1]")]);
-    let err = render(&c, Ports { status: 1 }).unwrap_err().to_string();
-    assert!(err.contains("ISTIO_METAJSON_FOO"), "{err}");
+    let c = config(
+        dir.path(),
+        &[
+            ("ISTIO_METAJSON_FOO", "[1]"),
+            ("ISTIO_METAJSON_BAR", "{not json"),
+            ("ISTIO_METAJSON_GOOD", r#"{"k":"v"}"#),
+        ],
+    );
+    let b = render(&c, Ports { status: 1 }).expect("renders");
+    let meta = &b["node"]["metadata"];
+    assert_eq!(meta["k"], "v");
+    assert!(
+        meta.get("FOO").is_none() && meta.get("BAR").is_none(),
+        "{meta}"
+    );
 }
 
 #[test]

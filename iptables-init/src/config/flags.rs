@@ -411,14 +411,16 @@ pub(super) struct Args {
     pub positional: Vec<String>,
 }
 
-/// Parses the command line; `None` means `--help`. Flags and positional arguments may be
-/// interspersed; everything after `--` is positional.
+/// Parses the command line; `None` means `--help` (given anywhere before `--`, once every
+/// flag parsed). Flags and positional arguments may be interspersed; everything after `--` is
+/// positional.
 pub(super) fn parse_args<I>(args: I) -> Result<Option<Args>, Error>
 where
     I: IntoIterator<Item = OsString>,
 {
     let mut out = HashMap::new();
     let mut positional = Vec::new();
+    let mut help = false;
     let mut it = args.into_iter().map(|a| {
         a.into_string()
             .map_err(|a| Error::NotUtf8(a.to_string_lossy().into_owned()))
@@ -432,7 +434,9 @@ where
             break;
         }
         if arg == "-h" || arg == "--help" {
-            return Ok(None);
+            // Usage, once the rest of the command line parsed (cobra parses flags first).
+            help = true;
+            continue;
         }
         let (spec, inline, shown) = if let Some(long) = arg.strip_prefix("--") {
             let (name, inline) = match long.split_once('=') {
@@ -475,6 +479,10 @@ where
         };
         out.insert(spec.long, value);
     }
+    if help {
+        check_typed(&out)?;
+        return Ok(None);
+    }
     Ok(Some(Args {
         values: out,
         positional,
@@ -497,6 +505,10 @@ pub(super) fn check_typed(values: &HashMap<&'static str, String>) -> Result<(), 
         match f.long {
             "iptables-probe-port" if v.parse::<u16>().is_err() => {
                 return Err(bad(f.long, v, "a port number in 0-65535"));
+            }
+            // klog's Level (inherited from pilot-agent): a decimal 32-bit integer.
+            "vklog" if v.parse::<i32>().is_err() => {
+                return Err(bad(f.long, v, "an integer"));
             }
             "probe-timeout" if super::parse_go_duration(v).is_none() => {
                 return Err(bad(f.long, v, "a duration such as 5s or 500ms"));

@@ -376,8 +376,10 @@ impl Config {
     }
 }
 
+/// A port; spaces around it are dropped (Istio copies `15001 ` into the rules, where
+/// iptables-restore and nft read past them).
 fn parse_port(source: &str, v: &str) -> Result<u16, Error> {
-    match v.parse::<u16>() {
+    match v.trim().parse::<u16>() {
         Ok(p) if p > 0 => Ok(p),
         _ => Err(Error::invalid(source, v, "a port number in 1-65535")),
     }
@@ -387,6 +389,9 @@ fn valid_port_item(item: &str) -> bool {
     let ok = |p: &str| {
         matches!(p.parse::<u16>(), Ok(n) if n > 0) && p.bytes().all(|b| b.is_ascii_digit())
     };
+    // `80, 443`: the space is copied into the rules as Istio does; iptables-restore and nft
+    // read past it.
+    let item = item.trim();
     match item.split_once(':') {
         Some((a, b)) => ok(a) && ok(b),
         None => ok(item),
@@ -564,6 +569,16 @@ mod tests {
             users: Some(HashMap::from([("istio-proxy".to_string(), 1234)])),
             groups: Some(HashMap::new()),
         }
+    }
+
+    /// Spaces around ports, as Istio accepts them (found by the differential suite).
+    #[test]
+    fn ports_with_spaces_are_accepted() {
+        let c = run(&["-p", "15001 ", "-b", "80, 443", "-q", " 3306"], &[]).unwrap();
+        assert_eq!(c.proxy_port, 15001);
+        assert_eq!(c.inbound_ports_include, "80, 443");
+        assert_eq!(c.outbound_ports_include, " 3306");
+        assert!(run(&["-b", "80, x"], &[]).is_err());
     }
 
     #[test]

@@ -11,6 +11,10 @@ use crate::config::{NodeType, ProxyFlags, parse_bool};
 pub enum Error {
     #[error("flag --{0} needs a value")]
     MissingValue(String),
+    /// A flag the command does not have (only `proxy` and the root ignore unknown flags, as
+    /// Istio's cobra commands allow them there for backward compatibility).
+    #[error("unknown flag: {0}")]
+    UnknownFlag(String),
     #[error("invalid value {value:?} for --{flag}: expected {expected}")]
     Value {
         flag: String,
@@ -18,7 +22,7 @@ pub enum Error {
         expected: &'static str,
     },
     #[error(
-        "unknown command {0:?}: expected proxy, wait, request, version, istio-iptables or bootstrap"
+        "unknown command {0:?}: expected proxy, wait, request, version, istio-iptables, bootstrap or completion"
     )]
     Command(String),
     #[error("{0}")]
@@ -80,7 +84,61 @@ pub enum Command {
     },
     /// Everything after `istio-iptables`, for iptables-init.
     Iptables(Vec<String>),
+    /// `completion <shell>`: a completion script for the shell (None: an unknown or no shell,
+    /// answered with usage, as cobra does).
+    Completion(Option<Shell>),
     Help,
+}
+
+/// The shells `pilot-agent completion` writes a script for (cobra's four).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+    Powershell,
+}
+
+impl Shell {
+    fn parse(name: &str) -> Option<Shell> {
+        match name {
+            "bash" => Some(Shell::Bash),
+            "zsh" => Some(Shell::Zsh),
+            "fish" => Some(Shell::Fish),
+            "powershell" => Some(Shell::Powershell),
+            _ => None,
+        }
+    }
+}
+
+/// The subcommands a completion script offers.
+const SUBCOMMANDS: [&str; 8] = [
+    "bootstrap",
+    "completion",
+    "help",
+    "istio-iptables",
+    "proxy",
+    "request",
+    "version",
+    "wait",
+];
+
+/// `pilot-agent completion <shell>`: completes the subcommands.
+pub fn completion_script(shell: Shell) -> String {
+    let words = SUBCOMMANDS.join(" ");
+    match shell {
+        Shell::Bash => {
+            format!("# bash completion for pilot-agent\ncomplete -W \"{words}\" pilot-agent\n")
+        }
+        Shell::Zsh => format!("#compdef pilot-agent\n_arguments '1: :({words})'\n"),
+        Shell::Fish => {
+            format!("complete -c pilot-agent -f -n '__fish_use_subcommand' -a '{words}'\n")
+        }
+        Shell::Powershell => format!(
+            "Register-ArgumentCompleter -Native -CommandName pilot-agent -ScriptBlock {{\n    param($wordToComplete)\n    '{}' -split ' ' | Where-Object {{ $_ -like \"$wordToComplete*\" }}\n}}\n",
+            words
+        ),
+    }
 }
 
 /// A parsed command line.
@@ -90,10 +148,26 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Flags a command knows: name → takes a value (false: boolean).
+/// Exit status of a command line that does not parse, as Istio's `pilot-agent` (`os.Exit(-1)`).
+pub const USAGE_ERROR_CODE: i32 = 255;
+
+impl Error {
+    /// Whether the flags themselves do not parse (unknown, missing or mistyped value): such a
+    /// command line fails even with `--help`, as cobra parses flags before it looks at help.
+    fn is_flag_error(&self) -> bool {
+        matches!(
+            self,
+            Error::MissingValue(_) | Error::UnknownFlag(_) | Error::Value { .. }
+        )
+    }
+}
+
+/// Flags a command knows: name → takes a value (false: boolean). `strict`: an unknown flag is
+/// an error (every command but the root and `proxy`).
 struct Spec<'a> {
     flags: &'a [(&'a str, bool)],
     shorts: &'a [(char, &'a str)],
+    strict: bool,
 }
 
 /// Splits args into known flag values and positionals.
@@ -132,6 +206,8 @@ fn scan(args: &[String], spec: &Spec<'_>) -> Result<Scanned, Error> {
                             });
                     (long.to_string(), inline)
                 }
+                None if c == 'h' => ("help".to_string(), None),
+                None if spec.strict => return Err(Error::UnknownFlag(format!("-{c}"))),
                 None => {
                     // Unknown shorthand: ignore it (and its value, as pflag would).
                     if rest.is_empty() && i < args.len() && !args[i].starts_with('-') {
@@ -161,6 +237,8 @@ fn scan(args: &[String], spec: &Spec<'_>) -> Result<Scanned, Error> {
             Some((_, false)) => {
                 known.push((name, inline.unwrap_or_else(|| "true".into())));
             }
+            None if name == "help" => {}
+            None if spec.strict => return Err(Error::UnknownFlag(format!("--{name}"))),
             None => {
                 tracing::debug!(flag = %name, "ignoring unknown flag");
                 if inline.is_none() && i < args.len() && !args[i].starts_with('-') {
@@ -180,11 +258,45 @@ fn flag_bool(flag: &str, v: &str) -> Result<bool, Error> {
     })
 }
 
-fn flag_num<T: std::str::FromStr>(flag: &str, v: &str, expected: &'static str) -> Result<T, Error> {
-    v.parse().map_err(|_| Error::Value {
+/// Go's `strconv.ParseInt(v, 0, 64)`, as pflag reads an `int` flag: an optional sign, then
+/// decimal, `0x` hexadecimal, `0o`/`0` octal or `0b` binary.
+fn go_int(v: &str) -> Option<i64> {
+    let (negative, body) = match v.as_bytes().first() {
+        Some(b'-') => (true, &v[1..]),
+        Some(b'+') => (false, &v[1..]),
+        _ => (false, v),
+    };
+    let lower = body.to_ascii_lowercase();
+    let (radix, digits) = if let Some(d) = lower.strip_prefix("0x") {
+        (16, d)
+    } else if let Some(d) = lower.strip_prefix("0b") {
+        (2, d)
+    } else if let Some(d) = lower.strip_prefix("0o") {
+        (8, d)
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        (8, &lower[1..])
+    } else {
+        (10, lower.as_str())
+    };
+    if digits.is_empty() || digits.starts_with(['+', '-']) {
+        return None;
+    }
+    let magnitude = i128::from_str_radix(digits, radix).ok()?;
+    i64::try_from(if negative { -magnitude } else { magnitude }).ok()
+}
+
+/// An `int` flag: a value Go cannot parse is a flag error; one out of `T`'s range is refused
+/// when the command runs (after `--help` had its say), as Istio checks ranges there.
+fn flag_int<T: TryFrom<i64>>(flag: &str, v: &str, expected: &'static str) -> Result<T, Error> {
+    let n = go_int(v).ok_or_else(|| Error::Value {
         flag: flag.into(),
         value: v.into(),
-        expected,
+        expected: "an integer",
+    })?;
+    T::try_from(n).map_err(|_| {
+        Error::Usage(format!(
+            "invalid value {v:?} for --{flag}: expected {expected}"
+        ))
     })
 }
 
@@ -201,7 +313,15 @@ fn apply_log(log: &mut LogFlags, name: &str, value: &str) -> Result<bool, Error>
     match name {
         "log_output_level" => log.output_level = value.to_string(),
         "log_as_json" => log.as_json = flag_bool(name, value)?,
-        "log_target" | "log_stacktrace_level" | "log_caller" | "vklog" => {}
+        // klog's Level: a decimal 32-bit integer.
+        "vklog" => {
+            value.parse::<i32>().map_err(|_| Error::Value {
+                flag: name.into(),
+                value: value.into(),
+                expected: "an integer",
+            })?;
+        }
+        "log_target" | "log_stacktrace_level" | "log_caller" => {}
         _ => return Ok(false),
     }
     Ok(true)
@@ -237,6 +357,7 @@ fn proxy_flags(
         &Spec {
             flags: &flags,
             shorts: &[],
+            strict: false,
         },
     )?;
     let mut p = ProxyFlags::default();
@@ -251,10 +372,10 @@ fn proxy_flags(
         match name.as_str() {
             "domain" => p.domain = v,
             "meshConfig" => p.mesh_config = v,
-            "stsPort" => p.sts_port = flag_num(&name, &v, "a port 0-65535")?,
+            "stsPort" => p.sts_port = flag_int(&name, &v, "a port 0-65535")?,
             "serviceCluster" => p.service_cluster = v,
             "proxyLogLevel" => p.proxy_log_level = v,
-            "concurrency" => p.concurrency = flag_num(&name, &v, "a non-negative integer")?,
+            "concurrency" => p.concurrency = flag_int(&name, &v, "a non-negative integer")?,
             "proxyComponentLogLevel" => p.proxy_component_log_level = v,
             "templateFile" => p.template_file = v,
             "outlierLogPath" => p.outlier_log_path = v,
@@ -298,47 +419,61 @@ fn subcommand_position(args: &[String]) -> Option<usize> {
 /// Parses `argv[1..]`.
 pub fn parse(args: &[String]) -> Result<Cli, Error> {
     let mut log = LogFlags::default();
-    let Some(pos) = subcommand_position(args) else {
-        return Ok(Cli {
-            log,
-            command: Command::Help,
-        });
-    };
-    let root_flags = &args[..pos];
+    let pos = subcommand_position(args);
+    let root_flags = &args[..pos.unwrap_or(args.len())];
     let (known, _) = scan(
         root_flags,
         &Spec {
             flags: &LOG_FLAGS,
             shorts: &[],
+            strict: false,
         },
     )?;
     for (n, v) in known {
         apply_log(&mut log, &n, &v)?;
     }
+    let Some(pos) = pos.filter(|_| !root_flags.iter().any(|a| a == "--help" || a == "-h")) else {
+        return Ok(Cli {
+            log,
+            command: Command::Help,
+        });
+    };
     let rest = &args[pos + 1..];
-    // `--help`/`-h` anywhere before `--` asks for usage: never run a command for it (unknown
-    // flags are otherwise ignored, and `proxy --help` would start the agent). istio-iptables
+    // `--help`/`-h` anywhere before `--` asks for usage once the flags parse (as cobra does):
+    // never run a command for it, but still refuse flags that do not parse. istio-iptables
     // prints its own usage.
     let wants_help = rest
         .iter()
         .take_while(|a| *a != "--")
         .any(|a| a == "--help" || a == "-h");
+    let command = command(&args[pos], rest, &mut log);
     if wants_help && args[pos] != "istio-iptables" {
-        return Ok(Cli {
-            log,
-            command: Command::Help,
-        });
+        return match command {
+            Err(e) if e.is_flag_error() => Err(e),
+            _ => Ok(Cli {
+                log,
+                command: Command::Help,
+            }),
+        };
     }
-    let command = match args[pos].as_str() {
+    Ok(Cli {
+        log,
+        command: command?,
+    })
+}
+
+/// The subcommand `name` with its arguments `rest`.
+fn command(name: &str, rest: &[String], log: &mut LogFlags) -> Result<Command, Error> {
+    let command = match name {
         "proxy" => {
-            let (flags, positional, _) = proxy_flags(rest, &mut log)?;
+            let (flags, positional, _) = proxy_flags(rest, log)?;
             Command::Proxy {
                 node_type: node_type(&positional)?,
                 flags,
             }
         }
         "bootstrap" => {
-            let (flags, positional, output) = proxy_flags(rest, &mut log)?;
+            let (flags, positional, output) = proxy_flags(rest, log)?;
             Command::Bootstrap {
                 node_type: node_type(&positional)?,
                 flags,
@@ -357,6 +492,7 @@ pub fn parse(args: &[String]) -> Result<Cli, Error> {
                 &Spec {
                     flags: &flags,
                     shorts: &[],
+                    strict: true,
                 },
             )?;
             let mut w = WaitArgs {
@@ -366,18 +502,24 @@ pub fn parse(args: &[String]) -> Result<Cli, Error> {
                 url: "http://localhost:15021/healthz/ready".into(),
             };
             for (n, v) in known {
-                if apply_log(&mut log, &n, &v)? {
+                if apply_log(log, &n, &v)? {
                     continue;
                 }
                 match n.as_str() {
                     "timeoutSeconds" => {
-                        w.timeout = Duration::from_secs(flag_num(&n, &v, "seconds")?)
+                        w.timeout = Duration::from_secs(flag_int(
+                            &n,
+                            &v,
+                            "a non-negative number of seconds",
+                        )?)
                     }
                     "requestTimeoutMillis" => {
-                        w.request_timeout = Duration::from_millis(flag_num(&n, &v, "milliseconds")?)
+                        w.request_timeout =
+                            Duration::from_millis(flag_int(&n, &v, "non-negative milliseconds")?)
                     }
                     "periodMillis" => {
-                        w.period = Duration::from_millis(flag_num(&n, &v, "milliseconds")?)
+                        w.period =
+                            Duration::from_millis(flag_int(&n, &v, "non-negative milliseconds")?)
                     }
                     "url" => w.url = v,
                     _ => {}
@@ -392,24 +534,27 @@ pub fn parse(args: &[String]) -> Result<Cli, Error> {
                 &Spec {
                     flags: &flags,
                     shorts: &[],
+                    strict: true,
                 },
             )?;
-            let mut debug_port = 15000u16;
+            let mut debug_port = 15000i64;
             for (n, v) in known {
-                if apply_log(&mut log, &n, &v)? {
+                if apply_log(log, &n, &v)? {
                     continue;
                 }
                 if n == "debug-port" {
-                    debug_port = flag_num(&n, &v, "one of 15000, 15020, 15021, 15004")?;
+                    debug_port = flag_int::<i64>(&n, &v, "an integer")?;
                 }
             }
-            if ![15000, 15020, 15021, 15004].contains(&debug_port) {
-                return Err(Error::Value {
-                    flag: "debug-port".into(),
-                    value: debug_port.to_string(),
-                    expected: "one of 15000, 15020, 15021, 15004",
-                });
-            }
+            // Istio checks the port when the command runs, after the flags parsed.
+            let debug_port = match u16::try_from(debug_port) {
+                Ok(p @ (15000 | 15020 | 15021 | 15004)) => p,
+                _ => {
+                    return Err(Error::Usage(format!(
+                        "invalid value \"{debug_port}\" for --debug-port: expected one of 15000, 15020, 15021, 15004"
+                    )));
+                }
+            };
             if positional.len() < 2 || positional.len() > 3 {
                 return Err(Error::Usage(
                     "usage: pilot-agent request <method> <path> [<body>]".into(),
@@ -429,6 +574,7 @@ pub fn parse(args: &[String]) -> Result<Cli, Error> {
                 &Spec {
                     flags: &flags,
                     shorts: &[('s', "short"), ('o', "output")],
+                    strict: true,
                 },
             )?;
             let mut short = false;
@@ -438,7 +584,7 @@ pub fn parse(args: &[String]) -> Result<Cli, Error> {
                     "short" => short = flag_bool(&n, &v)?,
                     "output" => output = v,
                     _ => {
-                        apply_log(&mut log, &n, &v)?;
+                        apply_log(log, &n, &v)?;
                     }
                 }
             }
@@ -446,9 +592,37 @@ pub fn parse(args: &[String]) -> Result<Cli, Error> {
         }
         "istio-iptables" => Command::Iptables(rest.to_vec()),
         "help" => Command::Help,
+        "completion" => {
+            // The shell is a subcommand of `completion`; only the shells have
+            // --no-descriptions (accepted; our scripts carry no descriptions).
+            let shell = rest
+                .iter()
+                .find(|a| !a.starts_with('-'))
+                .and_then(|a| Shell::parse(a));
+            let own: &[(&str, bool)] = if shell.is_some() {
+                &[("no-descriptions", false)]
+            } else {
+                &[]
+            };
+            let flags = with_log(own);
+            let (known, _) = scan(
+                rest,
+                &Spec {
+                    flags: &flags,
+                    shorts: &[],
+                    strict: true,
+                },
+            )?;
+            for (n, v) in known {
+                if !apply_log(log, &n, &v)? {
+                    flag_bool(&n, &v)?;
+                }
+            }
+            Command::Completion(shell)
+        }
         other => return Err(Error::Command(other.to_string())),
     };
-    Ok(Cli { log, command })
+    Ok(command)
 }
 
 /// `pilot-agent version` output, in Istio's formats: `client version: version.BuildInfo{...}`,
@@ -538,6 +712,67 @@ mod tests {
         assert!(matches!(cli.command, Command::Iptables(a) if a == ["--help"]));
         let cli = parse(&argv("request GET stats -- --help")).unwrap();
         assert!(matches!(cli.command, Command::Request(_)));
+    }
+
+    /// As cobra: flags parse before `--help` is looked at; only the root and `proxy` ignore
+    /// unknown flags; a value checked when the command runs does not fail `--help`.
+    #[test]
+    fn help_waits_for_the_flags_to_parse() {
+        for line in [
+            "proxy --concurrency=abc --help",
+            "proxy --help --concurrency",
+            "wait --no-such-flag --help",
+            "version -Z --help",
+            "--vklog=abc --help",
+            "--help --log_caller",
+            "completion bash --no-descriptions=maybe --help",
+            "completion --no-descriptions --help",
+        ] {
+            let err = parse(&argv(line)).unwrap_err();
+            assert!(err.is_flag_error(), "{line}: {err}");
+        }
+        for line in [
+            "proxy --no-such-flag --help",
+            "--no-such-flag version -s",
+            "request --debug-port=8 --help",
+            "proxy bogus-node-type --help",
+            "--help extra-positional",
+            "completion bash --no-descriptions --help",
+        ] {
+            let cli = parse(&argv(line)).unwrap_or_else(|e| panic!("{line}: {e}"));
+            assert!(
+                matches!(cli.command, Command::Help | Command::Version { .. }),
+                "{line}"
+            );
+        }
+        assert!(parse(&argv("wait --no-such-flag")).is_err());
+        assert!(parse(&argv("request --debug-port=8 GET /x")).is_err());
+    }
+
+    #[test]
+    fn ints_read_as_go_does() {
+        assert_eq!(go_int("8"), Some(8));
+        assert_eq!(go_int("-1"), Some(-1));
+        assert_eq!(go_int("0x10"), Some(16));
+        assert_eq!(go_int("010"), Some(8));
+        assert_eq!(go_int("0b11"), Some(3));
+        assert_eq!(go_int("1.5"), None);
+        assert_eq!(go_int("abc"), None);
+        assert_eq!(go_int(""), None);
+        assert_eq!(go_int("99999999999999999999"), None);
+    }
+
+    #[test]
+    fn completion_for_each_shell() {
+        for shell in ["bash", "zsh", "fish", "powershell"] {
+            let cli = parse(&argv(&format!("completion {shell}"))).unwrap();
+            let Command::Completion(Some(s)) = cli.command else {
+                panic!("{shell}")
+            };
+            assert!(completion_script(s).contains("istio-iptables"), "{shell}");
+        }
+        let cli = parse(&argv("completion bogus")).unwrap();
+        assert!(matches!(cli.command, Command::Completion(None)));
     }
 
     #[test]

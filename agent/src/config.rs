@@ -11,7 +11,7 @@ mod status;
 pub mod upstream;
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -237,7 +237,7 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
 
 /// The host's private IPs for `INSTANCE_IPS`, without those of the interfaces the pod annotation
 /// `traffic.sidecar.istio.io/excludeInterfaces` names (comma-separated), as Istio; duplicates
-/// dropped, order kept.
+/// dropped, order kept. A host with no address outside loopback gives `127.0.0.1` and `::1`.
 pub fn private_ips(
     base_dir: &Path,
     interfaces: Vec<(String, IpAddr)>,
@@ -252,6 +252,13 @@ pub fn private_ips(
                 .collect()
         })
         .unwrap_or_default();
+    if interfaces.is_empty() {
+        // No address but on loopback: Istio's agent substitutes these (no exclusion applies).
+        return Ok(vec![
+            IpAddr::from([127, 0, 0, 1]),
+            IpAddr::from(Ipv6Addr::LOCALHOST),
+        ]);
+    }
     let mut out = Vec::new();
     for (name, ip) in interfaces {
         if !excluded.contains(&name.as_str()) && !out.contains(&ip) {
@@ -314,11 +321,7 @@ impl Config {
 
     /// The service node id `<type>~<ip>~<pod>.<ns>~<domain>`.
     pub fn node_id(&self) -> String {
-        let ip = self
-            .ips
-            .first()
-            .map(|i| i.to_string())
-            .unwrap_or_else(|| "127.0.0.1".into());
+        let ip = self.ips.first().map(|i| i.to_string()).unwrap_or_default();
         format!(
             "{}~{}~{}.{}~{}",
             self.node_type.as_str(),
@@ -422,7 +425,8 @@ impl Config {
                     })?;
         }
 
-        // Proxy IPs: INSTANCE_IP first, then the private interface addresses.
+        // Proxy IPs: INSTANCE_IP first, then the host's ([`private_ips`]). None at all (no
+        // INSTANCE_IP, every interface excluded) leaves the node ID's IP empty, as Istio's.
         let mut ips = Vec::new();
         let instance_ip = env
             .get("INSTANCE_IP")
@@ -432,10 +436,6 @@ impl Config {
             if !ips.contains(&ip) {
                 ips.push(ip);
             }
-        }
-        if ips.is_empty() {
-            ips.push(IpAddr::from([127, 0, 0, 1]));
-            ips.push("::1".parse().map_err(|_| Error::NodeType("::1".into()))?);
         }
 
         let dns_domain = if flags.domain.is_empty() {

@@ -73,7 +73,7 @@ fn main() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("Error: {e}");
-            std::process::exit(1);
+            std::process::exit(cli::USAGE_ERROR_CODE);
         }
     };
     if !matches!(cli.command, Command::Iptables(_)) {
@@ -95,7 +95,17 @@ fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
     match command {
         Command::Help => {
             println!(
-                "pilot-agent: Istio sidecar agent\n\nUsage: pilot-agent <command>\n\nCommands:\n  proxy [sidecar|router]  run the agent and Envoy\n  bootstrap [sidecar|router] [--output FILE]  write Envoy's bootstrap for --external-envoy\n  wait                    wait until Envoy is ready\n  request <method> <path> [<body>]  call a local debug port\n  version                 print the version\n  istio-iptables          program traffic capture"
+                "pilot-agent: Istio sidecar agent\n\nUsage: pilot-agent <command>\n\nCommands:\n  proxy [sidecar|router]  run the agent and Envoy\n  bootstrap [sidecar|router] [--output FILE]  write Envoy's bootstrap for --external-envoy\n  wait                    wait until Envoy is ready\n  request <method> <path> [<body>]  call a local debug port\n  version                 print the version\n  istio-iptables          program traffic capture\n  completion <shell>      a completion script for bash, zsh, fish or powershell"
+            );
+            Ok(0)
+        }
+        Command::Completion(Some(shell)) => {
+            print!("{}", cli::completion_script(shell));
+            Ok(0)
+        }
+        Command::Completion(None) => {
+            println!(
+                "Generate the autocompletion script for pilot-agent for the specified shell.\n\nUsage:\n  pilot-agent completion [bash|zsh|fish|powershell]"
             );
             Ok(0)
         }

@@ -22,6 +22,14 @@ pub enum Error {
     MissingValue(String),
     #[error("argument {0:?} is not valid UTF-8")]
     NotUtf8(String),
+    /// A typed flag's command-line value that does not parse (Istio's flag parser rejects it
+    /// before the command runs: exit status 255, like any other usage error).
+    #[error("invalid argument {value:?} for \"{flag}\" flag: expected {expected}")]
+    InvalidArgument {
+        flag: String,
+        value: String,
+        expected: String,
+    },
     #[error("invalid value {value:?} for {source_name}: expected {expected}")]
     Invalid {
         source_name: String,
@@ -36,7 +44,23 @@ pub enum Error {
     ResolvConf { path: PathBuf, error: String },
 }
 
+/// Exit status of a usage error (unknown flag, missing or unparsable flag value): Istio's
+/// `pilot-agent` exits with -1 when its command line does not parse.
+pub const USAGE_ERROR_CODE: i32 = 255;
+
 impl Error {
+    /// The process exit status for this error: [`USAGE_ERROR_CODE`] when the command line
+    /// itself does not parse, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::UnknownFlag(_)
+            | Error::MissingValue(_)
+            | Error::NotUtf8(_)
+            | Error::InvalidArgument { .. } => USAGE_ERROR_CODE,
+            _ => 1,
+        }
+    }
+
     fn invalid(source_name: &str, value: &str, expected: impl Into<String>) -> Self {
         Error::Invalid {
             source_name: source_name.to_string(),
@@ -136,12 +160,26 @@ where
     let Some(flags::Args { values, positional }) = flags::parse_args(args)? else {
         return Ok(Parsed::Help);
     };
+    flags::check_typed(&values)?;
     let get = |name: &str| -> Option<String> { flags::resolve(name, &values, env) };
     let string = |name: &str| get(name).unwrap_or_default();
+    // Istio's typed flags (bool, uint16, duration) reject an unparsable command-line value
+    // as a usage error; the same value from the environment is a configuration error here.
+    let typed = |name: &str, v: &str, expected: &str| -> Error {
+        if values.contains_key(name) {
+            Error::InvalidArgument {
+                flag: format!("--{name}"),
+                value: v.to_string(),
+                expected: expected.to_string(),
+            }
+        } else {
+            Error::invalid(&flags::source_name(name, &values, env), v, expected)
+        }
+    };
     let boolean = |name: &str| -> Result<bool, Error> {
         match get(name) {
             None => Ok(false),
-            Some(v) => parse_bool(&flags::source_name(name, &values, env), &v),
+            Some(v) => proto::go::parse_bool(&v).map_err(|_| typed(name, &v, "true or false")),
         }
     };
     let port = |name: &str| -> Result<u16, Error> {
@@ -150,11 +188,11 @@ where
     };
     let number = |name: &str| -> Result<u32, Error> {
         let v = string(name);
-        v.parse::<u32>().map_err(|_| {
+        parse_c_u32(&v).ok_or_else(|| {
             Error::invalid(
                 &flags::source_name(name, &values, env),
                 &v,
-                "an unsigned 32-bit integer",
+                "an unsigned 32-bit integer (decimal, 0x hexadecimal or 0 octal)",
             )
         })
     };
@@ -197,12 +235,20 @@ where
 
     let probe_timeout_text = string("probe-timeout");
     let probe_timeout = parse_go_duration(&probe_timeout_text).ok_or_else(|| {
-        Error::invalid(
-            &flags::source_name("probe-timeout", &values, env),
+        typed(
+            "probe-timeout",
             &probe_timeout_text,
             "a duration such as 5s or 500ms",
         )
     })?;
+    let probe_port_text = string("iptables-probe-port");
+    if probe_port_text.parse::<u16>().is_err() {
+        return Err(typed(
+            "iptables-probe-port",
+            &probe_port_text,
+            "a port number in 1-65535",
+        ));
+    }
 
     // Env-only settings.
     let owner_groups_include = env
@@ -330,12 +376,10 @@ impl Config {
     }
 }
 
-fn parse_bool(source: &str, v: &str) -> Result<bool, Error> {
-    proto::go::parse_bool(v).map_err(|_| Error::invalid(source, v, "true or false"))
-}
-
+/// A port; spaces around it are dropped (Istio copies `15001 ` into the rules, where
+/// iptables-restore and nft read past them).
 fn parse_port(source: &str, v: &str) -> Result<u16, Error> {
-    match v.parse::<u16>() {
+    match v.trim().parse::<u16>() {
         Ok(p) if p > 0 => Ok(p),
         _ => Err(Error::invalid(source, v, "a port number in 1-65535")),
     }
@@ -345,6 +389,9 @@ fn valid_port_item(item: &str) -> bool {
     let ok = |p: &str| {
         matches!(p.parse::<u16>(), Ok(n) if n > 0) && p.bytes().all(|b| b.is_ascii_digit())
     };
+    // `80, 443`: the space is copied into the rules as Istio does; iptables-restore and nft
+    // read past it.
+    let item = item.trim();
     match item.split_once(':') {
         Some((a, b)) => ok(a) && ok(b),
         None => ok(item),
@@ -484,8 +531,31 @@ fn validate_loopback_cidr(cidr: &str) -> Result<(), Error> {
 
 /// Parses a Go `time.Duration` string ("5s", "1m30s", "500ms", "0") with the reader every crate
 /// shares ([`proto::go::parse_duration`]).
+/// An unsigned 32-bit number as iptables, nft and `ip rule` read a mark or a table: decimal,
+/// `0x` hexadecimal or `0` octal (C's `strtoul` with base 0).
+pub fn parse_c_u32(s: &str) -> Option<u32> {
+    if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        return u32::from_str_radix(hex, 16)
+            .ok()
+            .filter(|_| !hex.starts_with('+'));
+    }
+    if s.len() > 1
+        && let Some(oct) = s.strip_prefix('0')
+    {
+        return u32::from_str_radix(oct, 8)
+            .ok()
+            .filter(|_| !oct.starts_with('+'));
+    }
+    s.parse::<u32>().ok().filter(|_| !s.starts_with('+'))
+}
+
 pub fn parse_go_duration(s: &str) -> Option<Duration> {
-    proto::go::parse_duration(s).ok()
+    match proto::go::parse_duration(s) {
+        Ok(d) => Some(d),
+        // Go's flag takes a negative duration; as a probe timeout it means no wait at all.
+        Err(proto::go::SyntaxError::Negative) => Some(Duration::ZERO),
+        Err(_) => None,
+    }
 }
 
 #[cfg(test)]
@@ -498,6 +568,36 @@ mod tests {
             resolv_conf: PathBuf::from("/nonexistent/resolv.conf"),
             users: Some(HashMap::from([("istio-proxy".to_string(), 1234)])),
             groups: Some(HashMap::new()),
+        }
+    }
+
+    /// Spaces around ports, as Istio accepts them (found by the differential suite).
+    #[test]
+    fn ports_with_spaces_are_accepted() {
+        let c = run(&["-p", "15001 ", "-b", "80, 443", "-q", " 3306"], &[]).unwrap();
+        assert_eq!(c.proxy_port, 15001);
+        assert_eq!(c.inbound_ports_include, "80, 443");
+        assert_eq!(c.outbound_ports_include, " 3306");
+        assert!(run(&["-b", "80, x"], &[]).is_err());
+    }
+
+    #[test]
+    fn marks_and_tables_read_as_strtoul_does() {
+        for (text, want) in [
+            ("1337", Some(1337)),
+            ("0x539", Some(1337)),
+            ("0X539", Some(1337)),
+            ("02471", Some(1337)),
+            ("0", Some(0)),
+            ("4294967295", Some(u32::MAX)),
+            ("4294967296", None),
+            ("", None),
+            ("abc", None),
+            ("+1", None),
+            ("0x", None),
+            ("08", None),
+        ] {
+            assert_eq!(parse_c_u32(text), want, "{text:?}");
         }
     }
 
@@ -696,11 +796,17 @@ mod tests {
         assert_eq!(parse_go_duration("1m30s"), Some(Duration::from_secs(90)));
         assert_eq!(parse_go_duration("250ms"), Some(Duration::from_millis(250)));
         assert_eq!(parse_go_duration("5"), None);
-        // The one table every crate's duration settings follow.
+        // The one table every crate's duration settings follow, except that a negative
+        // duration (Go's flag takes it) is no wait at all here.
         for (text, want) in proto::go::DURATION_CASES {
             let got = parse_go_duration(text).map(|d| d.as_nanos() as u64);
-            assert_eq!(got, *want, "{text:?}");
+            let want = match proto::go::parse_duration(text) {
+                Err(proto::go::SyntaxError::Negative) => Some(0),
+                _ => *want,
+            };
+            assert_eq!(got, want, "{text:?}");
         }
+        assert_eq!(parse_go_duration("-1s"), Some(Duration::ZERO));
     }
 
     #[test]

@@ -19,8 +19,9 @@ use std::io::Write;
 pub use config::{Config, HostInputs};
 
 /// Runs `istio-iptables` with `args` (without the program name) and `env`, on the running
-/// host. Returns the process exit status: 0 on success, 1 on any error (nothing applied when
-/// the input is invalid), 126 when `--run-validation` fails.
+/// host. Returns the process exit status: 0 on success, 255 when the command line does not
+/// parse (as Istio's `pilot-agent`), 1 on any other error (nothing applied when the input is
+/// invalid), 126 when `--run-validation` fails.
 pub fn run_cli<I: IntoIterator<Item = OsString>>(args: I, env: &HashMap<String, String>) -> i32 {
     run_cli_with(args, env, &HostInputs::system())
 }
@@ -39,7 +40,7 @@ pub fn run_cli_with<I: IntoIterator<Item = OsString>>(
         Ok(config::Parsed::Run(cfg)) => cfg,
         Err(e) => {
             eprintln!("error: {e}");
-            return 1;
+            return e.exit_code();
         }
     };
     init_logging(&cfg);

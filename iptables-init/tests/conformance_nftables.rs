@@ -242,10 +242,13 @@ fn bad_input_is_rejected_before_anything_runs() {
         &["-n", "--native-nftables", "-m", "BOGUS"],
         &["-n", "--native-nftables", "-i", "300.0.0.0/8"],
         &["-n", "--native-nftables", "-u", "nosuchuser"],
-        &["-n", "--native-nftables=maybe"],
     ] {
         let (code, s) = dry_run(bad, &[], false);
         assert_eq!(code, 1, "{bad:?}");
         assert!(s.is_none(), "{bad:?} wrote a script");
     }
+    // A command line that does not parse is a usage error, as in Istio's pilot-agent.
+    let (code, s) = dry_run(&["-n", "--native-nftables=maybe"], &[], false);
+    assert_eq!(code, 255);
+    assert!(s.is_none(), "an unparsable command line wrote a script");
 }

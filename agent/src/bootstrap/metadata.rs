@@ -137,7 +137,10 @@ pub fn node(config: &Config) -> Result<Node, Error> {
         meta.insert("ISTIO_VERSION".into(), json!(ISTIO_RELEASE));
     }
     let ips: Vec<String> = config.ips.iter().map(IpAddr::to_string).collect();
-    meta.insert("INSTANCE_IPS".into(), json!(ips.join(",")));
+    // Istio leaves the key out when the agent has no IP at all.
+    if !ips.is_empty() {
+        meta.insert("INSTANCE_IPS".into(), json!(ips.join(",")));
+    }
     if config.flags.sts_port > 0 {
         meta.insert("STS_PORT".into(), json!(config.flags.sts_port.to_string()));
     }
@@ -184,7 +187,10 @@ pub fn node(config: &Config) -> Result<Node, Error> {
     if config.workload_socket.external {
         meta.insert("file-credential".into(), json!("true"));
     }
-    meta.insert("PROXY_CONFIG".into(), config.proxy.raw.clone());
+    meta.insert(
+        "PROXY_CONFIG".into(),
+        crate::config::proxy_config::echo(&config.proxy.raw),
+    );
     for (key, v) in [
         ("NAME", &config.pod_name),
         ("NAMESPACE", &config.pod_namespace),

@@ -69,6 +69,113 @@ pub fn defaults() -> Value {
     })
 }
 
+/// ProxyConfig's fields (istio.io/api `mesh/v1alpha1/proxy.proto`), in proto-JSON spelling.
+const FIELDS: &[&str] = &[
+    "configPath",
+    "binaryPath",
+    "serviceCluster",
+    "tracingServiceName",
+    "drainDuration",
+    "discoveryAddress",
+    "discoveryRefreshDelay",
+    "zipkinAddress",
+    "statsdUdpAddress",
+    "envoyMetricsServiceAddress",
+    "proxyAdminPort",
+    "availabilityZone",
+    "controlPlaneAuthPolicy",
+    "customConfigFile",
+    "statNameLength",
+    "concurrency",
+    "proxyBootstrapTemplatePath",
+    "interceptionMode",
+    "tracing",
+    "sds",
+    "envoyAccessLogService",
+    "envoyMetricsService",
+    "proxyMetadata",
+    "runtimeValues",
+    "statusPort",
+    "extraStatTags",
+    "gatewayTopology",
+    "terminationDrainDuration",
+    "meshId",
+    "readinessProbe",
+    "proxyStatsMatcher",
+    "holdApplicationUntilProxyStarts",
+    "caCertificatesPem",
+    "image",
+    "privateKeyProvider",
+    "proxyHeaders",
+    "fileFlushInterval",
+    "fileFlushMinSizeKb",
+    "statsCompression",
+    "connectionSettings",
+];
+
+/// ProxyConfig's `google.protobuf.Duration` fields.
+const DURATIONS: &[&str] = &[
+    "drainDuration",
+    "discoveryRefreshDelay",
+    "terminationDrainDuration",
+    "fileFlushInterval",
+];
+
+/// A duration as proto JSON writes it: seconds, with 0, 3, 6 or 9 fractional digits.
+fn proto_duration(d: Duration) -> String {
+    let (secs, nanos) = (d.as_secs(), d.subsec_nanos());
+    if nanos == 0 {
+        format!("{secs}s")
+    } else if nanos % 1_000_000 == 0 {
+        format!("{secs}.{:03}s", nanos / 1_000_000)
+    } else if nanos % 1_000 == 0 {
+        format!("{secs}.{:06}s", nanos / 1_000)
+    } else {
+        format!("{secs}.{nanos:09}s")
+    }
+}
+
+/// The merged ProxyConfig as Istio's agent echoes it in the node metadata `PROXY_CONFIG`: the
+/// proto read back as proto JSON. Unknown fields are dropped, durations written in seconds
+/// (`1m30s` is `90s`; istiod parses this with proto-JSON rules), enums at their zero value
+/// (`controlPlaneAuthPolicy: NONE`, `interceptionMode: REDIRECT`, `tracingServiceName:
+/// APP_LABEL_AND_NAMESPACE`, `gatewayTopology.forwardClientCertDetails: UNDEFINED`) left out.
+pub fn echo(raw: &Value) -> Value {
+    let Value::Object(obj) = raw else {
+        return raw.clone();
+    };
+    let mut out = Map::new();
+    for (k, v) in obj {
+        if !FIELDS.contains(&k.as_str()) {
+            continue;
+        }
+        let zero_enum = matches!(
+            (k.as_str(), v.as_str()),
+            ("controlPlaneAuthPolicy", Some("NONE"))
+                | ("interceptionMode", Some("REDIRECT"))
+                | ("tracingServiceName", Some("APP_LABEL_AND_NAMESPACE"))
+        );
+        if zero_enum {
+            continue;
+        }
+        let v = match (DURATIONS.contains(&k.as_str()), v) {
+            (true, Value::String(text)) => parse_duration(text)
+                .map(|d| Value::String(proto_duration(d)))
+                .unwrap_or_else(|| v.clone()),
+            (_, Value::Object(topology)) if k == "gatewayTopology" => {
+                let mut t = topology.clone();
+                if t.get("forwardClientCertDetails").and_then(Value::as_str) == Some("UNDEFINED") {
+                    t.remove("forwardClientCertDetails");
+                }
+                Value::Object(t)
+            }
+            _ => v.clone(),
+        };
+        out.insert(k.clone(), v);
+    }
+    Value::Object(out)
+}
+
 /// Parses one layer (YAML or JSON; JSON is YAML). An empty document is an empty layer.
 pub fn parse_layer(source: &str, text: &str) -> Result<Value, Error> {
     if text.trim().is_empty() {
@@ -303,6 +410,30 @@ pub fn split_host_port(addr: &str) -> Option<(String, u16)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the bootstrap differential suite: Istio echoes the proto, not the input text.
+    #[test]
+    fn echo_is_proto_json() {
+        let raw = serde_json::json!({
+            "drainDuration": "1m30s",
+            "terminationDrainDuration": "1.5s",
+            "controlPlaneAuthPolicy": "NONE",
+            "interceptionMode": "TPROXY",
+            "noSuchField": 1,
+            "gatewayTopology": {"numTrustedProxies": 2, "forwardClientCertDetails": "UNDEFINED"},
+            "concurrency": 0,
+        });
+        assert_eq!(
+            echo(&raw),
+            serde_json::json!({
+                "drainDuration": "90s",
+                "terminationDrainDuration": "1.500s",
+                "interceptionMode": "TPROXY",
+                "gatewayTopology": {"numTrustedProxies": 2},
+                "concurrency": 0,
+            })
+        );
+    }
 
     #[test]
     fn layers_replace_scalars_and_merge_maps() {

@@ -144,7 +144,23 @@ fn dns_capture_only_for_sidecars() {
     })
     .unwrap();
     assert!(c.dns.is_none());
-    assert_eq!(c.node_id(), "router~127.0.0.1~.~.svc.cluster.local");
+    // No INSTANCE_IP and no host address: the IP part is empty, as in Istio's node ID.
+    assert_eq!(c.node_id(), "router~~.~.svc.cluster.local");
+}
+
+/// A host with no address outside loopback: Istio's agent puts 127.0.0.1 and ::1 after
+/// INSTANCE_IP (found by the bootstrap differential suite).
+#[test]
+fn a_host_without_addresses_gives_the_loopbacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let ips = private_ips(dir.path(), vec![]).unwrap();
+    assert_eq!(
+        ips,
+        [
+            "127.0.0.1".parse::<IpAddr>().unwrap(),
+            "::1".parse().unwrap()
+        ]
+    );
 }
 
 #[test]

@@ -393,42 +393,6 @@ pub const FLAGS: &[FlagSpec] = &[
         "",
         "Output paths for logs (accepted, ignored).",
     ),
-    f(
-        "log_rotate",
-        None,
-        None,
-        None,
-        Value,
-        "",
-        "Rotated log file path (accepted, ignored).",
-    ),
-    f(
-        "log_rotate_max_age",
-        None,
-        None,
-        None,
-        Value,
-        "",
-        "Maximum log file age in days (accepted, ignored).",
-    ),
-    f(
-        "log_rotate_max_backups",
-        None,
-        None,
-        None,
-        Value,
-        "",
-        "Maximum number of log file backups (accepted, ignored).",
-    ),
-    f(
-        "log_rotate_max_size",
-        None,
-        None,
-        None,
-        Value,
-        "",
-        "Maximum log file size in megabytes (accepted, ignored).",
-    ),
 ];
 
 fn by_long(name: &str) -> Option<&'static FlagSpec> {
@@ -447,14 +411,16 @@ pub(super) struct Args {
     pub positional: Vec<String>,
 }
 
-/// Parses the command line; `None` means `--help`. Flags and positional arguments may be
-/// interspersed; everything after `--` is positional.
+/// Parses the command line; `None` means `--help` (given anywhere before `--`, once every
+/// flag parsed). Flags and positional arguments may be interspersed; everything after `--` is
+/// positional.
 pub(super) fn parse_args<I>(args: I) -> Result<Option<Args>, Error>
 where
     I: IntoIterator<Item = OsString>,
 {
     let mut out = HashMap::new();
     let mut positional = Vec::new();
+    let mut help = false;
     let mut it = args.into_iter().map(|a| {
         a.into_string()
             .map_err(|a| Error::NotUtf8(a.to_string_lossy().into_owned()))
@@ -468,7 +434,9 @@ where
             break;
         }
         if arg == "-h" || arg == "--help" {
-            return Ok(None);
+            // Usage, once the rest of the command line parsed (cobra parses flags first).
+            help = true;
+            continue;
         }
         let (spec, inline, shown) = if let Some(long) = arg.strip_prefix("--") {
             let (name, inline) = match long.split_once('=') {
@@ -483,7 +451,11 @@ where
             let rest = chars.as_str();
             let spec =
                 by_short(c).ok_or_else(|| Error::UnknownFlag(format!("-{c} (in {arg:?})")))?;
-            let inline = if let Some(v) = rest.strip_prefix('=') {
+            // pflag: `-x=v` gives `v`, but a bare `-x=` gives the value "=" (it only strips
+            // the '=' when something follows it).
+            let inline = if rest == "=" && spec.kind == Value {
+                Some(rest.to_string())
+            } else if let Some(v) = rest.strip_prefix('=') {
                 Some(v.to_string())
             } else if rest.is_empty() {
                 None
@@ -507,10 +479,47 @@ where
         };
         out.insert(spec.long, value);
     }
+    if help {
+        check_typed(&out)?;
+        return Ok(None);
+    }
     Ok(Some(Args {
         values: out,
         positional,
     }))
+}
+
+/// Rejects, before anything else is looked at, a command-line value that Istio's typed flags
+/// (booleans, `--iptables-probe-port` as uint16, `--probe-timeout` as a Go duration) cannot
+/// parse: cobra fails the command line as a whole, so these win over every other error.
+pub(super) fn check_typed(values: &HashMap<&'static str, String>) -> Result<(), Error> {
+    let bad = |flag: &str, value: &str, expected: &str| Error::InvalidArgument {
+        flag: format!("--{flag}"),
+        value: value.to_string(),
+        expected: expected.to_string(),
+    };
+    for f in FLAGS {
+        let Some(v) = values.get(f.long) else {
+            continue;
+        };
+        match f.long {
+            "iptables-probe-port" if v.parse::<u16>().is_err() => {
+                return Err(bad(f.long, v, "a port number in 0-65535"));
+            }
+            // klog's Level (inherited from pilot-agent): a decimal 32-bit integer.
+            "vklog" if v.parse::<i32>().is_err() => {
+                return Err(bad(f.long, v, "an integer"));
+            }
+            "probe-timeout" if super::parse_go_duration(v).is_none() => {
+                return Err(bad(f.long, v, "a duration such as 5s or 500ms"));
+            }
+            _ if f.kind == Bool && proto::go::parse_bool(v).is_err() => {
+                return Err(bad(f.long, v, "true or false"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn env_value<'a>(
@@ -522,8 +531,14 @@ fn env_value<'a>(
     (!v.is_empty()).then(|| (k.as_str(), v.clone()))
 }
 
-/// The effective value of a flag: command line, else environment (primary twin, then the
-/// alternate), else the default; `None` when all are empty.
+/// A flag's environment value: the alternate twin (`ISTIO_META_DNS_CAPTURE`, `INVALID_DROP`,
+/// `ISTIO_DUAL_STACK`) wins over the primary when both are set, as Istio applies it last.
+fn env_twin<'a>(env: &'a HashMap<String, String>, spec: &FlagSpec) -> Option<(&'a str, String)> {
+    env_value(env, spec.alt_env).or_else(|| env_value(env, spec.env))
+}
+
+/// The effective value of a flag: command line, else environment (the alternate twin, then
+/// the primary), else the default; `None` when all are empty.
 pub(super) fn resolve(
     name: &str,
     values: &HashMap<&'static str, String>,
@@ -533,7 +548,7 @@ pub(super) fn resolve(
         return Some(v.clone());
     }
     let spec = by_long(name)?;
-    if let Some((_, v)) = env_value(env, spec.env).or_else(|| env_value(env, spec.alt_env)) {
+    if let Some((_, v)) = env_twin(env, spec) {
         return Some(v);
     }
     (!spec.default.is_empty()).then(|| spec.default.to_string())
@@ -549,7 +564,7 @@ pub(super) fn source_name(
         return format!("--{name}");
     }
     if let Some(spec) = by_long(name)
-        && let Some((k, _)) = env_value(env, spec.env).or_else(|| env_value(env, spec.alt_env))
+        && let Some((k, _)) = env_twin(env, spec)
     {
         return format!("environment variable {k} (--{name})");
     }

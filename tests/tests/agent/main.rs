@@ -11,6 +11,8 @@ mod agent_faults;
 mod grpc_proxyless;
 mod identity_faults;
 mod image;
+mod istio_diff_bootstrap;
+mod istio_diff_cli;
 mod istiod_failover;
 mod probes;
 mod sds;

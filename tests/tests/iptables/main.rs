@@ -7,4 +7,5 @@
 
 mod iptables;
 mod iptables_reliability;
+mod istio_diff;
 mod nftables;

@@ -38,6 +38,11 @@ COPY --from=envoy / /envoy/
 RUN scripts/image-rootfs.sh target/dist /envoy/usr/local/bin/envoy /rootfs /envoy/var/lib/istio/envoy
 
 FROM debian:bookworm-slim
+# The Istio release this image is built against (its Envoy and bootstrap template): istiod is
+# told this version in the node metadata (ISTIO_META_ISTIO_VERSION wins over the agent's
+# compiled-in default), so a 1.27 image does not claim to be 1.28.
+ARG ISTIO_VERSION
+ENV ISTIO_META_ISTIO_VERSION=${ISTIO_VERSION}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends iptables nftables iproute2 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \

@@ -70,6 +70,9 @@ fn dockerfile_takes_envoy_and_its_template_from_istios_proxyv2_image() {
         "FROM scratch AS envoy-upstream",
         "scripts/setup.sh --envoy-only",
         "COPY --from=envoy / /envoy/",
+        // The release is carried into the image: istiod is told the version built, not the
+        // agent's compiled-in default.
+        "ARG ISTIO_VERSION\nENV ISTIO_META_ISTIO_VERSION=${ISTIO_VERSION}",
     ] {
         assert!(dockerfile.contains(needle), "Dockerfile lacks {needle:?}");
     }

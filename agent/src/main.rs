@@ -151,6 +151,7 @@ fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Proxy { node_type, flags } => {
+            agent::runtime::raise_open_file_limit();
             let rt = runtime()?;
             let signals = {
                 let _entered = rt.enter();

@@ -414,8 +414,10 @@ fn allow_plaintext_token_reaches_the_identity_config() {
     let dir = tempfile::tempdir().unwrap();
     let off = load(dir.path(), &env(&[])).unwrap();
     assert!(!off.identity.allow_plaintext_token);
+    assert!(!off.upstream.allow_plaintext_token, "xDS: the same rule");
     let on = load(dir.path(), &env(&[("CA_ALLOW_PLAINTEXT_TOKEN", "true")])).unwrap();
     assert!(on.identity.allow_plaintext_token);
+    assert!(on.upstream.allow_plaintext_token);
     let no = load(dir.path(), &env(&[("CA_ALLOW_PLAINTEXT_TOKEN", "false")])).unwrap();
     assert!(!no.identity.allow_plaintext_token);
     for bad in ["sometimes", "yes"] {

@@ -3,7 +3,7 @@
 //! expected.
 
 mod dns;
-mod dump;
+pub mod dump;
 mod env;
 pub mod identity;
 pub mod proxy_config;

@@ -61,6 +61,7 @@ pub use connect::upstream;
 
 #[cfg(feature = "fuzzing")]
 pub(crate) mod fuzzing {
+    pub use super::authority::fuzz_rewrite;
     pub use super::codec::{ResponseHead, decode_response_head};
     pub use super::sieve::check_against_prost;
     pub use super::upstream::relay_frames;

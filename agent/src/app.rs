@@ -293,6 +293,7 @@ impl App {
                 shutdown: shutdown.clone(),
                 ndsz,
                 config_dump,
+                limits: status::conn::Limits::default(),
             },
         );
 

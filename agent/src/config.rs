@@ -3,7 +3,7 @@
 //! expected.
 
 mod dns;
-mod dump;
+pub mod dump;
 mod env;
 pub mod identity;
 pub mod proxy_config;
@@ -490,6 +490,8 @@ impl Config {
             cluster_id: &cluster_id,
             prov_cert: prov_cert.as_ref(),
             istiod_san,
+            // One rule for the token on both connections to istiod.
+            allow_plaintext_token: identity.allow_plaintext_token,
         })?;
         // SAFETY: geteuid has no preconditions and cannot fail.
         let is_root = unsafe { libc::geteuid() } == 0;

@@ -27,6 +27,6 @@ pub mod xds_proxy;
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::xds_proxy::fuzzing::{
-        ResponseHead, check_against_prost, decode_response_head, relay_frames,
+        ResponseHead, check_against_prost, decode_response_head, fuzz_rewrite, relay_frames,
     };
 }

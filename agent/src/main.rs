@@ -161,13 +161,18 @@ fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Proxy { node_type, flags } => {
+            agent::runtime::raise_open_file_limit();
             let rt = runtime()?;
             let signals = {
                 let _entered = rt.enter();
                 Signals::install()?
             };
             let config = app::load_config(node_type, flags, env, base_dir)?;
-            tracing::info!(?config.proxy, node = %config.node_id(), "effective proxy config");
+            tracing::info!(
+                proxy_config = %agent::config::dump::redact_proxy_config(&config.proxy.raw),
+                node = %config.node_id(),
+                "effective proxy config (credentials redacted)"
+            );
             let code = rt.block_on(run_proxy(config, signals));
             // A blocking task (a DNS lookup, a file read) must not hold the exit.
             rt.shutdown_timeout(std::time::Duration::from_secs(1));

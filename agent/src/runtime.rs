@@ -35,6 +35,24 @@ pub fn tune_malloc() {
     }
 }
 
+/// Raises the soft open-file limit to the hard limit, as Go's runtime does for Istio's agent:
+/// a kubelet's pod gets a soft limit of 1024, which one peer holding connections to the status
+/// port would otherwise reach. Logs the limits in force, or warns when it cannot raise them.
+pub fn raise_open_file_limit() -> Option<(u64, u64)> {
+    match proto::listen::raise_open_file_limit() {
+        Ok((soft, hard)) => {
+            tracing::info!(soft, hard, "open file limit");
+            Some((soft, hard))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e,
+                "cannot raise the open file limit (RLIMIT_NOFILE) to its hard limit; \
+                 connections may run out of file descriptors");
+            None
+        }
+    }
+}
+
 /// Returns freed heap pages to the kernel (glibc keeps them otherwise: after a big xDS push the
 /// freed buffers would stay resident).
 pub fn trim() {
@@ -153,6 +171,28 @@ pub async fn trim_while_idle(stop: tokio_util::sync::CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kubelet_soft_open_file_limit_is_raised_to_the_hard_limit() {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        if lim.rlim_max > 1024 {
+            let kubelet = libc::rlimit {
+                rlim_cur: 1024,
+                rlim_max: lim.rlim_max,
+            };
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &kubelet) }, 0);
+        }
+        assert_eq!(raise_open_file_limit(), Some((lim.rlim_max, lim.rlim_max)));
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        assert_eq!(lim.rlim_cur, lim.rlim_max, "in force");
+    }
 
     #[test]
     fn runtime_runs_spawned_and_blocking_tasks_on_one_worker() {

@@ -2,6 +2,7 @@
 //! `/stats/prometheus`, app probes, `/quitquitquit`, `/drain`, `/debug/ndsz`,
 //! `/debug/config_dump` (the agent's effective configuration, secrets redacted).
 
+pub mod conn;
 pub mod grpc_ready;
 pub mod probe;
 pub mod stats;
@@ -94,6 +95,8 @@ pub struct Inputs {
     pub ndsz: Option<NdszFn>,
     /// The effective configuration (`/debug/config_dump`), as JSON, secrets redacted.
     pub config_dump: String,
+    /// Connection caps and timeouts ([`conn::Limits::default`] in the agent).
+    pub limits: conn::Limits,
 }
 
 struct State {
@@ -152,26 +155,30 @@ impl StatusServer {
     /// fails as soon as shutdown begins).
     pub async fn run(self) {
         let mut tasks = tokio::task::JoinSet::new();
+        let counts = conn::Counts::new(&self.state.inputs.limits);
         for listener in self.listeners {
-            tasks.spawn(accept_loop(listener, self.state.clone()));
+            tasks.spawn(accept_loop(listener, self.state.clone(), counts.clone()));
         }
         while tasks.join_next().await.is_some() {}
         tracing::info!("status server stopped");
     }
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<State>) {
+async fn accept_loop(listener: TcpListener, state: Arc<State>, counts: conn::Counts) {
     let token = state.inputs.shutdown.token().clone();
+    let mut backoff = proto::listen::AcceptBackoff::new("status");
     loop {
-        let accepted = tokio::select! {
+        let (stream, _) = tokio::select! {
             _ = token.cancelled() => break,
-            a = listener.accept() => a,
+            a = proto::listen::accept(&listener, &mut backoff) => a,
         };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(error = %e, "status server accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        let Ok(peer) = stream.peer_addr() else {
+            continue;
+        };
+        let permit = match counts.admit(peer.ip()) {
+            Ok(p) => p,
+            Err(why) => {
+                tracing::debug!(peer = %peer, reason = %why, "status connection refused");
                 continue;
             }
         };
@@ -179,16 +186,29 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
         let token = token.clone();
         let local_port = stream.local_addr().map(|a| a.port()).unwrap_or(0);
         tokio::spawn(async move {
+            let _permit = permit;
+            let limits = state.inputs.limits;
+            let activity = conn::Activity::new();
+            let requests = activity.clone();
             let svc = hyper::service::service_fn(move |req| {
                 let state = state.clone();
                 let conn = Conn { peer, local_port };
-                async move { Ok::<_, Infallible>(handle(state, conn, req).await) }
+                let guard = requests.request();
+                async move {
+                    let resp = handle(state, conn, req).await;
+                    drop(guard);
+                    Ok::<_, Infallible>(resp)
+                }
             });
             let builder =
                 hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            let io = conn::Watched::new(stream, activity.clone());
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc);
             tokio::select! {
                 _ = conn => {}
+                _ = activity.expired(&limits) => {
+                    tracing::debug!(peer = %peer, "status connection timed out");
+                }
                 _ = token.cancelled() => {}
             }
         });
@@ -233,8 +253,8 @@ async fn handle(
 ) -> http::Response<Body> {
     let peer = conn.peer;
     let path = unescape_path(req.uri().path());
-    let loopback = peer.ip().is_loopback()
-        || matches!(peer.ip(), std::net::IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()));
+    // From inside the pod; not 127.0.0.6, where Envoy's inbound passthrough puts remote peers.
+    let loopback = conn::is_local(peer.ip());
     match path.as_str() {
         "/healthz/ready" => match ready(&state).await {
             Ok(()) => full(200, ""),

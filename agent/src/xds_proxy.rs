@@ -61,6 +61,7 @@ pub use connect::upstream;
 
 #[cfg(feature = "fuzzing")]
 pub(crate) mod fuzzing {
+    pub use super::authority::fuzz_rewrite;
     pub use super::codec::{ResponseHead, decode_response_head};
     pub use super::sieve::check_against_prost;
     pub use super::upstream::relay_frames;
@@ -332,14 +333,18 @@ pub async fn serve(
     listener: UnixListener,
     token: CancellationToken,
 ) -> Result<(), Error> {
+    // Capped, and never spinning on EMFILE (tonic retries a failed accept at once).
+    let caps = proto::listen::ConnCaps::new(proto::listen::UNIX_SOCKET_CAPS);
     let incoming = authority::fix(futures::StreamExt::map(
-        tokio_stream::wrappers::UnixListenerStream::new(listener),
+        proto::listen::incoming(listener, caps, "xds"),
         |conn| conn.map(coalesce::Coalesce::new),
     ));
     tonic::transport::Server::builder()
         .max_concurrent_streams(100_000)
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+        // The cap the header rewriter enforces too (see `authority`).
+        .http2_max_header_list_size(hpack::MAX_HEADER_LIST as u32)
         .add_service(proxy.service())
         .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
         .await?;

@@ -534,9 +534,13 @@ impl Ca {
         identity: &Identity,
         ttl: Duration,
     ) -> Result<Vec<String>, Error> {
-        csr_policy::check_csr(csr_pem)?;
-        let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)
+        let curve = csr_policy::check_csr(csr_pem)?;
+        let csr = CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|e| Error::Csr(e.to_string()))?;
+        let key = LeafKey {
+            alg: curve.unwrap_or_else(|| rcgen::PublicKeyData::algorithm(&csr.public_key)),
+            raw: rcgen::PublicKeyData::der_bytes(&csr.public_key).to_vec(),
+        };
         let uri = identity.to_string();
         let san = rcgen::string::Ia5String::try_from(uri.clone()).map_err(|e| Error::Identity {
             identity: uri.clone(),
@@ -566,9 +570,8 @@ impl Ca {
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
         params.use_authority_key_identifier_extension = true;
-        csr.params = params;
-        let cert = csr
-            .signed_by(&self.issuer)
+        let cert = params
+            .signed_by(&key, &self.issuer)
             .map_err(|e| Error::Sign(e.to_string()))?;
         self.note_issued(now + ttl);
         let mut out = vec![cert.pem()];
@@ -640,6 +643,23 @@ pub fn identity_from_cert(der: &[u8]) -> Result<Identity, Error> {
         }
     }
     Err(bad("no spiffe:// URI SAN".into()))
+}
+
+/// A CSR's public key as the issued certificate carries it: its bytes with the algorithm of its
+/// own curve (see `csr_policy::check_csr`).
+struct LeafKey {
+    alg: &'static rcgen::SignatureAlgorithm,
+    raw: Vec<u8>,
+}
+
+impl rcgen::PublicKeyData for LeafKey {
+    fn der_bytes(&self) -> &[u8] {
+        &self.raw
+    }
+
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        self.alg
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! in force; every rejection names the file, the document index (0-based), the field (with
 //! `items[i].` for a List item) and the reason.
 
+mod expansion;
 pub mod export_to;
 pub mod kinds;
 pub mod kube;
@@ -161,6 +162,15 @@ impl Config {
 /// Parses one file's text; `file` is only used in errors. All documents or an error list.
 pub fn parse_file(file: &str, text: &str) -> Result<Vec<(Meta, Spec)>, Vec<ConfigError>> {
     use serde::Deserialize;
+    // Alias bombs are refused before anything is built (see `expansion`).
+    if let Err((doc, reason)) = expansion::check(text) {
+        return Err(vec![ConfigError {
+            file: file.to_string(),
+            doc,
+            field: String::new(),
+            reason,
+        }]);
+    }
     let mut out = Vec::new();
     let mut errors = Vec::new();
     for (doc, de) in serde_yaml::Deserializer::from_str(text).enumerate() {

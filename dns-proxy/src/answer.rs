@@ -458,7 +458,7 @@ pub fn fuzz_request(data: &[u8]) {
                 1232,
                 CancellationToken::new(),
             ),
-            cache: Some(Cache::new(64)),
+            cache: Some(Cache::new(64, 1 << 20)),
             metrics: Arc::new(Metrics::new(&mut registry)),
             respond_before_sync: false,
             forwards: Arc::new(Semaphore::new(1)),

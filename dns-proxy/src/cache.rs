@@ -1,8 +1,14 @@
 //! Bounded cache of upstream answers honouring record TTLs; negative answers (NXDOMAIN, NODATA)
 //! are kept for the SOA minimum (RFC 2308). Not in Istio; off with `DNS_PROXY_CACHE=false`.
+//!
+//! Bounded in bytes as well as entries: an answer is kept as its wire bytes (parsed again on a
+//! hit), so what an entry costs is known exactly: its bytes, its name and [`ENTRY_OVERHEAD`].
+//! A truncated answer retried over TCP can be 64 KiB on the wire and ~1 MiB parsed; held
+//! parsed, 10,000 of them were ~11 GB. An answer larger than an eighth of the budget is not
+//! cached. Answers without a question section are never cached.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, ResponseCode};
@@ -50,37 +56,63 @@ impl Key {
     }
 }
 
+/// What an entry costs besides its wire bytes and name: the map slot, the key, the instants and
+/// the shared buffer's header.
+pub(crate) const ENTRY_OVERHEAD: usize = 128;
+
 struct Entry {
-    /// Upstream answer without its OPT record.
-    msg: Message,
+    /// Upstream answer without its OPT record, encoded.
+    wire: Arc<[u8]>,
     stored: Instant,
     expires: Instant,
 }
 
+fn cost(key: &Key, wire: &[u8]) -> usize {
+    wire.len() + key.name.len() + ENTRY_OVERHEAD
+}
+
+#[derive(Default)]
+struct Entries {
+    map: HashMap<Key, Entry>,
+    /// The sum of every entry's [`cost`].
+    bytes: usize,
+}
+
+impl Entries {
+    fn remove(&mut self, key: &Key) {
+        if let Some(e) = self.map.remove(key) {
+            self.bytes -= cost(key, &e.wire);
+        }
+    }
+}
+
 pub(crate) struct Cache {
     max_entries: usize,
-    map: Mutex<HashMap<Key, Entry>>,
+    max_bytes: usize,
+    entries: Mutex<Entries>,
 }
 
 impl Cache {
-    pub fn new(max_entries: usize) -> Cache {
+    pub fn new(max_entries: usize, max_bytes: usize) -> Cache {
         Cache {
             max_entries: max_entries.max(1),
-            map: Mutex::new(HashMap::new()),
+            max_bytes,
+            entries: Mutex::default(),
         }
     }
 
     /// A cached answer with TTLs aged by the time spent in the cache.
     pub fn get(&self, key: &Key, now: Instant) -> Option<Message> {
-        let mut map = self.map.lock().ok()?;
-        let entry = map.get(key)?;
+        let mut entries = self.entries.lock().ok()?;
+        let entry = entries.map.get(key)?;
         if now >= entry.expires {
-            map.remove(key);
+            entries.remove(key);
             return None;
         }
         let age = u32::try_from(now.duration_since(entry.stored).as_secs()).unwrap_or(u32::MAX);
-        let mut msg = entry.msg.clone();
-        drop(map);
+        let wire = entry.wire.clone();
+        drop(entries);
+        let mut msg = Message::from_vec(&wire).ok()?;
         for r in msg
             .answers
             .iter_mut()
@@ -101,27 +133,48 @@ impl Cache {
         let mut msg = msg.clone();
         msg.edns = None;
         msg.signature = None;
-        let Ok(mut map) = self.map.lock() else { return };
-        if map.len() >= self.max_entries && !map.contains_key(&key) {
-            // Full: drop expired entries, and if that is not enough an arbitrary eighth, so
-            // the O(n) sweep is paid once per n/8 inserts even under a flood of unique names.
-            map.retain(|_, e| e.expires > now);
-            if map.len() >= self.max_entries {
-                let evict: Vec<Key> = map
-                    .keys()
-                    .take((self.max_entries / 8).max(1))
-                    .cloned()
-                    .collect();
+        let Ok(wire) = msg.to_vec() else { return };
+        let size = cost(&key, &wire);
+        if size > self.max_bytes / 8 {
+            return;
+        }
+        let Ok(mut entries) = self.entries.lock() else {
+            return;
+        };
+        entries.remove(&key);
+        if entries.map.len() >= self.max_entries || entries.bytes + size > self.max_bytes {
+            // Full: drop expired entries, and if that is not enough an arbitrary eighth (of
+            // the entries, or of the bytes), so the O(n) sweep is paid once per n/8 inserts
+            // even under a flood of unique names.
+            entries.map.retain(|_, e| e.expires > now);
+            entries.bytes = entries.map.iter().map(|(k, e)| cost(k, &e.wire)).sum();
+            let (keep_entries, keep_bytes) = (
+                self.max_entries - (self.max_entries / 8).max(1),
+                self.max_bytes - self.max_bytes / 8 - size,
+            );
+            let over = entries.map.len() >= self.max_entries || entries.bytes > keep_bytes;
+            if over {
+                let mut evict = Vec::new();
+                let (mut n, mut bytes) = (entries.map.len(), entries.bytes);
+                for (k, e) in &entries.map {
+                    if n <= keep_entries && bytes <= keep_bytes {
+                        break;
+                    }
+                    n -= 1;
+                    bytes -= cost(k, &e.wire);
+                    evict.push(k.clone());
+                }
                 for k in evict {
-                    map.remove(&k);
+                    entries.remove(&k);
                 }
             }
         }
         let expires = now + Duration::from_secs(u64::from(ttl));
-        map.insert(
+        entries.bytes += size;
+        entries.map.insert(
             key,
             Entry {
-                msg,
+                wire: wire.into(),
                 stored: now,
                 expires,
             },
@@ -130,14 +183,22 @@ impl Cache {
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.map.lock().map(|m| m.len()).unwrap_or(0)
+        self.entries.lock().map(|e| e.map.len()).unwrap_or(0)
+    }
+
+    /// The bytes the entries cost (see [`cost`]).
+    #[cfg(test)]
+    pub fn bytes(&self) -> usize {
+        self.entries.lock().map(|e| e.bytes).unwrap_or(0)
     }
 }
 
 /// How long an upstream answer may be cached: the smallest answer TTL for positive answers, the
 /// SOA's min(TTL, MINIMUM) for NXDOMAIN/NODATA; `None` for anything else (errors, truncated).
 fn cache_ttl(msg: &Message) -> Option<u32> {
-    if msg.metadata.truncation {
+    // Truncated, or without the question it answers (anyone who guessed the id could have
+    // sent it).
+    if msg.metadata.truncation || msg.queries.is_empty() {
         return None;
     }
     let negative_ttl = || {
@@ -193,7 +254,7 @@ mod tests {
 
     #[test]
     fn honours_ttl_and_ages_records() {
-        let c = Cache::new(10);
+        let c = Cache::new(10, 1 << 20);
         let t0 = Instant::now();
         let key = Key::of(&query("A.example.com.")).unwrap();
         assert_eq!(
@@ -221,12 +282,15 @@ mod tests {
         let mut tc = answer("a.example.com.", 10);
         tc.metadata.truncation = true;
         assert_eq!(cache_ttl(&tc), None);
+        let mut no_question = nxdomain("x.example.com.", 300, 300);
+        no_question.queries.clear();
+        assert_eq!(cache_ttl(&no_question), None, "no question: not cached");
         assert_eq!(cache_ttl(&answer("a.example.com.", 999_999)), Some(MAX_TTL));
     }
 
     #[test]
     fn bounded() {
-        let c = Cache::new(3);
+        let c = Cache::new(3, 1 << 20);
         let t0 = Instant::now();
         for i in 0..10 {
             let name = format!("h{i}.example.com.");
@@ -235,5 +299,65 @@ mod tests {
         assert!(c.len() <= 3);
         let last = Key::of(&query("h9.example.com.")).unwrap();
         assert!(c.get(&last, t0).is_some());
+    }
+
+    /// An answer with `n` A records (~16 bytes each on the wire, names compressed).
+    fn large_answer(name: &str, n: u32) -> Message {
+        let mut m = query(name);
+        m.metadata.message_type = MessageType::Response;
+        for i in 0..n {
+            m.add_answer(Record::from_rdata(
+                Name::from_ascii(name).unwrap(),
+                300,
+                RData::A(A(Ipv4Addr::from(0x0a00_0000 + i))),
+            ));
+        }
+        m
+    }
+
+    #[test]
+    fn bounded_in_bytes_by_the_answers_real_size() {
+        const BUDGET: usize = 1 << 20;
+        let c = Cache::new(1_000_000, BUDGET);
+        let t0 = Instant::now();
+        // ~64 KiB answers (4,000 records: what a truncated answer retried over TCP can hold).
+        for i in 0..200 {
+            let name = format!("big{i}.example.com.");
+            c.put(
+                Key::of(&query(&name)).unwrap(),
+                &large_answer(&name, 4000),
+                t0,
+            );
+            assert!(c.bytes() <= BUDGET, "{} bytes after {i}", c.bytes());
+        }
+        assert!(c.len() >= 8, "the budget holds {} answers", c.len());
+        let entries = c.entries.lock().unwrap();
+        let real: usize = entries.map.iter().map(|(k, e)| cost(k, &e.wire)).sum();
+        assert_eq!(entries.bytes, real, "the count follows the entries");
+        assert!(entries.map.values().all(|e| e.wire.len() > 30_000));
+        drop(entries);
+        // The newest answer is there, whole.
+        let last = Key::of(&query("big199.example.com.")).unwrap();
+        let sent = large_answer("big199.example.com.", 2000);
+        let on_the_wire = Message::from_vec(&sent.to_vec().unwrap()).unwrap();
+        assert_eq!(c.get(&last, t0).unwrap().answers, on_the_wire.answers);
+        // An answer over an eighth of the budget is not kept.
+        let c = Cache::new(10, 128 << 10);
+        let key = Key::of(&query("huge.example.com.")).unwrap();
+        c.put(key.clone(), &large_answer("huge.example.com.", 2000), t0);
+        assert!(c.get(&key, t0).is_none());
+        assert_eq!(c.bytes(), 0);
+    }
+
+    #[test]
+    fn replacing_an_entry_keeps_the_byte_count() {
+        let c = Cache::new(10, 1 << 20);
+        let t0 = Instant::now();
+        let key = Key::of(&query("a.example.com.")).unwrap();
+        c.put(key.clone(), &large_answer("a.example.com.", 100), t0);
+        c.put(key.clone(), &large_answer("a.example.com.", 2), t0);
+        assert_eq!(c.len(), 1);
+        assert!(c.bytes() < ENTRY_OVERHEAD + 200, "{}", c.bytes());
+        assert_eq!(c.get(&key, t0).unwrap().answers.len(), 2);
     }
 }

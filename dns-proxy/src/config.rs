@@ -32,6 +32,9 @@ pub struct Config {
     pub cache_enabled: bool,
     /// Maximum number of cached upstream answers.
     pub cache_max_entries: usize,
+    /// Maximum bytes the cached answers take (`DNS_PROXY_CACHE_MAX_BYTES`, not in Istio;
+    /// default 16 MiB): each counts its wire size, name and a fixed overhead.
+    pub cache_max_bytes: usize,
     /// The proxy's own namespace (`POD_NAMESPACE`): short names resolve in it.
     pub namespace: String,
     /// The proxy's DNS domain (`--domain`, default `<POD_NAMESPACE>.svc.cluster.local`).
@@ -51,6 +54,9 @@ pub struct Config {
     pub resolv_conf: PathBuf,
 }
 
+/// The cache's default byte budget: 16 MiB, some 50,000 typical answers.
+pub const DEFAULT_CACHE_MAX_BYTES: usize = 16 << 20;
+
 impl Config {
     /// Istio's defaults, forwarding to the nameservers of `resolv` (read from `resolv_conf`):
     /// listening on `localhost:15053` (by the nameservers' families), 5 s forward timeout, cache
@@ -67,6 +73,7 @@ impl Config {
             forward_parallel: false,
             cache_enabled: true,
             cache_max_entries: 10_000,
+            cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
             namespace: String::new(),
             domain: "svc.cluster.local".to_string(),
             respond_before_sync: false,

@@ -45,8 +45,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use config::{
-    Config, DEFAULT_FORWARD_TIMEOUT, DEFAULT_PROXY_ADDR, ISTIO_RESOLV_CONF, ResolvConf,
-    parse_resolv_conf, resolve_listen_addr,
+    Config, DEFAULT_CACHE_MAX_BYTES, DEFAULT_FORWARD_TIMEOUT, DEFAULT_PROXY_ADDR,
+    ISTIO_RESOLV_CONF, ResolvConf, parse_resolv_conf, resolve_listen_addr,
 };
 pub use metrics::Metrics;
 pub use server::DnsProxy;

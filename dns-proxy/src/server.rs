@@ -125,7 +125,7 @@ impl DnsProxy {
             ),
             cache: config
                 .cache_enabled
-                .then(|| Cache::new(config.cache_max_entries)),
+                .then(|| Cache::new(config.cache_max_entries, config.cache_max_bytes)),
             metrics,
             respond_before_sync: config.respond_before_sync,
             forwards: Arc::new(Semaphore::new(config.max_in_flight.max(1))),

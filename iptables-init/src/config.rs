@@ -264,6 +264,8 @@ where
         .cloned()
         .unwrap_or_else(|| "127.0.0.1/32".to_string());
     validate_owner_groups(&owner_groups_include)?;
+    validate_group_names("ISTIO_OUTBOUND_OWNER_GROUPS", &owner_groups_include)?;
+    validate_group_names("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", &owner_groups_exclude)?;
     validate_loopback_cidr(&host_ipv4_loopback_cidr)?;
 
     // Proxy uid/gid: -u empty means the uid of ENVOY_USER (default istio-proxy), else 1337.
@@ -500,6 +502,36 @@ fn validate_owner_groups(include: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Every group in an owner-group list must be a group name or gid: they become words of
+/// iptables-restore and `nft -f` input, where a space, newline, quote or `;` would add words,
+/// rules or whole lines of the caller's choosing. Names follow `useradd`'s rule: letters,
+/// digits, `.`, `_`, `-` (not first), an optional trailing `$`, at most 32 characters.
+fn validate_group_names(var: &str, list: &str) -> Result<(), Error> {
+    if list == "*" {
+        return Ok(());
+    }
+    for group in split(list) {
+        let body = group.strip_suffix('$').unwrap_or(group);
+        let valid = group.len() <= 32
+            && !body.is_empty()
+            && !body.starts_with('-')
+            && body
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'));
+        if !valid {
+            return Err(Error::invalid(
+                var,
+                list,
+                format!(
+                    "comma-separated group names or gids (letters, digits, '.', '_', '-'; \
+                     at most 32 characters); {group:?} is not one"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn validate_loopback_cidr(cidr: &str) -> Result<(), Error> {
     const NAME: &str = "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR";
     let Some((ip, bits)) = parse_prefix(cidr) else {
@@ -610,6 +642,30 @@ mod tests {
             Parsed::Run(c) => Ok(*c),
             Parsed::Help => panic!("unexpected help"),
         }
+    }
+
+    #[test]
+    fn owner_groups_cannot_inject_rules() {
+        for var in [
+            "ISTIO_OUTBOUND_OWNER_GROUPS",
+            "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE",
+        ] {
+            for bad in [
+                "java\n-A ISTIO_OUTPUT -j ACCEPT",
+                "java -j ACCEPT",
+                "1337; flush ruleset",
+                "\"quoted\"",
+                "-x",
+                "a$b",
+                &"g".repeat(33),
+            ] {
+                let err = run(&[], &[(var, bad)]).unwrap_err().to_string();
+                assert!(err.contains(var) && err.contains("group names"), "{err}");
+            }
+            let ok = run(&[], &[(var, "java,1001,www-data,svc_user.1,machine$")]);
+            assert!(ok.is_ok(), "{ok:?}");
+        }
+        assert!(run(&[], &[("ISTIO_OUTBOUND_OWNER_GROUPS", "*")]).is_ok());
     }
 
     #[test]

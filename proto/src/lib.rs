@@ -10,6 +10,7 @@
 //! protos are compiled against them, so no conversion is needed anywhere.
 
 pub mod go;
+pub mod listen;
 
 pub use envoy_types as envoy_types_crate;
 pub use envoy_types::pb::envoy;

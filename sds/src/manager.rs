@@ -325,7 +325,7 @@ impl Inner {
             }
         }
         self.metrics.set_expiry(WORKLOAD_KEY_CERT, w.expire_time);
-        self.write_output(&w);
+        self.write_output(&w).await;
         self.start_rotation();
         self.rotation_wake.notify_one();
         Ok(w)

@@ -27,7 +27,7 @@ use proto::envoy::service::secret::v3::secret_discovery_service_server::{
 use tokio::net::UnixListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
@@ -95,7 +95,12 @@ impl SdsServer {
             .max_concurrent_streams(100_000)
             .add_service(SecretDiscoveryServiceServer::new(svc))
             .serve_with_incoming_shutdown(
-                UnixListenerStream::new(self.listener),
+                // Capped, and never spinning on EMFILE (tonic retries a failed accept at once).
+                proto::listen::incoming(
+                    self.listener,
+                    proto::listen::ConnCaps::new(proto::listen::UNIX_SOCKET_CAPS),
+                    "sds",
+                ),
                 shutdown.cancelled(),
             )
             .await;

@@ -1,5 +1,5 @@
 //! The DNS sub-config ([`dns_proxy::Config`]): `DNS_PROXY_ADDR`, `DNS_FORWARD_*`,
-//! `DNS_PROXY_CACHE`, the upstreams and search list of resolv.conf, and the proxy's domain
+//! `DNS_PROXY_CACHE`, `DNS_PROXY_CACHE_MAX_BYTES` (not in Istio), the upstreams and search list of resolv.conf, and the proxy's domain
 //! (`--domain`).
 
 use std::path::Path;
@@ -75,6 +75,10 @@ pub fn load(i: Inputs<'_>) -> Result<dns_proxy::Config, Error> {
     )?;
     config.forward_parallel = env.bool("DNS_FORWARD_PARALLEL", false)?;
     config.cache_enabled = env.bool("DNS_PROXY_CACHE", true)?;
+    config.cache_max_bytes = env.u32(
+        "DNS_PROXY_CACHE_MAX_BYTES",
+        u32::try_from(dns_proxy::DEFAULT_CACHE_MAX_BYTES).unwrap_or(u32::MAX),
+    )? as usize;
     Ok(config)
 }
 
@@ -136,6 +140,7 @@ mod tests {
         assert_eq!(c.forward_timeout, Duration::from_secs(5));
         assert!(!c.forward_parallel);
         assert!(c.cache_enabled);
+        assert_eq!(c.cache_max_bytes, 16 << 20);
         assert_eq!(c.domain, "ns1.svc.cluster.local");
         assert_eq!(c.proxy_domain(), "svc.cluster.local");
     }
@@ -171,12 +176,14 @@ mod tests {
                 ("DNS_FORWARD_PARALLEL", "true"),
                 ("DNS_PROXY_CACHE", "false"),
                 ("DNS_PROXY_ADDR", "127.0.0.2:0"),
+                ("DNS_PROXY_CACHE_MAX_BYTES", "1048576"),
             ]),
             r.path(),
         )
         .expect("config");
         assert_eq!(c.forward_timeout, Duration::from_millis(1500));
         assert!(c.forward_parallel && !c.cache_enabled);
+        assert_eq!(c.cache_max_bytes, 1 << 20);
         assert_eq!(
             c.listen_addrs,
             vec!["127.0.0.2:0".parse::<SocketAddr>().unwrap()]
@@ -185,6 +192,7 @@ mod tests {
             ("DNS_FORWARD_TIMEOUT", "soon"),
             ("DNS_FORWARD_TIMEOUT", "0s"),
             ("DNS_PROXY_CACHE", "maybe"),
+            ("DNS_PROXY_CACHE_MAX_BYTES", "16MiB"),
             ("DNS_PROXY_ADDR", "127.0.0.1"),
             ("DNS_PROXY_ADDR", "dns.example:53x"),
         ] {

@@ -1,6 +1,9 @@
 //! The effective configuration as JSON: logged once at start and served on the status port's
 //! `/debug/config_dump` (as ztunnel's config dump). The raw environment is never included, and
-//! values that may carry credentials (extra CA/xDS gRPC headers, probe headers) are redacted.
+//! values that may carry credentials are redacted: extra CA/xDS gRPC headers, probe headers,
+//! and in the ProxyConfig (and the `proxy.istio.io/config` annotation it may come from) every
+//! `proxyMetadata` value (environment variables for the proxy, tokens among them) and every
+//! string under a key that names a credential (`accessToken`, `password`, `secret`, ...).
 
 use serde_json::{Value, json};
 
@@ -22,18 +25,22 @@ impl Config {
                 redact_pairs(&mut probe["action"]["Http"]["headers"], &[]);
             }
         }
+        let mut annotations = serde_json::to_value(&self.pod_annotations).unwrap_or(Value::Null);
+        if let Some(a) = annotations.get_mut(PROXY_CONFIG_ANNOTATION) {
+            *a = Value::String(REDACTED.into());
+        }
         json!({
             "node_type": self.node_type,
             "node_id": self.node_id(),
             "base_dir": self.base_dir,
             "flags": self.flags,
-            "proxy_config": self.proxy.raw,
+            "proxy_config": redact_proxy_config(&self.proxy.raw),
             "pod": {
                 "name": self.pod_name,
                 "namespace": self.pod_namespace,
                 "service_account": self.service_account,
                 "labels": self.pod_labels,
-                "annotations": self.pod_annotations,
+                "annotations": annotations,
             },
             "host_ip": self.host_ip,
             "instance_ip": self.instance_ip,
@@ -63,6 +70,50 @@ impl Config {
             "upstream": upstream,
             "status": status,
         })
+    }
+}
+
+/// The pod annotation a ProxyConfig layer is read from.
+const PROXY_CONFIG_ANNOTATION: &str = "proxy.istio.io/config";
+
+/// Keys whose string values are credentials, wherever they are in a ProxyConfig (compared in
+/// lowercase, as substrings): Lightstep's `accessToken`, Datadog's or a custom tracer's keys,
+/// anything named a password or secret.
+const CREDENTIAL_KEYS: [&str; 6] = [
+    "token",
+    "password",
+    "secret",
+    "credential",
+    "apikey",
+    "api_key",
+];
+
+/// The ProxyConfig with `proxyMetadata` values and credential-named strings redacted.
+pub fn redact_proxy_config(raw: &Value) -> Value {
+    let mut v = raw.clone();
+    if let Some(md) = v.get_mut("proxyMetadata").and_then(Value::as_object_mut) {
+        for value in md.values_mut() {
+            *value = Value::String(REDACTED.into());
+        }
+    }
+    redact_credentials(&mut v);
+    v
+}
+
+fn redact_credentials(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            for (k, value) in map.iter_mut() {
+                let k = k.to_ascii_lowercase();
+                if value.is_string() && CREDENTIAL_KEYS.iter().any(|c| k.contains(c)) {
+                    *value = Value::String(REDACTED.into());
+                } else {
+                    redact_credentials(value);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(redact_credentials),
+        _ => {}
     }
 }
 

@@ -354,6 +354,35 @@ fn config_dump_redacts_credentials() {
     assert_eq!(v["identity"]["secret_ttl"]["secs"], 86400);
 }
 
+/// The ProxyConfig's credentials (proxyMetadata values, tracer tokens) stay out of the dump.
+#[test]
+fn config_dump_redacts_the_proxy_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = env(&[(
+        "PROXY_CONFIG",
+        r#"{"proxyMetadata":{"GCP_TOKEN":"metadata-secret"},
+            "tracing":{"lightstep":{"address":"ls:443","accessToken":"tracer-secret"}},
+            "concurrency":2}"#,
+    )]);
+    let c = load(dir.path(), &e).unwrap();
+    let dump = c.dump().to_string();
+    for secret in ["metadata-secret", "tracer-secret"] {
+        assert!(!dump.contains(secret), "{secret} leaked: {dump}");
+    }
+    let v = c.dump();
+    assert_eq!(
+        v["proxy_config"]["proxyMetadata"]["GCP_TOKEN"],
+        dump::REDACTED
+    );
+    assert_eq!(
+        v["proxy_config"]["tracing"]["lightstep"]["address"],
+        "ls:443"
+    );
+    assert_eq!(v["proxy_config"]["concurrency"], 2);
+    // What istiod is sent is the ProxyConfig itself.
+    assert_eq!(c.proxy.raw["proxyMetadata"]["GCP_TOKEN"], "metadata-secret");
+}
+
 /// `traffic.sidecar.istio.io/excludeInterfaces`: those interfaces' IPs leave `INSTANCE_IPS`.
 #[test]
 fn excluded_interfaces_leave_instance_ips() {
@@ -430,8 +459,10 @@ fn allow_plaintext_token_reaches_the_identity_config() {
     let dir = tempfile::tempdir().unwrap();
     let off = load(dir.path(), &env(&[])).unwrap();
     assert!(!off.identity.allow_plaintext_token);
+    assert!(!off.upstream.allow_plaintext_token, "xDS: the same rule");
     let on = load(dir.path(), &env(&[("CA_ALLOW_PLAINTEXT_TOKEN", "true")])).unwrap();
     assert!(on.identity.allow_plaintext_token);
+    assert!(on.upstream.allow_plaintext_token);
     let no = load(dir.path(), &env(&[("CA_ALLOW_PLAINTEXT_TOKEN", "false")])).unwrap();
     assert!(!no.identity.allow_plaintext_token);
     for bad in ["sometimes", "yes"] {

@@ -30,6 +30,9 @@ pub struct XdsUpstream {
     pub metadata: Vec<(String, String)>,
     /// The bearer token, re-read for every stream.
     pub token_path: PathBuf,
+    /// `CA_ALLOW_PLAINTEXT_TOKEN`, as for the CA client: without it no token is sent on a
+    /// `plaintext` connection (an observer could replay it at istiod's TLS CA port).
+    pub allow_plaintext_token: bool,
     /// `XDS_PROXY_RECONNECT` (default true; not in Istio): on upstream loss the proxy keeps
     /// Envoy's stream open, reconnects and replays Envoy's subscriptions. `false` restores
     /// Istio's behaviour (Envoy's stream ends with the upstream's).
@@ -50,6 +53,8 @@ pub struct Inputs<'a> {
     pub cluster_id: &'a str,
     pub prov_cert: Option<&'a CertDir>,
     pub istiod_san: Option<&'a str>,
+    /// The identity config's `CA_ALLOW_PLAINTEXT_TOKEN`.
+    pub allow_plaintext_token: bool,
 }
 
 /// Builds the upstream config.
@@ -89,6 +94,7 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
         prov_cert: i.prov_cert.cloned(),
         metadata,
         token_path: i.base_dir.join(sds::config::paths::TOKEN),
+        allow_plaintext_token: i.allow_plaintext_token,
     })
 }
 

@@ -73,6 +73,15 @@ struct Setup {
 }
 
 async fn setup(envoy_stats: &str, ready_stats: &str, app_port: Option<u16>) -> Setup {
+    setup_with(envoy_stats, ready_stats, app_port, conn::Limits::default()).await
+}
+
+async fn setup_with(
+    envoy_stats: &str,
+    ready_stats: &str,
+    app_port: Option<u16>,
+    limits: conn::Limits,
+) -> Setup {
     let mut routes = HashMap::new();
     routes.insert(
         "/stats/prometheus".to_string(),
@@ -129,6 +138,7 @@ async fn setup(envoy_stats: &str, ready_stats: &str, app_port: Option<u16>) -> S
             shutdown: shutdown.clone(),
             ndsz: Some(Arc::new(|| Some(r#"{"a.b.":{}}"#.to_string()))),
             config_dump: r#"{"node_id":"sidecar~x"}"#.into(),
+            limits,
         },
     );
     let addr = server.local_addr().unwrap();
@@ -249,5 +259,174 @@ async fn merged_metrics_app_probes_and_ndsz() {
     assert_eq!(
         get(s.addr, "GET", "/debug/config_dump").await,
         (200, r#"{"node_id":"sidecar~x"}"#.into())
+    );
+}
+
+/// Connects to `addr` from `src` (any loopback address: 127.0.0.6 stands for a remote peer).
+async fn connect_from(src: &str, addr: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{src}:0").parse().unwrap()).unwrap();
+    socket.connect(addr).await.expect("connect")
+}
+
+/// One HTTP/1.1 request from `src`; the response's status code (0: closed without one).
+async fn raw_request(src: &str, addr: SocketAddr, method: &str, path: &str) -> u16 {
+    let mut s = connect_from(src, addr).await;
+    let req = format!("{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return 0;
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// True when the server closes `s` within `wait` (reads what it sends first).
+async fn closed_within(s: &mut tokio::net::TcpStream, wait: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    let until = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(until, s.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test]
+async fn lifecycle_and_debug_endpoints_refuse_the_inbound_passthrough_source() {
+    let s = setup(CONFIG_OK, LIVE, None).await;
+    for (method, path) in [
+        ("POST", "/quitquitquit"),
+        ("POST", "/drain"),
+        ("GET", "/debug/config_dump"),
+        ("GET", "/debug/ndsz"),
+    ] {
+        assert_eq!(
+            raw_request("127.0.0.6", s.addr, method, path).await,
+            403,
+            "{path}"
+        );
+    }
+    assert!(!s.shutdown.is_shutting_down());
+    assert_eq!(s.shutdown.mode(), DrainMode::Graceful, "/drain refused");
+    assert!(
+        !s.envoy_seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("drain")),
+        "Envoy was not drained"
+    );
+    assert_eq!(
+        raw_request("127.0.0.6", s.addr, "GET", "/healthz/ready").await,
+        200
+    );
+    assert_eq!(
+        raw_request("127.0.0.1", s.addr, "GET", "/debug/ndsz").await,
+        200
+    );
+    assert_eq!(
+        raw_request("127.0.0.1", s.addr, "POST", "/quitquitquit").await,
+        200
+    );
+    assert!(s.shutdown.is_shutting_down());
+}
+
+#[tokio::test]
+async fn a_peer_holding_connections_is_capped_and_probes_still_answer() {
+    let limits = conn::Limits {
+        remote: proto::listen::Caps {
+            total: 6,
+            per_peer: 3,
+        },
+        ..conn::Limits::default()
+    };
+    let s = setup_with(CONFIG_OK, LIVE, None, limits).await;
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        held.push(connect_from("127.0.0.6", s.addr).await);
+    }
+    let mut closed = 0;
+    for c in &mut held {
+        // Refused ones are closed at once; the 3 admitted stay (10 s header timeout).
+        if closed_within(c, Duration::from_millis(500)).await {
+            closed += 1;
+        }
+    }
+    assert_eq!(
+        closed, 17,
+        "all but the peer's 3 closed (3 idle ones stay open)"
+    );
+    // Another remote peer (the kubelet) and a local one still get answers.
+    assert_eq!(
+        raw_request("127.0.0.7", s.addr, "GET", "/healthz/ready").await,
+        200
+    );
+    assert_eq!(
+        raw_request("127.0.0.1", s.addr, "GET", "/healthz/ready").await,
+        200
+    );
+    // Once the peer lets go, it gets in again.
+    held.clear();
+    assert_eventually(|| async {
+        raw_request("127.0.0.6", s.addr, "GET", "/healthz/ready").await == 200
+    })
+    .await;
+}
+
+/// Polls `f` every 20 ms for up to 10 s.
+async fn assert_eventually<F, Fut>(f: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..500 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("condition not met within 10 s");
+}
+
+#[tokio::test]
+async fn slow_silent_and_idle_connections_are_closed() {
+    let limits = conn::Limits {
+        header_timeout: Duration::from_millis(300),
+        idle_timeout: Duration::from_millis(600),
+        ..conn::Limits::default()
+    };
+    let s = setup_with(CONFIG_OK, LIVE, None, limits).await;
+    // Slowloris: a request line that never ends.
+    let mut slow = connect_from("127.0.0.7", s.addr).await;
+    slow.write_all(b"GET /healthz/re").await.unwrap();
+    // A connection that never sends a byte.
+    let mut silent = connect_from("127.0.0.7", s.addr).await;
+    // Keep-alive: two requests are served on one connection, then it idles out.
+    let mut keep = connect_from("127.0.0.7", s.addr).await;
+    let req = b"GET /healthz/ready HTTP/1.1\r\nhost: x\r\n\r\n";
+    for _ in 0..2 {
+        keep.write_all(req).await.unwrap();
+        let mut buf = [0u8; 1024];
+        let n = keep.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    }
+    assert!(
+        closed_within(&mut slow, Duration::from_secs(5)).await,
+        "header timeout"
+    );
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(5)).await,
+        "no request"
+    );
+    assert!(
+        closed_within(&mut keep, Duration::from_secs(5)).await,
+        "idle timeout"
     );
 }

@@ -10,6 +10,12 @@
 //! (so the server's dynamic table never depends on the client's), and an `:authority` that is not
 //! a valid authority becomes `localhost` (what grpc-go sends for Unix sockets). Every other frame
 //! passes through byte for byte; the server's writes are not touched.
+//!
+//! A block whose decoded header list passes [`hpack::MAX_HEADER_LIST`] (an HPACK bomb: one
+//! dynamic-table entry referenced thousands of times) is decoded only up to the cap and goes on
+//! as one field just over the server's own cap (the same size), so the server refuses that
+//! stream as h2 does any oversized block: `431` and `RST_STREAM(REFUSED_STREAM)`. The
+//! connection, and Envoy's other streams on it, go on.
 
 use super::hpack;
 use bytes::{Buf, BytesMut};
@@ -60,6 +66,8 @@ pub struct FixAuthority<S> {
     block: Option<Block>,
     decoder: hpack::Decoder,
     eof: bool,
+    /// An oversized block was already logged on this connection.
+    warned: bool,
 }
 
 impl<S> FixAuthority<S> {
@@ -72,6 +80,7 @@ impl<S> FixAuthority<S> {
             block: None,
             decoder: hpack::Decoder::default(),
             eof: false,
+            warned: false,
         }
     }
 
@@ -167,10 +176,24 @@ impl<S> FixAuthority<S> {
     }
 
     fn emit(&mut self, block: Block) -> io::Result<()> {
-        let mut fields = self
+        let decoded = self
             .decoder
             .decode(&block.fragment)
             .map_err(|e| invalid(&e.to_string()))?;
+        let mut fields = match decoded {
+            hpack::Block::Fields(f) => f,
+            hpack::Block::TooLarge => {
+                if !std::mem::replace(&mut self.warned, true) {
+                    tracing::warn!(
+                        stream = block.stream,
+                        limit = hpack::MAX_HEADER_LIST,
+                        "xDS client sent a header list over the limit (an HPACK bomb?); \
+                         its stream is refused (431)"
+                    );
+                }
+                vec![too_large_field()]
+            }
+        };
         for f in fields.iter_mut().filter(|f| f.name == b":authority") {
             if http::uri::Authority::try_from(f.value.as_slice()).is_err() {
                 tracing::debug!(
@@ -211,6 +234,17 @@ impl<S> FixAuthority<S> {
                 return Ok(());
             }
         }
+    }
+}
+
+/// The one field an oversized block becomes: exactly the server's header list limit, which
+/// its HTTP/2 layer refuses (h2 counts a list at the limit as over it).
+fn too_large_field() -> hpack::Field {
+    const NAME: &[u8] = b"x-istio-agent-header-list-too-large";
+    hpack::Field {
+        name: NAME.to_vec(),
+        value: vec![b'x'; hpack::MAX_HEADER_LIST - NAME.len() - 32],
+        sensitive: false,
     }
 }
 
@@ -290,6 +324,44 @@ impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.inner.connect_info()
+    }
+}
+
+/// Fuzzing: a client's connection bytes through the rewriter in one go. Whatever they are, it
+/// must not panic, and every header block the server then reads is ours: literals that decode
+/// with an empty table, within [`hpack::MAX_HEADER_LIST`].
+#[cfg(any(test, feature = "fuzzing"))]
+pub fn fuzz_rewrite(input: &[u8]) {
+    let mut conn = FixAuthority::new(());
+    conn.raw.extend_from_slice(input);
+    if conn.process().is_err() || conn.out.len() < PREFACE_LEN {
+        return;
+    }
+    let mut rest = &conn.out[PREFACE_LEN..];
+    let mut block = Vec::new();
+    while let Some(head) = rest.get(..FRAME_HEAD) {
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let (kind, flags) = (head[3], head[4]);
+        // A frame cut short at the end of the input passes as it is.
+        let Some(payload) = rest.get(FRAME_HEAD..FRAME_HEAD + len) else {
+            return;
+        };
+        if kind == HEADERS || (kind == CONTINUATION && !block.is_empty()) {
+            let skip = if kind == HEADERS && flags & PRIORITY != 0 {
+                5
+            } else {
+                0
+            };
+            block.extend_from_slice(&payload[skip..]);
+            if flags & END_HEADERS != 0 {
+                match hpack::Decoder::default().decode(&block) {
+                    Ok(hpack::Block::Fields(_)) => {}
+                    other => panic!("the server would read a block that decodes to {other:?}"),
+                }
+                block.clear();
+            }
+        }
+        rest = &rest[FRAME_HEAD + len..];
     }
 }
 
@@ -382,11 +454,10 @@ mod tests {
             assert_eq!(got.len(), 4, "{got:?}");
             assert_eq!(got[0].3, settings[9..], "SETTINGS passes as it is");
             assert_eq!(got[2].3, data[9..], "DATA passes as it is");
-            let mut server = hpack::Decoder::default();
             for (i, stream, flags) in [(1, 1, END_HEADERS), (3, 3, END_HEADERS | END_STREAM)] {
                 let (kind, f, s, payload) = &got[i];
                 assert_eq!((*kind, *f, *s), (HEADERS, flags, stream));
-                let fields = server.decode(payload).expect("server decodes");
+                let fields = decoded(payload);
                 let want = if i == 1 {
                     vec![
                         field(":method", "POST"),
@@ -401,9 +472,16 @@ mod tests {
         }
     }
 
+    fn decoded(block: &[u8]) -> Vec<hpack::Field> {
+        match hpack::Decoder::default().decode(block).expect("decode") {
+            hpack::Block::Fields(f) => f,
+            hpack::Block::TooLarge => panic!("over the cap"),
+        }
+    }
+
     #[tokio::test]
-    async fn valid_authority_is_kept_and_big_blocks_are_split() {
-        let big = "v".repeat(3 * MAX_FRAME);
+    async fn valid_authority_is_kept_and_big_lists_up_to_the_cap_pass() {
+        let big = "v".repeat(16_000);
         let mut block = vec![0x83];
         block.extend(hpack::encode(&[
             field(":authority", "localhost:15010"),
@@ -413,13 +491,56 @@ mod tests {
         input.extend(frame(HEADERS, END_HEADERS, 1, &block));
         let out = rewrite(input, 1000).await.expect("rewrite");
         let got = frames(&out[24..]);
-        assert!(got.len() >= 4, "split into HEADERS + CONTINUATIONs");
         assert!(got.iter().all(|f| f.3.len() <= MAX_FRAME));
         assert_eq!(got.last().map(|f| f.1), Some(END_HEADERS));
         let joined: Vec<u8> = got.iter().flat_map(|f| f.3.clone()).collect();
-        let fields = hpack::Decoder::default().decode(&joined).expect("decode");
+        let fields = decoded(&joined);
         assert_eq!(fields[1], field(":authority", "localhost:15010"));
         assert_eq!(fields[2].value.len(), big.len());
+    }
+
+    #[tokio::test]
+    async fn an_oversized_list_becomes_one_field_at_the_servers_limit() {
+        let big = "v".repeat(3 * MAX_FRAME);
+        let mut block = vec![0x83];
+        block.extend(hpack::encode(&[field("x-big", &big)]));
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(
+            HEADERS,
+            END_HEADERS | END_STREAM | PRIORITY,
+            1,
+            &[[0, 0, 0, 0, 16].as_slice(), &block].concat(),
+        ));
+        let out = rewrite(input, 1000).await.expect("rewrite");
+        let got = frames(&out[24..]);
+        assert!(got.iter().all(|f| f.3.len() <= MAX_FRAME));
+        assert_eq!(
+            (got[0].0, got[0].1),
+            (HEADERS, END_HEADERS | END_STREAM | PRIORITY)
+        );
+        let fields = decoded(&got[0].3[5..]);
+        assert_eq!(fields, vec![too_large_field()]);
+        let size: usize = fields
+            .iter()
+            .map(|f| f.name.len() + f.value.len() + 32)
+            .sum();
+        assert_eq!(
+            size,
+            hpack::MAX_HEADER_LIST,
+            "h2 refuses a list at its limit"
+        );
+    }
+
+    /// The fuzz target's invariant holds on its seeds (fuzz/corpus/xds_hpack).
+    #[test]
+    fn the_fuzz_seeds_hold_the_invariant() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/xds_hpack");
+        let mut seeds = 0;
+        for entry in std::fs::read_dir(dir).expect("seed corpus") {
+            fuzz_rewrite(&std::fs::read(entry.expect("seed").path()).expect("read"));
+            seeds += 1;
+        }
+        assert!(seeds >= 2);
     }
 
     #[tokio::test]

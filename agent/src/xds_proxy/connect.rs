@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use sds::tls::failover::Failover;
 
-use super::{Connect, Probe, Upstream};
+use super::{Connect, Probe, TokenFn, Upstream};
 use crate::config::XdsUpstream;
 
 /// The proxy's [`Upstream`] for `config`. A new connection is only asked for after the previous
@@ -59,7 +59,6 @@ pub fn upstream(config: &XdsUpstream) -> Result<Upstream, String> {
             Ok(channel)
         })
     });
-    let token_path = config.token_path.clone();
     let probe: Probe = Arc::new(move || {
         let addr = *last
             .lock()
@@ -69,8 +68,30 @@ pub fn upstream(config: &XdsUpstream) -> Result<Upstream, String> {
     Ok(Upstream {
         connect,
         metadata: config.metadata.clone(),
-        token: Arc::new(move || sds::read_token(&token_path)),
+        token: token(config),
         probe: Some(probe),
+    })
+}
+
+/// The bearer token for each stream, by the CA client's rule: none on a plaintext connection
+/// (`:15010`, `controlPlaneAuthPolicy: NONE`) unless `CA_ALLOW_PLAINTEXT_TOKEN=true`, since
+/// anyone on the path could read it there and replay it at istiod's TLS ports.
+fn token(config: &XdsUpstream) -> TokenFn {
+    let token_path = config.token_path.clone();
+    if !config.plaintext || config.allow_plaintext_token {
+        return Arc::new(move || sds::read_token(&token_path));
+    }
+    let warned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let address = config.address.clone();
+    Arc::new(move || {
+        if sds::read_token(&token_path).is_some()
+            && !warned.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(address = %address, token = %token_path.display(),
+                "not sending the token to istiod over plaintext xDS \
+                 (set CA_ALLOW_PLAINTEXT_TOKEN=true to send it anyway)");
+        }
+        None
     })
 }
 
@@ -94,6 +115,33 @@ async fn probe(addr: SocketAddr) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::probe;
+
+    #[test]
+    fn no_token_over_plaintext_unless_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let token_path = dir.path().join("istio-token");
+        std::fs::write(&token_path, "tok").unwrap();
+        let config = |plaintext, allow| crate::config::XdsUpstream {
+            address: "istiod.istio-system.svc:15010".into(),
+            plaintext,
+            root: sds::RootSource::System,
+            server_name: "istiod.istio-system.svc".into(),
+            prov_cert: None,
+            metadata: vec![],
+            token_path: token_path.clone(),
+            allow_plaintext_token: allow,
+            reconnect: true,
+            keepalive: sds::tls::DEFAULT_KEEPALIVE,
+        };
+        let token = |plaintext, allow| (super::token(&config(plaintext, allow)))();
+        assert_eq!(token(true, false), None, "plaintext: withheld");
+        assert_eq!(
+            token(true, true),
+            Some("tok".into()),
+            "CA_ALLOW_PLAINTEXT_TOKEN"
+        );
+        assert_eq!(token(false, false), Some("tok".into()), "TLS");
+    }
 
     #[tokio::test]
     async fn probe_tells_a_dead_istiod_from_a_stalled_one() {

@@ -9,6 +9,14 @@ use std::collections::VecDeque;
 /// which the agent's HTTP/2 server never changes.
 pub(super) const TABLE_SIZE: usize = 4096;
 
+/// The largest decoded header list a block may carry (RFC 7540 section 6.5.2 counts each field
+/// as name + value + 32 bytes): 16 KiB, the `SETTINGS_MAX_HEADER_LIST_SIZE` of hyper's (and so
+/// tonic's) HTTP/2 server, which the xDS server behind the rewriter keeps. Envoy's own request
+/// header limit (`max_request_headers_kb`) is 60 KiB; its gRPC requests to the agent carry
+/// well under 1 KiB. Decoding stops collecting at the cap, so a block that references one 4 KiB
+/// dynamic-table entry thousands of times (an HPACK bomb) costs no more than the cap.
+pub(super) const MAX_HEADER_LIST: usize = 16 << 10;
+
 /// Why a header block could not be decoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub(super) enum Error {
@@ -22,6 +30,20 @@ pub(super) enum Error {
     BadSizeUpdate(usize),
     #[error("HPACK: invalid Huffman string")]
     BadHuffman,
+}
+
+/// A decoded header block.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Block {
+    Fields(Vec<Field>),
+    /// The decoded list passes [`MAX_HEADER_LIST`]: nothing past the cap was kept (the block was
+    /// still read through, so the dynamic table stays in step with the client's).
+    TooLarge,
+}
+
+/// A field's size in a header list (RFC 7540 section 6.5.2).
+fn list_size(name: usize, value: usize) -> usize {
+    name.saturating_add(value).saturating_add(32)
 }
 
 /// One decoded field; `sensitive` is the "never indexed" representation, kept when re-encoding.
@@ -203,17 +225,39 @@ fn integer(src: &[u8], pos: &mut usize, n: u32) -> Result<usize, Error> {
     }
 }
 
-fn string(src: &[u8], pos: &mut usize) -> Result<Vec<u8>, Error> {
+/// An encoded string: its bytes and whether they are Huffman-coded.
+struct Encoded<'a> {
+    raw: &'a [u8],
+    huffman: bool,
+}
+
+impl Encoded<'_> {
+    /// The fewest bytes it can decode to (Huffman codes are 5 to 30 bits long).
+    fn min_len(&self) -> usize {
+        if self.huffman {
+            self.raw.len() * 8 / 30
+        } else {
+            self.raw.len()
+        }
+    }
+
+    fn decode(&self) -> Result<Vec<u8>, Error> {
+        if self.huffman {
+            huffman_decode(self.raw)
+        } else {
+            Ok(self.raw.to_vec())
+        }
+    }
+}
+
+/// Reads a string's head and steps over its bytes (nothing is decoded yet).
+fn string<'a>(src: &'a [u8], pos: &mut usize) -> Result<Encoded<'a>, Error> {
     let huffman = src.get(*pos).ok_or(Error::Truncated)? & 0x80 != 0;
     let len = integer(src, pos, 7)?;
     let end = pos.checked_add(len).ok_or(Error::Overflow)?;
     let raw = src.get(*pos..end).ok_or(Error::Truncated)?;
     *pos = end;
-    if huffman {
-        huffman_decode(raw)
-    } else {
-        Ok(raw.to_vec())
-    }
+    Ok(Encoded { raw, huffman })
 }
 
 /// The client's header compression state (one per connection).
@@ -235,17 +279,17 @@ impl Default for Decoder {
 }
 
 impl Decoder {
-    fn get(&self, index: usize) -> Result<(Vec<u8>, Vec<u8>), Error> {
+    fn get(&self, index: usize) -> Result<(&[u8], &[u8]), Error> {
         match index {
             0 => Err(Error::BadIndex(0)),
             1..=61 => {
                 let (n, v) = STATIC[index - 1];
-                Ok((n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+                Ok((n.as_bytes(), v.as_bytes()))
             }
             _ => self
                 .dynamic
                 .get(index - 62)
-                .cloned()
+                .map(|(n, v)| (n.as_slice(), v.as_slice()))
                 .ok_or(Error::BadIndex(index)),
         }
     }
@@ -265,18 +309,36 @@ impl Decoder {
         self.evict();
     }
 
-    /// Decodes one complete header block.
-    pub(super) fn decode(&mut self, src: &[u8]) -> Result<Vec<Field>, Error> {
+    /// Decodes one complete header block, keeping at most [`MAX_HEADER_LIST`] of fields.
+    pub(super) fn decode(&mut self, src: &[u8]) -> Result<Block, Error> {
+        self.decode_capped(src, MAX_HEADER_LIST)
+    }
+
+    fn decode_capped(&mut self, src: &[u8], cap: usize) -> Result<Block, Error> {
         let mut pos = 0;
         let mut fields = Vec::new();
+        // The list's size so far; `None` once past the cap (fields are no longer kept).
+        let mut size = Some(0usize);
+        let admit = |size: &mut Option<usize>, n: usize, v: usize| match size {
+            Some(s) if s.saturating_add(list_size(n, v)) <= cap => {
+                *s += list_size(n, v);
+                true
+            }
+            _ => {
+                *size = None;
+                false
+            }
+        };
         while let Some(&b) = src.get(pos) {
             if b & 0x80 != 0 {
                 let (name, value) = self.get(integer(src, &mut pos, 7)?)?;
-                fields.push(Field {
-                    name,
-                    value,
-                    sensitive: false,
-                });
+                if admit(&mut size, name.len(), value.len()) {
+                    fields.push(Field {
+                        name: name.to_vec(),
+                        value: value.to_vec(),
+                        sensitive: false,
+                    });
+                }
             } else if b & 0xe0 == 0x20 {
                 let size = integer(src, &mut pos, 5)?;
                 if size > TABLE_SIZE {
@@ -289,23 +351,52 @@ impl Decoder {
                 // indexing (both 4-bit).
                 let (indexing, prefix) = if b & 0x40 != 0 { (true, 6) } else { (false, 4) };
                 let index = integer(src, &mut pos, prefix)?;
+                // A literal name (`Err`) or a table index (`Ok`), nothing copied yet.
                 let name = if index == 0 {
-                    string(src, &mut pos)?
+                    Err(string(src, &mut pos)?)
                 } else {
-                    self.get(index)?.0
+                    Ok(index)
                 };
                 let value = string(src, &mut pos)?;
+                let name_min = match &name {
+                    Err(e) => e.min_len(),
+                    Ok(i) => self.get(*i)?.0.len(),
+                };
+                let kept = size
+                    .is_some_and(|s| s.saturating_add(list_size(name_min, value.min_len())) <= cap);
+                // Strings are decoded only when the field can still be kept, or the table
+                // needs them; an entry larger than the table empties it (RFC 7541 section
+                // 4.4) whatever its bytes.
+                let table_needs = indexing && list_size(name_min, value.min_len()) <= self.max;
+                if !(kept || table_needs) {
+                    size = None;
+                    if indexing {
+                        self.dynamic.clear();
+                        self.size = 0;
+                    }
+                    continue;
+                }
+                let name = match name {
+                    Ok(i) => self.get(i)?.0.to_vec(),
+                    Err(e) => e.decode()?,
+                };
+                let value = value.decode()?;
                 if indexing {
                     self.insert(name.clone(), value.clone());
                 }
-                fields.push(Field {
-                    name,
-                    value,
-                    sensitive: b & 0xf0 == 0x10,
-                });
+                if admit(&mut size, name.len(), value.len()) {
+                    fields.push(Field {
+                        name,
+                        value,
+                        sensitive: b & 0xf0 == 0x10,
+                    });
+                }
             }
         }
-        Ok(fields)
+        Ok(match size {
+            Some(_) => Block::Fields(fields),
+            None => Block::TooLarge,
+        })
     }
 }
 
@@ -353,6 +444,13 @@ mod tests {
             .collect()
     }
 
+    fn fields(b: Result<Block, Error>) -> Vec<Field> {
+        match b.expect("decodes") {
+            Block::Fields(f) => f,
+            Block::TooLarge => panic!("over the cap"),
+        }
+    }
+
     fn pairs(fields: &[Field]) -> Vec<(String, String)> {
         fields
             .iter()
@@ -387,7 +485,7 @@ mod tests {
             ],
         ] {
             let mut d = Decoder::default();
-            let first = d.decode(&hex(blocks[0])).expect("first");
+            let first = fields(d.decode(&hex(blocks[0])));
             assert_eq!(
                 pairs(&first),
                 want(&[
@@ -397,10 +495,10 @@ mod tests {
                     (":authority", "www.example.com"),
                 ])
             );
-            let second = d.decode(&hex(blocks[1])).expect("second");
+            let second = fields(d.decode(&hex(blocks[1])));
             assert_eq!(second[3].value, b"www.example.com", "dynamic table entry");
             assert_eq!(second[4].value, b"no-cache");
-            let third = d.decode(&hex(blocks[2])).expect("third");
+            let third = fields(d.decode(&hex(blocks[2])));
             assert_eq!(
                 pairs(&third),
                 want(&[
@@ -417,7 +515,7 @@ mod tests {
 
     #[test]
     fn encoded_fields_decode_back_and_leave_no_table_state() {
-        let fields = vec![
+        let list = vec![
             Field {
                 name: b":authority".to_vec(),
                 value: vec![b'a'; 300],
@@ -430,7 +528,7 @@ mod tests {
             },
         ];
         let mut d = Decoder::default();
-        assert_eq!(d.decode(&encode(&fields)).expect("decode"), fields);
+        assert_eq!(fields(d.decode(&encode(&list))), list);
         assert!(d.dynamic.is_empty());
     }
 
@@ -449,5 +547,61 @@ mod tests {
             d.decode(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]),
             Err(Error::Overflow)
         );
+    }
+
+    /// A literal with incremental indexing: `name: value`, both plain strings.
+    fn indexed_literal(name: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut b = vec![0x40];
+        put_string(&mut b, name);
+        put_string(&mut b, value);
+        b
+    }
+
+    /// One ~4 KiB dynamic-table entry, then 60,000 one-byte references to it: ~240 MiB decoded.
+    fn bomb() -> Vec<u8> {
+        let mut block = indexed_literal(b"x-bomb", &[b'b'; TABLE_SIZE - 32 - 6]);
+        block.extend(std::iter::repeat_n(0xbe, 60_000)); // index 62: the newest entry
+        block
+    }
+
+    #[test]
+    fn an_hpack_bomb_is_refused_at_the_cap_and_the_table_stays_in_step() {
+        let mut d = Decoder::default();
+        assert_eq!(d.decode(&bomb()), Ok(Block::TooLarge));
+        // The entry the bomb added is still there for the next block, as on the client's side.
+        let next = fields(d.decode(&[0x83, 0xbe]));
+        assert_eq!(next[1].name, b"x-bomb");
+        assert_eq!(next[1].value.len(), TABLE_SIZE - 38);
+        // Four references fit in 16 KiB (4 × 4096 exactly), a fifth does not.
+        assert!(matches!(d.decode(&[0xbe; 4]), Ok(Block::Fields(f)) if f.len() == 4));
+        assert_eq!(d.decode(&[0xbe; 5]), Ok(Block::TooLarge));
+    }
+
+    #[test]
+    fn past_the_cap_only_what_the_table_needs_is_decoded() {
+        let mut d = Decoder::default();
+        let mut block = vec![0x00];
+        put_string(&mut block, b"x-big");
+        put_string(&mut block, &vec![b'v'; 100_000]);
+        // Past the cap: an indexed literal small enough for the table is still inserted ...
+        block.extend(indexed_literal(b"x-kept", b"in the table"));
+        assert_eq!(d.decode(&block), Ok(Block::TooLarge));
+        assert_eq!(
+            d.dynamic.front(),
+            Some(&(b"x-kept".to_vec(), b"in the table".to_vec()))
+        );
+        // ... and one larger than the table empties it, as RFC 7541 section 4.4 says.
+        let big = indexed_literal(b"x-huge", &vec![b'h'; 20_000]);
+        assert_eq!(d.decode(&big), Ok(Block::TooLarge));
+        assert!(d.dynamic.is_empty());
+        assert_eq!(d.size, 0);
+        // A header list exactly at the cap is kept.
+        let mut d = Decoder::default();
+        let exact = encode(&[Field {
+            name: b"x".to_vec(),
+            value: vec![b'v'; MAX_HEADER_LIST - 33],
+            sensitive: false,
+        }]);
+        assert_eq!(fields(d.decode(&exact)).len(), 1);
     }
 }

@@ -695,6 +695,7 @@ async fn responses_reach_envoy_as_sent() {
     assert_eq!(status.code(), tonic::Code::Unimplemented);
 }
 
+mod hostile;
 mod reconnect;
 
 /// Gathered writes never hold a response back: 300 small responses, each sent only after the

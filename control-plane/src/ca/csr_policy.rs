@@ -1,7 +1,9 @@
 //! What a CSR must satisfy before it is signed: a bounded size, an RSA key of at least
 //! [`MIN_RSA_BITS`], and a signature algorithm of its key's type (an RSA key signs with an RSA
 //! algorithm, an EC key with ECDSA, an Ed25519 key with Ed25519). Anything that does not parse
-//! is left to the CSR parser, which says why.
+//! is left to the CSR parser, which says why. An EC key must be on P-256, P-384 or P-521 (what
+//! Go's x509, and so Istio's CA, signs), whatever hash its CSR was signed with: the issued
+//! certificate carries the key's own curve.
 
 use x509_parser::certification_request::X509CertificationRequest;
 use x509_parser::prelude::FromDer;
@@ -56,9 +58,26 @@ fn signature_family(oid: &str) -> Option<(Family, &'static str)> {
     })
 }
 
+/// The curve of an EC key (its SubjectPublicKeyInfo parameters), as the rcgen algorithm that
+/// writes a public key on it.
+fn ec_curve(oid: &str) -> Option<&'static rcgen::SignatureAlgorithm> {
+    match oid {
+        "1.2.840.10045.3.1.7" => Some(&rcgen::PKCS_ECDSA_P256_SHA256),
+        "1.3.132.0.34" => Some(&rcgen::PKCS_ECDSA_P384_SHA384),
+        "1.3.132.0.35" => Some(&rcgen::PKCS_ECDSA_P521_SHA512),
+        _ => None,
+    }
+}
+
 /// Refuses, with a reason naming the limit or the mismatch, CSRs over [`MAX_CSR_BYTES`], RSA
-/// keys under [`MIN_RSA_BITS`], and CSRs whose signature algorithm is not of their key's type.
-pub(super) fn check_csr(csr_pem: &str) -> Result<(), Error> {
+/// keys under [`MIN_RSA_BITS`], EC keys on curves other than P-256, P-384 and P-521, and CSRs whose
+/// signature algorithm is not of their key's type. For an EC key, returns the algorithm of its
+/// curve: the CSR parser labels the key with the curve its *signature* hash goes with
+/// (ecdsa-with-SHA256: P-256), which would issue a P-384 key in a SHA-256 CSR as a P-256 key
+/// (and a P-256 key in a SHA-384 CSR as P-384), a certificate no peer can use.
+pub(super) fn check_csr(
+    csr_pem: &str,
+) -> Result<Option<&'static rcgen::SignatureAlgorithm>, Error> {
     if csr_pem.len() > MAX_CSR_BYTES {
         return Err(Error::CsrRejected(format!(
             "CSR is {} bytes, over the {MAX_CSR_BYTES}-byte limit",
@@ -66,10 +85,10 @@ pub(super) fn check_csr(csr_pem: &str) -> Result<(), Error> {
         )));
     }
     let Ok((_, pem)) = x509_parser::pem::parse_x509_pem(csr_pem.as_bytes()) else {
-        return Ok(());
+        return Ok(None);
     };
     let Ok((_, req)) = X509CertificationRequest::from_der(&pem.contents) else {
-        return Ok(());
+        return Ok(None);
     };
     let spki = &req.certification_request_info.subject_pki;
     if let Ok(x509_parser::public_key::PublicKey::RSA(rsa)) = spki.parsed() {
@@ -87,8 +106,22 @@ pub(super) fn check_csr(csr_pem: &str) -> Result<(), Error> {
             "unsupported key type (algorithm {key_oid}): expected an RSA, EC or Ed25519 key"
         )));
     };
+    let curve = if key == Family::Ec {
+        let params = spki.algorithm.parameters.as_ref();
+        let curve_oid = params
+            .and_then(|p| p.as_oid().ok())
+            .map(|o| o.to_id_string())
+            .unwrap_or_default();
+        Some(ec_curve(&curve_oid).ok_or_else(|| {
+            Error::CsrRejected(format!(
+                "unsupported EC curve {curve_oid:?}: expected a P-256, P-384 or P-521 key"
+            ))
+        })?)
+    } else {
+        None
+    };
     match signature_family(&sig_oid) {
-        Some((sig, _)) if sig == key => Ok(()),
+        Some((sig, _)) if sig == key => Ok(curve),
         Some((_, name)) => Err(Error::CsrRejected(format!(
             "the CSR's signature algorithm {name} does not match its {} key: a CSR must be signed with an algorithm of its key's type",
             key.name()

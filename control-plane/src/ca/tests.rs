@@ -134,6 +134,53 @@ fn rsa_csr_is_signed() {
     );
 }
 
+/// A P-384 key in a CSR signed with ecdsa-with-SHA256 (`openssl req -new -sha256`).
+const P384_KEY_SHA256_CSR: &str = "-----BEGIN CERTIFICATE REQUEST-----\nMIIBCDCBjgIBADAPMQ0wCwYDVQQKDAR0ZXN0MHYwEAYHKoZIzj0CAQYFK4EEACID\nYgAEsDtfFxLPcNIrwIHNXGfCNE/DxhruIZV2OFZ2sBZoi+RTLpTHUl2CEnvLwGfU\n+n/jqpvJ50CM8n6it094aC6eQ+ni2RdIXVGycqQWZmxhpyLVTyOvK0Sp+NA1oJRr\n/yG6oAAwCgYIKoZIzj0EAwIDaQAwZgIxAJHfWZBMSIqE3PxZgyQbkB2arQkcunUq\nGvFCxmW1RFByzlSPRSTLPVdH+i/lNbTjowIxAOmMJbbblsKEJZHXsmAaQ/ESeSND\n6YhVcBqvSX9fru+7B6JokTcBGYTWt/l5Zr3ryA==\n-----END CERTIFICATE REQUEST-----\n";
+/// A P-256 key in a CSR signed with ecdsa-with-SHA384.
+const P256_KEY_SHA384_CSR: &str = "-----BEGIN CERTIFICATE REQUEST-----\nMIHJMHECAQAwDzENMAsGA1UECgwEdGVzdDBZMBMGByqGSM49AgEGCCqGSM49AwEH\nA0IABHyiUEF0iHJlbBUvBVrJJ7TaEW6EJ0n6BR3bzRLhHXcuyobmVo3ExnbvqSZd\n35/R+sGimBjmPbdMwTkQbNLeRFWgADAKBggqhkjOPQQDAwNIADBFAiA/iTtkQzwk\nLJxiSXnrpkAN+xyB6aZpAwx3WNhfTvi9YwIhAKrEKrf+/w+SX+dRrrJCsywM9Mug\nQz93yL6XvxqYF0st\n-----END CERTIFICATE REQUEST-----\n";
+
+/// The curve (SubjectPublicKeyInfo parameters) and key bytes of a certificate or CSR's key.
+fn spki_of(spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>) -> (String, Vec<u8>) {
+    let curve = spki
+        .algorithm
+        .parameters
+        .as_ref()
+        .and_then(|p| p.as_oid().ok())
+        .map(|o| o.to_id_string())
+        .unwrap_or_default();
+    (curve, spki.subject_public_key.data.to_vec())
+}
+
+/// The CSR's key is issued on its own curve, whatever hash signed the CSR (Istio's Go CA copies
+/// the key; rcgen alone labelled it with the hash's curve).
+#[test]
+fn an_ec_key_keeps_its_curve_whatever_hash_signed_the_csr() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("create");
+    for (csr, curve) in [
+        (P384_KEY_SHA256_CSR, "1.3.132.0.34"),
+        (P256_KEY_SHA384_CSR, "1.2.840.10045.3.1.7"),
+    ] {
+        let chain = ca
+            .sign_workload(
+                csr,
+                &Identity::new("cluster.local", "a", "b"),
+                DEFAULT_WORKLOAD_TTL,
+            )
+            .expect("signed");
+        let csr_der = parse(csr);
+        let (_, req) =
+            <x509_parser::certification_request::X509CertificationRequest as x509_parser::prelude::FromDer<'_, _>>::from_der(&csr_der)
+                .expect("csr");
+        let leaf_der = parse(&chain[0]);
+        let (_, leaf) = x509_parser::parse_x509_certificate(&leaf_der).expect("x509");
+        let issued = spki_of(leaf.public_key());
+        assert_eq!(issued.0, curve, "the key's own curve");
+        assert_eq!(issued, spki_of(&req.certification_request_info.subject_pki));
+        assert!(leaf.public_key().parsed().is_ok(), "a usable key");
+    }
+}
+
 #[test]
 fn garbage_csr_is_a_csr_error() {
     let dir = tempfile::tempdir().expect("tempdir");

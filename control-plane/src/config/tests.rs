@@ -437,3 +437,30 @@ fn a_bad_kubernetes_file_keeps_its_last_good_contents_and_other_files_load() {
     assert_eq!(c.services.len(), 4, "the file's last good objects stay");
     assert_eq!(c.pods.len(), 4, "the other file loads");
 }
+
+/// A 1 MB YAML alias bomb beside a good file: the bomb is refused with an error naming it,
+/// nothing of it is built, and the good file's config is served.
+#[test]
+fn an_alias_bomb_is_refused_per_file_and_the_rest_is_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("good.yaml"), GOOD).expect("write");
+    // One anchor of 1,000 items referenced 5,000 times: within the YAML parser's own limit on
+    // alias jumps (100 per event), 5 million nodes once expanded.
+    let mut bomb = format!("a: &a [{}]\n", vec!["x"; 1000].join(","));
+    bomb.push_str(&format!("b: [{}]\n", vec!["*a"; 5000].join(",")));
+    // Padded to 1 MB, so the budget (the file's own size) is at its largest.
+    while bomb.len() < 1 << 20 {
+        bomb.push_str("# padding padding padding padding padding padding padding padding\n");
+    }
+    std::fs::write(dir.path().join("bomb.yaml"), &bomb).expect("write");
+    let mut store = Store::default();
+    let config = store.reload(dir.path());
+    let good = Config::from_objects(parse_file("good.yaml", GOOD).expect("valid"));
+    assert_eq!(config, good, "the good file is served");
+    assert_eq!(store.errors().len(), 1, "{:?}", store.errors());
+    let e = &store.errors()[0];
+    assert!(
+        e.file.ends_with("bomb.yaml") && e.reason.contains("aliases"),
+        "{e:?}"
+    );
+}

@@ -244,6 +244,11 @@ impl Conn {
                     }
                     Some(Err(e)) => {
                         tracing::debug!(conn = %self.conn_id, error = %e, "xDS stream ended");
+                        // A request that could not be taken (over the size limit, undecodable)
+                        // is answered with why; a peer that went away is not.
+                        if matches!(e.code(), tonic::Code::OutOfRange | tonic::Code::Internal) {
+                            self.send_error(e).await;
+                        }
                         break;
                     }
                     None => break,

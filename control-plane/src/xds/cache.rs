@@ -2,6 +2,11 @@
 //! snapshot and shared by every proxy with that view. The cache belongs to the xDS side and lives
 //! as long as the snapshot it was generated from is the one being served. With fixed resources
 //! (`istiod-lite replay`) nothing is generated: the fixed source answers every (view, type).
+//!
+//! Bounded: a proxy chooses its own view (namespace, labels), so made-up views could grow the
+//! cache without end. Past [`MAX_CACHED`] generations or [`MAX_CACHED_BYTES`], a new view's
+//! resources are generated for its stream and not kept (served as before, at the cost of a
+//! generation per request).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,10 +15,23 @@ use super::encoded::Encoded;
 use super::{FixedResources, Resources, XdsType, generate};
 use crate::model::{ProxyView, Snapshot};
 
+/// Most (view, type) generations kept per snapshot: 1,024 views of every type.
+pub const MAX_CACHED: usize = 1024 * XdsType::ALL.len();
+/// Most bytes of generations kept per snapshot ([`Encoded::size`]): 256 MiB.
+pub const MAX_CACHED_BYTES: usize = 256 << 20;
+
+#[derive(Default)]
+struct Generated {
+    map: HashMap<(ProxyView, XdsType), Arc<Encoded>>,
+    bytes: usize,
+}
+
 /// A snapshot and what was generated from it so far.
 pub struct CachedSnapshot {
     snapshot: Arc<Snapshot>,
-    generated: Mutex<HashMap<(ProxyView, XdsType), Arc<Encoded>>>,
+    generated: Mutex<Generated>,
+    /// The bounds on `generated`: (generations, bytes).
+    limits: (usize, usize),
     /// Resources served as they are instead of generated (`istiod-lite replay`).
     fixed: Option<Arc<dyn FixedResources>>,
 }
@@ -31,7 +49,8 @@ impl CachedSnapshot {
     pub fn new(snapshot: Arc<Snapshot>) -> CachedSnapshot {
         CachedSnapshot {
             snapshot,
-            generated: Mutex::new(HashMap::new()),
+            generated: Mutex::default(),
+            limits: (MAX_CACHED, MAX_CACHED_BYTES),
             fixed: None,
         }
     }
@@ -67,16 +86,27 @@ impl CachedSnapshot {
         // Proxies that differ only in what the snapshot cannot tell apart share one generation.
         let key = (self.snapshot.distinguishing_view(view), ty);
         if let Ok(cache) = self.generated.lock()
-            && let Some(r) = cache.get(&key)
+            && let Some(r) = cache.map.get(&key)
         {
             return r.clone();
         }
         let generated = Arc::new(Encoded::new(Arc::new(generate(&self.snapshot, view, ty))));
+        let Ok(mut cache) = self.generated.lock() else {
+            return generated;
+        };
         // Another stream may have generated the same meanwhile: keep (and share) the first.
-        match self.generated.lock() {
-            Ok(mut cache) => cache.entry(key).or_insert(generated).clone(),
-            Err(_) => generated,
+        if let Some(r) = cache.map.get(&key) {
+            return r.clone();
         }
+        let (max, max_bytes) = self.limits;
+        let size = generated.size();
+        if cache.map.len() >= max || cache.bytes + size > max_bytes {
+            tracing::debug!(namespace = %view.namespace, "xDS cache full: generation not kept");
+            return generated;
+        }
+        cache.bytes += size;
+        cache.map.insert(key, generated.clone());
+        generated
     }
 }
 
@@ -133,6 +163,49 @@ mod tests {
             &rev,
             Arc::new(MeshSettings::default()),
         ))
+    }
+
+    fn view(namespace: &str) -> ProxyView {
+        ProxyView {
+            namespace: namespace.into(),
+            labels: Default::default(),
+            ips: vec!["127.0.0.1".into()],
+            dns_capture: false,
+            dns_auto_allocate: false,
+            capture: true,
+            grpc: false,
+        }
+    }
+
+    #[test]
+    fn made_up_views_do_not_grow_the_cache_past_its_bound() {
+        let mut cache = CachedSnapshot::new(snap(1));
+        cache.limits = (8, MAX_CACHED_BYTES);
+        for i in 0..100 {
+            let served = cache.encoded(&view(&format!("made-up-{i}")), XdsType::Cds);
+            assert!(served.resources.iter().all(|r| !r.name.is_empty()));
+        }
+        assert_eq!(cache.generated.lock().unwrap().map.len(), 8);
+        // A view already kept is still shared.
+        let a = cache.encoded(&view("made-up-0"), XdsType::Cds);
+        assert!(Arc::ptr_eq(
+            &a,
+            &cache.encoded(&view("made-up-0"), XdsType::Cds)
+        ));
+        // And the byte bound holds the same way.
+        let mut cache = CachedSnapshot::new(snap(1));
+        let one = cache.encoded(&view("a"), XdsType::Cds).size();
+        cache = CachedSnapshot::new(snap(1));
+        cache.limits = (MAX_CACHED, 3 * one);
+        for i in 0..10 {
+            cache.encoded(&view(&format!("v{i}")), XdsType::Cds);
+        }
+        let kept = cache.generated.lock().unwrap();
+        assert!(
+            kept.bytes <= 3 * one && kept.map.len() <= 3,
+            "{}",
+            kept.map.len()
+        );
     }
 
     #[test]

@@ -49,6 +49,12 @@ fn length_delimited(field: u32, msg: &impl Message, buf: &mut BytesMut) {
 }
 
 impl Encoded {
+    /// Bytes it holds, counting the resources' own encoding (the `Any`s it was built from) once
+    /// more: about what the cache keeps alive for it.
+    pub fn size(&self) -> usize {
+        2 * self.sotw.len() + self.delta.len() + 16 * self.sotw_ends.len()
+    }
+
     /// Encodes every resource's SotW and Delta entry once.
     pub fn new(resources: Arc<Resources>) -> Encoded {
         let mut sotw = BytesMut::new();

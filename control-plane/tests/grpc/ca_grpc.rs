@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Request};
 
-async fn start(config: &Path, ca: &Path) -> (Running, CancellationToken) {
+pub(crate) async fn start(config: &Path, ca: &Path) -> (Running, CancellationToken) {
     let cancel = CancellationToken::new();
     let running = serve(
         ServeInputs {

@@ -8,4 +8,5 @@
 mod ads;
 mod ca_grpc;
 mod common;
+mod limits;
 mod reconnect_burst;

@@ -3,24 +3,32 @@
 
 use std::net::SocketAddr;
 
-use hickory_proto::op::{Message, MessageType, ResponseCode};
+use hickory_proto::op::{Message, MessageType};
 
 use super::ForwardError;
 
 /// Whether `answer` answers the query whose question section is `question`: QR set and the
-/// question echoed (case-insensitively); error answers may omit the question.
+/// question echoed (case-insensitively). Error answers may omit the question (FORMERR,
+/// SERVFAIL, REFUSED: some servers do), but not NXDOMAIN, which says something about the
+/// name and would be cached: without the question, anyone who guessed the id could forge it.
 pub(super) fn answers(answer: &[u8], question: &[u8]) -> bool {
     if answer.len() < 12 || answer[2] & 0x80 == 0 {
         return false;
     }
     let qdcount = u16::from_be_bytes([answer[4], answer[5]]);
     if qdcount == 0 {
-        return answer[3] & 0x0f != 0;
+        return questionless_error(u16::from(answer[3] & 0x0f));
     }
     qdcount == 1
         && answer
             .get(12..12 + question.len())
             .is_some_and(|q| q.eq_ignore_ascii_case(question))
+}
+
+/// Response codes an answer may carry without echoing the question: errors about the query or
+/// the server, not NOERROR or NXDOMAIN (3).
+fn questionless_error(rcode: u16) -> bool {
+    rcode != 0 && rcode != 3
 }
 
 /// The question section of a query we encoded (uncompressed name, type, class).
@@ -59,8 +67,8 @@ pub(crate) fn check_answer(
                 && a.query_class() == b.query_class()
                 && a.name() == b.name()
         }
-        // Some servers omit the question in error answers.
-        (None, _) => m.metadata.response_code != ResponseCode::NoError,
+        // Some servers omit the question in error answers (see `answers`).
+        (None, _) => questionless_error(u16::from(m.metadata.response_code)),
         _ => false,
     };
     if !same_question {

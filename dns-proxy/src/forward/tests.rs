@@ -3,7 +3,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-use hickory_proto::op::{MessageType, OpCode, Query};
+use hickory_proto::op::{MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UdpSocket;
@@ -101,6 +101,41 @@ fn rejects_foreign_answers() {
     other.queries[0] = Query::query(Name::from_ascii("b.example.com.").unwrap(), RecordType::A);
     assert!(check_answer(server, &other.to_vec().unwrap(), &q).is_err());
     assert!(check_answer(server, &[1, 2, 3], &q).is_err());
+}
+
+/// An error answer may omit the question (some servers' SERVFAIL, REFUSED), but an NXDOMAIN
+/// must echo it: it would be cached, and without the question anyone who guessed the id could
+/// forge one. Both matchers (wire and parsed) say the same.
+#[test]
+fn only_error_answers_may_omit_the_question() {
+    let server: SocketAddr = "127.0.0.1:53".parse().unwrap();
+    let q = query();
+    let question = super::matching::question_bytes(&q.to_vec().unwrap())
+        .unwrap()
+        .to_vec();
+    for (rcode, accepted) in [
+        (ResponseCode::ServFail, true),
+        (ResponseCode::Refused, true),
+        (ResponseCode::FormErr, true),
+        (ResponseCode::NXDomain, false),
+        (ResponseCode::NoError, false),
+    ] {
+        let mut a = q.clone();
+        a.metadata.message_type = MessageType::Response;
+        a.metadata.response_code = rcode;
+        a.queries.clear();
+        let wire = a.to_vec().unwrap();
+        assert_eq!(
+            check_answer(server, &wire, &q).is_ok(),
+            accepted,
+            "{rcode:?}"
+        );
+        assert_eq!(
+            super::matching::answers(&wire, &question),
+            accepted,
+            "{rcode:?} on the wire"
+        );
+    }
 }
 
 /// An upstream answering A questions with 192.0.2.1, after `spoof` has had its go at the

@@ -23,22 +23,17 @@ pub(super) async fn serve(
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) -> Result<(), Error> {
+    // EMFILE and friends back off (100 ms doubling to 1 s) instead of spinning or failing.
+    let mut backoff = proto::listen::AcceptBackoff::new("dns-tcp");
+    tracing::debug!(addr = %addr, "DNS TCP listener serving");
     loop {
         let (stream, peer) = tokio::select! {
             biased;
             _ = shutdown.cancelled() => return Ok(()),
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning or failing.
-                    tracing::warn!(error = %e, addr = %addr, "DNS TCP accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            (stream, peer) = proto::listen::accept(&listener, &mut backoff) => (stream, peer),
         };
         let Ok(permit) = limits.conns.clone().try_acquire_owned() else {
-            tracing::debug!(peer = %peer, "too many DNS TCP connections, closing");
+            tracing::debug!(peer = ?peer, "too many DNS TCP connections, closing");
             drop(stream);
             continue;
         };
@@ -50,7 +45,7 @@ pub(super) async fn serve(
                 _ = shutdown.cancelled() => {}
                 r = connection(stream, &path, idle) => {
                     if let Err(e) = r {
-                        tracing::debug!(error = %e, peer = %peer, "DNS TCP connection ended");
+                        tracing::debug!(error = %e, peer = ?peer, "DNS TCP connection ended");
                     }
                 }
             }

@@ -24,6 +24,7 @@ fn config(upstreams: Vec<SocketAddr>) -> Config {
         forward_parallel: false,
         cache_enabled: true,
         cache_max_entries: 100,
+        cache_max_bytes: 1 << 20,
         namespace: "ns1".into(),
         domain: "ns1.svc.cluster.local".into(),
         respond_before_sync: false,

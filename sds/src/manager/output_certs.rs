@@ -1,7 +1,12 @@
 //! `OUTPUT_CERTS`: the workload key, chain and root written to a directory (as Istio's agent
 //! does for VMs), each file replaced atomically.
+//!
+//! The files are written (and fsynced) on the blocking pool, never on the agent's one runtime
+//! thread, key first; the first failure stops the rest, so a new chain never sits beside a key
+//! that was not replaced.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use tracing::warn;
 
@@ -9,21 +14,31 @@ use super::{Inner, Workload};
 use crate::Error;
 
 impl Inner {
-    pub(super) fn write_output(&self, w: &Workload) {
-        let Some(dir) = &self.config.output_certs else {
+    pub(super) async fn write_output(&self, w: &Arc<Workload>) {
+        let Some(dir) = self.config.output_certs.clone() else {
             return;
         };
-        for (file, data) in [
-            (crate::config::KEY_FILE, &w.private_key_pem),
-            (crate::config::CERT_CHAIN_FILE, &w.cert_chain_pem),
-            (crate::config::ROOT_CERT_FILE, &w.root_cert_pem),
-        ] {
-            if let Err(e) = write_atomic_mode(&dir.join(file), data, self.config.output_certs_mode)
-            {
-                warn!(error = %e, "cannot write OUTPUT_CERTS");
+        let (w, mode) = (w.clone(), self.config.output_certs_mode);
+        match tokio::task::spawn_blocking(move || write_files(&dir, &w, mode)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                warn!(error = %e, "cannot write OUTPUT_CERTS; the files there are left as they were")
             }
+            Err(e) => warn!(error = %e, "writing OUTPUT_CERTS failed"),
         }
     }
+}
+
+/// Key, chain, then root; stops at the first failure.
+fn write_files(dir: &Path, w: &Workload, mode: u32) -> Result<(), Error> {
+    for (file, data) in [
+        (crate::config::KEY_FILE, &w.private_key_pem),
+        (crate::config::CERT_CHAIN_FILE, &w.cert_chain_pem),
+        (crate::config::ROOT_CERT_FILE, &w.root_cert_pem),
+    ] {
+        write_atomic_mode(&dir.join(file), data, mode)?;
+    }
+    Ok(())
 }
 
 /// Writes `data` to `path` through a temporary file and a rename, mode 0600; skipped when the
@@ -72,4 +87,43 @@ pub fn write_atomic_mode(path: &Path, data: &[u8], mode: u32) -> Result<(), Erro
         return Err(out_err(e.to_string()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload() -> Workload {
+        Workload {
+            cert_chain_pem: b"chain".to_vec(),
+            private_key_pem: b"key".to_vec(),
+            root_cert_pem: b"root".to_vec(),
+            expire_time: std::time::SystemTime::now(),
+            created_time: std::time::SystemTime::now(),
+            rotate_at: tokio::time::Instant::now(),
+        }
+    }
+
+    #[test]
+    fn a_failed_key_write_leaves_the_chain_and_root_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(crate::config::CERT_CHAIN_FILE), "old chain").unwrap();
+        // The key's path is taken by a directory: the rename over it fails.
+        std::fs::create_dir(dir.path().join(crate::config::KEY_FILE)).unwrap();
+        let err = write_files(dir.path(), &workload(), 0o600).unwrap_err();
+        assert!(err.to_string().contains(crate::config::KEY_FILE), "{err}");
+        let chain = std::fs::read_to_string(dir.path().join(crate::config::CERT_CHAIN_FILE));
+        assert_eq!(chain.unwrap(), "old chain", "the new chain was not written");
+        assert!(!dir.path().join(crate::config::ROOT_CERT_FILE).exists());
+        // With the key writable all three are written.
+        std::fs::remove_dir(dir.path().join(crate::config::KEY_FILE)).unwrap();
+        write_files(dir.path(), &workload(), 0o600).unwrap();
+        for (f, want) in [
+            (crate::config::KEY_FILE, "key"),
+            (crate::config::CERT_CHAIN_FILE, "chain"),
+            (crate::config::ROOT_CERT_FILE, "root"),
+        ] {
+            assert_eq!(std::fs::read_to_string(dir.path().join(f)).unwrap(), want);
+        }
+    }
 }

@@ -492,6 +492,7 @@ async fn status_server(probers: &str, destination: &str) -> SocketAddr {
             shutdown: Shutdown::default(),
             ndsz: None,
             config_dump: "{}".into(),
+            limits: crate::status::conn::Limits::default(),
         },
     );
     let addr = server.local_addr().unwrap();

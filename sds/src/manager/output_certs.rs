@@ -100,7 +100,7 @@ mod tests {
             root_cert_pem: b"root".to_vec(),
             expire_time: std::time::SystemTime::now(),
             created_time: std::time::SystemTime::now(),
-            rotate_at: tokio::time::Instant::now(),
+            rotate_at: std::time::SystemTime::now(),
         }
     }
 

@@ -17,11 +17,17 @@ use crate::status::probe::{AppProbe, ProbeAction};
 async fn fake_http(
     routes: HashMap<String, (u16, String)>,
 ) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    fake_http_shared(Arc::new(Mutex::new(routes))).await
+}
+
+/// [`fake_http`] whose routes the test can change while it serves.
+async fn fake_http_shared(
+    routes: Arc<Mutex<HashMap<String, (u16, String)>>>,
+) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let seen_w = seen.clone();
-    let routes = Arc::new(Mutex::new(routes));
     tokio::spawn(async move {
         loop {
             let Ok((mut s, _)) = listener.accept().await else {
@@ -70,6 +76,8 @@ struct Setup {
     shutdown: Shutdown,
     readiness: Readiness,
     envoy_seen: Arc<Mutex<Vec<String>>>,
+    /// Envoy's admin answers, changeable while the server runs.
+    admin_routes: Arc<Mutex<HashMap<String, (u16, String)>>>,
 }
 
 async fn setup(envoy_stats: &str, ready_stats: &str, app_port: Option<u16>) -> Setup {
@@ -95,7 +103,8 @@ async fn setup_with(
         (200, format!("{envoy_stats}{ready_stats}")),
     );
     routes.insert("/drain_listeners".to_string(), (200, "OK".to_string()));
-    let (admin, seen) = fake_http(routes).await;
+    let admin_routes = Arc::new(Mutex::new(routes));
+    let (admin, seen) = fake_http_shared(admin_routes.clone()).await;
 
     let mut registry = Registry::with_prefix("istio_agent");
     let metrics = Metrics::new(&mut registry);
@@ -148,6 +157,7 @@ async fn setup_with(
         shutdown,
         readiness,
         envoy_seen: seen,
+        admin_routes,
     }
 }
 
@@ -195,6 +205,20 @@ async fn not_ready_explains_what_is_pending() {
     let (code, body) = get(s.addr, "GET", "/healthz/ready").await;
     assert_eq!(code, 503);
     assert!(body.contains("INITIALIZING"), "{body}");
+}
+
+/// The native sidecar's preStop hook calls `/drain`: like Istio's agent, it answers 200 and
+/// the drain counts as done even when Envoy's admin call fails (a failed hook is only noise in
+/// the pod's events; the shutdown that follows exits at once either way).
+#[tokio::test]
+async fn drain_answers_ok_when_envoys_admin_fails() {
+    let s = setup(CONFIG_OK, LIVE, None).await;
+    s.admin_routes
+        .lock()
+        .unwrap()
+        .insert("/drain_listeners".into(), (503, "busy".into()));
+    assert_eq!(get(s.addr, "POST", "/drain").await, (200, "OK".into()));
+    assert_eq!(s.shutdown.mode(), DrainMode::Immediate);
 }
 
 #[tokio::test]

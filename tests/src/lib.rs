@@ -10,8 +10,10 @@
 //! - [`kubelet`]: pods run from Istio's injected specs the way a kubelet and containerd run them.
 //! - [`assert_eventually`]: bounded polling; tests never sleep a fixed time to wait for a state.
 
+pub mod app;
 pub mod envoy;
 pub mod http;
+pub mod istio_diff;
 pub mod kubelet;
 pub mod local;
 pub mod mesh;

@@ -2,7 +2,6 @@
 //! `hello from <name>` followed by the request head it received (so a test can see, e.g., the
 //! headers Envoy added). Usage: `mesh-app <listen addr> <name>`.
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 
 fn main() {
@@ -26,33 +25,7 @@ fn main() {
                 .peer_addr()
                 .map(|p| p.to_string())
                 .unwrap_or_default();
-            let mut reader = BufReader::new(match stream.try_clone() {
-                Ok(s) => s,
-                Err(_) => return,
-            });
-            let mut out = stream;
-            loop {
-                let mut head = String::new();
-                loop {
-                    let mut line = String::new();
-                    match reader.read_line(&mut line) {
-                        Ok(0) | Err(_) => return,
-                        Ok(_) => {}
-                    }
-                    if line == "\r\n" || line == "\n" {
-                        break;
-                    }
-                    head.push_str(&line);
-                }
-                let body = format!("hello from {name}\npeer: {peer}\n{head}");
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
-                    body.len()
-                );
-                if out.write_all(resp.as_bytes()).is_err() {
-                    return;
-                }
-            }
+            harness::app::serve(stream, &name, &peer);
         });
     }
 }

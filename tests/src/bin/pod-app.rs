@@ -23,33 +23,6 @@ extern "C" fn on_term(_: libc::c_int) {
     TERM.store(true, Ordering::SeqCst);
 }
 
-fn serve(stream: impl Read + Write, name: &str, peer: String) {
-    let mut reader = BufReader::new(stream);
-    loop {
-        let mut head = String::new();
-        loop {
-            let mut line = String::new();
-            match reader.read_line(&mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-            if line == "\r\n" || line == "\n" {
-                break;
-            }
-            head.push_str(&line);
-        }
-        let body = format!("hello from {name}\npeer: {peer}\n{head}");
-        let resp = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let out = reader.get_mut();
-        if out.write_all(resp.as_bytes()).is_err() || out.flush().is_err() {
-            return;
-        }
-    }
-}
-
 fn tls_config() -> Arc<rustls::ServerConfig> {
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("self-signed");
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
@@ -159,10 +132,14 @@ fn main() {
                     match (secure, tls) {
                         (true, Some(cfg)) => {
                             if let Ok(conn) = rustls::ServerConnection::new(cfg) {
-                                serve(rustls::StreamOwned::new(conn, stream), &name, peer);
+                                harness::app::serve(
+                                    rustls::StreamOwned::new(conn, stream),
+                                    &name,
+                                    &peer,
+                                );
                             }
                         }
-                        _ => serve(stream, &name, peer),
+                        _ => harness::app::serve(stream, &name, &peer),
                     }
                 });
             }

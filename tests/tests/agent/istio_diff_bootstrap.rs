@@ -25,21 +25,15 @@ const STANDIN: &str = "/tmp/istio-diff-bootstrap-envoy";
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 fn data_dir() -> PathBuf {
-    let dir = repo_root().join("tests/data/istio-diff/bootstrap");
-    for f in [
-        "cases.jsonl",
-        "recorded.jsonl",
-        "sections.jsonl",
-        "deliberate.txt",
-    ] {
-        assert!(
-            dir.join(f).is_file(),
-            "{} is missing: the recorded Istio answers belong in the repository (see {}/README.md)",
-            dir.join(f).display(),
-            dir.display()
-        );
-    }
-    dir
+    harness::istio_diff::data_dir(
+        "bootstrap",
+        &[
+            "cases.jsonl",
+            "recorded.jsonl",
+            "sections.jsonl",
+            "deliberate.txt",
+        ],
+    )
 }
 
 fn template() -> Option<PathBuf> {

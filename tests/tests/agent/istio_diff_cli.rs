@@ -15,20 +15,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use harness::{repo_root, workspace_bin};
+use harness::workspace_bin;
 use serde_json::Value;
 
 fn data_dir() -> PathBuf {
-    let dir = repo_root().join("tests/data/istio-diff/cli");
-    for f in ["cases.jsonl", "deliberate.txt"] {
-        assert!(
-            dir.join(f).is_file(),
-            "{} is missing: the recorded Istio answers belong in the repository (see {}/README.md)",
-            dir.join(f).display(),
-            dir.display()
-        );
-    }
-    dir
+    harness::istio_diff::data_dir("cli", &["cases.jsonl", "deliberate.txt"])
 }
 
 struct Case {

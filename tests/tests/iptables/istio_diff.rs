@@ -12,25 +12,19 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use harness::{Netns, repo_root, require_bin, require_root, workspace_bin};
+use harness::{Netns, require_bin, require_root, workspace_bin};
 use serde_json::Value;
 
 fn data_dir() -> PathBuf {
-    let dir = repo_root().join("tests/data/istio-diff/iptables");
-    for f in [
-        "cases.jsonl",
-        "recorded.jsonl",
-        "hosts.json",
-        "deliberate.txt",
-    ] {
-        assert!(
-            dir.join(f).is_file(),
-            "{} is missing: the recorded Istio answers belong in the repository (see {}/README.md)",
-            dir.join(f).display(),
-            dir.display()
-        );
-    }
-    dir
+    harness::istio_diff::data_dir(
+        "iptables",
+        &[
+            "cases.jsonl",
+            "recorded.jsonl",
+            "hosts.json",
+            "deliberate.txt",
+        ],
+    )
 }
 
 fn json_lines(path: &Path) -> Vec<Value> {

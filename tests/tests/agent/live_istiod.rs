@@ -201,7 +201,13 @@ struct Sidecar {
     dns: SocketAddr,
 }
 
-fn start_sidecar(scratch: &Path, envoy_path: &Path, istiod: &Istiod, token: &str) -> Sidecar {
+fn start_sidecar(
+    scratch: &Path,
+    envoy_path: &Path,
+    istiod: &Istiod,
+    token: &str,
+    extra_env: &[(&str, &str)],
+) -> Sidecar {
     write_file(&scratch.join("var/run/secrets/tokens/istio-token"), token);
     write_file(
         &scratch.join("var/run/secrets/istio/root-cert.pem"),
@@ -213,7 +219,8 @@ fn start_sidecar(scratch: &Path, envoy_path: &Path, istiod: &Istiod, token: &str
     let env = |cmd: &mut Command| {
         agent_env(cmd, istiod.secure_grpc, SERVICE_ACCOUNT, &ports);
         cmd.env("ISTIO_META_DNS_CAPTURE", "true")
-            .env("DNS_PROXY_ADDR", dns.to_string());
+            .env("DNS_PROXY_ADDR", dns.to_string())
+            .envs(extra_env.iter().copied());
     };
     let mut boot = user.command("pilot-agent");
     boot.args(["bootstrap", "sidecar"]).current_dir(scratch);
@@ -302,7 +309,7 @@ fn live_istiod_certificate_xds_nds_and_restart() {
     // 1. With Istio's defaults, upstream Envoy rejects the Istio-only extensions in CDS and LDS.
     {
         let scratch = work.path().join("defaults");
-        let sidecar = start_sidecar(&scratch, &envoy_path, &istiod, &token);
+        let sidecar = start_sidecar(&scratch, &envoy_path, &istiod, &token, &[]);
         let nacks = assert_eventually(Duration::from_secs(30), || {
             let nacks = lines(&sidecar.agent, "Envoy rejected an xDS response");
             let cds = nacks.iter().any(|l| {
@@ -329,8 +336,15 @@ fn live_istiod_certificate_xds_nds_and_restart() {
     istiod.kill();
     istiod.istio_extensions = false;
     istiod.spawn();
+    // 10 s certificates: the agent rotates at half their life, against istiod's CA.
     let scratch = work.path().join("sidecar");
-    let sidecar = start_sidecar(&scratch, &envoy_path, &istiod, &token);
+    let sidecar = start_sidecar(
+        &scratch,
+        &envoy_path,
+        &istiod,
+        &token,
+        &[("SECRET_TTL", "10s")],
+    );
     assert_eventually(Duration::from_secs(30), || sidecar.ready());
     assert_eventually(Duration::from_secs(30), || istiod.synced());
     let nacks = lines(&sidecar.agent, "Envoy rejected an xDS response");
@@ -351,6 +365,19 @@ fn live_istiod_certificate_xds_nds_and_restart() {
         certs.to_lowercase().contains(&root_serial),
         "Envoy's CA certificate is not the plugged-in root (serial {root_serial}): {certs}"
     );
+
+    // Rotation: a second certificate from istiod's CA, in Envoy (the serial changes).
+    let first = harness::envoy::cert_serials((200, certs.clone()), &spiffe).expect("serials");
+    assert_eventually(Duration::from_secs(30), || {
+        let now = harness::envoy::cert_serials((200, sidecar.admin("/certs")), &spiffe)?;
+        if now != first && !now.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("Envoy still has {first:?}"))
+        }
+    });
+    let issued = lines(&sidecar.agent, "workload certificate issued");
+    assert!(issued.len() >= 2, "no rotation: {issued:?}");
 
     // xDS: the clusters of the ServiceEntries, the WorkloadEntry's endpoint, the
     // DestinationRule's mTLS.

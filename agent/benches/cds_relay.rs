@@ -11,7 +11,10 @@
 //! `CDS_RELAY_AGENT` (default `target/dist/pilot-agent`, the shipped build), `CDS_RELAY_ISTIOD`
 //! (default `target/release/istiod-lite`), `CDS_RELAY_CLUSTERS` (10000), `CDS_RELAY_RUNS` (5),
 //! `CDS_RELAY_BASELINE` (another pilot-agent build, e.g. the previous commit's: relayed and
-//! measured in the same runs, and compared with the agent under test).
+//! measured in the same runs, and compared with the agent under test), `PEER_AGENT` (Istio's own
+//! Go `pilot-agent`, run with `DISABLE_ENVOY=true`, which serves its `XDS` socket and starts no
+//! Envoy: relayed in the same runs; the ratios of the added time and of the CPU per MB, ours over
+//! Istio's, are printed against the issue's goals, ≤ 0.5 each).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -243,6 +246,21 @@ fn main() {
         ));
     }
 
+    if let Some(peer) = std::env::var_os("PEER_AGENT") {
+        for f in ["tokens/istio-token", "istio/root-cert.pem"] {
+            let to = w.join("peer/var/run/secrets").join(f);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(w.join("pod/var/run/secrets").join(f), to).unwrap();
+        }
+        agents.push(Agent::start(
+            Path::new(&peer),
+            w,
+            "peer",
+            secure,
+            &mut procs,
+        ));
+    }
+
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -294,6 +312,7 @@ fn main() {
         ms(p),
     );
     let mut first = None;
+    let mut added_and_cpu = Vec::new();
     for a in &mut agents {
         let via = median(&mut a.times);
         let vs_first = first
@@ -306,6 +325,9 @@ fn main() {
             })
             .unwrap_or_default();
         first.get_or_insert(via);
+        let cpu_ms = ms(median(&mut a.cpu));
+        let mb = bytes as f64 / 1e6;
+        added_and_cpu.push((a.name, ms(via) - ms(t), cpu_ms / mb));
         println!(
             "{name}: via_{name}_ms={:.1} relay_overhead_ms={:.1} via_{name}/direct_tls={:.2}{vs_first} \
              cpu_ms_per_relay={:.1}\n\
@@ -314,7 +336,7 @@ fn main() {
             ms(via),
             ms(via) - ms(t),
             via.as_secs_f64() / t.as_secs_f64(),
-            ms(median(&mut a.cpu)),
+            cpu_ms,
             a.before.0,
             a.before.1,
             a.after.1,
@@ -324,9 +346,26 @@ fn main() {
             name = a.name,
         );
     }
+    let find = |n| {
+        added_and_cpu
+            .iter()
+            .find(|(name, _, _)| *name == n)
+            .copied()
+    };
+    if let (Some((_, ours_added, ours_cpu)), Some((_, peer_added, peer_cpu))) =
+        (find("agent"), find("peer"))
+    {
+        println!(
+            "ours/Istio's agent: added time {ours_added:.1} / {peer_added:.1} ms = {:.2} (goal ≤ 0.5), \
+             CPU per MB {ours_cpu:.2} / {peer_cpu:.2} ms = {:.2} (goal ≤ 0.5)",
+            ours_added / peer_added,
+            ours_cpu / peer_cpu,
+        );
+    }
 }
 
-/// One pilot-agent under test: `agent` (CDS_RELAY_AGENT), or `baseline` (CDS_RELAY_BASELINE).
+/// One pilot-agent under test: `agent` (CDS_RELAY_AGENT), `baseline` (CDS_RELAY_BASELINE) or
+/// `peer` (PEER_AGENT, Istio's).
 struct Agent {
     name: &'static str,
     pid: u32,
@@ -344,10 +383,16 @@ impl Agent {
     /// place), relaying to istiod-lite on `secure`.
     fn start(bin: &Path, w: &Path, dir: &'static str, secure: u16, procs: &mut Procs) -> Agent {
         let status_port = free_port();
-        let agent = Command::new(bin)
+        let mut cmd = Command::new(bin);
+        cmd.env_clear();
+        if dir == "peer" {
+            // Istio's Go agent has no external-Envoy mode: it serves the XDS socket and starts
+            // no Envoy with DISABLE_ENVOY (ours would then also drop its SDS server).
+            cmd.env("DISABLE_ENVOY", "true");
+        }
+        let agent = cmd
             .args(["proxy", "sidecar"])
             .current_dir(w.join(dir))
-            .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .envs([
                 ("POD_NAME", "bench"),
@@ -374,7 +419,11 @@ impl Agent {
         let xds = w.join(dir).join("etc/istio/proxy/XDS");
         wait_for("the agent's XDS socket", || xds.exists());
         Agent {
-            name: if dir == "pod" { "agent" } else { "baseline" },
+            name: match dir {
+                "pod" => "agent",
+                "peer" => "peer",
+                _ => "baseline",
+            },
             pid,
             xds,
             times: vec![],

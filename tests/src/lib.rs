@@ -24,7 +24,7 @@ pub mod process;
 pub use envoy::Envoy;
 pub use http::http_get;
 pub use netns::{Netns, veth};
-pub use prereq::{envoy_bin, in_ci, require_bin, require_root};
+pub use prereq::{envoy_bin, in_ci, istio_go_bin, require_bin, require_root};
 pub use process::{Child, repo_root, workspace_bin};
 
 use std::time::{Duration, Instant};

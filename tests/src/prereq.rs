@@ -93,3 +93,25 @@ pub fn require_grpcio() -> bool {
     }
     ok
 }
+
+/// The folder of Istio's own Go binaries (`pilot-agent`, `pilot-discovery`) from
+/// `ISTIO_GO_BIN`. Unset, the caller skips with a message, under `CI=true` too: CI never has
+/// Istio's binaries, and none of the repository's scripts builds them.
+pub fn istio_go_bin() -> Option<PathBuf> {
+    match std::env::var_os("ISTIO_GO_BIN").map(PathBuf::from) {
+        Some(dir) if dir.join("pilot-discovery").is_file() => Some(dir),
+        Some(dir) => {
+            eprintln!(
+                "SKIP: ISTIO_GO_BIN={} has no pilot-discovery (Istio's Go binaries; docs/istiod.md)",
+                dir.display()
+            );
+            None
+        }
+        None => {
+            eprintln!(
+                "SKIP: ISTIO_GO_BIN is unset: this test needs Istio's Go pilot-discovery (docs/istiod.md); skipped, also under CI"
+            );
+            None
+        }
+    }
+}

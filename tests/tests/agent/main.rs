@@ -14,6 +14,7 @@ mod image;
 mod istio_diff_bootstrap;
 mod istio_diff_cli;
 mod istiod_failover;
+mod live_istiod;
 mod probes;
 mod sds;
 mod spire;

@@ -1,0 +1,442 @@
+//! Our agent against Istio's own istiod (issue 27): `pilot-discovery discovery` from
+//! `ISTIO_GO_BIN`, run without Kubernetes as docs/istiod.md says (file config source, the CA
+//! plugged in from istiod-lite's cacerts folder, JWT_RULE tokens, and the empty API server of
+//! `tests/data/live-istiod/fake-apiserver.py` that istiod at this commit cannot start without).
+//! With upstream Envoy through `pilot-agent proxy sidecar --external-envoy`:
+//! - the workload certificate comes from istiod's CA (CSR API) and reaches Envoy over SDS;
+//! - every xDS type istiod sends is accepted once the two Istio-only extensions upstream Envoy
+//!   lacks are turned off in istiod (`PILOT_ENABLE_METADATA_EXCHANGE=false`,
+//!   `PILOT_ENABLE_ALPN_FILTER=false`; with them on, Envoy NACKs CDS and LDS, checked first);
+//! - NDS: istiod's ServiceEntries resolve through our DNS proxy;
+//! - istiod SIGKILLed and started again: Envoy's ADS stream to the agent is kept, the agent
+//!   replays its subscriptions, and Envoy is SYNCED again (the time is printed; the 1 s goal is
+//!   checked by `scripts/bench-side-by-side.sh`, not here).
+//!
+//! Skips with a message when `ISTIO_GO_BIN` is unset, also under `CI=true`: CI never has
+//! Istio's binaries.
+
+use harness::local::{Ports, Unprivileged, agent_env, free_port, start_envoy, write_file};
+use harness::{Child, assert_eventually, envoy_bin, http_get, istio_go_bin, repo_root};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const SERVICE_ACCOUNT: &str = "live-sa";
+
+/// The empty Kubernetes API server, which also issues the service-account tokens.
+struct FakeApi {
+    _child: Child,
+    addr: SocketAddr,
+}
+
+impl FakeApi {
+    fn start() -> FakeApi {
+        let mut cmd = Command::new("python3");
+        cmd.arg(repo_root().join("tests/data/live-istiod/fake-apiserver.py"));
+        let child = Child::spawn("fake-apiserver", cmd);
+        let line = child.wait_for_line("listening addr=", Duration::from_secs(20));
+        let addr = line
+            .split("addr=")
+            .nth(1)
+            .and_then(|a| a.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        FakeApi {
+            _child: child,
+            addr,
+        }
+    }
+
+    fn token(&self, namespace: &str, service_account: &str) -> String {
+        let (code, body) = http_get(
+            self.addr,
+            &format!("/token?namespace={namespace}&serviceAccount={service_account}"),
+        )
+        .expect("token");
+        assert_eq!(code, 200, "{body}");
+        body.trim().to_string()
+    }
+}
+
+/// Istio's pilot-discovery on loopback.
+struct Istiod {
+    child: Option<Child>,
+    bin: PathBuf,
+    dir: PathBuf,
+    api: SocketAddr,
+    istio_extensions: bool,
+    http: SocketAddr,
+    secure_grpc: SocketAddr,
+}
+
+impl Istiod {
+    /// Writes its files under `dir` (cacerts from `ca_dir`) and starts it.
+    fn start(go_bin: &Path, dir: &Path, ca_dir: &Path, api: SocketAddr) -> Istiod {
+        let data = repo_root().join("tests/data/live-istiod");
+        std::fs::create_dir_all(dir.join("config")).expect("mkdir");
+        for f in ["services.yaml", "policy.yaml"] {
+            std::fs::copy(data.join("config").join(f), dir.join("config").join(f)).expect("copy");
+        }
+        std::fs::copy(data.join("mesh.yaml"), dir.join("mesh.yaml")).expect("copy mesh");
+        write_file(&dir.join("meshNetworks"), "");
+        for f in [
+            "ca-cert.pem",
+            "ca-key.pem",
+            "root-cert.pem",
+            "cert-chain.pem",
+        ] {
+            std::fs::copy(ca_dir.join(f), dir.join("cacerts").join(f))
+                .or_else(|_| {
+                    std::fs::create_dir_all(dir.join("cacerts"))?;
+                    std::fs::copy(ca_dir.join(f), dir.join("cacerts").join(f))
+                })
+                .expect("copy cacerts");
+        }
+        write_file(
+            &dir.join("kubeconfig"),
+            &format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"http://{api}\"}}}}]\nusers: [{{name: fake, user: {{}}}}]\ncontexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\ncurrent-context: fake\n"
+            ),
+        );
+        let mut istiod = Istiod {
+            child: None,
+            bin: go_bin.join("pilot-discovery"),
+            dir: dir.to_path_buf(),
+            api,
+            istio_extensions: true,
+            http: loopback(free_port()),
+            secure_grpc: loopback(free_port()),
+        };
+        istiod.spawn();
+        istiod
+    }
+
+    fn spawn(&mut self) {
+        let d = &self.dir;
+        let mut cmd = Command::new(&self.bin);
+        cmd.env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("POD_NAMESPACE", "istio-system")
+            .env("ROOT_CA_DIR", d.join("cacerts"))
+            .env(
+                "JWT_RULE",
+                format!(
+                    r#"{{"issuer":"fake-apiserver","jwks_uri":"http://{}/jwks.json","audiences":["istio-ca"]}}"#,
+                    self.api
+                ),
+            )
+            .arg("discovery")
+            .arg(format!("--kubeconfig={}", d.join("kubeconfig").display()))
+            .arg(format!("--configDir={}", d.join("config").display()))
+            .arg(format!("--meshConfig={}", d.join("mesh.yaml").display()))
+            .arg(format!("--networksConfig={}", d.join("meshNetworks").display()))
+            .arg(format!("--httpAddr={}", self.http))
+            .arg(format!("--secureGRPCAddr={}", self.secure_grpc))
+            .arg(format!("--grpcAddr={}", loopback(free_port())))
+            .arg(format!("--httpsAddr={}", loopback(free_port())))
+            .arg(format!("--monitoringAddr={}", loopback(free_port())))
+            .args(["--ctrlz_port=0", "--log_output_level=default:warn"]);
+        if !self.istio_extensions {
+            cmd.env("PILOT_ENABLE_METADATA_EXCHANGE", "false")
+                .env("PILOT_ENABLE_ALPN_FILTER", "false");
+        }
+        self.child = Some(Child::spawn("istiod", cmd));
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
+        assert_eventually(Duration::from_secs(60), || {
+            match http_get(self.http, "/ready") {
+                Ok((200, _)) => Ok(()),
+                other => Err(format!("istiod /ready: {other:?}")),
+            }
+        });
+    }
+
+    /// SIGKILL, waits for the exit.
+    fn kill(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.signal(nix::sys::signal::Signal::SIGKILL);
+        assert!(child.wait_timeout(Duration::from_secs(10)).is_some());
+    }
+
+    /// `/debug/syncz` for our proxy: Ok when CDS, LDS, RDS and EDS were sent and the last of
+    /// each acked; the error says which is not.
+    fn synced(&self) -> Result<(), String> {
+        let (code, body) = http_get(self.http, "/debug/syncz")?;
+        if code != 200 {
+            return Err(format!("/debug/syncz {code}: {body}"));
+        }
+        let rows: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+        let rows: Vec<&serde_json::Value> = rows
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["proxy"].as_str() == Some("local.demo"))
+            .collect();
+        let [row] = rows[..] else {
+            return Err(format!("want one connection of our proxy: {body}"));
+        };
+        for ty in ["cluster", "listener", "route", "endpoint"] {
+            let sent = row[format!("{ty}_sent")].as_str().unwrap_or_default();
+            let acked = row[format!("{ty}_acked")].as_str().unwrap_or_default();
+            if sent.is_empty() || sent != acked {
+                return Err(format!("{ty}: sent {sent:?}, acked {acked:?}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// The agent and Envoy in a scratch folder, against `istiod`.
+struct Sidecar {
+    agent: Child,
+    envoy: Child,
+    admin: SocketAddr,
+    status: SocketAddr,
+    dns: SocketAddr,
+}
+
+fn start_sidecar(
+    scratch: &Path,
+    envoy_path: &Path,
+    istiod: &Istiod,
+    token: &str,
+    extra_env: &[(&str, &str)],
+) -> Sidecar {
+    write_file(&scratch.join("var/run/secrets/tokens/istio-token"), token);
+    write_file(
+        &scratch.join("var/run/secrets/istio/root-cert.pem"),
+        &std::fs::read_to_string(istiod.dir.join("cacerts/root-cert.pem")).expect("root"),
+    );
+    let user = Unprivileged::new(scratch, envoy_path);
+    let ports = Ports::free();
+    let dns = loopback(free_port());
+    let env = |cmd: &mut Command| {
+        agent_env(cmd, istiod.secure_grpc, SERVICE_ACCOUNT, &ports);
+        cmd.env("ISTIO_META_DNS_CAPTURE", "true")
+            .env("DNS_PROXY_ADDR", dns.to_string())
+            .envs(extra_env.iter().copied());
+    };
+    let mut boot = user.command("pilot-agent");
+    boot.args(["bootstrap", "sidecar"]).current_dir(scratch);
+    env(&mut boot);
+    let out = boot.output().expect("pilot-agent bootstrap");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bootstrap = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let mut cmd = user.command("pilot-agent");
+    cmd.args(["proxy", "sidecar", "--external-envoy"])
+        .current_dir(scratch);
+    env(&mut cmd);
+    let agent = Child::spawn("agent", cmd);
+    agent.wait_for_line("agent listeners bound", Duration::from_secs(20));
+    let envoy = start_envoy(&user, &bootstrap, scratch);
+    Sidecar {
+        agent,
+        envoy,
+        admin: loopback(ports.admin),
+        status: loopback(ports.status),
+        dns,
+    }
+}
+
+impl Sidecar {
+    fn ready(&self) -> Result<(), String> {
+        match http_get(self.status, "/healthz/ready")? {
+            (200, _) => Ok(()),
+            (code, body) => Err(format!("/healthz/ready {code}: {body}")),
+        }
+    }
+
+    fn admin(&self, path: &str) -> String {
+        let (code, body) = http_get(self.admin, path).expect(path);
+        assert_eq!(code, 200, "{path}: {body}");
+        body
+    }
+
+    /// `dig +short` through the DNS proxy.
+    fn dig(&self, name: &str) -> String {
+        let out = Command::new("dig")
+            .args(["+short", "+tries=1", "+time=2", "-p"])
+            .arg(self.dns.port().to_string())
+            .arg(format!("@{}", self.dns.ip()))
+            .arg(name)
+            .output()
+            .expect("dig");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+/// Lines of a child's output that contain `needle`.
+fn lines(child: &Child, needle: &str) -> Vec<String> {
+    child
+        .output()
+        .into_iter()
+        .filter(|l| l.contains(needle))
+        .collect()
+}
+
+#[test]
+fn live_istiod_certificate_xds_nds_and_restart() {
+    let Some(go_bin) = istio_go_bin() else {
+        return;
+    };
+    let Some(envoy_path) = envoy_bin() else {
+        return;
+    };
+    if !harness::require_bin("dig") {
+        return;
+    }
+    let work = tempfile::Builder::new()
+        .prefix("live-istiod-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    // istiod-lite writes a CA folder in Istio's cacerts layout; istiod plugs it in.
+    let lite = harness::local::LocalIstiod::start("");
+    let ca_dir = lite.ca_dir.path().to_path_buf();
+    let api = FakeApi::start();
+    let mut istiod = Istiod::start(&go_bin, &work.path().join("istiod"), &ca_dir, api.addr);
+    let token = api.token("demo", SERVICE_ACCOUNT);
+
+    // 1. With Istio's defaults, upstream Envoy rejects the Istio-only extensions in CDS and LDS.
+    {
+        let scratch = work.path().join("defaults");
+        let sidecar = start_sidecar(&scratch, &envoy_path, &istiod, &token, &[]);
+        let nacks = assert_eventually(Duration::from_secs(30), || {
+            let nacks = lines(&sidecar.agent, "Envoy rejected an xDS response");
+            let cds = nacks.iter().any(|l| {
+                l.contains("envoy.config.cluster.v3.Cluster")
+                    && l.contains("envoy.tcp.metadataexchange.config.MetadataExchange")
+            });
+            let lds = nacks.iter().any(|l| {
+                l.contains("envoy.config.listener.v3.Listener")
+                    && l.contains("io.istio.http.peer_metadata.Config")
+            });
+            if cds && lds {
+                Ok(nacks)
+            } else {
+                Err(format!(
+                    "want CDS and LDS NACKs for metadata exchange: {nacks:?}"
+                ))
+            }
+        });
+        eprintln!("with Istio's defaults, Envoy NACKed: {nacks:#?}");
+        drop(sidecar);
+    }
+
+    // 2. Without them, everything istiod sends is accepted.
+    istiod.kill();
+    istiod.istio_extensions = false;
+    istiod.spawn();
+    // 10 s certificates: the agent rotates at half their life, against istiod's CA.
+    let scratch = work.path().join("sidecar");
+    let sidecar = start_sidecar(
+        &scratch,
+        &envoy_path,
+        &istiod,
+        &token,
+        &[("SECRET_TTL", "10s")],
+    );
+    assert_eventually(Duration::from_secs(30), || sidecar.ready());
+    assert_eventually(Duration::from_secs(30), || istiod.synced());
+    let nacks = lines(&sidecar.agent, "Envoy rejected an xDS response");
+    assert!(nacks.is_empty(), "Envoy NACKed: {nacks:#?}");
+
+    // The workload certificate was signed by istiod's CA (the plugged-in root) and reached
+    // Envoy over SDS.
+    let spiffe = format!("spiffe://cluster.local/ns/demo/sa/{SERVICE_ACCOUNT}");
+    let issued = lines(&sidecar.agent, "workload certificate issued");
+    assert!(
+        issued.iter().any(|l| l.contains(&spiffe)),
+        "no certificate for {spiffe}: {issued:?}"
+    );
+    let certs = sidecar.admin("/certs");
+    assert!(certs.contains(&spiffe), "Envoy lacks {spiffe}: {certs}");
+    let root_serial = root_serial(&ca_dir.join("root-cert.pem"));
+    assert!(
+        certs.to_lowercase().contains(&root_serial),
+        "Envoy's CA certificate is not the plugged-in root (serial {root_serial}): {certs}"
+    );
+
+    // Rotation: a second certificate from istiod's CA, in Envoy (the serial changes).
+    let first = harness::envoy::cert_serials((200, certs.clone()), &spiffe).expect("serials");
+    assert_eventually(Duration::from_secs(30), || {
+        let now = harness::envoy::cert_serials((200, sidecar.admin("/certs")), &spiffe)?;
+        if now != first && !now.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("Envoy still has {first:?}"))
+        }
+    });
+    let issued = lines(&sidecar.agent, "workload certificate issued");
+    assert!(issued.len() >= 2, "no rotation: {issued:?}");
+
+    // xDS: the clusters of the ServiceEntries, the WorkloadEntry's endpoint, the
+    // DestinationRule's mTLS.
+    let clusters = sidecar.admin("/clusters");
+    for c in [
+        "outbound|31080||httpbin.demo.svc.cluster.local::198.18.0.5:8080",
+        "outbound|31980||reviews.demo.svc.cluster.local::198.18.0.7:31980",
+    ] {
+        assert!(clusters.contains(c), "Envoy lacks {c}");
+    }
+    // The DestinationRule's connection pool (maxConnections: 100) on httpbin's cluster.
+    let dump = sidecar.admin("/config_dump?resource=dynamic_active_clusters");
+    assert!(
+        dump.contains("\"max_connections\": 100"),
+        "the DestinationRule's connection pool is not in CDS"
+    );
+
+    // NDS: the ServiceEntries resolve through our DNS proxy.
+    assert_eventually(Duration::from_secs(10), || {
+        match sidecar.dig("httpbin.demo.svc.cluster.local") {
+            a if a == "198.19.0.10" => Ok(()),
+            a => Err(format!("httpbin: {a:?}")),
+        }
+    });
+    assert_eq!(sidecar.dig("reviews.demo.svc.cluster.local"), "198.19.0.11");
+
+    // 3. istiod SIGKILLed and back: same ADS stream, SYNCED again.
+    let streams = super::xds_reconnect::ads_streams(sidecar.admin);
+    istiod.kill();
+    istiod.spawn();
+    let back = Instant::now();
+    assert_eventually(Duration::from_secs(30), || istiod.synced());
+    eprintln!(
+        "SYNCED {} ms after istiod answered /ready again",
+        back.elapsed().as_millis()
+    );
+    assert_eq!(
+        super::xds_reconnect::ads_streams(sidecar.admin),
+        streams,
+        "Envoy re-opened its ADS stream"
+    );
+    assert_eventually(Duration::from_secs(10), || sidecar.ready());
+    let nacks = lines(&sidecar.agent, "Envoy rejected an xDS response");
+    assert!(
+        nacks.is_empty(),
+        "Envoy NACKed after the restart: {nacks:#?}"
+    );
+    drop(sidecar.envoy);
+}
+
+/// The serial of the first certificate in `path`, lower-case hex as Envoy's `/certs` prints it.
+fn root_serial(path: &Path) -> String {
+    let out = Command::new("openssl")
+        .args(["x509", "-noout", "-serial", "-in"])
+        .arg(path)
+        .output()
+        .expect("openssl");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .trim_start_matches("serial=")
+        .to_lowercase()
+}

@@ -534,11 +534,13 @@ impl Ca {
         identity: &Identity,
         ttl: Duration,
     ) -> Result<Vec<String>, Error> {
-        let curve = csr_policy::check_csr(csr_pem)?;
-        let csr = CertificateSigningRequestParams::from_pem(csr_pem)
+        let checked = csr_policy::check_csr(csr_pem)?;
+        let csr = CertificateSigningRequestParams::from_der(&checked.der.into())
             .map_err(|e| Error::Csr(e.to_string()))?;
         let key = LeafKey {
-            alg: curve.unwrap_or_else(|| rcgen::PublicKeyData::algorithm(&csr.public_key)),
+            alg: checked
+                .curve
+                .unwrap_or_else(|| rcgen::PublicKeyData::algorithm(&csr.public_key)),
             raw: rcgen::PublicKeyData::der_bytes(&csr.public_key).to_vec(),
         };
         let uri = identity.to_string();

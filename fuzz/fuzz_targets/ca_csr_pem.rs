@@ -1,6 +1,7 @@
 //! The CA's parsers of client input: CSR PEM through signing (the SAN must always be the
-//! caller's identity, never one from the CSR), PEM bundle splitting, DER certificate identity,
-//! SPIFFE URIs. Bad input is an error, never a panic.
+//! caller's identity, never one from the CSR, and the certificate must carry the CSR's own key,
+//! curve included), PEM bundle splitting, DER certificate identity, SPIFFE URIs. Bad input is an
+//! error, never a panic.
 #![no_main]
 
 use std::sync::OnceLock;
@@ -33,5 +34,19 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         let (_, pem) = x509_parser::pem::parse_x509_pem(leaf.as_bytes()).expect("leaf is PEM");
         let got = identity_from_cert(&pem.contents).expect("leaf carries an identity");
         assert_eq!(got, id);
+        // The issued key is the CSR's: same algorithm (with its curve) and same key bits.
+        let (_, csr_pem) = x509_parser::pem::parse_x509_pem(text.as_bytes()).expect("signed: PEM");
+        let (_, csr) = <x509_parser::certification_request::X509CertificationRequest as
+            x509_parser::prelude::FromDer<'_, _>>::from_der(&csr_pem.contents)
+        .expect("signed: a CSR");
+        let (_, cert) = x509_parser::parse_x509_certificate(&pem.contents).expect("leaf is X.509");
+        let (want, issued) = (&csr.certification_request_info.subject_pki, cert.public_key());
+        assert_eq!(issued.algorithm.algorithm, want.algorithm.algorithm, "key algorithm");
+        assert_eq!(
+            issued.algorithm.parameters.as_ref().map(|p| p.as_bytes()),
+            want.algorithm.parameters.as_ref().map(|p| p.as_bytes()),
+            "key parameters (the curve)"
+        );
+        assert_eq!(issued.subject_public_key.data, want.subject_public_key.data, "key bits");
     }
 });

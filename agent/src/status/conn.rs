@@ -12,7 +12,9 @@
 //!   response the peer does not read counts as idle.
 //!
 //! The watchdog checks at least every half header timeout, so a connection goes within 1.5×
-//! its timeout.
+//! its timeout. The kubelet and Prometheus speak HTTP/1.1; an HTTP/2 client's control frames
+//! between requests (WINDOW_UPDATE, PING) count as a request begun, so its connection goes
+//! after the header timeout rather than the idle one.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};

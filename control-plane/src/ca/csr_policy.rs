@@ -58,6 +58,14 @@ fn signature_family(oid: &str) -> Option<(Family, &'static str)> {
     })
 }
 
+/// A CSR that passed [`check_csr`]: the DER that was checked (the signer reads this, not the
+/// PEM again) and, for an EC key, the algorithm of its curve.
+#[derive(Debug)]
+pub(super) struct CheckedCsr {
+    pub der: Vec<u8>,
+    pub curve: Option<&'static rcgen::SignatureAlgorithm>,
+}
+
 /// The curve of an EC key (its SubjectPublicKeyInfo parameters), as the rcgen algorithm that
 /// writes a public key on it.
 fn ec_curve(oid: &str) -> Option<&'static rcgen::SignatureAlgorithm> {
@@ -75,20 +83,23 @@ fn ec_curve(oid: &str) -> Option<&'static rcgen::SignatureAlgorithm> {
 /// curve: the CSR parser labels the key with the curve its *signature* hash goes with
 /// (ecdsa-with-SHA256: P-256), which would issue a P-384 key in a SHA-256 CSR as a P-256 key
 /// (and a P-256 key in a SHA-384 CSR as P-384), a certificate no peer can use.
-pub(super) fn check_csr(
-    csr_pem: &str,
-) -> Result<Option<&'static rcgen::SignatureAlgorithm>, Error> {
+pub(super) fn check_csr(csr_pem: &str) -> Result<CheckedCsr, Error> {
     if csr_pem.len() > MAX_CSR_BYTES {
         return Err(Error::CsrRejected(format!(
             "CSR is {} bytes, over the {MAX_CSR_BYTES}-byte limit",
             csr_pem.len()
         )));
     }
-    let Ok((_, pem)) = x509_parser::pem::parse_x509_pem(csr_pem.as_bytes()) else {
-        return Ok(None);
-    };
-    let Ok((_, req)) = X509CertificationRequest::from_der(&pem.contents) else {
-        return Ok(None);
+    // One PEM decoder for the checks and the signer: were they to read different bytes (PEM
+    // parsers differ on stray whitespace), the checks could be skipped for what gets signed.
+    use rustls_pki_types::pem::PemObject;
+    let der = rustls_pki_types::CertificateSigningRequestDer::from_pem_slice(csr_pem.as_bytes())
+        .map_err(|e| Error::Csr(format!("not a PEM CERTIFICATE REQUEST: {e}")))?
+        .as_ref()
+        .to_vec();
+    let Ok((_, req)) = X509CertificationRequest::from_der(&der) else {
+        // The signer's parser says why.
+        return Ok(CheckedCsr { der, curve: None });
     };
     let spki = &req.certification_request_info.subject_pki;
     if let Ok(x509_parser::public_key::PublicKey::RSA(rsa)) = spki.parsed() {
@@ -121,7 +132,7 @@ pub(super) fn check_csr(
         None
     };
     match signature_family(&sig_oid) {
-        Some((sig, _)) if sig == key => Ok(curve),
+        Some((sig, _)) if sig == key => Ok(CheckedCsr { der, curve }),
         Some((_, name)) => Err(Error::CsrRejected(format!(
             "the CSR's signature algorithm {name} does not match its {} key: a CSR must be signed with an algorithm of its key's type",
             key.name()

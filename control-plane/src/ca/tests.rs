@@ -181,6 +181,27 @@ fn an_ec_key_keeps_its_curve_whatever_hash_signed_the_csr() {
     }
 }
 
+/// Found by fuzzing (`ca_csr_pem`): a space inside the base64 made the policy's PEM parser fail
+/// while the signer's accepted it, so the curve check was skipped for what got signed. One
+/// decoder now serves both: such a CSR is refused, or issued on its own curve.
+#[test]
+fn a_csr_the_checks_cannot_read_is_never_signed_unchecked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("create");
+    let mangled = P384_KEY_SHA256_CSR.replacen("YgAE", "YgA E", 1);
+    assert_ne!(mangled, P384_KEY_SHA256_CSR);
+    let id = Identity::new("cluster.local", "a", "b");
+    if let Ok(chain) = ca.sign_workload(&mangled, &id, DEFAULT_WORKLOAD_TTL) {
+        let leaf_der = parse(&chain[0]);
+        let (_, leaf) = x509_parser::parse_x509_certificate(&leaf_der).expect("x509");
+        assert_eq!(
+            spki_of(leaf.public_key()).0,
+            "1.3.132.0.34",
+            "the key's own curve"
+        );
+    }
+}
+
 #[test]
 fn garbage_csr_is_a_csr_error() {
     let dir = tempfile::tempdir().expect("tempdir");

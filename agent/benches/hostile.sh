@@ -29,9 +29,10 @@ for _ in $(seq 100); do [ -s "$work/ca/root-cert.pem" ] && break; sleep 0.05; do
   >"$work/pod/var/run/secrets/tokens/istio-token"
 cp "$work/ca/root-cert.pem" "$work/pod/var/run/secrets/istio/"
 if [ -n "${AGENT_BIN:-}" ]; then
-  # Istio's agent reads its bootstrap template from the image.
+  # Istio's agent reads its bootstrap template from the image: Istio's own, from the shared
+  # conformance data.
   mkdir -p "$work/pod/var/lib/istio/envoy"
-  cp "${ISTIO_SRC:-/work/istio-src}/tools/packaging/common/envoy_bootstrap.json" \
+  cp "$repo/../shared/conformance/istio-bootstrap/envoy_bootstrap.json" \
     "$work/pod/var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
 fi
 cd "$work/pod"

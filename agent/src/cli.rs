@@ -174,6 +174,19 @@ struct Spec<'a> {
 /// Known `(flag, value)` pairs and positionals.
 type Scanned = (Vec<(String, String)>, Vec<String>);
 
+/// [`scan`] for a subcommand that has no short flags and refuses unknown ones (cobra's rule for
+/// every command but the root and `proxy`).
+fn scan_strict(args: &[String], flags: &[(&str, bool)]) -> Result<Scanned, Error> {
+    scan(
+        args,
+        &Spec {
+            flags,
+            shorts: &[],
+            strict: true,
+        },
+    )
+}
+
 fn scan(args: &[String], spec: &Spec<'_>) -> Result<Scanned, Error> {
     let mut known = Vec::new();
     let mut positional = Vec::new();
@@ -487,14 +500,7 @@ fn command(name: &str, rest: &[String], log: &mut LogFlags) -> Result<Command, E
                 ("periodMillis", true),
                 ("url", true),
             ]);
-            let (known, _) = scan(
-                rest,
-                &Spec {
-                    flags: &flags,
-                    shorts: &[],
-                    strict: true,
-                },
-            )?;
+            let (known, _) = scan_strict(rest, &flags)?;
             let mut w = WaitArgs {
                 timeout: Duration::from_secs(60),
                 request_timeout: Duration::from_millis(500),
@@ -529,14 +535,7 @@ fn command(name: &str, rest: &[String], log: &mut LogFlags) -> Result<Command, E
         }
         "request" => {
             let flags = with_log(&[("debug-port", true)]);
-            let (known, positional) = scan(
-                rest,
-                &Spec {
-                    flags: &flags,
-                    shorts: &[],
-                    strict: true,
-                },
-            )?;
+            let (known, positional) = scan_strict(rest, &flags)?;
             let mut debug_port = 15000i64;
             for (n, v) in known {
                 if apply_log(log, &n, &v)? {
@@ -605,14 +604,7 @@ fn command(name: &str, rest: &[String], log: &mut LogFlags) -> Result<Command, E
                 &[]
             };
             let flags = with_log(own);
-            let (known, _) = scan(
-                rest,
-                &Spec {
-                    flags: &flags,
-                    shorts: &[],
-                    strict: true,
-                },
-            )?;
+            let (known, _) = scan_strict(rest, &flags)?;
             for (n, v) in known {
                 if !apply_log(log, &n, &v)? {
                     flag_bool(&n, &v)?;

@@ -39,7 +39,8 @@ pub const CLUSTER_DNS: &str = "198.19.255.10";
 /// istiod's Service address, on the node.
 pub const ISTIOD_IP: &str = "198.19.255.1";
 
-/// What the runner needs beyond the mesh's: dnsmasq for the cluster DNS, setpriv-free.
+/// What the runner needs beyond the mesh's: dnsmasq (the cluster DNS), perl (the `job` spec's
+/// app) and mount.
 pub fn prerequisites() -> bool {
     crate::mesh::prerequisites(&["dnsmasq", "perl", "mount"])
 }

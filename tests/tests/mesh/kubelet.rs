@@ -102,7 +102,11 @@ fn hello_runs_in_a_pod_made_the_kubelets_way() {
         .unwrap_or_default();
     println!("FIGURE kubelet hello: agent open files limit {soft:?}");
     // The runtime starts it at a soft 1024; the agent raises it to the hard limit, as Go does.
-    assert_eq!(soft.get(3), soft.get(4), "soft limit raised to the hard one: {limits}");
+    assert_eq!(
+        soft.get(3),
+        soft.get(4),
+        "soft limit raised to the hard one: {limits}"
+    );
     // The projected token and the root certificate in the kubelet's atomic-writer layout.
     assert_eq!(
         sh("readlink /var/run/secrets/tokens/istio-token").1.trim(),

@@ -106,8 +106,8 @@ fn bind_status(
     }
     let v4 = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port);
     let v6 = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port);
-    let has_v4 = config.ips.iter().any(IpAddr::is_ipv4);
-    let has_v6 = config.ips.iter().any(IpAddr::is_ipv6);
+    let has_v4 = config.node.ips.iter().any(IpAddr::is_ipv4);
+    let has_v6 = config.node.ips.iter().any(IpAddr::is_ipv6);
     Ok(match (has_v4, has_v6) {
         (true, true) => {
             let mut out = vec![bind(v4).with_context(|| context(v4))?];
@@ -190,7 +190,7 @@ impl App {
                  Envoy takes default and ROOTCA from it; serving file certificates only, no CA calls"
             );
         }
-        let sds = if config.disable_envoy {
+        let sds = if config.envoy.disabled {
             None
         } else {
             let server = sds::SdsServer::bind(&config.sds_socket(), manager.clone())
@@ -220,10 +220,10 @@ impl App {
             });
             sink
         });
-        if config.disable_envoy {
+        if config.envoy.disabled {
             // Proxyless gRPC: ready once the bootstrap and its certificates exist (Istio).
             let (path, guard) = (
-                config.path(&config.grpc_xds_bootstrap),
+                config.bootstrap.grpc_xds_bootstrap.clone(),
                 readiness.register("grpc"),
             );
             tokio::spawn(status::grpc_ready::wait(
@@ -254,9 +254,9 @@ impl App {
 
         // 4. Status server.
         let status_metrics = status::Metrics::new(&mut registry);
-        let all_v6 = !config.ips.is_empty() && config.ips.iter().all(IpAddr::is_ipv6);
+        let all_v6 = !config.node.ips.is_empty() && config.node.ips.iter().all(IpAddr::is_ipv6);
         let status_listeners = bind_status(&config, inputs.status_addr)?;
-        let admin = (!config.disable_envoy).then(|| Admin {
+        let admin = (!config.envoy.disabled).then(|| Admin {
             addr: envoy::admin_addr(&config),
         });
         let localhost: IpAddr = if all_v6 {
@@ -266,7 +266,7 @@ impl App {
         };
         let destination = config
             .status
-            .probe_destination(config.instance_ip, localhost);
+            .probe_destination(config.node.instance_ip, localhost);
         let ndsz: Option<status::NdszFn> = table.map(|t| {
             let f: status::NdszFn =
                 Arc::new(move || t.is_synced().then(|| t.debug_json().to_string()));
@@ -275,16 +275,16 @@ impl App {
         let status = StatusServer::new(
             status_listeners,
             status::Inputs {
-                node_type: config.node_type,
+                node_type: config.node.kind,
                 admin,
                 envoy_prometheus: (admin.is_some() && config.status.merge_envoy_stats)
-                    .then(|| SocketAddr::new(localhost, config.envoy_prometheus_port)),
-                app_metrics: if config.node_type == NodeType::Sidecar {
+                    .then(|| SocketAddr::new(localhost, config.envoy.prometheus_port)),
+                app_metrics: if config.node.kind == NodeType::Sidecar {
                     config.status.prometheus_annotations.clone()
                 } else {
                     None
                 },
-                metrics_localhost_only: config.metrics_localhost_only,
+                metrics_localhost_only: config.status.metrics_localhost_only,
                 probers: config.status.app_probers.clone(),
                 prober: Prober { destination },
                 registry: Arc::new(registry),
@@ -301,7 +301,7 @@ impl App {
             (Some(probe), Some((tx, _))) => {
                 let destination = config
                     .status
-                    .probe_destination(config.ips.first().copied(), localhost);
+                    .probe_destination(config.node.ips.first().copied(), localhost);
                 Some((probe, Prober { destination }, tx))
             }
             _ => None,
@@ -396,7 +396,7 @@ impl App {
             tracing::warn!(error = %e, "writing the gRPC xDS bootstrap failed");
         }
 
-        let result = if config.launches_envoy() && !shutdown.is_shutting_down() {
+        let result = if config.envoy.launched() && !shutdown.is_shutting_down() {
             run_envoy(&config, &bound, &shutdown).await
         } else {
             shutdown.token().cancelled().await;
@@ -465,6 +465,8 @@ pub fn load_config(
         env,
         base_dir,
         interface_ips,
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        is_root: unsafe { libc::geteuid() } == 0,
     })
 }
 
@@ -500,6 +502,7 @@ mod tests {
             env: &env,
             base_dir: dir.to_path_buf(),
             interface_ips: vec![],
+            is_root: false,
         })
         .unwrap()
     }
@@ -532,7 +535,7 @@ mod tests {
                 free_port()
             ),
         );
-        assert!(!config.launches_envoy());
+        assert!(!config.envoy.launched());
         let (app, shutdown, bound) = bind(config).await;
         let status = bound.status.expect("status server");
         assert_ne!(status.port(), 0);
@@ -621,7 +624,7 @@ mod tests {
                 free_port()
             ),
         );
-        assert!(config.launches_envoy());
+        assert!(config.envoy.launched());
         let (app, shutdown, bound) = bind(config).await;
         shutdown.trigger();
         // Starting the (nonexistent) Envoy would have failed with 1.
@@ -684,7 +687,7 @@ mod tests {
             &[("ISTIO_AGENT_EXTERNAL_ENVOY", "true")],
             &format!(r#"{{"discoveryAddress":"127.0.0.1:1","statusPort":{port}}}"#),
         );
-        config.ips.push("::1".parse().unwrap());
+        config.node.ips.push("::1".parse().unwrap());
         let (app, shutdown, bound) = bind_on_config_port(config).await;
         let families: Vec<bool> = bound.status_all.iter().map(SocketAddr::is_ipv6).collect();
         assert_eq!(families, vec![false, true], "{:?}", bound.status_all);

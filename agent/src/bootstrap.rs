@@ -77,7 +77,7 @@ pub const ISTIO_RELEASE: &str = "1.28.1";
 
 /// Envoy's `--local-address-ip-version`: v6 only if every node IP is v6.
 pub fn local_address_ip_version(config: &Config) -> &'static str {
-    if !config.ips.is_empty() && config.ips.iter().all(IpAddr::is_ipv6) {
+    if !config.node.ips.is_empty() && config.node.ips.iter().all(IpAddr::is_ipv6) {
         "v6"
     } else {
         "v4"
@@ -129,7 +129,7 @@ pub const DEFAULT_TEMPLATE: &str = "./var/lib/istio/envoy/envoy_bootstrap_tmpl.j
 /// `proxyBootstrapTemplatePath` > Istio's template at [`DEFAULT_TEMPLATE`] when it exists.
 fn template_path(config: &Config) -> Option<PathBuf> {
     [
-        &config.istio_bootstrap,
+        &config.bootstrap.template,
         &config.flags.template_file,
         &config.proxy.proxy_bootstrap_template_path,
     ]

@@ -121,14 +121,17 @@ pub fn args(config: &Config, bootstrap_path: &Path) -> Vec<String> {
         args.push("--component-log-level".into());
         args.push(config.flags.proxy_component_log_level.clone());
     }
-    if config.skip_deprecated_logs {
+    if config.envoy.skip_deprecated_logs {
         args.push("--skip-deprecated-logs".into());
     }
-    if config.enable_core_dump {
+    if config.envoy.enable_core_dump {
         args.push("--enable-core-dump".into());
     }
-    if !config.bootstrap_override.is_empty() {
-        match override_json(&config.path(&config.bootstrap_override), &config.host_ip) {
+    if !config.envoy.bootstrap_override.is_empty() {
+        match override_json(
+            &config.path(&config.envoy.bootstrap_override),
+            &config.node.host_ip,
+        ) {
             Ok(json) => {
                 args.push("--config-yaml".into());
                 args.push(json);
@@ -145,7 +148,8 @@ pub fn args(config: &Config, bootstrap_path: &Path) -> Vec<String> {
 
 /// The admin address Envoy listens on (per the bootstrap's localhost choice).
 pub fn admin_addr(config: &Config) -> SocketAddr {
-    let all_v6 = !config.ips.is_empty() && config.ips.iter().all(std::net::IpAddr::is_ipv6);
+    let all_v6 =
+        !config.node.ips.is_empty() && config.node.ips.iter().all(std::net::IpAddr::is_ipv6);
     let ip: std::net::IpAddr = if all_v6 {
         std::net::Ipv6Addr::LOCALHOST.into()
     } else {
@@ -160,19 +164,19 @@ pub fn active_connections(stats: &[(String, String)], config: &Config) -> Option
     let skip = [
         format!(
             "listener.0.0.0.0_{}.downstream_cx_active",
-            config.envoy_status_port
+            config.envoy.status_port
         ),
         format!(
             "listener.0.0.0.0_{}.downstream_cx_active",
-            config.envoy_prometheus_port
+            config.envoy.prometheus_port
         ),
         format!(
             "listener.[__]_{}.downstream_cx_active",
-            config.envoy_status_port
+            config.envoy.status_port
         ),
         format!(
             "listener.[__]_{}.downstream_cx_active",
-            config.envoy_prometheus_port
+            config.envoy.prometheus_port
         ),
         "listener.admin.downstream_cx_active".to_string(),
         "listener.admin.main_thread.downstream_cx_active".to_string(),
@@ -217,7 +221,7 @@ pub async fn run(
     let mut cmd = Command::new(&binary);
     cmd.args(&argv)
         .env_clear()
-        .envs(&config.envoy_env)
+        .envs(&config.envoy.env)
         .current_dir(&config.base_dir)
         .kill_on_drop(true);
     if let Some((uid, gid)) = envoy_credentials(config) {
@@ -257,7 +261,10 @@ pub const ENVOY_UID: u32 = 1337;
 /// serve DNS on `:53` starts Envoy as 1337 (as Istio), so Envoy's own traffic stays out of the
 /// capture and Envoy has no root.
 pub fn envoy_credentials(config: &Config) -> Option<(u32, u32)> {
-    config.agent_is_root.then_some((ENVOY_UID, ENVOY_UID))
+    config
+        .envoy
+        .run_as_proxy_user
+        .then_some((ENVOY_UID, ENVOY_UID))
 }
 
 /// Envoy gets SIGKILL if the agent dies without stopping it (SIGKILL, the OOM killer), so no
@@ -288,7 +295,7 @@ async fn terminate(
     mode: DrainMode,
 ) -> Result<(), Error> {
     if mode == DrainMode::Graceful {
-        let q = if bootstrap::inbound_only(config.node_type) {
+        let q = if bootstrap::inbound_only(config.node.kind) {
             "/drain_listeners?inboundonly&graceful"
         } else {
             "/drain_listeners?graceful"
@@ -301,14 +308,15 @@ async fn terminate(
             Err(e) => tracing::warn!(error = %e, "draining Envoy's listeners failed"),
         }
         let wait = async {
-            if config.exit_on_zero_active_connections {
-                tokio::time::sleep(config.minimum_drain_duration).await;
+            if config.envoy.exit_on_zero_active_connections {
+                tokio::time::sleep(config.envoy.minimum_drain_duration).await;
                 wait_for_zero_connections(config, admin).await;
             } else {
                 tokio::time::sleep(config.proxy.termination_drain_duration).await;
             }
         };
         let bound = config
+            .envoy
             .minimum_drain_duration
             .max(config.proxy.termination_drain_duration)
             + config.proxy.drain_duration;
@@ -389,6 +397,7 @@ mod tests {
             env: &env,
             base_dir: PathBuf::from("/nonexistent-base"),
             interface_ips: vec!["198.18.0.2".parse().unwrap()],
+            is_root: false,
         })
         .unwrap()
     }

@@ -145,6 +145,7 @@ fn generate_with(
         env: &env,
         base_dir: s.clone(),
         interface_ips: vec![],
+        is_root: false,
     })
     .map_err(|e| format!("config: {e}"))?;
     let written = bootstrap::write(
@@ -667,6 +668,7 @@ fn extras(envoy: &Path, way: Way) {
         env: &env,
         base_dir: s.clone(),
         interface_ips: vec!["fd00::2".parse().expect("ip")],
+        is_root: false,
     })
     .expect("config");
     let written = bootstrap::write(&config, Ports { status: 15020 }, None).expect("bootstrap");

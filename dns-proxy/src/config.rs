@@ -102,9 +102,7 @@ impl Config {
     pub fn proxy_domain(&self) -> String {
         let domain = self.domain.trim_end_matches('.').to_ascii_lowercase();
         match domain.split_once('.') {
-            Some((first, rest)) if !self.namespace.is_empty() && first == self.namespace => {
-                rest.to_string()
-            }
+            Some((first, rest)) if first == self.namespace => rest.to_string(),
             _ => domain,
         }
     }
@@ -239,6 +237,11 @@ mod tests {
         assert_eq!(c.proxy_domain(), "svc.cluster.local");
         c.domain = "other.svc.cluster.local".into();
         assert_eq!(c.proxy_domain(), "other.svc.cluster.local");
+        // No POD_NAMESPACE: the node's domain is `.svc.cluster.local`, and its empty first
+        // label is the (empty) namespace, as Istio's agent.
+        c.namespace = String::new();
+        c.domain = ".svc.cluster.local".into();
+        assert_eq!(c.proxy_domain(), "svc.cluster.local");
     }
 
     #[test]

@@ -21,8 +21,7 @@ pub fn write_grpc_bootstrap(config: &Config) -> Result<PathBuf, Error> {
         "node": { "id": config.node_id(), "metadata": meta, "locality": {} },
         "server_listener_resource_name_template": "xds.istio.io/grpc/lds/inbound/%s"
     });
-    if !config.output_certs.is_empty() {
-        let dir = config.path(&config.output_certs);
+    if let Some(dir) = &config.identity.output_certs {
         doc["certificate_providers"] = json!({
             "default": {
                 "plugin_name": "file_watcher",
@@ -35,7 +34,7 @@ pub fn write_grpc_bootstrap(config: &Config) -> Result<PathBuf, Error> {
             }
         });
     }
-    let path = config.path(&config.grpc_xds_bootstrap);
+    let path = config.bootstrap.grpc_xds_bootstrap.clone();
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|source| Error::Write {
             path: dir.to_path_buf(),

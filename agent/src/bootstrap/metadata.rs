@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use serde_json::{Map, Value, json};
 
 use super::{Error, ISTIO_RELEASE};
-use crate::config::{AuthPolicy, Config, parse_bool, split_host_port};
+use crate::config::{AuthPolicy, Config, split_host_port};
 
 /// The label Istio keeps the sanitised locality under.
 const LOCALITY_LABEL: &str = "istio-locality";
@@ -58,7 +58,7 @@ pub fn node(config: &Config) -> Result<Node, Error> {
             meta.insert(key.to_string(), Value::String(v.clone()));
         }
     }
-    let env = &config.meta_env;
+    let env = &config.node.meta_env;
     for (k, v) in env {
         if let Some(key) = k.strip_prefix("ISTIO_META_").filter(|k| !k.is_empty()) {
             meta.insert(key.to_string(), Value::String((*v).clone()));
@@ -96,15 +96,18 @@ pub fn node(config: &Config) -> Result<Node, Error> {
         }
         meta.extend(obj);
     }
-    if !config.dns_proxy_addr.is_empty() {
-        meta.insert("DNS_PROXY_ADDR".into(), json!(config.dns_proxy_addr));
+    if !config.bootstrap.dns_proxy_addr.is_empty() {
+        meta.insert(
+            "DNS_PROXY_ADDR".into(),
+            json!(config.bootstrap.dns_proxy_addr),
+        );
     }
 
     // Labels: the static ones, then the pod's labels file. Without a labels file both are the
     // same map, so the sanitised locality shows in STATIC_LABELS too (as upstream).
     let mut labels = static_labels.clone();
-    let has_labels_file = !config.pod_labels.is_empty();
-    for (k, v) in &config.pod_labels {
+    let has_labels_file = !config.node.pod_labels.is_empty();
+    for (k, v) in &config.node.pod_labels {
         if k != "pod-template-hash" {
             labels.insert(k.clone(), v.clone());
         }
@@ -136,7 +139,7 @@ pub fn node(config: &Config) -> Result<Node, Error> {
     {
         meta.insert("ISTIO_VERSION".into(), json!(ISTIO_RELEASE));
     }
-    let ips: Vec<String> = config.ips.iter().map(IpAddr::to_string).collect();
+    let ips: Vec<String> = config.node.ips.iter().map(IpAddr::to_string).collect();
     // Istio leaves the key out when the agent has no IP at all.
     if !ips.is_empty() {
         meta.insert("INSTANCE_IPS".into(), json!(ips.join(",")));
@@ -145,40 +148,40 @@ pub fn node(config: &Config) -> Result<Node, Error> {
         meta.insert("STS_PORT".into(), json!(config.flags.sts_port.to_string()));
     }
     for (key, port) in [
-        ("ENVOY_STATUS_PORT", config.envoy_status_port),
-        ("ENVOY_PROMETHEUS_PORT", config.envoy_prometheus_port),
+        ("ENVOY_STATUS_PORT", config.envoy.status_port),
+        ("ENVOY_PROMETHEUS_PORT", config.envoy.prometheus_port),
         (
             "ENVOY_SECURE_METRICS_PORT",
-            config.envoy_secure_metrics_port,
+            config.bootstrap.secure_metrics_port,
         ),
         (
             "ENVOY_SECURE_MERGED_METRICS_PORT",
-            config.envoy_secure_merged_metrics_port,
+            config.bootstrap.secure_merged_metrics_port,
         ),
     ] {
         if port > 0 {
             meta.insert(key.into(), json!(port));
         }
     }
-    if config.exit_on_zero_active_connections {
+    if config.envoy.exit_on_zero_active_connections {
         meta.insert("EXIT_ON_ZERO_ACTIVE_CONNECTIONS".into(), json!("true"));
     }
     let hbone = meta
         .get("ENABLE_HBONE")
         .and_then(Value::as_str)
-        .and_then(parse_bool)
+        .and_then(|v| proto::go::parse_bool(v).ok())
         .unwrap_or(false);
-    let metadata_discovery = config.peer_metadata_discovery.unwrap_or(hbone);
+    let metadata_discovery = config.bootstrap.peer_metadata_discovery.unwrap_or(hbone);
     meta.insert(
         "METADATA_DISCOVERY".into(),
         json!(metadata_discovery.to_string()),
     );
-    if config.skip_deprecated_logs {
+    if config.envoy.skip_deprecated_logs {
         meta.insert("ENVOY_SKIP_DEPRECATED_LOGS".into(), json!("true"));
     }
     meta.insert(
         "WORKLOAD_IDENTITY_SOCKET_FILE".into(),
-        json!(config.workload_identity_socket_file),
+        json!(config.workload_socket.file),
     );
     // Istio's CredentialSocketExists / ServeOnlyFiles keys.
     if config.workload_socket.credential_socket {
@@ -192,9 +195,9 @@ pub fn node(config: &Config) -> Result<Node, Error> {
         crate::config::proxy_config::echo(&config.proxy.raw),
     );
     for (key, v) in [
-        ("NAME", &config.pod_name),
-        ("NAMESPACE", &config.pod_namespace),
-        ("SERVICE_ACCOUNT", &config.service_account),
+        ("NAME", &config.node.pod_name),
+        ("NAMESPACE", &config.node.pod_namespace),
+        ("SERVICE_ACCOUNT", &config.node.service_account),
     ] {
         if !v.is_empty() {
             meta.insert(key.into(), json!(v));
@@ -206,8 +209,8 @@ pub fn node(config: &Config) -> Result<Node, Error> {
     if !static_labels.is_empty() {
         meta.insert("STATIC_LABELS".into(), json!(static_labels));
     }
-    if !config.pod_annotations.is_empty() {
-        meta.insert("ANNOTATIONS".into(), json!(config.pod_annotations));
+    if !config.node.pod_annotations.is_empty() {
+        meta.insert("ANNOTATIONS".into(), json!(config.node.pod_annotations));
     }
     if config.proxy.control_plane_auth_policy == AuthPolicy::MutualTls
         && let Some((host, _)) = split_host_port(&config.proxy.discovery_address)
@@ -242,7 +245,7 @@ pub fn node(config: &Config) -> Result<Node, Error> {
 /// Istio's fallback for `istio-proxy`: `<app>.<namespace>`, `<workload>.<namespace>`,
 /// `istio-proxy.<namespace>`, or `istio-proxy` without a namespace.
 fn service_cluster(config: &Config, labels: &BTreeMap<String, String>, workload: &str) -> String {
-    let ns = &config.pod_namespace;
+    let ns = &config.node.pod_namespace;
     let or_default = |name: &str| -> String {
         if !name.is_empty() && name != "istio-proxy" {
             return name.to_string();

@@ -9,7 +9,7 @@ use super::metadata::{self, Locality};
 use super::stats::{self, Stats};
 use super::telemetry::{self, Telemetry, Tracer};
 use super::{Error, Ports};
-use crate::config::{Config, parse_bool};
+use crate::config::Config;
 
 /// The name of the Lightstep token file under `configPath`.
 pub const LIGHTSTEP_TOKEN_FILE: &str = "lightstep_access_token.txt";
@@ -32,8 +32,8 @@ const V4: Family = Family {
 };
 
 fn family(config: &Config) -> Family {
-    let all_v4 = config.ips.iter().all(IpAddr::is_ipv4);
-    let all_v6 = config.ips.iter().all(IpAddr::is_ipv6);
+    let all_v4 = config.node.ips.iter().all(IpAddr::is_ipv4);
+    let all_v6 = config.node.ips.iter().all(IpAddr::is_ipv6);
     if all_v4 {
         V4
     } else if all_v6 {
@@ -43,8 +43,8 @@ fn family(config: &Config) -> Family {
             lookup: "V6_ONLY",
             additional: None,
         }
-    } else if config.dual_stack {
-        if config.ips.first().is_some_and(IpAddr::is_ipv6) {
+    } else if config.bootstrap.dual_stack {
+        if config.node.ips.first().is_some_and(IpAddr::is_ipv6) {
             Family {
                 localhost: "::1",
                 wildcard: "::",
@@ -123,13 +123,13 @@ fn runtime_flags(config: &Config) -> Map<String, Value> {
         "envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update".into(),
         json!(false),
     );
-    if config.compliance_policy == "fips-140-2" {
+    if config.bootstrap.compliance_policy == "fips-140-2" {
         flags.insert(
             "envoy.reloadable_features.google_grpc_disable_tls_13".into(),
             json!(true),
         );
     }
-    if !config.http_strip_fragment_from_path {
+    if !config.bootstrap.http_strip_fragment_from_path {
         // Istio's name for this setting reads backwards; the flag it sets is this one.
         flags.insert(
             "envoy.reloadable_features.http_strip_fragment_from_path_unsafe_if_disabled".into(),
@@ -228,7 +228,7 @@ impl Options {
         let raw = &config.proxy.raw;
         let node_id = config.node_id();
         let waypoint = node_id.starts_with("waypoint~");
-        let xds_type = if config.delta_xds || waypoint {
+        let xds_type = if config.bootstrap.delta_xds || waypoint {
             "DELTA_GRPC"
         } else {
             "GRPC"
@@ -256,7 +256,7 @@ impl Options {
             }
         };
         let meta_str = |k: &str| node.metadata.get(k).and_then(Value::as_str);
-        let metrics_localhost_only = config.metrics_localhost_only
+        let metrics_localhost_only = config.status.metrics_localhost_only
             || config
                 .proxy
                 .proxy_metadata
@@ -274,20 +274,20 @@ impl Options {
             config_path: config.proxy.config_path.clone(),
             admin_port: config.proxy.proxy_admin_port,
             status_port: ports.status,
-            envoy_status_port: config.envoy_status_port,
-            envoy_prometheus_port: config.envoy_prometheus_port,
-            secure_metrics_port: config.envoy_secure_metrics_port,
-            secure_merged_metrics_port: config.envoy_secure_merged_metrics_port,
+            envoy_status_port: config.envoy.status_port,
+            envoy_prometheus_port: config.envoy.prometheus_port,
+            secure_metrics_port: config.bootstrap.secure_metrics_port,
+            secure_merged_metrics_port: config.bootstrap.secure_merged_metrics_port,
             metrics_localhost_only,
-            status_proxy_protocol: config.envoy_status_port_enable_proxy_protocol,
+            status_proxy_protocol: config.bootstrap.status_port_proxy_protocol,
             stats_compression,
             global_downstream_max_connections: global_downstream_max_connections(config)?,
             outlier_log_path: config.flags.outlier_log_path.clone(),
             load_stats_config: meta_str("LOAD_STATS_CONFIG_JSON").map(str::to_string),
             enable_self_discovery: meta_str("ENABLE_SELF_DISCOVERY")
-                .and_then(parse_bool)
+                .and_then(|v| proto::go::parse_bool(v).ok())
                 .unwrap_or(false),
-            workload_identity_socket_file: config.workload_identity_socket_file.clone(),
+            workload_identity_socket_file: config.workload_socket.file.clone(),
             custom_file_path: config
                 .workload_socket
                 .external

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::config::{Config, parse_duration};
+use crate::config::Config;
 
 const EXTRA_STAT_TAGS: &str = "sidecar.istio.io/extraStatTags";
 const INCLUSION_PREFIXES: &str = "sidecar.istio.io/statsInclusionPrefixes";
@@ -44,7 +44,7 @@ fn inclusion(
     configured: &[String],
     required: &[&str],
 ) -> Vec<String> {
-    let mut list: Vec<String> = match config.pod_annotations.get(annotation) {
+    let mut list: Vec<String> = match config.node.pod_annotations.get(annotation) {
         Some(a) if !a.is_empty() => a.split(',').map(str::to_string).collect(),
         _ => configured.to_vec(),
     };
@@ -54,6 +54,7 @@ fn inclusion(
         if entry.contains("{pod_ip}") {
             out.extend(
                 config
+                    .node
                     .ips
                     .iter()
                     .map(|ip| entry.replace("{pod_ip}", &ip.to_string())),
@@ -86,7 +87,7 @@ pub fn stats(config: &Config, extra_tags: &[String]) -> Stats {
         "shadow_allowed",
         "shadow_denied",
     ];
-    if config.exit_on_zero_active_connections {
+    if config.envoy.exit_on_zero_active_connections {
         required_suffixes.push("downstream_cx_active");
     }
     let inclusion_suffixes = inclusion(
@@ -104,6 +105,7 @@ pub fn stats(config: &Config, extra_tags: &[String]) -> Stats {
 
     let mut tags: Vec<String> = Vec::new();
     let annotated = config
+        .node
         .pod_annotations
         .get(EXTRA_STAT_TAGS)
         .map(String::as_str)
@@ -119,7 +121,7 @@ pub fn stats(config: &Config, extra_tags: &[String]) -> Stats {
     }
 
     let mut histogram_buckets = Vec::new();
-    if let Some(text) = config.pod_annotations.get(HISTOGRAM_BUCKETS) {
+    if let Some(text) = config.node.pod_annotations.get(HISTOGRAM_BUCKETS) {
         match serde_json::from_str::<std::collections::BTreeMap<String, Vec<f64>>>(text) {
             Ok(map) => histogram_buckets = map.into_iter().collect(),
             Err(e) => tracing::warn!(annotation = HISTOGRAM_BUCKETS, value = %text, error = %e,
@@ -129,8 +131,8 @@ pub fn stats(config: &Config, extra_tags: &[String]) -> Stats {
 
     let mut flush = DEFAULT_FLUSH_INTERVAL;
     let mut flush_interval = None;
-    if let Some(v) = config.pod_annotations.get(FLUSH_INTERVAL) {
-        match parse_duration(v) {
+    if let Some(v) = config.node.pod_annotations.get(FLUSH_INTERVAL) {
+        match proto::go::parse_duration(v).ok() {
             Some(d) => {
                 flush = d;
                 flush_interval = Some(d);
@@ -140,8 +142,8 @@ pub fn stats(config: &Config, extra_tags: &[String]) -> Stats {
         }
     }
     let mut eviction_interval = None;
-    if let Some(v) = config.pod_annotations.get(EVICTION_INTERVAL) {
-        match parse_duration(v) {
+    if let Some(v) = config.node.pod_annotations.get(EVICTION_INTERVAL) {
+        match proto::go::parse_duration(v).ok() {
             None => tracing::warn!(annotation = EVICTION_INTERVAL, value = %v,
                 "ignoring stats eviction interval: expected a duration such as 60s"),
             Some(d) if flush.is_zero() || d.as_nanos() % flush.as_nanos() != 0 => {

@@ -124,8 +124,8 @@ fn join(parent: &str, key: &str) -> String {
 fn address(config: &Config, field: &str, value: &str) -> Result<Address, Error> {
     let (host, port) = split_host_port(value)
         .ok_or_else(|| bad(field, &Value::String(value.to_string()), "host:port"))?;
-    let host = if host == "$(HOST_IP)" && !config.host_ip.is_empty() {
-        config.host_ip.clone()
+    let host = if host == "$(HOST_IP)" && !config.node.host_ip.is_empty() {
+        config.node.host_ip.clone()
     } else {
         host
     };
@@ -234,6 +234,7 @@ pub fn telemetry(config: &Config, meta: &Map<String, Value>) -> Result<Telemetry
 /// GCP platform detection.
 fn gcp_project(config: &Config) -> Option<String> {
     config
+        .bootstrap
         .gcp_metadata
         .split('|')
         .next()
@@ -284,7 +285,7 @@ fn tcp_keepalive(k: &Map<String, Value>, field: &str) -> Result<Value, Error> {
         if v.is_empty() {
             continue;
         }
-        let d = crate::config::parse_duration(&v).ok_or_else(|| {
+        let d = proto::go::parse_duration(&v).ok().ok_or_else(|| {
             bad(
                 &join(field, key),
                 &Value::String(v.clone()),

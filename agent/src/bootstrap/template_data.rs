@@ -82,8 +82,8 @@ pub fn template_data(config: &Config, o: &Options) -> Value {
         put("pilot_SAN", san.clone());
     }
     put("xds_type", json!(o.xds_type));
-    if !config.xds_root_ca.is_empty() {
-        put("xds_root_cert", json!(config.xds_root_ca));
+    if !config.bootstrap.xds_root_ca.is_empty() {
+        put("xds_root_cert", json!(config.bootstrap.xds_root_ca));
     }
     put("metadata_discovery", json!(o.metadata_discovery));
     put("localhost", json!(o.family.localhost));

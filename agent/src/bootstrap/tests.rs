@@ -17,6 +17,7 @@ fn config(dir: &Path, pairs: &[(&str, &str)]) -> Config {
         env: &env,
         base_dir: dir.to_path_buf(),
         interface_ips: vec![],
+        is_root: false,
     })
     .unwrap()
 }

@@ -15,7 +15,8 @@ use super::{Error, env::Env};
 pub struct Inputs<'a> {
     pub env: Env<'a>,
     pub namespace: &'a str,
-    /// `--domain`; empty: `<namespace>.svc.cluster.local`.
+    /// The node's DNS domain ([`super::node::dns_domain`]: worked out once for the node id and
+    /// the DNS proxy alike).
     pub domain: &'a str,
     pub resolv_conf: &'a Path,
     /// Istio's resolv.conf for an agent serving `:53` as root.
@@ -61,13 +62,7 @@ pub fn load(i: Inputs<'_>) -> Result<dns_proxy::Config, Error> {
     config.listen_addrs = listen_addrs;
     config.respond_before_sync = respond_before_sync;
     config.namespace = i.namespace.to_string();
-    config.domain = if !i.domain.is_empty() {
-        i.domain.to_string()
-    } else if i.namespace.is_empty() {
-        "svc.cluster.local".to_string()
-    } else {
-        format!("{}.svc.cluster.local", i.namespace)
-    };
+    config.domain = i.domain.to_string();
     config.forward_timeout = env.duration(
         "DNS_FORWARD_TIMEOUT",
         DEFAULT_FORWARD_TIMEOUT,
@@ -108,10 +103,11 @@ mod tests {
         is_root: bool,
         domain: &str,
     ) -> Result<dns_proxy::Config, Error> {
+        let namespace = e.get("POD_NAMESPACE").map(String::as_str).unwrap_or("");
         load(Inputs {
             env: Env(e),
-            namespace: e.get("POD_NAMESPACE").map(String::as_str).unwrap_or(""),
-            domain,
+            namespace,
+            domain: &super::super::node::dns_domain(domain, namespace),
             resolv_conf,
             istio_resolv_conf: istio,
             is_root,

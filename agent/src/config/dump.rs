@@ -7,70 +7,44 @@
 
 use serde_json::{Value, json};
 
-use super::Config;
+use super::{Config, ProxyConfig};
 
 /// What a redacted value reads as.
 pub const REDACTED: &str = "<redacted>";
 
 impl Config {
-    /// The effective configuration tree, secrets redacted.
+    /// The effective configuration tree, secrets redacted: the [`Config`] tree itself,
+    /// serialized (a field added to the tree is dumped without a line here), plus what is
+    /// derived from it (the node id, Envoy's concurrency, the xDS socket).
     pub fn dump(&self) -> Value {
-        let mut identity = serde_json::to_value(&self.identity).unwrap_or(Value::Null);
-        redact_pairs(&mut identity["ca_headers"], &[]);
-        let mut upstream = serde_json::to_value(&self.upstream).unwrap_or(Value::Null);
-        redact_pairs(&mut upstream["metadata"], &["ClusterID"]);
-        let mut status = serde_json::to_value(&self.status).unwrap_or(Value::Null);
-        if let Some(probers) = status["app_probers"].as_object_mut() {
+        let mut v = serde_json::to_value(self).unwrap_or(Value::Null);
+        redact_pairs(&mut v["identity"]["ca_headers"], &[]);
+        redact_pairs(&mut v["upstream"]["metadata"], &["ClusterID"]);
+        if let Some(probers) = v["status"]["app_probers"].as_object_mut() {
             for probe in probers.values_mut() {
                 redact_pairs(&mut probe["action"]["Http"]["headers"], &[]);
             }
         }
-        let mut annotations = serde_json::to_value(&self.pod_annotations).unwrap_or(Value::Null);
-        if let Some(a) = annotations.get_mut(PROXY_CONFIG_ANNOTATION) {
+        if let Some(a) = v["node"]["pod_annotations"].get_mut(PROXY_CONFIG_ANNOTATION) {
             *a = Value::String(REDACTED.into());
         }
-        json!({
-            "node_type": self.node_type,
-            "node_id": self.node_id(),
-            "base_dir": self.base_dir,
-            "flags": self.flags,
-            "proxy_config": redact_proxy_config(&self.proxy.raw),
-            "pod": {
-                "name": self.pod_name,
-                "namespace": self.pod_namespace,
-                "service_account": self.service_account,
-                "labels": self.pod_labels,
-                "annotations": annotations,
-            },
-            "host_ip": self.host_ip,
-            "instance_ip": self.instance_ip,
-            "ips": self.ips,
-            "dns_domain": self.dns_domain,
-            "cluster_id": self.cluster_id,
-            "envoy": {
-                "launched": self.launches_envoy(),
-                "status_port": self.envoy_status_port,
-                "prometheus_port": self.envoy_prometheus_port,
-                "delta_xds": self.delta_xds,
-                "concurrency": self.concurrency(),
-                "exit_on_zero_active_connections": self.exit_on_zero_active_connections,
-                "minimum_drain_duration": self.minimum_drain_duration,
-                "istio_bootstrap": self.istio_bootstrap,
-                "bootstrap_override": self.bootstrap_override,
-                "skip_deprecated_logs": self.skip_deprecated_logs,
-                "enable_core_dump": self.enable_core_dump,
-                "dual_stack": self.dual_stack,
-                "metrics_localhost_only": self.metrics_localhost_only,
-            },
-            "grpc_xds_bootstrap": self.grpc_xds_bootstrap,
-            "output_certs": self.output_certs,
-            "xds_socket": self.xds_socket(),
-            "identity": identity,
-            "dns": self.dns,
-            "upstream": upstream,
-            "status": status,
-        })
+        // Names only: `ISTIO_META_*` values may carry anything.
+        if let Some(meta) = v["node"]["meta_env"].as_array_mut() {
+            for pair in meta.iter_mut() {
+                *pair = pair[0].clone();
+            }
+        }
+        v["node"]["id"] = json!(self.node_id());
+        v["envoy"]["launched"] = json!(self.envoy.launched());
+        v["envoy"]["concurrency"] = json!(self.concurrency());
+        v["xds_socket"] = json!(self.xds_socket());
+        v
     }
+}
+
+/// Serializes the ProxyConfig as its merged layers, redacted ([`redact_proxy_config`]).
+pub fn proxy_config<S: serde::Serializer>(p: &ProxyConfig, s: S) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&redact_proxy_config(&p.raw), s)
 }
 
 /// The pod annotation a ProxyConfig layer is read from.

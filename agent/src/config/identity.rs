@@ -35,6 +35,8 @@ pub struct WorkloadSocket {
     /// `./var/run/secrets/workload-spiffe-uds/<WORKLOAD_IDENTITY_SOCKET_FILE>`: the socket
     /// Envoy's `sds-grpc` cluster reads `default` and `ROOTCA` from.
     pub configured: PathBuf,
+    /// `WORKLOAD_IDENTITY_SOCKET_FILE` (`socket`): `configured`'s file name.
+    pub file: String,
     /// Where the agent's own SDS server listens: `configured`, or
     /// `./var/run/secrets/credential-uds/files-socket` when `external` is set.
     pub listen: PathBuf,
@@ -79,6 +81,7 @@ pub fn workload_socket(base_dir: &Path, socket_file: &str) -> Result<WorkloadSoc
     };
     Ok(WorkloadSocket {
         configured,
+        file: socket_file.to_string(),
         listen,
         external,
         credential_socket,

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::{Error, parse_duration};
+use super::Error;
+use proto::go::parse_duration;
 
 /// Control plane authentication policy (`controlPlaneAuthPolicy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +161,7 @@ pub fn echo(raw: &Value) -> Value {
         }
         let v = match (DURATIONS.contains(&k.as_str()), v) {
             (true, Value::String(text)) => parse_duration(text)
+                .ok()
                 .map(|d| Value::String(proto_duration(d)))
                 .unwrap_or_else(|| v.clone()),
             (_, Value::Object(topology)) if k == "gatewayTopology" => {
@@ -257,6 +259,7 @@ fn duration(obj: &Map<String, Value>, field: &str) -> Result<Option<Duration>, E
     match obj.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(v @ Value::String(s)) => parse_duration(s)
+            .ok()
             .map(Some)
             .ok_or_else(|| bad(field, v, "a duration such as \"45s\" or \"1m30s\"")),
         Some(v) => Err(bad(field, v, "a duration string such as \"45s\"")),

@@ -24,6 +24,9 @@ pub struct StatusConfig {
     /// `REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION` (false): probes go to localhost instead of
     /// the pod IP.
     pub rewrite_probe_legacy_localhost: bool,
+    /// `METRICS_LOCALHOST_ACCESS_ONLY`: the merged metrics (and Envoy's prometheus listener)
+    /// answer loopback peers only.
+    pub metrics_localhost_only: bool,
 }
 
 impl StatusConfig {
@@ -58,6 +61,7 @@ pub fn load(env: Env<'_>, proxy: &ProxyConfig) -> Result<StatusConfig, Error> {
         ),
     };
     Ok(StatusConfig {
+        metrics_localhost_only: env.bool("METRICS_LOCALHOST_ACCESS_ONLY", false)?,
         app_probers,
         health_probe,
         prometheus_annotations,

@@ -1,4 +1,5 @@
 use super::*;
+use std::time::Duration;
 
 fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs
@@ -14,6 +15,7 @@ fn load(dir: &Path, e: &HashMap<String, String>) -> Result<Config, Error> {
         env: e,
         base_dir: dir.to_path_buf(),
         interface_ips: vec!["198.18.0.9".parse().unwrap()],
+        is_root: false,
     })
 }
 
@@ -33,9 +35,9 @@ fn injected_env_defaults() {
         c.node_id(),
         "sidecar~198.18.0.2~app-1.ns1~ns1.svc.cluster.local"
     );
-    assert_eq!(c.ips.len(), 2);
+    assert_eq!(c.node.ips.len(), 2);
     assert_eq!(c.concurrency(), 2);
-    assert!(c.delta_xds);
+    assert!(c.bootstrap.delta_xds);
     assert_eq!(
         c.upstream.metadata,
         vec![("X-Foo".to_string(), "bar".to_string())]
@@ -73,7 +75,7 @@ fn layering_order_mesh_env_annotation() {
     assert_eq!(c.proxy.drain_duration, Duration::from_secs(7));
     assert_eq!(c.proxy.status_port, 15300);
     assert_eq!(c.concurrency(), 3);
-    assert_eq!(c.pod_annotations["other"], "x");
+    assert_eq!(c.node.pod_annotations["other"], "x");
 }
 
 #[test]
@@ -141,6 +143,7 @@ fn dns_capture_only_for_sidecars() {
         env: &e,
         base_dir: dir.path().to_path_buf(),
         interface_ips: vec![],
+        is_root: false,
     })
     .unwrap();
     assert!(c.dns.is_none());
@@ -164,12 +167,7 @@ fn a_host_without_addresses_gives_the_loopbacks() {
 }
 
 #[test]
-fn durations_and_unquote() {
-    assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
-    assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
-    assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
-    assert_eq!(parse_duration("5"), None);
-    assert_eq!(parse_duration("s"), None);
+fn go_unquote_reads_downward_api_values() {
     assert_eq!(
         go_unquote(r#""a\"b\nc\u00e9""#).as_deref(),
         Some("a\"b\ncé")
@@ -185,6 +183,7 @@ fn load_with(dir: &Path, e: &HashMap<String, String>, flags: ProxyFlags) -> Resu
         env: e,
         base_dir: dir.to_path_buf(),
         interface_ips: vec![],
+        is_root: false,
     })
 }
 
@@ -203,7 +202,7 @@ fn domain_flag_reaches_dns_proxy() {
     let dns = c.dns.as_ref().unwrap();
     assert_eq!(dns.domain, "ns1.svc.corp.example");
     assert_eq!(dns.proxy_domain(), "svc.corp.example");
-    assert_eq!(c.dns_domain, "ns1.svc.corp.example");
+    assert_eq!(c.node.dns_domain, "ns1.svc.corp.example");
 }
 
 /// The CA address follows the discovery address when `CA_ADDR` is unset, keeping `ISTIOD_SAN`;
@@ -291,7 +290,9 @@ fn every_duration_setting_parses_the_one_table() {
     let settings: &[Setting] = &[
         ("SECRET_TTL", 1_000_000_000, |c| c.identity.secret_ttl),
         ("FILE_DEBOUNCE_DURATION", 0, |c| c.identity.file_debounce),
-        ("MINIMUM_DRAIN_DURATION", 0, |c| c.minimum_drain_duration),
+        ("MINIMUM_DRAIN_DURATION", 0, |c| {
+            c.envoy.minimum_drain_duration
+        }),
         ("DNS_FORWARD_TIMEOUT", 1, |c| {
             c.dns.as_ref().unwrap().forward_timeout
         }),
@@ -350,7 +351,7 @@ fn config_dump_redacts_credentials() {
     assert_eq!(v["upstream"]["metadata"][0][1], "c1");
     assert_eq!(v["upstream"]["metadata"][1][1], dump::REDACTED);
     assert_eq!(v["identity"]["ca_headers"][0][1], dump::REDACTED);
-    assert_eq!(v["node_id"], c.node_id());
+    assert_eq!(v["node"]["id"], c.node_id());
     assert_eq!(v["identity"]["secret_ttl"]["secs"], 86400);
 }
 
@@ -370,17 +371,83 @@ fn config_dump_redacts_the_proxy_config() {
         assert!(!dump.contains(secret), "{secret} leaked: {dump}");
     }
     let v = c.dump();
-    assert_eq!(
-        v["proxy_config"]["proxyMetadata"]["GCP_TOKEN"],
-        dump::REDACTED
-    );
-    assert_eq!(
-        v["proxy_config"]["tracing"]["lightstep"]["address"],
-        "ls:443"
-    );
-    assert_eq!(v["proxy_config"]["concurrency"], 2);
+    assert_eq!(v["proxy"]["proxyMetadata"]["GCP_TOKEN"], dump::REDACTED);
+    assert_eq!(v["proxy"]["tracing"]["lightstep"]["address"], "ls:443");
+    assert_eq!(v["proxy"]["concurrency"], 2);
     // What istiod is sent is the ProxyConfig itself.
     assert_eq!(c.proxy.raw["proxyMetadata"]["GCP_TOKEN"], "metadata-secret");
+}
+
+/// The dump is the tree itself: every group and the settings the hand-written dump used to
+/// miss are there, and `ISTIO_META_*` values are not (names only).
+#[test]
+fn config_dump_is_the_whole_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = env(&[
+        ("ENVOY_SECURE_METRICS_PORT", "15091"),
+        ("COMPLIANCE_POLICY", "fips-140-2"),
+        ("GCP_METADATA", "p|1|c|z"),
+        ("ISTIO_META_DNS_CAPTURE", "true"),
+        ("ISTIO_META_SOMETHING", "meta-secret"),
+        ("XDS_ROOT_CA", "/etc/root.pem"),
+    ]);
+    let c = load(dir.path(), &e).unwrap();
+    let v = c.dump();
+    let tree = serde_json::to_value(&c).unwrap();
+    for group in tree.as_object().unwrap().keys() {
+        assert!(v.get(group).is_some(), "{group} missing from the dump");
+    }
+    for group in [
+        "base_dir",
+        "flags",
+        "proxy",
+        "node",
+        "envoy",
+        "bootstrap",
+        "workload_socket",
+        "identity",
+        "dns",
+        "upstream",
+        "status",
+        "xds_socket",
+    ] {
+        assert!(v.get(group).is_some(), "{group} missing from the dump");
+    }
+    assert_eq!(v["bootstrap"]["secure_metrics_port"], 15091);
+    assert_eq!(v["bootstrap"]["compliance_policy"], "fips-140-2");
+    assert_eq!(v["bootstrap"]["gcp_metadata"], "p|1|c|z");
+    assert_eq!(v["bootstrap"]["xds_root_ca"], "/etc/root.pem");
+    assert_eq!(v["envoy"]["launched"], true);
+    assert_eq!(v["envoy"]["status_port"], 15021);
+    assert!(
+        v["envoy"].get("env").is_none(),
+        "the raw environment is never dumped"
+    );
+    assert_eq!(v["workload_socket"]["file"], "socket");
+    assert!(v["dns"].is_object());
+    let meta = v["node"]["meta_env"].to_string();
+    assert!(meta.contains("ISTIO_META_SOMETHING"), "{meta}");
+    assert!(!v.to_string().contains("meta-secret"));
+}
+
+/// One DNS domain for the node id and the DNS proxy, also with no `POD_NAMESPACE`
+/// (`.svc.cluster.local`, as Istio's agent).
+#[test]
+fn one_dns_domain_for_node_and_dns_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    for (ns, want) in [("ns1", "ns1.svc.cluster.local"), ("", ".svc.cluster.local")] {
+        let e = env(&[("POD_NAMESPACE", ns), ("ISTIO_META_DNS_CAPTURE", "true")]);
+        let c = load(dir.path(), &e).unwrap();
+        assert_eq!(c.node.dns_domain, want);
+        let dns = c.dns.as_ref().expect("DNS capture on");
+        assert_eq!(dns.domain, want);
+        assert_eq!(dns.proxy_domain(), "svc.cluster.local");
+        assert!(
+            c.node_id().ends_with(&format!("~{want}")),
+            "{}",
+            c.node_id()
+        );
+    }
 }
 
 /// `traffic.sidecar.istio.io/excludeInterfaces`: those interfaces' IPs leave `INSTANCE_IPS`.
@@ -414,9 +481,10 @@ fn excluded_interfaces_leave_instance_ips() {
         env: &e,
         base_dir: dir.path().to_path_buf(),
         interface_ips: kept,
+        is_root: false,
     })
     .unwrap();
-    assert_eq!(c.ips, want);
+    assert_eq!(c.node.ips, want);
 }
 
 /// `OUTPUT_CERTS` files are readable by the pod's other containers in Kubernetes (Istio's 0644
@@ -520,11 +588,7 @@ fn identity_rejects_bad_values_naming_the_variable() {
 }
 
 #[test]
-fn identity_go_durations_and_server_names() {
-    assert_eq!(parse_duration("100ms"), Some(Duration::from_millis(100)));
-    assert_eq!(parse_duration("2h3m4s"), Some(Duration::from_secs(7384)));
-    assert_eq!(parse_duration("10"), None);
-    assert_eq!(parse_duration("-1s"), None);
+fn istiod_server_names() {
     use identity::istiod_server_name;
     assert_eq!(
         istiod_server_name("istiod.foo.svc:15012", None),

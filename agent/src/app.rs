@@ -15,13 +15,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use prometheus_client::registry::Registry;
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
 use crate::bootstrap::{self, Ports};
 use crate::config::{Config, NodeType};
 use crate::envoy::{self, admin::Admin};
-use crate::lifecycle::{Readiness, Shutdown};
+use crate::lifecycle::{Components, Readiness, Shutdown};
 use crate::status::{self, StatusServer, probe::Prober};
 use crate::xds_proxy::{self, XdsProxy};
 
@@ -49,6 +47,7 @@ pub struct Bound {
 pub struct App {
     config: Arc<Config>,
     shutdown: Shutdown,
+    readiness: Readiness,
     bound: Bound,
     status: StatusServer,
     xds: (XdsProxy, tokio::net::UnixListener),
@@ -156,7 +155,8 @@ pub fn host_interfaces() -> Vec<(String, IpAddr)> {
 }
 
 impl App {
-    /// Binds every listener; nothing is served yet.
+    /// Binds every listener; nothing is served yet. In order: the DNS proxy, the workload
+    /// identity (secret manager and SDS socket), the xDS proxy, the status server.
     pub async fn bind(inputs: Inputs) -> anyhow::Result<App> {
         let config = Arc::new(inputs.config);
         let config_dump = config.dump().to_string();
@@ -164,139 +164,32 @@ impl App {
         let shutdown = inputs.shutdown;
         let mut registry = Registry::with_prefix("istio_agent");
         let readiness = Readiness::default();
-
-        // 1. DNS proxy.
-        let mut dns = None;
-        if let Some(dns_config) = &config.dns {
-            let metrics = Arc::new(dns_proxy::Metrics::new(&mut registry));
-            dns = Some(
-                dns_proxy::DnsProxy::bind(dns_config.clone(), metrics)
-                    .await
-                    .context("starting the DNS proxy")?,
-            );
-        }
-        let table = dns.as_ref().map(dns_proxy::DnsProxy::table);
-
-        // 2. Secret manager and SDS server (not with DISABLE_ENVOY: certs go to OUTPUT_CERTS).
-        let sds_metrics = Arc::new(sds::Metrics::new(&mut registry));
-        let manager = sds::SecretManager::new(Arc::new(config.identity.clone()), sds_metrics)
-            .context("secret manager")?;
         let mut sockets = SocketFiles::default();
-        if config.workload_socket.external {
-            tracing::info!(
-                external = %config.workload_socket.configured.display(),
-                files = %config.sds_socket().display(),
-                "an external SDS server already serves the workload identity socket (SPIRE?): \
-                 Envoy takes default and ROOTCA from it; serving file certificates only, no CA calls"
-            );
-        }
-        let sds = if config.envoy.disabled {
-            None
-        } else {
-            let server = sds::SdsServer::bind(&config.sds_socket(), manager.clone())
-                .await
-                .context("binding the SDS socket")?;
-            sockets.0.push(server.path().to_path_buf());
-            if let Some((uid, gid)) = envoy::envoy_credentials(&config) {
-                // Envoy (1337) must reach the SDS socket the root agent created.
-                for p in [Some(server.path()), server.path().parent()]
-                    .into_iter()
-                    .flatten()
-                {
-                    std::os::unix::fs::chown(p, Some(uid), Some(gid))
-                        .with_context(|| format!("handing {} to Envoy's uid", p.display()))?;
-                }
-            }
-            Some(server)
-        };
 
-        // 3. xDS proxy.
-        let nds = table.clone().map(|table| {
-            let guard = readiness.register("dns");
-            let sink: xds_proxy::NdsSink = Arc::new(move |t| {
-                table.update(&t);
-                guard.ready();
-                Ok(())
-            });
-            sink
-        });
-        if config.envoy.disabled {
-            // Proxyless gRPC: ready once the bootstrap and its certificates exist (Istio).
-            let (path, guard) = (
-                config.bootstrap.grpc_xds_bootstrap.clone(),
-                readiness.register("grpc"),
-            );
-            tokio::spawn(status::grpc_ready::wait(
-                path,
-                guard,
-                shutdown.token().clone(),
-            ));
-        }
-        let xds_metrics = xds_proxy::Metrics::new(&mut registry);
+        let dns = bind_dns(&config, &mut registry).await?;
+        let (manager, sds) = bind_identity(&config, &mut registry, &mut sockets).await?;
         let health_channel = config
             .status
             .health_probe
             .as_ref()
             .map(|_| tokio::sync::watch::channel(None));
-        let proxy = XdsProxy::new(xds_proxy::Inputs {
-            upstream: xds_proxy::upstream(&config.upstream).map_err(anyhow::Error::msg)?,
-            nds,
-            metrics: xds_metrics,
-            health: health_channel.as_ref().map(|(_, rx)| rx.clone()),
-            queue: 1,
-            reconnect: config.upstream.reconnect,
-            // A stalled istiod is given as long to open a stream as to answer a ping.
-            open_timeout: config.upstream.keepalive.0 + config.upstream.keepalive.1,
-        });
-        let xds_path = config.xds_socket();
-        let xds_listener = xds_proxy::bind_uds(&xds_path)?;
-        sockets.0.push(xds_path.clone());
-
-        // 4. Status server.
-        let status_metrics = status::Metrics::new(&mut registry);
-        let all_v6 = !config.node.ips.is_empty() && config.node.ips.iter().all(IpAddr::is_ipv6);
-        let status_listeners = bind_status(&config, inputs.status_addr)?;
-        let admin = (!config.envoy.disabled).then(|| Admin {
-            addr: envoy::admin_addr(&config),
-        });
-        let localhost: IpAddr = if all_v6 {
-            Ipv6Addr::LOCALHOST.into()
-        } else {
-            Ipv4Addr::LOCALHOST.into()
-        };
-        let destination = config
-            .status
-            .probe_destination(config.node.instance_ip, localhost);
-        let ndsz: Option<status::NdszFn> = table.map(|t| {
-            let f: status::NdszFn =
-                Arc::new(move || t.is_synced().then(|| t.debug_json().to_string()));
-            f
-        });
-        let status = StatusServer::new(
-            status_listeners,
-            status::Inputs {
-                node_type: config.node.kind,
-                admin,
-                envoy_prometheus: (admin.is_some() && config.status.merge_envoy_stats)
-                    .then(|| SocketAddr::new(localhost, config.envoy.prometheus_port)),
-                app_metrics: if config.node.kind == NodeType::Sidecar {
-                    config.status.prometheus_annotations.clone()
-                } else {
-                    None
-                },
-                metrics_localhost_only: config.status.metrics_localhost_only,
-                probers: config.status.app_probers.clone(),
-                prober: Prober { destination },
-                registry: Arc::new(registry),
-                metrics: status_metrics,
-                readiness,
+        let health_rx = health_channel.as_ref().map(|(_, rx)| rx.clone());
+        let table = dns.as_ref().map(dns_proxy::DnsProxy::table);
+        let xds = bind_xds(&config, &mut registry, table.clone(), &readiness, health_rx)?;
+        sockets.0.push(xds.path.clone());
+        let localhost = localhost_for(&config);
+        let status = bind_status_server(
+            &config,
+            inputs.status_addr,
+            StatusParts {
+                registry,
+                readiness: readiness.clone(),
                 shutdown: shutdown.clone(),
-                ndsz,
+                table,
                 config_dump,
-                limits: status::conn::Limits::default(),
+                localhost,
             },
-        );
-
+        )?;
         let health = match (config.status.health_probe.clone(), health_channel) {
             (Some(probe), Some((tx, _))) => {
                 let destination = config
@@ -306,10 +199,11 @@ impl App {
             }
             _ => None,
         };
+
         let bound = Bound {
             status: status.local_addr().ok(),
             status_all: status.local_addrs(),
-            xds: xds_path,
+            xds: xds.path.clone(),
             sds: sds.as_ref().map(|s| s.path().to_path_buf()),
             dns: dns.as_ref().map(|d| d.local_addrs()).unwrap_or_default(),
         };
@@ -325,9 +219,10 @@ impl App {
         Ok(App {
             config,
             shutdown,
+            readiness,
             bound,
             status,
-            xds: (proxy, xds_listener),
+            xds: (xds.proxy, xds.listener),
             sds,
             manager,
             dns,
@@ -340,11 +235,13 @@ impl App {
         &self.bound
     }
 
-    /// Runs until Envoy exits or shutdown completes; returns the process exit code.
+    /// Runs until Envoy exits, shutdown completes or a component fails; returns the process
+    /// exit code (non-zero when a component failed).
     pub async fn run(self) -> anyhow::Result<i32> {
         let App {
             config,
             shutdown,
+            readiness,
             bound,
             status,
             xds,
@@ -354,71 +251,237 @@ impl App {
             health,
             sockets,
         } = self;
-        // Stops the components that must outlive Envoy's drain.
-        let components = CancellationToken::new();
-        let mut tasks = JoinSet::new();
-        tasks.spawn(async move {
+        let mut components = Components::new(shutdown.clone(), readiness.clone());
+        let token = components.token();
+        components.spawn("status", Duration::from_secs(1), async move {
             status.run().await;
+            Ok::<(), String>(())
         });
         if let Some((probe, prober, tx)) = health {
-            tasks.spawn(crate::health::run(probe, prober, tx, components.clone()));
+            let token = token.clone();
+            components.spawn("health", Duration::from_secs(1), async move {
+                crate::health::run(probe, prober, tx, token).await;
+                Ok::<(), String>(())
+            });
         }
         if let Some(dns) = dns {
-            let token = components.clone();
-            tasks.spawn(async move {
-                if let Err(e) = dns.run(token).await {
-                    tracing::error!(error = %e, "DNS proxy failed");
-                }
-            });
+            components.spawn("dns", Duration::from_secs(2), dns.run(token.clone()));
         }
+        // Proxyless without SDS: the manager fetches and rotates certificates for OUTPUT_CERTS.
+        manager.warm();
         if let Some(sds) = sds {
-            manager.warm();
-            let token = components.clone();
-            tasks.spawn(async move {
-                if let Err(e) = sds.run(token).await {
-                    tracing::error!(error = %e, "SDS server failed");
-                }
-            });
-        } else {
-            // Proxyless: fetch and rotate certificates for OUTPUT_CERTS.
-            manager.warm();
+            components.spawn("sds", Duration::from_secs(2), sds.run(token.clone()));
         }
-        {
-            let token = components.clone();
-            let (proxy, listener) = xds;
-            tasks.spawn(async move {
-                if let Err(e) = xds_proxy::serve(proxy, listener, token).await {
-                    tracing::error!(error = %e, "xDS proxy failed");
-                }
-            });
+        let (proxy, listener) = xds;
+        components.spawn(
+            "xds",
+            Duration::from_secs(2),
+            xds_proxy::serve(proxy, listener, token.clone()),
+        );
+        if config.envoy.disabled {
+            // Proxyless gRPC: ready once the bootstrap and its certificates exist (Istio).
+            let guard = readiness.register(
+                "grpc",
+                "gRPC xDS bootstrap or its certificates are not written yet",
+            );
+            let path = config.bootstrap.grpc_xds_bootstrap.clone();
+            tokio::spawn(status::grpc_ready::wait(path, guard, token.clone()));
         }
         if let Err(e) = bootstrap::write_grpc_bootstrap(&config) {
             tracing::warn!(error = %e, "writing the gRPC xDS bootstrap failed");
         }
 
         let result = if config.envoy.launched() && !shutdown.is_shutting_down() {
+            // A failed component triggers the shutdown Envoy watches: Envoy drains and exits.
             run_envoy(&config, &bound, &shutdown).await
         } else {
-            shutdown.token().cancelled().await;
+            tokio::select! {
+                _ = shutdown.token().cancelled() => {}
+                _ = components.failed() => {}
+            }
             Ok(0)
         };
         // Envoy is gone (exited, drained or never started): everything else stops too.
         shutdown.trigger();
-        components.cancel();
         manager.shutdown();
-        let drained = tokio::time::timeout(Duration::from_secs(5), async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
-        if drained.is_err() {
-            tracing::warn!("components did not stop within 5s");
-        }
+        let failures = components.stop().await;
         drop(sockets);
+        let result = match result {
+            Ok(0) if !failures.is_empty() => {
+                tracing::error!(failures = ?failures, "agent exiting after a component failed");
+                Ok(1)
+            }
+            other => other,
+        };
         if let Ok(code) = &result {
             tracing::info!(code, "agent exiting");
         }
         result
     }
+}
+
+/// Loopback of the pod's family: IPv6 when every pod IP is IPv6.
+fn localhost_for(config: &Config) -> IpAddr {
+    let ips = &config.node.ips;
+    if !ips.is_empty() && ips.iter().all(IpAddr::is_ipv6) {
+        Ipv6Addr::LOCALHOST.into()
+    } else {
+        Ipv4Addr::LOCALHOST.into()
+    }
+}
+
+/// The DNS proxy, when enabled (bound first).
+async fn bind_dns(
+    config: &Config,
+    registry: &mut Registry,
+) -> anyhow::Result<Option<dns_proxy::DnsProxy>> {
+    let Some(dns_config) = &config.dns else {
+        return Ok(None);
+    };
+    let metrics = Arc::new(dns_proxy::Metrics::new(registry));
+    let dns = dns_proxy::DnsProxy::bind(dns_config.clone(), metrics)
+        .await
+        .context("starting the DNS proxy")?;
+    Ok(Some(dns))
+}
+
+/// Workload identity (bound second): the secret manager, and the SDS server unless Envoy is disabled
+/// (proxyless: certificates go to `OUTPUT_CERTS`).
+async fn bind_identity(
+    config: &Config,
+    registry: &mut Registry,
+    sockets: &mut SocketFiles,
+) -> anyhow::Result<(sds::SecretManager, Option<sds::SdsServer>)> {
+    let metrics = Arc::new(sds::Metrics::new(registry));
+    let manager = sds::SecretManager::new(Arc::new(config.identity.clone()), metrics)
+        .context("secret manager")?;
+    if config.workload_socket.external {
+        tracing::info!(
+            external = %config.workload_socket.configured.display(),
+            files = %config.sds_socket().display(),
+            "an external SDS server already serves the workload identity socket (SPIRE?): \
+             Envoy takes default and ROOTCA from it; serving file certificates only, no CA calls"
+        );
+    }
+    if config.envoy.disabled {
+        return Ok((manager, None));
+    }
+    let server = sds::SdsServer::bind(&config.sds_socket(), manager.clone())
+        .await
+        .context("binding the SDS socket")?;
+    sockets.0.push(server.path().to_path_buf());
+    if let Some((uid, gid)) = envoy::envoy_credentials(config) {
+        // Envoy (1337) must reach the SDS socket the root agent created.
+        for p in [Some(server.path()), server.path().parent()]
+            .into_iter()
+            .flatten()
+        {
+            std::os::unix::fs::chown(p, Some(uid), Some(gid))
+                .with_context(|| format!("handing {} to Envoy's uid", p.display()))?;
+        }
+    }
+    Ok((manager, Some(server)))
+}
+
+/// The xDS proxy, bound on `<configPath>/XDS`.
+struct BoundXds {
+    proxy: XdsProxy,
+    listener: tokio::net::UnixListener,
+    path: PathBuf,
+}
+
+/// The xDS proxy (bound third): Envoy's ADS to istiod, NDS into the DNS table, workload health to istiod.
+fn bind_xds(
+    config: &Config,
+    registry: &mut Registry,
+    table: Option<dns_proxy::TableHandle>,
+    readiness: &Readiness,
+    health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
+) -> anyhow::Result<BoundXds> {
+    let nds = table.map(|table| {
+        let guard = readiness.register(
+            "dns",
+            "istio DNS capture is turned ON and DNS lookup table is not ready yet",
+        );
+        let sink: xds_proxy::NdsSink = Arc::new(move |t| {
+            table.update(&t);
+            guard.ready();
+            Ok(())
+        });
+        sink
+    });
+    let proxy = XdsProxy::new(xds_proxy::Inputs {
+        upstream: xds_proxy::upstream(&config.upstream).map_err(anyhow::Error::msg)?,
+        nds,
+        metrics: xds_proxy::Metrics::new(registry),
+        health,
+        queue: 1,
+        reconnect: config.upstream.reconnect,
+        // A stalled istiod is given as long to open a stream as to answer a ping.
+        open_timeout: config.upstream.keepalive.0 + config.upstream.keepalive.1,
+    });
+    let path = config.xds_socket();
+    let listener = xds_proxy::bind_uds(&path)?;
+    Ok(BoundXds {
+        proxy,
+        listener,
+        path,
+    })
+}
+
+/// What the status server is built from besides the config.
+struct StatusParts {
+    registry: Registry,
+    readiness: Readiness,
+    shutdown: Shutdown,
+    table: Option<dns_proxy::TableHandle>,
+    config_dump: String,
+    localhost: IpAddr,
+}
+
+/// The status server (bound last): probes, readiness, merged metrics, debug pages.
+fn bind_status_server(
+    config: &Config,
+    addr: Option<SocketAddr>,
+    parts: StatusParts,
+) -> anyhow::Result<StatusServer> {
+    let mut registry = parts.registry;
+    let metrics = status::Metrics::new(&mut registry);
+    let listeners = bind_status(config, addr)?;
+    let admin = (!config.envoy.disabled).then(|| Admin {
+        addr: envoy::admin_addr(config),
+    });
+    let destination = config
+        .status
+        .probe_destination(config.node.instance_ip, parts.localhost);
+    let ndsz: Option<status::NdszFn> = parts.table.map(|t| {
+        let f: status::NdszFn = Arc::new(move || t.is_synced().then(|| t.debug_json().to_string()));
+        f
+    });
+    Ok(StatusServer::new(
+        listeners,
+        status::Inputs {
+            node_type: config.node.kind,
+            admin,
+            envoy_prometheus: (admin.is_some() && config.status.merge_envoy_stats)
+                .then(|| SocketAddr::new(parts.localhost, config.envoy.prometheus_port)),
+            app_metrics: if config.node.kind == NodeType::Sidecar {
+                config.status.prometheus_annotations.clone()
+            } else {
+                None
+            },
+            metrics_localhost_only: config.status.metrics_localhost_only,
+            probers: config.status.app_probers.clone(),
+            prober: Prober { destination },
+            registry: Arc::new(registry),
+            metrics,
+            readiness: parts.readiness,
+            shutdown: parts.shutdown,
+            ndsz,
+            config_dump: parts.config_dump,
+            limits: status::conn::Limits::default(),
+        },
+    ))
 }
 
 /// Writes Envoy's bootstrap and runs Envoy; returns the exit code.

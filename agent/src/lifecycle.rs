@@ -3,7 +3,15 @@
 //! - [`Shutdown`]: SIGTERM, SIGINT and `/quitquitquit` all cancel the same token; the mode says
 //!   whether Envoy is drained first ([`DrainMode::Graceful`]) or stopped at once
 //!   ([`DrainMode::Immediate`], after `/quitquitquit` or once `/drain` already drained it).
-//! - [`Readiness`]: named guards; `/healthz/ready` lists the ones still pending.
+//! - [`Readiness`]: named guards, each with the reason it gives while pending; `/healthz/ready`
+//!   lists the reasons of the ones still pending and of the components that failed.
+//! - [`Components`]: the agent's long-running parts under one supervisor. One that fails (or
+//!   ends before shutdown) marks the agent not ready and shuts the whole agent down, Envoy
+//!   included, with the reason logged; at the end each is stopped within its own deadline.
+
+mod components;
+
+pub use components::Components;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -75,48 +83,86 @@ impl Shutdown {
     }
 }
 
-/// Named readiness guards.
+/// Named readiness guards. Each guard carries the reason `/healthz/ready` gives while it is
+/// pending, so the status server lists reasons without knowing the components.
 #[derive(Debug, Clone, Default)]
 pub struct Readiness {
-    pending: Arc<Mutex<BTreeMap<String, bool>>>,
+    states: Arc<Mutex<BTreeMap<String, Check>>>,
+}
+
+#[derive(Debug, Clone)]
+enum Check {
+    Pending(String),
+    Ready,
+    Failed(String),
 }
 
 /// Marks its name ready when [`ReadyGuard::ready`] is called.
 #[derive(Debug, Clone)]
 pub struct ReadyGuard {
     name: String,
-    pending: Arc<Mutex<BTreeMap<String, bool>>>,
+    states: Arc<Mutex<BTreeMap<String, Check>>>,
 }
 
 impl Readiness {
-    pub fn register(&self, name: &str) -> ReadyGuard {
-        if let Ok(mut p) = self.pending.lock() {
-            p.insert(name.to_string(), false);
-        }
+    /// A guard named `name`; until it is ready, `/healthz/ready` says `pending_reason`.
+    pub fn register(&self, name: &str, pending_reason: &str) -> ReadyGuard {
+        self.set(name, Check::Pending(pending_reason.to_string()));
         ReadyGuard {
             name: name.to_string(),
-            pending: self.pending.clone(),
+            states: self.states.clone(),
         }
     }
 
-    /// Names not ready yet, sorted.
+    /// Marks `name` failed for good (a component that stopped): the agent is not ready.
+    pub fn fail(&self, name: &str, reason: &str) {
+        self.set(name, Check::Failed(format!("{name} failed: {reason}")));
+    }
+
+    /// Why the agent is not ready: failed components first, then pending guards, each sorted
+    /// by name.
+    pub fn not_ready(&self) -> Vec<String> {
+        let Ok(states) = self.states.lock() else {
+            return vec!["readiness state unavailable".into()];
+        };
+        let failed = states.values().filter_map(|c| match c {
+            Check::Failed(r) => Some(r.clone()),
+            _ => None,
+        });
+        let pending = states.values().filter_map(|c| match c {
+            Check::Pending(r) => Some(r.clone()),
+            _ => None,
+        });
+        failed.chain(pending).collect()
+    }
+
+    /// Names of the guards not ready yet (pending or failed), sorted.
     pub fn pending(&self) -> Vec<String> {
-        self.pending
+        self.states
             .lock()
-            .map(|p| {
-                p.iter()
-                    .filter(|(_, ready)| !**ready)
+            .map(|s| {
+                s.iter()
+                    .filter(|(_, c)| !matches!(c, Check::Ready))
                     .map(|(n, _)| n.clone())
                     .collect()
             })
             .unwrap_or_default()
     }
+
+    fn set(&self, name: &str, check: Check) {
+        if let Ok(mut s) = self.states.lock() {
+            s.insert(name.to_string(), check);
+        }
+    }
 }
 
 impl ReadyGuard {
     pub fn ready(&self) {
-        if let Ok(mut p) = self.pending.lock() {
-            p.insert(self.name.clone(), true);
+        if let Ok(mut s) = self.states.lock() {
+            // A failed component stays failed.
+            if !matches!(s.get(&self.name), Some(Check::Failed(_))) {
+                s.insert(self.name.clone(), Check::Ready);
+            }
         }
     }
 }
@@ -128,11 +174,21 @@ mod tests {
     #[test]
     fn guards_and_modes() {
         let r = Readiness::default();
-        let a = r.register("dns");
-        let _b = r.register("envoy");
+        let a = r.register("dns", "DNS table not ready");
+        let _b = r.register("envoy", "Envoy not ready");
         assert_eq!(r.pending(), vec!["dns", "envoy"]);
+        assert_eq!(
+            r.not_ready(),
+            vec!["DNS table not ready", "Envoy not ready"]
+        );
         a.ready();
         assert_eq!(r.pending(), vec!["envoy"]);
+        r.fail("dns", "socket closed");
+        a.ready();
+        assert_eq!(
+            r.not_ready(),
+            vec!["dns failed: socket closed", "Envoy not ready"]
+        );
 
         let s = Shutdown::default();
         assert_eq!(s.mode(), DrainMode::Graceful);

@@ -353,15 +353,7 @@ async fn ready(state: &State) -> Result<(), String> {
     {
         pending.push(e);
     }
-    for name in state.inputs.readiness.pending() {
-        pending.push(match name.as_str() {
-            "dns" => {
-                "istio DNS capture is turned ON and DNS lookup table is not ready yet".to_string()
-            }
-            "grpc" => "gRPC xDS bootstrap or its certificates are not written yet".to_string(),
-            other => format!("{other} is not ready"),
-        });
-    }
+    pending.extend(state.inputs.readiness.not_ready());
     if pending.is_empty() {
         Ok(())
     } else {

@@ -154,8 +154,11 @@ impl DnsProxy {
         self.path.table.clone()
     }
 
-    /// Serves until `shutdown` is cancelled; in-flight forwards are abandoned on shutdown.
+    /// Serves until `shutdown` is cancelled; in-flight forwards are abandoned on shutdown. A
+    /// listener that fails stops the proxy's other listeners (never the caller's token: what
+    /// else stops is the caller's decision) and is the error returned.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        let shutdown = shutdown.child_token();
         let tracker = TaskTracker::new();
         let mut loops = tokio::task::JoinSet::new();
         let workers = std::thread::available_parallelism()

@@ -108,7 +108,10 @@ mod tests {
     async fn guard_turns_ready_once_everything_exists() {
         let dir = tempfile::tempdir().unwrap();
         let readiness = Readiness::default();
-        let guard = readiness.register("grpc");
+        let guard = readiness.register(
+            "grpc",
+            "gRPC xDS bootstrap or its certificates are not written yet",
+        );
         let task = tokio::spawn(wait(
             dir.path().join("grpc-bootstrap.json"),
             guard,

@@ -168,7 +168,10 @@ const LIVE: &str = "server.state: 0\nlistener_manager.workers_started: 1\n";
 #[tokio::test]
 async fn ready_when_envoy_has_config_and_is_live_and_guards_are_done() {
     let s = setup(CONFIG_OK, LIVE, None).await;
-    let dns = s.readiness.register("dns");
+    let dns = s.readiness.register(
+        "dns",
+        "istio DNS capture is turned ON and DNS lookup table is not ready yet",
+    );
     let (code, body) = get(s.addr, "GET", "/healthz/ready").await;
     assert_eq!(code, 503);
     assert!(body.contains("DNS lookup table is not ready"), "{body}");

@@ -9,6 +9,7 @@ mod env;
 mod envoy;
 pub mod identity;
 mod node;
+pub mod probe;
 pub mod proxy_config;
 mod status;
 pub mod upstream;

@@ -161,12 +161,13 @@ fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Proxy { node_type, flags } => {
-            agent::runtime::raise_open_file_limit();
             let rt = runtime()?;
             let signals = {
                 let _entered = rt.enter();
                 Signals::install()?
             };
+            // After the handlers: from its first log line on, the agent handles SIGTERM.
+            agent::runtime::raise_open_file_limit();
             let config = app::load_config(node_type, flags, env, base_dir)?;
             tracing::info!(
                 proxy_config = %agent::config::dump::redact_proxy_config(&config.proxy.raw),

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use crate::status::probe::{
+use super::probe::{
     AppProbers, Destination, PrometheusAnnotations, ReadinessProbe, parse_probers,
     parse_prometheus_annotations, parse_readiness_probe,
 };

@@ -712,7 +712,7 @@ fn external_workload_socket_switches_to_files_only() {
 /// `REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION=true` (Istio dials the name, not an address).
 #[test]
 fn legacy_localhost_probe_destination_is_the_name() {
-    use crate::status::probe::Destination;
+    use crate::config::probe::Destination;
     let dir = tempfile::tempdir().unwrap();
     let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
     let pod: std::net::IpAddr = "198.18.0.7".parse().unwrap();
@@ -759,6 +759,6 @@ fn vm_exec_readiness_probe_loads() {
     assert_eq!(probe.probe.timeout, std::time::Duration::from_secs(3));
     assert!(matches!(
         &probe.probe.action,
-        crate::status::probe::ProbeAction::Exec { command } if command == &["/usr/bin/check", "--quick"]
+        crate::config::probe::ProbeAction::Exec { command } if command == &["/usr/bin/check", "--quick"]
     ));
 }

@@ -10,6 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ::http::{HeaderMap, StatusCode, Version};
+
+use crate::config::probe::{parse_probers, parse_prometheus_annotations, parse_readiness_probe};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::Frame;

@@ -159,6 +159,10 @@ impl StatusServer {
         for listener in self.listeners {
             tasks.spawn(accept_loop(listener, self.state.clone(), counts.clone()));
         }
+        if tasks.is_empty() {
+            // `statusPort: 0`: nothing to serve, but the server still ends with the agent.
+            self.state.inputs.shutdown.token().cancelled().await;
+        }
         while tasks.join_next().await.is_some() {}
         tracing::info!("status server stopped");
     }

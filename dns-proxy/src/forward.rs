@@ -16,10 +16,9 @@
 //! a periodic sweep ([`sweep`]) times out queries past their server's deadline and moves them
 //! on. Queries arriving together are sent upstream with one `sendmmsg` per server.
 
+mod chan;
 mod matching;
-mod pending;
 mod pool;
-mod reader;
 mod relay;
 mod sweep;
 mod tcp;
@@ -36,10 +35,10 @@ use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 
 use crate::packet::Transport;
+pub(crate) use chan::Relay;
 pub(crate) use matching::check_answer;
 use matching::question_bytes;
 use pool::UdpPool;
-pub(crate) use relay::Relay;
 use tcp::exchange_tcp;
 
 /// Why forwarding failed (every server failed).

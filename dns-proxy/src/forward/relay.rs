@@ -13,37 +13,12 @@ use std::os::fd::AsRawFd;
 
 use tokio::time::{Instant, timeout_at};
 
+use super::chan::{MAX_RELAY_UPSTREAMS, Pending, Relay, RelayState, Waiter};
 use super::matching::question_bytes;
-use super::pending::{Pending, Waiter};
 use super::pool::UdpPool;
 use super::tcp::exchange_tcp;
 use super::{ForwardError, Forwarder, Raw, poisoned};
 use crate::datagrams::{ClientReply, send_client_replies};
-
-/// The end of a relayed query: turns the forwarding result into the client's answer.
-pub(crate) trait Relay: Send + 'static {
-    /// `result` is the first usable answer (carrying the query's own id), else the last
-    /// unusable one, else the last error.
-    fn finish(self: Box<Self>, result: Result<Vec<u8>, ForwardError>) -> Option<ClientReply>;
-}
-
-/// A relayed UDP query between servers.
-pub(super) struct RelayState {
-    /// The query as sent upstream (its first two bytes hold the id last used on the wire).
-    pub(super) query: Vec<u8>,
-    /// The query's own id, put back into the answer.
-    pub(super) id: [u8; 2],
-    pub(super) qlen: usize,
-    /// Servers (indices into the pool's upstreams) in the order tried, `next` the next one.
-    pub(super) order: [u8; MAX_RELAY_UPSTREAMS],
-    pub(super) len: u8,
-    pub(super) next: u8,
-    pub(super) last: Option<Result<Vec<u8>, ForwardError>>,
-    pub(super) ctx: Box<dyn Relay>,
-}
-
-/// Relayed queries support up to this many upstreams (resolv.conf allows 3).
-pub(super) const MAX_RELAY_UPSTREAMS: usize = 8;
 
 impl Forwarder {
     /// Whether [`Forwarder::relay`] can take UDP queries (sequential mode, few upstreams).

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::ForwardError;
-use super::pending::{Pending, Waiter};
-use super::pool::{Chan, UdpPool};
+use super::chan::{Chan, Pending, Waiter};
+use super::pool::UdpPool;
 use crate::datagrams::{ClientReply, send_client_replies};
 
 impl UdpPool {

@@ -181,6 +181,21 @@ pub fn active_connections(stats: &[(String, String)], config: &Config) -> Option
         "listener.admin.downstream_cx_active".to_string(),
         "listener.admin.main_thread.downstream_cx_active".to_string(),
     ];
+    // The mTLS metrics listeners (`ENVOY_SECURE_METRICS_PORT`, `_MERGED_`) are scrapers, not
+    // workload traffic: skipped as Istio skips them.
+    let secure: Vec<String> = [
+        config.bootstrap.secure_metrics_port,
+        config.bootstrap.secure_merged_metrics_port,
+    ]
+    .into_iter()
+    .filter(|p| *p != 0)
+    .flat_map(|p| {
+        [
+            format!("listener.0.0.0.0_{p}.downstream_cx_active"),
+            format!("listener.[__]_{p}.downstream_cx_active"),
+        ]
+    })
+    .collect();
     let mut seen = false;
     let mut sum = 0u64;
     for (name, value) in stats {
@@ -189,6 +204,7 @@ pub fn active_connections(stats: &[(String, String)], config: &Config) -> Option
             || name.contains("worker_")
             || name.starts_with("listener.envoy_internal_")
             || skip.contains(name)
+            || secure.contains(name)
         {
             continue;
         }
@@ -307,6 +323,9 @@ async fn terminate(
             Ok((status, _)) => tracing::info!(status, "Envoy draining listeners"),
             Err(e) => tracing::warn!(error = %e, "draining Envoy's listeners failed"),
         }
+        // With EXIT_ON_ZERO_ACTIVE_CONNECTIONS, as Istio: after MINIMUM_DRAIN_DURATION, wait
+        // for the last connection however long it takes (the pod's grace period is the bound:
+        // the kubelet's SIGKILL); without it, terminationDrainDuration.
         let wait = async {
             if config.envoy.exit_on_zero_active_connections {
                 tokio::time::sleep(config.envoy.minimum_drain_duration).await;
@@ -315,13 +334,8 @@ async fn terminate(
                 tokio::time::sleep(config.proxy.termination_drain_duration).await;
             }
         };
-        let bound = config
-            .envoy
-            .minimum_drain_duration
-            .max(config.proxy.termination_drain_duration)
-            + config.proxy.drain_duration;
         tokio::select! {
-            _ = tokio::time::timeout(bound, wait) => {}
+            _ = wait => {}
             status = child.wait() => {
                 tracing::info!(status = ?status.ok(), "Envoy exited during drain");
                 return Ok(());
@@ -494,6 +508,24 @@ mod tests {
         .collect();
         assert_eq!(active_connections(&stats, &c), Some(3));
         assert_eq!(active_connections(&stats[2..4], &c), None);
+        // The secure metrics listeners are scrapers, not workload traffic.
+        let c = config(
+            &[
+                ("ENVOY_SECURE_METRICS_PORT", "15091"),
+                ("ENVOY_SECURE_MERGED_METRICS_PORT", "15092"),
+            ],
+            ProxyFlags::default(),
+        );
+        let mut with_secure = stats.clone();
+        with_secure.push((
+            "listener.0.0.0.0_15091.downstream_cx_active".into(),
+            "4".into(),
+        ));
+        with_secure.push((
+            "listener.[__]_15092.downstream_cx_active".into(),
+            "7".into(),
+        ));
+        assert_eq!(active_connections(&with_secure, &c), Some(3));
         assert_eq!(Outcome::Exited(Some(139)).exit_code(), 139);
         assert_eq!(Outcome::Stopped.exit_code(), 0);
     }

@@ -347,6 +347,16 @@ fn drain_waits_for_open_connections_with_exit_on_zero_active_connections() {
         &[
             ("EXIT_ON_ZERO_ACTIVE_CONNECTIONS", "true".to_string()),
             ("MINIMUM_DRAIN_DURATION", "1s".to_string()),
+            // Short drains: a wait bounded by them (ours before, 1 s + max(1 s, 1 s)) would end
+            // while the connection below is still open; Istio's is bounded only by the pod's
+            // grace period.
+            (
+                "PROXY_CONFIG",
+                format!(
+                    r#"{{"binaryPath":"{}","discoveryAddress":"istiod.istio-system.svc:15012","drainDuration":"1s","terminationDrainDuration":"1s"}}"#,
+                    mesh.bin("envoy").display()
+                ),
+            ),
         ],
     );
     wait_ready(&mesh, &pod, Duration::from_secs(30));
@@ -373,9 +383,11 @@ fn drain_waits_for_open_connections_with_exit_on_zero_active_connections() {
 
     agent(&mut pod).signal(nix::sys::signal::Signal::SIGTERM);
     agent(&mut pod).wait_for_line("waiting for connections to close", Duration::from_secs(10));
+    // Well past every drain setting (1 s each): still waiting for the open connection.
+    std::thread::sleep(Duration::from_secs(5));
     assert!(
         agent(&mut pod).try_wait().is_none(),
-        "the agent must wait while a connection is open"
+        "the agent must wait while a connection is open, past the drain durations"
     );
     let closed = Instant::now();
     drop(conn);

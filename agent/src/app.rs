@@ -530,6 +530,7 @@ pub fn load_config(
         interface_ips,
         // SAFETY: geteuid has no preconditions and cannot fail.
         is_root: unsafe { libc::geteuid() } == 0,
+        cgroup_memory_limit: crate::cgroup::memory_limit(),
     })
 }
 
@@ -566,6 +567,7 @@ mod tests {
             base_dir: dir.to_path_buf(),
             interface_ips: vec![],
             is_root: false,
+            cgroup_memory_limit: None,
         })
         .unwrap()
     }

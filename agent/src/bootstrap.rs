@@ -20,6 +20,7 @@ mod grpc;
 mod listeners;
 pub(crate) mod metadata;
 mod options;
+pub mod overload;
 mod stats;
 mod telemetry;
 pub mod template;

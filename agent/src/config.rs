@@ -19,7 +19,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 pub use bootstrap::BootstrapConfig;
-pub use envoy::EnvoyConfig;
+pub use envoy::{EnvoyConfig, HeapLimit};
 pub use node::Node;
 pub use proxy_config::{AuthPolicy, ProxyConfig, StatsMatcher, split_host_port};
 pub use status::StatusConfig;
@@ -151,6 +151,8 @@ pub struct Inputs<'a> {
     /// The agent runs as root (uid 0): it may serve DNS on `:53`, and Envoy then runs as the
     /// proxy user.
     pub is_root: bool,
+    /// The memory limit of the agent's cgroup (`crate::cgroup::memory_limit`), when it has one.
+    pub cgroup_memory_limit: Option<u64>,
 }
 
 /// The resolv.conf the DNS proxy forwards to.
@@ -363,6 +365,7 @@ impl Config {
             env,
             flags: &flags,
             is_root: inputs.is_root,
+            cgroup_memory_limit: inputs.cgroup_memory_limit,
         })?;
         let bootstrap = bootstrap::load(env, &base_dir)?;
 

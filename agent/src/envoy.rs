@@ -71,7 +71,7 @@ fn split_component_log(level: &str) -> (String, Vec<String>) {
 }
 
 /// Reads `ISTIO_BOOTSTRAP_OVERRIDE` (YAML or JSON) as JSON, with `$(HOST_IP)` substituted.
-fn override_json(path: &Path, host_ip: &str) -> Result<String, String> {
+fn override_json(path: &Path, host_ip: &str) -> Result<serde_json::Value, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let host = if host_ip.contains(':') {
         format!("[{host_ip}]")
@@ -81,7 +81,7 @@ fn override_json(path: &Path, host_ip: &str) -> Result<String, String> {
     let text = text.replace("$(HOST_IP)", &host);
     let v: serde_json::Value =
         serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(v.to_string())
+    Ok(v)
 }
 
 /// Istio's Envoy argv (after the binary).
@@ -127,17 +127,28 @@ pub fn args(config: &Config, bootstrap_path: &Path) -> Vec<String> {
     if config.envoy.enable_core_dump {
         args.push("--enable-core-dump".into());
     }
+    // One `--config-yaml` (Envoy takes one): the heap bound's overload manager, then
+    // ISTIO_BOOTSTRAP_OVERRIDE merged over it.
+    let mut overlay = config
+        .envoy
+        .heap_limit
+        .as_ref()
+        .map(bootstrap::overload::heap_fragment);
     if !config.envoy.bootstrap_override.is_empty() {
         match override_json(
             &config.path(&config.envoy.bootstrap_override),
             &config.node.host_ip,
         ) {
-            Ok(json) => {
-                args.push("--config-yaml".into());
-                args.push(json);
-            }
+            Ok(json) => match &mut overlay {
+                Some(o) => bootstrap::overload::merge(o, json),
+                None => overlay = Some(json),
+            },
             Err(e) => tracing::warn!(error = %e, "failed to read bootstrap override"),
         }
+    }
+    if let Some(o) = overlay {
+        args.push("--config-yaml".into());
+        args.push(o.to_string());
     }
     if config.concurrency() > 0 {
         args.push("--concurrency".into());
@@ -412,6 +423,7 @@ mod tests {
             base_dir: PathBuf::from("/nonexistent-base"),
             interface_ips: vec!["198.18.0.2".parse().unwrap()],
             is_root: false,
+            cgroup_memory_limit: None,
         })
         .unwrap()
     }
@@ -484,13 +496,80 @@ mod tests {
         let p = dir.path().join("o.yaml");
         std::fs::write(&p, "admin:\n  address: \"$(HOST_IP)\"\n").unwrap();
         assert_eq!(
-            override_json(&p, "198.18.0.1").unwrap(),
+            override_json(&p, "198.18.0.1").unwrap().to_string(),
             r#"{"admin":{"address":"198.18.0.1"}}"#
         );
         assert_eq!(
-            override_json(&p, "fd00::1").unwrap(),
+            override_json(&p, "fd00::1").unwrap().to_string(),
             r#"{"admin":{"address":"[fd00::1]"}}"#
         );
+    }
+
+    /// `ENVOY_MEMORY_OVERLOAD`: the heap bound reaches Envoy as one `--config-yaml`, merged
+    /// with `ISTIO_BOOTSTRAP_OVERRIDE`; GOMEMLIMIT (the template's `limits.memory`) when the
+    /// cgroup has no limit.
+    #[test]
+    fn memory_overload_reaches_envoy_as_config_yaml() {
+        let yaml = |c: &Config| {
+            let a = args(c, Path::new("/b.json"));
+            a.iter()
+                .position(|x| x == "--config-yaml")
+                .map(|i| serde_json::from_str::<serde_json::Value>(&a[i + 1]).unwrap())
+        };
+        assert_eq!(
+            yaml(&config(&[("GOMEMLIMIT", "512MiB")], ProxyFlags::default())),
+            None
+        );
+        let c = config(
+            &[("ENVOY_MEMORY_OVERLOAD", "true"), ("GOMEMLIMIT", "1000MiB")],
+            ProxyFlags::default(),
+        );
+        let limit = c.envoy.heap_limit.expect("a heap limit");
+        assert_eq!(
+            (limit.source, limit.max_heap_bytes),
+            ("GOMEMLIMIT", 850 << 20)
+        );
+        let v = yaml(&c).expect("--config-yaml");
+        assert_eq!(
+            v["overload_manager"]["resource_monitors"][0]["name"],
+            "envoy.resource_monitors.fixed_heap"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let o = dir.path().join("override.yaml");
+        std::fs::write(&o, "admin:\n  address: \"$(HOST_IP)\"\n").unwrap();
+        let c = config(
+            &[
+                ("ENVOY_MEMORY_OVERLOAD", "true"),
+                ("GOMEMLIMIT", "1000MiB"),
+                ("ISTIO_BOOTSTRAP_OVERRIDE", o.to_str().unwrap()),
+                ("HOST_IP", "198.18.0.1"),
+            ],
+            ProxyFlags::default(),
+        );
+        let v = yaml(&c).expect("--config-yaml");
+        assert_eq!(v["admin"]["address"], "198.18.0.1");
+        assert!(v["overload_manager"].is_object());
+        // No limit anywhere: nothing to bound by (a warning, no fragment).
+        let c = config(&[("ENVOY_MEMORY_OVERLOAD", "true")], ProxyFlags::default());
+        assert_eq!(c.envoy.heap_limit, None);
+        // A malformed GOMEMLIMIT names itself.
+        let env: HashMap<String, String> =
+            [("ENVOY_MEMORY_OVERLOAD", "true"), ("GOMEMLIMIT", "1G")]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        let err = Config::load(Inputs {
+            node_type: NodeType::Sidecar,
+            flags: ProxyFlags::default(),
+            env: &env,
+            base_dir: PathBuf::from("/nonexistent-base"),
+            interface_ips: vec![],
+            is_root: false,
+            cgroup_memory_limit: Some(256 << 20),
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("GOMEMLIMIT"), "{err}");
     }
 
     #[test]

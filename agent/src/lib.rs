@@ -12,6 +12,7 @@
 
 pub mod app;
 pub mod bootstrap;
+pub mod cgroup;
 pub mod cli;
 pub mod client;
 pub mod config;

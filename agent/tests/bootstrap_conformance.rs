@@ -146,6 +146,7 @@ fn generate_with(
         base_dir: s.clone(),
         interface_ips: vec![],
         is_root: false,
+        cgroup_memory_limit: None,
     })
     .map_err(|e| format!("config: {e}"))?;
     let written = bootstrap::write(
@@ -669,6 +670,7 @@ fn extras(envoy: &Path, way: Way) {
         base_dir: s.clone(),
         interface_ips: vec!["fd00::2".parse().expect("ip")],
         is_root: false,
+        cgroup_memory_limit: None,
     })
     .expect("config");
     let written = bootstrap::write(&config, Ports { status: 15020 }, None).expect("bootstrap");

@@ -18,6 +18,7 @@ fn config(dir: &Path, pairs: &[(&str, &str)]) -> Config {
         base_dir: dir.to_path_buf(),
         interface_ips: vec![],
         is_root: false,
+        cgroup_memory_limit: None,
     })
     .unwrap()
 }

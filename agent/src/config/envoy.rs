@@ -30,11 +30,31 @@ pub struct EnvoyConfig {
     pub skip_deprecated_logs: bool,
     /// `ISTIO_ENVOY_ENABLE_CORE_DUMP`.
     pub enable_core_dump: bool,
+    /// `ENVOY_MEMORY_OVERLOAD=true` (not in Istio; off by default): Envoy's heap bound from the
+    /// container's memory limit, with an overload manager that shrinks the heap near it and
+    /// stops accepting connections at it.
+    pub heap_limit: Option<HeapLimit>,
     /// The environment the agent was started with, passed on to Envoy's process as it is (never
     /// read for settings, never dumped).
     #[serde(skip)]
     pub env: HashMap<String, String>,
 }
+
+/// Envoy's heap bound, worked out from the container's memory limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct HeapLimit {
+    /// The container's memory limit, in bytes.
+    pub container_bytes: u64,
+    /// Where it came from: `cgroup` (`memory.max` / `memory.limit_in_bytes`), or `GOMEMLIMIT`
+    /// (Istio's injection template sets it to the container's `limits.memory`).
+    pub source: &'static str,
+    /// Envoy's share ([`HEAP_SHARE_PERCENT`] of the limit; the rest is the agent's, and Envoy's
+    /// code and stacks): the fixed-heap monitor's `max_heap_size_bytes`.
+    pub max_heap_bytes: u64,
+}
+
+/// Envoy's heap share of the container's memory limit, in percent.
+pub const HEAP_SHARE_PERCENT: u64 = 85;
 
 impl EnvoyConfig {
     /// Whether the agent launches Envoy itself.
@@ -49,6 +69,8 @@ pub struct Inputs<'a> {
     pub flags: &'a ProxyFlags,
     /// The agent's effective uid is 0.
     pub is_root: bool,
+    /// The memory limit of the agent's cgroup, when it has one.
+    pub cgroup_memory_limit: Option<u64>,
 }
 
 pub fn load(i: Inputs<'_>) -> Result<EnvoyConfig, Error> {
@@ -68,6 +90,11 @@ pub fn load(i: Inputs<'_>) -> Result<EnvoyConfig, Error> {
         bootstrap_override: env.str("ISTIO_BOOTSTRAP_OVERRIDE", ""),
         skip_deprecated_logs: env.bool("ENVOY_SKIP_DEPRECATED_LOGS", true)?,
         enable_core_dump: env.bool("ISTIO_ENVOY_ENABLE_CORE_DUMP", false)?,
+        heap_limit: if env.bool("ENVOY_MEMORY_OVERLOAD", false)? {
+            heap_limit(env, i.cgroup_memory_limit)?
+        } else {
+            None
+        },
         env: env.0.clone(),
     })
 }
@@ -76,4 +103,72 @@ pub fn load(i: Inputs<'_>) -> Result<EnvoyConfig, Error> {
 pub fn serves_dns_on_53(env: Env<'_>) -> bool {
     env.get("DNS_PROXY_ADDR")
         .is_some_and(|a| a.ends_with(":53"))
+}
+
+/// The heap bound: the cgroup's limit, else `GOMEMLIMIT`; none when neither sets one (the
+/// overload manager is then left out, with a warning).
+fn heap_limit(env: Env<'_>, cgroup: Option<u64>) -> Result<Option<HeapLimit>, Error> {
+    let from_env = match env.get("GOMEMLIMIT") {
+        None => None,
+        Some(v) => parse_go_memlimit(v).ok_or_else(|| {
+            env.invalid(
+                "GOMEMLIMIT",
+                v,
+                "a byte count, optionally with a B, KiB, MiB, GiB or TiB suffix, or off",
+            )
+        })?,
+    };
+    let (container_bytes, source) = match (cgroup, from_env) {
+        (Some(b), _) => (b, "cgroup"),
+        (None, Some(b)) => (b, "GOMEMLIMIT"),
+        (None, None) => {
+            tracing::warn!(
+                "ENVOY_MEMORY_OVERLOAD is set but the container has no memory limit \
+                 (no cgroup limit, no GOMEMLIMIT): Envoy's heap is not bounded"
+            );
+            return Ok(None);
+        }
+    };
+    Ok(Some(HeapLimit {
+        container_bytes,
+        source,
+        max_heap_bytes: container_bytes / 100 * HEAP_SHARE_PERCENT,
+    }))
+}
+
+/// Go's `GOMEMLIMIT` syntax: bytes with an optional IEC suffix; `off` is no limit (`Some(None)`).
+fn parse_go_memlimit(v: &str) -> Option<Option<u64>> {
+    if v == "off" {
+        return Some(None);
+    }
+    let (digits, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => v.split_at(i),
+        None => (v, ""),
+    };
+    let shift = match unit {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        "TiB" => 40,
+        _ => return None,
+    };
+    let n: u64 = digits.parse().ok()?;
+    n.checked_mul(1 << shift).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_memlimit_syntax() {
+        assert_eq!(parse_go_memlimit("268435456"), Some(Some(256 << 20)));
+        assert_eq!(parse_go_memlimit("512MiB"), Some(Some(512 << 20)));
+        assert_eq!(parse_go_memlimit("2GiB"), Some(Some(2 << 30)));
+        assert_eq!(parse_go_memlimit("off"), Some(None));
+        assert_eq!(parse_go_memlimit("512M"), None);
+        assert_eq!(parse_go_memlimit("-1"), None);
+        assert_eq!(parse_go_memlimit("99999999999999999999"), None);
+    }
 }

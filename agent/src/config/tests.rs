@@ -16,6 +16,7 @@ fn load(dir: &Path, e: &HashMap<String, String>) -> Result<Config, Error> {
         base_dir: dir.to_path_buf(),
         interface_ips: vec!["198.18.0.9".parse().unwrap()],
         is_root: false,
+        cgroup_memory_limit: None,
     })
 }
 
@@ -144,6 +145,7 @@ fn dns_capture_only_for_sidecars() {
         base_dir: dir.path().to_path_buf(),
         interface_ips: vec![],
         is_root: false,
+        cgroup_memory_limit: None,
     })
     .unwrap();
     assert!(c.dns.is_none());
@@ -184,6 +186,7 @@ fn load_with(dir: &Path, e: &HashMap<String, String>, flags: ProxyFlags) -> Resu
         base_dir: dir.to_path_buf(),
         interface_ips: vec![],
         is_root: false,
+        cgroup_memory_limit: None,
     })
 }
 
@@ -482,6 +485,7 @@ fn excluded_interfaces_leave_instance_ips() {
         base_dir: dir.path().to_path_buf(),
         interface_ips: kept,
         is_root: false,
+        cgroup_memory_limit: None,
     })
     .unwrap();
     assert_eq!(c.node.ips, want);

@@ -569,3 +569,38 @@ fn proxy_stats_matcher_is_honoured_by_real_envoy() {
     assert!(stats.contains("server.live"), "{stats}");
     assert!(!stats.contains("filesystem."), "{stats}");
 }
+
+/// `ENVOY_MEMORY_OVERLOAD` (opt-in, not in Istio): real Envoy takes the heap bound the agent
+/// works out from the container's limit (here `GOMEMLIMIT`, as Istio's template sets it, unless
+/// the test's cgroup has a limit of its own) and runs its fixed-heap monitor and both actions.
+#[test]
+fn memory_overload_bounds_envoys_heap() {
+    if !prerequisites() {
+        return;
+    }
+    let mut mesh = Mesh::new(&config("198.18.1.2"));
+    mesh.start_istiod();
+    let mut pod = mesh.pod("heap", "httpbin");
+    inject_with(
+        &mesh,
+        &mut pod,
+        &[
+            ("ENVOY_MEMORY_OVERLOAD", "true".to_string()),
+            ("GOMEMLIMIT", "1073741824".to_string()),
+        ],
+    );
+    wait_ready(&mesh, &pod, Duration::from_secs(30));
+    assert_eventually(Duration::from_secs(10), || {
+        let (_, stats) = pod.envoy_admin("/stats?filter=overload")?;
+        for want in [
+            "overload.envoy.resource_monitors.fixed_heap.pressure",
+            "overload.envoy.overload_actions.shrink_heap.active: 0",
+            "overload.envoy.overload_actions.stop_accepting_connections.active: 0",
+        ] {
+            if !stats.contains(want) {
+                return Err(format!("{want} missing from Envoy's stats: {stats}"));
+            }
+        }
+        Ok(())
+    });
+}

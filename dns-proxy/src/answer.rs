@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::Metrics;
-use crate::cache::{Cache, Key};
+use crate::cache::{Cache, Key, Lookup};
 use crate::datagrams::ClientReply;
 use crate::forward::{ForwardError, Forwarder, Raw, Relay};
 use crate::packet::{self, Question, Transport};
@@ -51,11 +51,16 @@ pub(crate) struct AnswerPath {
     pub respond_before_sync: bool,
     /// Forwards in flight.
     pub forwards: Arc<Semaphore>,
+    /// When every upstream last failed (cleared by an answer): for the stale TTL after it,
+    /// stale answers are given without asking upstream again (RFC 8767's failure recheck).
+    pub upstream_failed_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// What to do with one received packet.
 pub(crate) enum Action {
     Reply(Vec<u8>),
+    /// A cached answer, and the query forwarded in the background to refresh it (prefetch).
+    ReplyAndRefresh(Vec<u8>, Box<WireQuery>),
     Forward(Box<Message>),
     /// A plain UDP query forwarded on the wire path.
     ForwardWire(Box<WireQuery>),
@@ -188,14 +193,27 @@ impl AnswerPath {
                     q.edns.is_some_and(|e| e.dnssec_ok),
                     bytes[3] & 0x10 != 0,
                 );
-                if let Some(cached) = cache.get(&key, std::time::Instant::now()) {
-                    self.metrics.cache_hits.inc();
-                    let req = Message::from_vec(bytes).ok()?;
-                    return Some(reply(encode(
-                        &upstream_to_client(cached, &req),
-                        &req,
-                        Transport::Udp,
-                    )));
+                let now = std::time::Instant::now();
+                match cache.lookup(&key, now) {
+                    Lookup::Fresh { msg, prefetch } => {
+                        self.metrics.cache_hits.inc();
+                        let req = Message::from_vec(bytes).ok()?;
+                        let answer = encode(&upstream_to_client(msg, &req), &req, Transport::Udp)?;
+                        if prefetch {
+                            let w = WireQuery {
+                                req: bytes.to_vec(),
+                                q,
+                                key: Some(key),
+                            };
+                            return Some(Action::ReplyAndRefresh(answer, Box::new(w)));
+                        }
+                        return Some(Action::Reply(answer));
+                    }
+                    Lookup::Stale if self.upstream_down() => {
+                        let req = Message::from_vec(bytes).ok()?;
+                        return Some(reply(self.stale_answer(&key, &req, Transport::Udp)));
+                    }
+                    Lookup::Stale | Lookup::Miss => {}
                 }
                 Some(key)
             }
@@ -211,12 +229,60 @@ impl AnswerPath {
     fn cached_or_forward(&self, req: Message, transport: Transport) -> Action {
         if let Some(cache) = &self.cache
             && let Some(key) = Key::of(&req)
-            && let Some(cached) = cache.get(&key, std::time::Instant::now())
         {
-            self.metrics.cache_hits.inc();
-            return reply(encode(&upstream_to_client(cached, &req), &req, transport));
+            match cache.lookup(&key, std::time::Instant::now()) {
+                Lookup::Fresh { msg, .. } => {
+                    self.metrics.cache_hits.inc();
+                    return reply(encode(&upstream_to_client(msg, &req), &req, transport));
+                }
+                Lookup::Stale if self.upstream_down() => {
+                    return reply(self.stale_answer(&key, &req, transport));
+                }
+                Lookup::Stale | Lookup::Miss => {}
+            }
         }
         Action::Forward(Box::new(req))
+    }
+
+    /// Every upstream failed within the stale TTL (and serve-stale is on).
+    fn upstream_down(&self) -> bool {
+        let Some(policy) = self.cache.as_ref().and_then(Cache::stale_policy) else {
+            return false;
+        };
+        self.upstream_failed_at
+            .lock()
+            .ok()
+            .and_then(|t| *t)
+            .is_some_and(|t| t.elapsed() < policy.stale_ttl)
+    }
+
+    /// Records how the last forward went: a failure (every upstream failed, or answered
+    /// SERVFAIL/REFUSED) starts the stale window.
+    fn upstream_result(&self, failed: bool) {
+        if let Ok(mut t) = self.upstream_failed_at.lock() {
+            *t = failed.then(std::time::Instant::now);
+        }
+    }
+
+    /// The stale answer kept for `key` (RFC 8767), else `None`.
+    fn stale_answer(&self, key: &Key, req: &Message, transport: Transport) -> Option<Vec<u8>> {
+        let msg = self.cache.as_ref()?.stale(key, std::time::Instant::now())?;
+        self.metrics.stale_answers.inc();
+        encode(&upstream_to_client(msg, req), req, transport)
+    }
+
+    /// Every upstream failed for the wire query `w`: its stale answer, if there is one.
+    fn wire_stale(&self, w: &WireQuery) -> Option<Vec<u8>> {
+        self.upstream_result(true);
+        let key = w.key.as_ref()?;
+        let req = Message::from_vec(&w.req).ok()?;
+        self.stale_answer(key, &req, Transport::Udp)
+    }
+
+    /// Every upstream failed for the wire query `w`: its stale answer, else SERVFAIL.
+    fn wire_failure(&self, w: &WireQuery) -> Vec<u8> {
+        self.wire_stale(w)
+            .unwrap_or_else(|| rewrite::error_answer(&w.req, &w.q, 2))
     }
 
     /// One received UDP datagram from `src`: an answer now, a query to relay (both queued in
@@ -231,6 +297,25 @@ impl AnswerPath {
         let Outgoing { replies, relays } = out;
         match self.handle(bytes, Transport::Udp) {
             Action::Reply(b) => replies.push((b, src)),
+            Action::ReplyAndRefresh(b, w) => {
+                replies.push((b, src));
+                // Only when a forward slot is free and relaying is possible: a prefetch never
+                // competes with a client's query.
+                if self.forwarder.can_relay()
+                    && let Ok(permit) = self.forwards.clone().try_acquire_owned()
+                {
+                    self.metrics.prefetches.inc();
+                    let query = rewrite::upstream_query(&w.req, &w.q, self.forwarder.udp_payload);
+                    relays.push((
+                        query,
+                        Box::new(Refresh {
+                            path: self.clone(),
+                            w,
+                            _permit: permit,
+                        }),
+                    ));
+                }
+            }
             Action::Drop => {}
             Action::ForwardWire(w) => match self.forwards.clone().try_acquire_owned() {
                 Ok(permit) if self.forwarder.can_relay() => {
@@ -286,7 +371,7 @@ impl AnswerPath {
     /// One query received over TCP: its answer, if any (forwards awaited here).
     pub async fn tcp_query(&self, bytes: &[u8]) -> Option<Vec<u8>> {
         match self.handle(bytes, Transport::Tcp) {
-            Action::Reply(b) => Some(b),
+            Action::Reply(b) | Action::ReplyAndRefresh(b, _) => Some(b),
             // Only UDP queries take the wire path.
             Action::Drop | Action::ForwardWire(_) => None,
             Action::Forward(req) => match self.forwards.clone().try_acquire_owned() {
@@ -313,13 +398,21 @@ impl AnswerPath {
             Err(e) => {
                 self.metrics.upstream_failures.inc();
                 tracing::debug!(error = %e, "DNS forward failed");
-                Some(rewrite::error_answer(&w.req, &w.q, 2))
+                Some(self.wire_failure(w))
             }
         }
     }
 
     /// The client's answer from the upstream's `answer` to `w` (cached when the cache is on).
     fn wire_answer(&self, w: &WireQuery, answer: Vec<u8>) -> Option<Vec<u8>> {
+        if failed_upstream(&answer) {
+            // The last upstream's SERVFAIL/REFUSED: a stale answer is better, when there is one.
+            if let Some(stale) = self.wire_stale(w) {
+                return Some(stale);
+            }
+        } else {
+            self.upstream_result(false);
+        }
         let mut parsed = None;
         if let (Some(cache), Some(key)) = (&self.cache, &w.key)
             && let Ok(m) = Message::from_vec(&answer)
@@ -351,6 +444,20 @@ impl AnswerPath {
         self.metrics
             .upstream_duration
             .observe(start.elapsed().as_secs_f64());
+        let failed = match &result {
+            Ok(resp) => matches!(
+                resp.metadata.response_code,
+                ResponseCode::ServFail | ResponseCode::Refused
+            ),
+            Err(_) => true,
+        };
+        self.upstream_result(failed);
+        if failed
+            && let Some(key) = Key::of(req)
+            && let Some(stale) = self.stale_answer(&key, req, transport)
+        {
+            return Some(stale);
+        }
         match result {
             Ok(resp) => {
                 if let (Some(cache), Some(key)) = (&self.cache, Key::of(req)) {
@@ -425,7 +532,7 @@ impl Relay for WireRelay {
             Err(e) => {
                 path.metrics.upstream_failures.inc();
                 tracing::debug!(error = %e, "DNS forward failed");
-                rewrite::error_answer(&self.w.req, &self.w.q, 2)
+                path.wire_failure(&self.w)
             }
         };
         Some(ClientReply {
@@ -434,6 +541,37 @@ impl Relay for WireRelay {
             to: self.src,
         })
     }
+}
+
+/// A prefetch: the query of a cached name near its expiry, relayed upstream; the answer only
+/// refreshes the cache (the client was answered from it already).
+struct Refresh {
+    path: Arc<AnswerPath>,
+    w: Box<WireQuery>,
+    /// Counts against the bound on queries in flight.
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Relay for Refresh {
+    fn finish(self: Box<Self>, result: Result<Vec<u8>, ForwardError>) -> Option<ClientReply> {
+        match result {
+            Ok(answer) if !failed_upstream(&answer) => {
+                self.path.upstream_result(false);
+                if let (Some(cache), Some(key)) = (&self.path.cache, &self.w.key)
+                    && let Ok(m) = Message::from_vec(&answer)
+                {
+                    cache.put(key.clone(), &m, std::time::Instant::now());
+                }
+            }
+            _ => self.path.upstream_result(true),
+        }
+        None
+    }
+}
+
+/// An upstream answer that is a server failure (SERVFAIL or REFUSED).
+fn failed_upstream(answer: &[u8]) -> bool {
+    answer.get(3).is_some_and(|b| matches!(b & 0x0f, 2 | 5))
 }
 
 /// Runs one packet through the request path (table loaded, both transports) and, when it would
@@ -462,6 +600,7 @@ pub fn fuzz_request(data: &[u8]) {
             metrics: Arc::new(Metrics::new(&mut registry)),
             respond_before_sync: false,
             forwards: Arc::new(Semaphore::new(1)),
+            upstream_failed_at: std::sync::Mutex::new(None),
         }
     });
     for transport in [Transport::Udp, Transport::Tcp] {

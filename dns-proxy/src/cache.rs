@@ -6,6 +6,12 @@
 //! A truncated answer retried over TCP can be 64 KiB on the wire and ~1 MiB parsed; held
 //! parsed, 10,000 of them were ~11 GB. An answer larger than an eighth of the budget is not
 //! cached. Answers without a question section are never cached.
+//!
+//! Serve-stale (RFC 8767, not in Istio; on by default, `DNS_PROXY_SERVE_STALE`): an answer is
+//! kept past its TTL for up to [`StalePolicy::max_stale`] (1 day); when every upstream fails,
+//! it is given with the stale TTL (30 s) instead of SERVFAIL ([`Lookup::Stale`],
+//! [`Cache::stale`]). Prefetch (`DNS_PROXY_PREFETCH`): a name asked for again in the last tenth
+//! of its TTL is refreshed in the background before it expires ([`Lookup::Fresh`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -65,6 +71,41 @@ struct Entry {
     wire: Arc<[u8]>,
     stored: Instant,
     expires: Instant,
+    /// The TTL it was cached with.
+    ttl: u32,
+    /// A prefetch was asked for (once per stored answer).
+    prefetched: bool,
+}
+
+/// How long answers are kept and given past their TTL when the upstreams fail (RFC 8767).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StalePolicy {
+    /// How long past its TTL an answer may still be given (`DNS_PROXY_STALE_MAX`, 1 day).
+    pub max_stale: Duration,
+    /// The TTL of a stale answer, and how long after an upstream failure stale answers are
+    /// given without asking upstream again (`DNS_PROXY_STALE_TTL`, 30 s, RFC 8767's figure).
+    pub stale_ttl: Duration,
+}
+
+impl Default for StalePolicy {
+    fn default() -> Self {
+        StalePolicy {
+            max_stale: Duration::from_secs(86_400),
+            stale_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the cache holds for a query.
+pub(crate) enum Lookup {
+    /// A live answer, TTLs aged; `prefetch`: refresh it now (asked for in its TTL's last tenth).
+    Fresh {
+        msg: Message,
+        prefetch: bool,
+    },
+    /// Expired, within the stale window: given only if the upstreams fail.
+    Stale,
+    Miss,
 }
 
 fn cost(key: &Key, wire: &[u8]) -> usize {
@@ -89,37 +130,102 @@ impl Entries {
 pub(crate) struct Cache {
     max_entries: usize,
     max_bytes: usize,
+    /// Serve-stale; `None`: an answer is gone at its TTL.
+    stale: Option<StalePolicy>,
+    prefetch: bool,
     entries: Mutex<Entries>,
 }
 
 impl Cache {
+    /// A cache without serve-stale or prefetch ([`Cache::serving_stale`]).
     pub fn new(max_entries: usize, max_bytes: usize) -> Cache {
         Cache {
             max_entries: max_entries.max(1),
             max_bytes,
+            stale: None,
+            prefetch: false,
             entries: Mutex::default(),
         }
     }
 
-    /// A cached answer with TTLs aged by the time spent in the cache.
+    /// With serve-stale (`stale`) and prefetch.
+    pub fn serving_stale(mut self, stale: Option<StalePolicy>, prefetch: bool) -> Cache {
+        self.stale = stale;
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// The stale policy, when serve-stale is on.
+    pub fn stale_policy(&self) -> Option<StalePolicy> {
+        self.stale
+    }
+
+    /// When an entry is gone for good: its expiry, plus the stale window.
+    fn kept_until(&self, e: &Entry) -> Instant {
+        e.expires + self.stale.map_or(Duration::ZERO, |s| s.max_stale)
+    }
+
+    /// A live cached answer with TTLs aged by the time spent in the cache.
+    #[cfg(test)]
     pub fn get(&self, key: &Key, now: Instant) -> Option<Message> {
-        let mut entries = self.entries.lock().ok()?;
-        let entry = entries.map.get(key)?;
+        match self.lookup(key, now) {
+            Lookup::Fresh { msg, .. } => Some(msg),
+            Lookup::Stale | Lookup::Miss => None,
+        }
+    }
+
+    /// What the cache holds for `key` (see [`Lookup`]).
+    pub fn lookup(&self, key: &Key, now: Instant) -> Lookup {
+        let Ok(mut entries) = self.entries.lock() else {
+            return Lookup::Miss;
+        };
+        let Some(entry) = entries.map.get_mut(key) else {
+            return Lookup::Miss;
+        };
         if now >= entry.expires {
+            if now < entry.expires + self.stale.map_or(Duration::ZERO, |s| s.max_stale) {
+                return Lookup::Stale;
+            }
             entries.remove(key);
-            return None;
+            return Lookup::Miss;
+        }
+        let left = entry.expires.duration_since(now);
+        let prefetch = self.prefetch
+            && !entry.prefetched
+            && entry.ttl >= 10
+            && left < Duration::from_secs(u64::from(entry.ttl)) / 10;
+        if prefetch {
+            entry.prefetched = true;
         }
         let age = u32::try_from(now.duration_since(entry.stored).as_secs()).unwrap_or(u32::MAX);
         let wire = entry.wire.clone();
         drop(entries);
+        match Message::from_vec(&wire) {
+            Ok(mut msg) => {
+                for r in records(&mut msg) {
+                    r.ttl = r.ttl.saturating_sub(age);
+                }
+                Lookup::Fresh { msg, prefetch }
+            }
+            Err(_) => Lookup::Miss,
+        }
+    }
+
+    /// The answer kept for `key`, live or within the stale window, with every TTL set to the
+    /// stale TTL (RFC 8767): for when every upstream failed. `None` without serve-stale.
+    pub fn stale(&self, key: &Key, now: Instant) -> Option<Message> {
+        let policy = self.stale?;
+        let entries = self.entries.lock().ok()?;
+        let entry = entries.map.get(key)?;
+        if now >= entry.expires + policy.max_stale {
+            return None;
+        }
+        let wire = entry.wire.clone();
+        drop(entries);
         let mut msg = Message::from_vec(&wire).ok()?;
-        for r in msg
-            .answers
-            .iter_mut()
-            .chain(msg.authorities.iter_mut())
-            .chain(msg.additionals.iter_mut())
-        {
-            r.ttl = r.ttl.saturating_sub(age);
+        let ttl = u32::try_from(policy.stale_ttl.as_secs()).unwrap_or(u32::MAX);
+        for r in records(&mut msg) {
+            r.ttl = ttl;
         }
         Some(msg)
     }
@@ -146,7 +252,8 @@ impl Cache {
             // Full: drop expired entries, and if that is not enough an arbitrary eighth (of
             // the entries, or of the bytes), so the O(n) sweep is paid once per n/8 inserts
             // even under a flood of unique names.
-            entries.map.retain(|_, e| e.expires > now);
+            let keep = |e: &Entry| self.kept_until(e) > now;
+            entries.map.retain(|_, e| keep(e));
             entries.bytes = entries.map.iter().map(|(k, e)| cost(k, &e.wire)).sum();
             let (keep_entries, keep_bytes) = (
                 self.max_entries - (self.max_entries / 8).max(1),
@@ -156,7 +263,10 @@ impl Cache {
             if over {
                 let mut evict = Vec::new();
                 let (mut n, mut bytes) = (entries.map.len(), entries.bytes);
-                for (k, e) in &entries.map {
+                // Stale answers go first, then any.
+                let (stale, live): (Vec<_>, Vec<_>) =
+                    entries.map.iter().partition(|(_, e)| e.expires <= now);
+                for (k, e) in stale.into_iter().chain(live) {
                     if n <= keep_entries && bytes <= keep_bytes {
                         break;
                     }
@@ -177,6 +287,8 @@ impl Cache {
                 wire: wire.into(),
                 stored: now,
                 expires,
+                ttl,
+                prefetched: false,
             },
         );
     }
@@ -191,6 +303,13 @@ impl Cache {
     pub fn bytes(&self) -> usize {
         self.entries.lock().map(|e| e.bytes).unwrap_or(0)
     }
+}
+
+fn records(msg: &mut Message) -> impl Iterator<Item = &mut hickory_proto::rr::Record> {
+    msg.answers
+        .iter_mut()
+        .chain(msg.authorities.iter_mut())
+        .chain(msg.additionals.iter_mut())
 }
 
 /// How long an upstream answer may be cached: the smallest answer TTL for positive answers, the
@@ -286,6 +405,48 @@ mod tests {
         no_question.queries.clear();
         assert_eq!(cache_ttl(&no_question), None, "no question: not cached");
         assert_eq!(cache_ttl(&answer("a.example.com.", 999_999)), Some(MAX_TTL));
+    }
+
+    /// Serve-stale keeps an expired answer for the stale window (given with the stale TTL);
+    /// prefetch is asked for once, in the TTL's last tenth.
+    #[test]
+    fn stale_window_and_prefetch() {
+        let policy = StalePolicy {
+            max_stale: Duration::from_secs(100),
+            stale_ttl: Duration::from_secs(30),
+        };
+        let c = Cache::new(10, 1 << 20).serving_stale(Some(policy), true);
+        let t0 = Instant::now();
+        let key = Key::of(&query("a.example.com.")).unwrap();
+        c.put(key.clone(), &answer("a.example.com.", 60), t0);
+        let fresh = |at: u64| match c.lookup(&key, t0 + Duration::from_secs(at)) {
+            Lookup::Fresh { prefetch, .. } => Some(prefetch),
+            _ => None,
+        };
+        assert_eq!(fresh(10), Some(false));
+        assert_eq!(fresh(55), Some(true), "last tenth: prefetch");
+        assert_eq!(fresh(56), Some(false), "asked for once");
+        assert!(matches!(
+            c.lookup(&key, t0 + Duration::from_secs(61)),
+            Lookup::Stale
+        ));
+        let stale = c.stale(&key, t0 + Duration::from_secs(120)).unwrap();
+        assert_eq!(stale.answers[0].ttl, 30);
+        assert!(c.get(&key, t0 + Duration::from_secs(120)).is_none());
+        // Past the stale window: gone.
+        assert!(matches!(
+            c.lookup(&key, t0 + Duration::from_secs(161)),
+            Lookup::Miss
+        ));
+        assert!(c.stale(&key, t0 + Duration::from_secs(161)).is_none());
+        // Without serve-stale, an expired answer is gone at once.
+        let plain = Cache::new(10, 1 << 20);
+        plain.put(key.clone(), &answer("a.example.com.", 60), t0);
+        assert!(matches!(
+            plain.lookup(&key, t0 + Duration::from_secs(61)),
+            Lookup::Miss
+        ));
+        assert!(plain.stale(&key, t0).is_none());
     }
 
     #[test]

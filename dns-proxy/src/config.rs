@@ -35,6 +35,12 @@ pub struct Config {
     /// Maximum bytes the cached answers take (`DNS_PROXY_CACHE_MAX_BYTES`, not in Istio;
     /// default 16 MiB): each counts its wire size, name and a fixed overhead.
     pub cache_max_bytes: usize,
+    /// Serve-stale (RFC 8767; not in Istio): answers kept past their TTL and given when every
+    /// upstream fails (`DNS_PROXY_SERVE_STALE`, default on; `None`: off).
+    pub serve_stale: Option<crate::StalePolicy>,
+    /// Refresh a cached name asked for in the last tenth of its TTL (`DNS_PROXY_PREFETCH`,
+    /// default on; not in Istio).
+    pub prefetch: bool,
     /// The proxy's own namespace (`POD_NAMESPACE`): short names resolve in it.
     pub namespace: String,
     /// The proxy's DNS domain (`--domain`, default `<POD_NAMESPACE>.svc.cluster.local`).
@@ -74,6 +80,8 @@ impl Config {
             cache_enabled: true,
             cache_max_entries: 10_000,
             cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
+            serve_stale: Some(crate::StalePolicy::default()),
+            prefetch: true,
             namespace: String::new(),
             domain: "svc.cluster.local".to_string(),
             respond_before_sync: false,

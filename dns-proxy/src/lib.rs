@@ -44,6 +44,7 @@ mod table;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use cache::StalePolicy;
 pub use config::{
     Config, DEFAULT_CACHE_MAX_BYTES, DEFAULT_FORWARD_TIMEOUT, DEFAULT_PROXY_ADDR,
     ISTIO_RESOLV_CONF, ResolvConf, parse_resolv_conf, resolve_listen_addr,

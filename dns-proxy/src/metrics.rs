@@ -19,6 +19,11 @@ pub struct Metrics {
     pub upstream_duration: Histogram,
     /// `dns_cache_hits_total` (not in Istio, which has no cache).
     pub cache_hits: Counter,
+    /// `dns_stale_answers_total` (not in Istio): answers given past their TTL because every
+    /// upstream failed (RFC 8767).
+    pub stale_answers: Counter,
+    /// `dns_prefetches_total` (not in Istio): cached names refreshed before they expired.
+    pub prefetches: Counter,
 }
 
 impl Metrics {
@@ -30,6 +35,8 @@ impl Metrics {
             upstream_failures: Counter::default(),
             upstream_duration: Histogram::new([0.001, 0.005, 0.01, 0.1, 1.0, 5.0]),
             cache_hits: Counter::default(),
+            stale_answers: Counter::default(),
+            prefetches: Counter::default(),
         };
         // prometheus-client appends `_total` to counters.
         registry.register(
@@ -56,6 +63,16 @@ impl Metrics {
             "dns_cache_hits",
             "Total number of DNS requests answered from the upstream answer cache.",
             m.cache_hits.clone(),
+        );
+        registry.register(
+            "dns_stale_answers",
+            "Total number of DNS answers given past their TTL because every upstream failed.",
+            m.stale_answers.clone(),
+        );
+        registry.register(
+            "dns_prefetches",
+            "Total number of cached DNS names refreshed before they expired.",
+            m.prefetches.clone(),
         );
         m
     }

@@ -123,9 +123,11 @@ impl DnsProxy {
                 config.upstream_udp_payload,
                 stop.clone(),
             ),
-            cache: config
-                .cache_enabled
-                .then(|| Cache::new(config.cache_max_entries, config.cache_max_bytes)),
+            cache: config.cache_enabled.then(|| {
+                Cache::new(config.cache_max_entries, config.cache_max_bytes)
+                    .serving_stale(config.serve_stale, config.prefetch)
+            }),
+            upstream_failed_at: std::sync::Mutex::new(None),
             metrics,
             respond_before_sync: config.respond_before_sync,
             forwards: Arc::new(Semaphore::new(config.max_in_flight.max(1))),

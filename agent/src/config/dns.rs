@@ -1,5 +1,6 @@
 //! The DNS sub-config ([`dns_proxy::Config`]): `DNS_PROXY_ADDR`, `DNS_FORWARD_*`,
-//! `DNS_PROXY_CACHE`, `DNS_PROXY_CACHE_MAX_BYTES` (not in Istio), the upstreams and search list of resolv.conf, and the proxy's domain
+//! `DNS_PROXY_CACHE`; not in Istio: `DNS_PROXY_CACHE_MAX_BYTES`, `DNS_PROXY_SERVE_STALE`,
+//! `DNS_PROXY_STALE_MAX`, `DNS_PROXY_STALE_TTL`, `DNS_PROXY_PREFETCH`; the upstreams and search list of resolv.conf, and the proxy's domain
 //! (`--domain`).
 
 use std::path::Path;
@@ -70,6 +71,20 @@ pub fn load(i: Inputs<'_>) -> Result<dns_proxy::Config, Error> {
     )?;
     config.forward_parallel = env.bool("DNS_FORWARD_PARALLEL", false)?;
     config.cache_enabled = env.bool("DNS_PROXY_CACHE", true)?;
+    let stale = dns_proxy::StalePolicy::default();
+    config.serve_stale = if env.bool("DNS_PROXY_SERVE_STALE", true)? {
+        Some(dns_proxy::StalePolicy {
+            max_stale: env.duration("DNS_PROXY_STALE_MAX", stale.max_stale, Duration::ZERO)?,
+            stale_ttl: env.duration(
+                "DNS_PROXY_STALE_TTL",
+                stale.stale_ttl,
+                Duration::from_secs(1),
+            )?,
+        })
+    } else {
+        None
+    };
+    config.prefetch = env.bool("DNS_PROXY_PREFETCH", true)?;
     config.cache_max_bytes = env.u32(
         "DNS_PROXY_CACHE_MAX_BYTES",
         u32::try_from(dns_proxy::DEFAULT_CACHE_MAX_BYTES).unwrap_or(u32::MAX),
@@ -191,6 +206,10 @@ mod tests {
             ("DNS_PROXY_CACHE_MAX_BYTES", "16MiB"),
             ("DNS_PROXY_ADDR", "127.0.0.1"),
             ("DNS_PROXY_ADDR", "dns.example:53x"),
+            ("DNS_PROXY_SERVE_STALE", "sometimes"),
+            ("DNS_PROXY_STALE_TTL", "10ms"),
+            ("DNS_PROXY_STALE_MAX", "a day"),
+            ("DNS_PROXY_PREFETCH", "2"),
         ] {
             let msg = simple(&env(&[(k, v)]), r.path()).unwrap_err().to_string();
             assert!(msg.contains(k) && msg.contains(v), "{msg}");
@@ -199,6 +218,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(missing.contains("/nonexistent/resolv.conf"), "{missing}");
+    }
+
+    /// Serve-stale and prefetch are on by default (not in Istio) with RFC 8767's figures, and
+    /// each has its knob.
+    #[test]
+    fn serve_stale_and_prefetch_knobs() {
+        let r = resolv("nameserver 10.0.0.1\n");
+        let c = simple(&env(&[]), r.path()).expect("config");
+        let stale = c.serve_stale.expect("on by default");
+        assert_eq!(stale.max_stale, Duration::from_secs(86_400));
+        assert_eq!(stale.stale_ttl, Duration::from_secs(30));
+        assert!(c.prefetch);
+        let c = simple(
+            &env(&[
+                ("DNS_PROXY_STALE_MAX", "2h"),
+                ("DNS_PROXY_STALE_TTL", "5s"),
+                ("DNS_PROXY_PREFETCH", "false"),
+            ]),
+            r.path(),
+        )
+        .expect("config");
+        let stale = c.serve_stale.expect("on");
+        assert_eq!(
+            (stale.max_stale, stale.stale_ttl),
+            (Duration::from_secs(7200), Duration::from_secs(5))
+        );
+        assert!(!c.prefetch);
+        let c = simple(&env(&[("DNS_PROXY_SERVE_STALE", "false")]), r.path()).expect("config");
+        assert_eq!(c.serve_stale, None);
     }
 
     #[test]

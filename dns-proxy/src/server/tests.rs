@@ -25,6 +25,9 @@ fn config(upstreams: Vec<SocketAddr>) -> Config {
         cache_enabled: true,
         cache_max_entries: 100,
         cache_max_bytes: 1 << 20,
+        // Istio's behaviour unless a test turns them on.
+        serve_stale: None,
+        prefetch: false,
         namespace: "ns1".into(),
         domain: "ns1.svc.cluster.local".into(),
         respond_before_sync: false,
@@ -212,6 +215,106 @@ async fn malformed_input_gets_formerr_or_is_dropped() {
 }
 
 /// A fake upstream answering every A question with 192.0.2.1 (TTL 60), counting queries.
+/// An upstream answering A queries with `ttl`, silent while `answering` is false.
+async fn switchable_upstream(
+    ttl: u32,
+) -> (
+    SocketAddr,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = sock.local_addr().unwrap();
+    let (count, answering) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicBool::new(true)),
+    );
+    let (c, on) = (count.clone(), answering.clone());
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        while let Ok((n, from)) = sock.recv_from(&mut buf).await {
+            if !on.load(Ordering::SeqCst) {
+                continue;
+            }
+            c.fetch_add(1, Ordering::SeqCst);
+            let req = Message::from_vec(&buf[..n]).unwrap();
+            let mut resp = req.clone();
+            resp.metadata.message_type = MessageType::Response;
+            let name = req.queries[0].name().clone();
+            resp.add_answer(hickory_proto::rr::Record::from_rdata(
+                name,
+                ttl,
+                RData::A(hickory_proto::rr::rdata::A("192.0.2.7".parse().unwrap())),
+            ));
+            let _ = sock.send_to(&resp.to_vec().unwrap(), from).await;
+        }
+    });
+    (addr, count, answering)
+}
+
+/// RFC 8767: with every upstream silent, an expired answer is given with the stale TTL (after
+/// one forward timed out; then at once, without asking upstream, for the stale TTL); once the
+/// upstream answers again, fresh answers resume. Without serve-stale (Istio): SERVFAIL.
+#[tokio::test]
+async fn serve_stale_when_every_upstream_fails() {
+    use std::sync::atomic::Ordering;
+    let (up, count, answering) = switchable_upstream(1).await;
+    let mut c = config(vec![up]);
+    c.serve_stale = Some(crate::StalePolicy {
+        max_stale: Duration::from_secs(3600),
+        stale_ttl: Duration::from_secs(2),
+    });
+    let p = start(c.clone()).await;
+    p.table.update(&sample());
+    let q = query("stale.test.", RecordType::A, None);
+    let (m, _) = udp(p.addr, &q).await;
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    answering.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Expired; the upstream times out (300 ms): the stale answer, TTL 2 s.
+    let (m, _) = udp(p.addr, &q).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    assert_eq!(m.answers[0].ttl, 2);
+    assert_eq!(p.metrics.stale_answers.get(), 1);
+    // Within the stale TTL of that failure: answered at once, upstream not asked.
+    let asked = p.metrics.upstream_requests.get();
+    let t = std::time::Instant::now();
+    let (m, _) = udp(p.addr, &q).await;
+    assert!(
+        t.elapsed() < Duration::from_millis(250),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    assert_eq!(p.metrics.upstream_requests.get(), asked);
+    assert_eq!(p.metrics.stale_answers.get(), 2);
+    // Over TCP (the Message path) too.
+    let m = tcp(p.addr, &q).await;
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    // The upstream is back: after the stale TTL, a fresh answer (TTL 1) from it.
+    answering.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let before = count.load(Ordering::SeqCst);
+    let (m, _) = udp(p.addr, &q).await;
+    assert_eq!(count.load(Ordering::SeqCst), before + 1);
+    assert_eq!(m.answers[0].ttl, 1);
+    p.shutdown.cancel();
+
+    // Istio's behaviour (serve-stale off): SERVFAIL once the answer expired.
+    c.serve_stale = None;
+    let p = start(c).await;
+    p.table.update(&sample());
+    let (m, _) = udp(p.addr, &q).await;
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    answering.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (m, _) = udp(p.addr, &q).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
+    p.shutdown.cancel();
+}
+
 async fn fake_upstream() -> (
     SocketAddr,
     Arc<std::sync::atomic::AtomicUsize>,

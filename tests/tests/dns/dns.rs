@@ -206,7 +206,11 @@ fn free_port() -> u16 {
 
 /// dnsmasq on 127.0.0.1:<port> serving a few names, NXDOMAIN for the rest of upstream.test.
 fn dnsmasq() -> (Child, SocketAddr) {
-    let port = free_port();
+    dnsmasq_at(free_port(), 300)
+}
+
+/// [`dnsmasq`] on `port`, its answers' TTL `ttl`.
+fn dnsmasq_at(port: u16, ttl: u32) -> (Child, SocketAddr) {
     let mut cmd = Command::new("dnsmasq");
     cmd.args([
         "--keep-in-foreground",
@@ -218,7 +222,6 @@ fn dnsmasq() -> (Child, SocketAddr) {
         "--listen-address=127.0.0.1",
         "--user=root",
         "--local=/upstream.test/",
-        "--local-ttl=300",
         "--log-facility=-",
         "--log-queries",
         "--host-record=web.upstream.test,198.18.3.1",
@@ -226,6 +229,7 @@ fn dnsmasq() -> (Child, SocketAddr) {
         "--txt-record=www.example.com,from-upstream",
     ]);
     cmd.arg(format!("--port={port}"));
+    cmd.arg(format!("--local-ttl={ttl}"));
     let child = Child::spawn("dnsmasq", cmd);
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     assert_eventually(Duration::from_secs(10), || {
@@ -429,6 +433,52 @@ fn upstream_down_servfail_second_upstream_and_cache() {
         start.elapsed()
     );
     assert!(p.metrics.upstream_failures.get() >= 1);
+}
+
+/// RFC 8767 against a real upstream: dnsmasq (TTL 1 s) killed, the expired name is still
+/// answered, from the cache with the stale TTL (the first query after one forward timeout,
+/// the next at once); dnsmasq back on its port, fresh answers (TTL 1 s) resume once the stale
+/// TTL has passed.
+#[test]
+fn serve_stale_with_the_upstream_killed_and_back() {
+    if !prereqs() {
+        return;
+    }
+    let (dnsmasq, up) = dnsmasq_at(free_port(), 1);
+    let p = Proxy::start(&[up], |c| {
+        c.forward_timeout = Duration::from_millis(300);
+        c.serve_stale = Some(dns_proxy::StalePolicy {
+            max_stale: Duration::from_secs(3600),
+            stale_ttl: Duration::from_secs(2),
+        });
+    });
+    p.table.update(&table());
+    let d = dig(p.addr, &["web.upstream.test"]);
+    assert_eq!(d.data("A"), vec!["198.18.3.1"], "{}", d.raw);
+    drop(dnsmasq);
+    std::thread::sleep(Duration::from_millis(1200));
+    let d = dig(p.addr, &["web.upstream.test"]);
+    assert_eq!(d.status, "NOERROR", "{}", d.raw);
+    assert_eq!(d.data("A"), vec!["198.18.3.1"], "{}", d.raw);
+    assert_eq!(d.answers[0].1, 2, "the stale TTL: {}", d.raw);
+    let asked = p.metrics.upstream_requests.get();
+    let d = dig(p.addr, &["web.upstream.test"]);
+    assert_eq!(d.data("A"), vec!["198.18.3.1"], "{}", d.raw);
+    assert_eq!(
+        p.metrics.upstream_requests.get(),
+        asked,
+        "answered without asking upstream"
+    );
+    assert_eq!(p.metrics.stale_answers.get(), 2);
+    let _dnsmasq = dnsmasq_at(up.port(), 1);
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eventually(Duration::from_secs(5), || {
+        let d = dig(p.addr, &["web.upstream.test"]);
+        match d.answers.first() {
+            Some(a) if a.1 <= 1 && d.data("A") == ["198.18.3.1"] => Ok(()),
+            _ => Err(format!("not a fresh answer yet: {}", d.raw)),
+        }
+    });
 }
 
 /// In a pod namespace with `istio-iptables --redirect-dns`: an app (uid 1000) asking the

@@ -315,6 +315,43 @@ async fn serve_stale_when_every_upstream_fails() {
     p.shutdown.cancel();
 }
 
+/// Prefetch: a name asked for in the last tenth of its TTL is answered from the cache and
+/// refreshed upstream in the background, so it never expires while in use.
+#[tokio::test]
+async fn prefetch_refreshes_a_name_before_it_expires() {
+    use std::sync::atomic::Ordering;
+    let (up, count, _answering) = switchable_upstream(10).await;
+    let mut c = config(vec![up]);
+    c.serve_stale = Some(crate::StalePolicy::default());
+    c.prefetch = true;
+    let p = start(c).await;
+    p.table.update(&sample());
+    let q = query("busy.test.", RecordType::A, None);
+    udp(p.addr, &q).await;
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    tokio::time::sleep(Duration::from_millis(9200)).await;
+    let (m, _) = udp(p.addr, &q).await;
+    assert_eq!(ips(&m), vec!["192.0.2.7"], "answered from the cache");
+    assert!(m.answers[0].ttl <= 1);
+    for _ in 0..50 {
+        if count.load(Ordering::SeqCst) == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        2,
+        "refreshed in the background"
+    );
+    assert_eq!(p.metrics.prefetches.get(), 1);
+    // The refreshed answer: a full TTL again, from the cache.
+    let (m, _) = udp(p.addr, &q).await;
+    assert!(m.answers[0].ttl >= 9, "{}", m.answers[0].ttl);
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+    p.shutdown.cancel();
+}
+
 async fn fake_upstream() -> (
     SocketAddr,
     Arc<std::sync::atomic::AtomicUsize>,

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 
 use crate::cli::{RequestArgs, WaitArgs};
 
@@ -32,38 +32,18 @@ pub async fn send(
     timeout: Duration,
 ) -> Result<(u16, String), String> {
     let (authority, path) = split_url(url)?;
-    let fut = async {
-        let stream = tokio::net::TcpStream::connect(&authority)
-            .await
-            .map_err(|e| format!("connect {authority}: {e}"))?;
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let method = http::Method::from_bytes(method.to_ascii_uppercase().as_bytes())
-            .map_err(|_| format!("invalid method {method:?}"))?;
-        let req = http::Request::builder()
-            .method(method)
-            .uri(&path)
-            .header(http::header::HOST, &authority)
-            .body(Full::new(bytes::Bytes::from(body.unwrap_or_default())))
-            .map_err(|e| e.to_string())?;
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        Ok((status, String::from_utf8_lossy(&body).into_owned()))
-    };
-    tokio::time::timeout(timeout, fut)
+    let method = http::Method::from_bytes(method.to_ascii_uppercase().as_bytes())
+        .map_err(|_| format!("invalid method {method:?}"))?;
+    let req = http::Request::builder()
+        .method(method)
+        .uri(&path)
+        .header(http::header::HOST, &authority)
+        .body(Full::new(bytes::Bytes::from(body.unwrap_or_default())))
+        .map_err(|e| e.to_string())?;
+    let (status, body) = crate::http1::fetch(&authority, req, 64 << 20, timeout)
         .await
-        .map_err(|_| format!("{url}: timed out after {timeout:?}"))?
+        .map_err(|e| e.to_string())?;
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// Polls `url` until it answers 200.

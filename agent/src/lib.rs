@@ -18,6 +18,7 @@ pub mod client;
 pub mod config;
 pub mod envoy;
 pub mod health;
+pub mod http1;
 pub mod lifecycle;
 pub mod runtime;
 pub mod status;

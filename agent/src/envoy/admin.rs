@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Empty;
 
 /// Envoy's admin endpoint.
 #[derive(Debug, Clone, Copy)]
@@ -32,39 +32,16 @@ impl Admin {
         path_and_query: &str,
         timeout: Duration,
     ) -> Result<(u16, String), String> {
-        tokio::time::timeout(timeout, self.request_inner(method, path_and_query))
-            .await
-            .map_err(|_| format!("{path_and_query}: timed out after {timeout:?}"))?
-    }
-
-    async fn request_inner(
-        &self,
-        method: http::Method,
-        path_and_query: &str,
-    ) -> Result<(u16, String), String> {
-        let stream = tokio::net::TcpStream::connect(self.addr)
-            .await
-            .map_err(|e| format!("connect to Envoy admin {}: {e}", self.addr))?;
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        let addr = self.addr.to_string();
         let req = http::Request::builder()
             .method(method)
             .uri(path_and_query)
-            .header(http::header::HOST, self.addr.to_string())
+            .header(http::header::HOST, &addr)
             .body(Empty::<bytes::Bytes>::new())
             .map_err(|e| e.to_string())?;
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-        let status = resp.status().as_u16();
-        let body = http_body_util::Limited::new(resp.into_body(), 16 << 20)
-            .collect()
+        let (status, body) = crate::http1::fetch(&addr, req, 16 << 20, timeout)
             .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
+            .map_err(|e| format!("Envoy admin: {e}"))?;
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     }
 

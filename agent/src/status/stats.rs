@@ -49,43 +49,23 @@ async fn get(
     headers: &http::HeaderMap,
     timeout: Duration,
 ) -> Result<http::Response<Incoming>, String> {
-    let fut = async {
-        let stream = tokio::net::TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("connect {addr}: {e}"))?;
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let mut req = http::Request::builder()
-            .uri(path_and_query)
-            .header(http::header::HOST, addr.to_string())
-            .header(http::header::ACCEPT, "text/plain;version=0.0.4")
-            .body(Empty::<bytes::Bytes>::new())
-            .map_err(|e| e.to_string())?;
-        for name in [
-            http::header::USER_AGENT.as_str(),
-            "x-prometheus-scrape-timeout-seconds",
-        ] {
-            if let Some(v) = headers.get(name) {
-                req.headers_mut().insert(
-                    http::HeaderName::from_static(if name == "user-agent" {
-                        "user-agent"
-                    } else {
-                        "x-prometheus-scrape-timeout-seconds"
-                    }),
-                    v.clone(),
-                );
-            }
+    let mut req = http::Request::builder()
+        .uri(path_and_query)
+        .header(http::header::HOST, addr.to_string())
+        .header(http::header::ACCEPT, "text/plain;version=0.0.4")
+        .body(Empty::<bytes::Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    for name in [
+        http::header::USER_AGENT,
+        http::HeaderName::from_static("x-prometheus-scrape-timeout-seconds"),
+    ] {
+        if let Some(v) = headers.get(&name) {
+            req.headers_mut().insert(name, v.clone());
         }
-        sender.send_request(req).await.map_err(|e| e.to_string())
-    };
-    tokio::time::timeout(timeout, fut)
+    }
+    crate::http1::send(&addr.to_string(), req, timeout)
         .await
-        .map_err(|_| format!("{addr}{path_and_query}: timed out"))?
+        .map_err(|e| e.to_string())
 }
 
 fn scrape_timeout(headers: &http::HeaderMap) -> Duration {

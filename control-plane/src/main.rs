@@ -64,6 +64,20 @@ struct ServerArgs {
     token_clock_skew: Duration,
 }
 
+impl From<ServerArgs> for server::ServerSettings {
+    fn from(a: ServerArgs) -> Self {
+        server::ServerSettings {
+            ca_dir: a.ca_dir,
+            trust_domain: a.trust_domain,
+            grpc_addr: a.grpc_addr,
+            secure_grpc_addr: a.secure_grpc_addr,
+            monitoring_addr: a.monitoring_addr,
+            sans: a.sans,
+            token_clock_skew: a.token_clock_skew,
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve ADS on the plaintext gRPC port, CA and ADS on the TLS gRPC port, plus monitoring.
@@ -172,16 +186,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve {
             config_dir,
             mesh,
-            server:
-                ServerArgs {
-                    ca_dir,
-                    trust_domain,
-                    grpc_addr,
-                    secure_grpc_addr,
-                    monitoring_addr,
-                    sans,
-                    token_clock_skew,
-                },
+            server,
         } => {
             init_logging();
             let env: HashMap<String, String> = std::env::vars().collect();
@@ -189,14 +194,8 @@ async fn main() -> anyhow::Result<()> {
             let running = server::serve(
                 server::ServeInputs {
                     config_dir,
-                    ca_dir,
-                    trust_domain,
-                    grpc_addr,
-                    secure_grpc_addr,
-                    monitoring_addr,
-                    sans,
                     mesh_file: mesh,
-                    token_clock_skew,
+                    server: server.into(),
                     env,
                 },
                 cancel.clone(),
@@ -209,16 +208,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Replay {
             config_dump,
             strip_istio_extensions,
-            server:
-                ServerArgs {
-                    ca_dir,
-                    trust_domain,
-                    grpc_addr,
-                    secure_grpc_addr,
-                    monitoring_addr,
-                    sans,
-                    token_clock_skew,
-                },
+            server,
         } => {
             init_logging();
             let cancel = CancellationToken::new();
@@ -226,13 +216,7 @@ async fn main() -> anyhow::Result<()> {
                 replay::ReplayInputs {
                     config_dump,
                     strip_istio_extensions,
-                    ca_dir,
-                    trust_domain,
-                    grpc_addr,
-                    secure_grpc_addr,
-                    monitoring_addr,
-                    sans,
-                    token_clock_skew,
+                    server: server.into(),
                     env: std::env::vars().collect(),
                 },
                 cancel.clone(),

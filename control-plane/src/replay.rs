@@ -21,10 +21,8 @@ pub use strip::Removal;
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -208,14 +206,7 @@ impl Replay {
 pub struct ReplayInputs {
     pub config_dump: PathBuf,
     pub strip_istio_extensions: bool,
-    pub ca_dir: PathBuf,
-    pub trust_domain: String,
-    pub grpc_addr: SocketAddr,
-    pub secure_grpc_addr: SocketAddr,
-    pub monitoring_addr: SocketAddr,
-    pub sans: Vec<String>,
-    /// Clock skew allowed when verifying a token's `exp` and `nbf`.
-    pub token_clock_skew: Duration,
+    pub server: crate::server::ServerSettings,
     /// Environment (`PILOT_PUSH_THROTTLE`).
     pub env: HashMap<String, String>,
 }
@@ -235,7 +226,7 @@ pub async fn serve(inputs: ReplayInputs, cancel: CancellationToken) -> Result<Ru
         "replaying a recorded config dump");
     let objects = counts.values().sum();
     let mesh = Arc::new(MeshSettings {
-        trust_domain: inputs.trust_domain.clone(),
+        trust_domain: inputs.server.trust_domain.clone(),
         ..Default::default()
     });
     // An empty config snapshot (versions, push timing); the resources come from the dump.
@@ -251,13 +242,7 @@ pub async fn serve(inputs: ReplayInputs, cancel: CancellationToken) -> Result<Ru
     let (status_tx, config_status) = tokio::sync::watch::channel(status);
     let running = server::serve_sources(
         CoreInputs {
-            ca_dir: inputs.ca_dir,
-            trust_domain: inputs.trust_domain,
-            grpc_addr: inputs.grpc_addr,
-            secure_grpc_addr: inputs.secure_grpc_addr,
-            monitoring_addr: inputs.monitoring_addr,
-            sans: inputs.sans,
-            token_clock_skew: inputs.token_clock_skew,
+            server: inputs.server,
             push_throttle: tunables.push_throttle,
         },
         Sources {

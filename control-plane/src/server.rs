@@ -57,10 +57,10 @@ pub enum Error {
     Tls(#[from] tls::Error),
 }
 
-/// Everything `serve` needs.
+/// What every flavour of the server shares (`serve`, `replay`): the CA directory, the
+/// listeners, the serving certificate's names and the token clock skew.
 #[derive(Clone, Debug)]
-pub struct ServeInputs {
-    pub config_dir: PathBuf,
+pub struct ServerSettings {
     pub ca_dir: PathBuf,
     pub trust_domain: String,
     pub grpc_addr: SocketAddr,
@@ -68,10 +68,17 @@ pub struct ServeInputs {
     pub monitoring_addr: SocketAddr,
     /// Extra DNS names for the serving certificate.
     pub sans: Vec<String>,
-    pub mesh_file: Option<PathBuf>,
     /// Clock skew allowed when verifying a token's `exp` and `nbf`
     /// ([`ca::DEFAULT_TOKEN_CLOCK_SKEW`] unless configured).
     pub token_clock_skew: Duration,
+}
+
+/// Everything `serve` needs.
+#[derive(Clone, Debug)]
+pub struct ServeInputs {
+    pub config_dir: PathBuf,
+    pub mesh_file: Option<PathBuf>,
+    pub server: ServerSettings,
     /// Environment (PILOT_DEBOUNCE_AFTER, PILOT_DEBOUNCE_MAX, PILOT_PUSH_THROTTLE,
     /// PILOT_ENABLE_IP_AUTOALLOCATE).
     pub env: HashMap<String, String>,
@@ -197,13 +204,13 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
     let tunables = Tunables::from_env(&inputs.env)?;
     let mesh = load_mesh(
         inputs.mesh_file.as_ref(),
-        &inputs.trust_domain,
+        &inputs.server.trust_domain,
         tunables.ip_autoallocate,
     )?;
-    tracing::info!(config_dir = %inputs.config_dir.display(), ca_dir = %inputs.ca_dir.display(),
+    tracing::info!(config_dir = %inputs.config_dir.display(), ca_dir = %inputs.server.ca_dir.display(),
         trust_domain = %mesh.trust_domain, root_namespace = %mesh.root_namespace, allow_any = mesh.allow_any,
         debounce_after = ?tunables.debounce_after, debounce_max = ?tunables.debounce_max,
-        push_throttle = tunables.push_throttle, token_clock_skew = ?inputs.token_clock_skew, "starting istiod-lite");
+        push_throttle = tunables.push_throttle, token_clock_skew = ?inputs.server.token_clock_skew, "starting istiod-lite");
     let watcher = Watcher::start(
         WatcherInputs {
             dir: inputs.config_dir.clone(),
@@ -215,13 +222,7 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
     // Config revisions become model snapshots; the ADS server generates (and caches) from those.
     let snapshots = crate::model::follow(watcher.revisions.clone(), Arc::new(mesh), cancel.clone());
     let core = CoreInputs {
-        ca_dir: inputs.ca_dir,
-        trust_domain: inputs.trust_domain,
-        grpc_addr: inputs.grpc_addr,
-        secure_grpc_addr: inputs.secure_grpc_addr,
-        monitoring_addr: inputs.monitoring_addr,
-        sans: inputs.sans,
-        token_clock_skew: inputs.token_clock_skew,
+        server: inputs.server,
         push_throttle: tunables.push_throttle,
     };
     let sources = Sources {
@@ -235,15 +236,7 @@ pub async fn serve(inputs: ServeInputs, cancel: CancellationToken) -> Result<Run
 /// What every flavour of the server needs besides its sources (`serve`, `replay`).
 #[derive(Clone, Debug)]
 pub struct CoreInputs {
-    pub ca_dir: PathBuf,
-    pub trust_domain: String,
-    pub grpc_addr: SocketAddr,
-    pub secure_grpc_addr: SocketAddr,
-    pub monitoring_addr: SocketAddr,
-    /// Extra DNS names for the serving certificate.
-    pub sans: Vec<String>,
-    /// Clock skew allowed when verifying a token's `exp` and `nbf`.
-    pub token_clock_skew: Duration,
+    pub server: ServerSettings,
     /// `PILOT_PUSH_THROTTLE`.
     pub push_throttle: usize,
 }
@@ -260,10 +253,11 @@ pub struct Sources {
 
 /// Serves CA, ADS (from `sources`) and monitoring; returns once every listener is bound.
 pub async fn serve_sources(
-    inputs: CoreInputs,
+    core: CoreInputs,
     sources: Sources,
     cancel: CancellationToken,
 ) -> Result<Running, Error> {
+    let (inputs, push_throttle) = (core.server, core.push_throttle);
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let ca = SharedCa::new(Ca::load_or_create(&inputs.ca_dir)?);
     let tokens = Arc::new(
@@ -311,7 +305,7 @@ pub async fn serve_sources(
     let ads = AdsServer::new(AdsInputs {
         snapshots: sources.snapshots.clone(),
         fixed: sources.fixed,
-        push_throttle: inputs.push_throttle,
+        push_throttle,
         metrics: xds_metrics,
         sync: sync.clone(),
         cancel: cancel.clone(),

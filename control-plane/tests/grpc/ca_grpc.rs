@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use control_plane::ca::{Claims, DEFAULT_TOKEN_CLOCK_SKEW, TokenIssuer};
-use control_plane::server::{Running, ServeInputs, serve};
+use control_plane::server::{Running, ServeInputs, ServerSettings, serve};
 use proto::istio::ca::istio_certificate_service_client::IstioCertificateServiceClient;
 use proto::istio::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair, PKCS_ECDSA_P256_SHA256, SanType};
@@ -20,14 +20,16 @@ pub(crate) async fn start(config: &Path, ca: &Path) -> (Running, CancellationTok
     let running = serve(
         ServeInputs {
             config_dir: config.to_path_buf(),
-            ca_dir: ca.to_path_buf(),
-            trust_domain: "cluster.local".into(),
-            grpc_addr: "127.0.0.1:0".parse().expect("addr"),
-            secure_grpc_addr: "127.0.0.1:0".parse().expect("addr"),
-            monitoring_addr: "127.0.0.1:0".parse().expect("addr"),
-            sans: vec!["cp.test".into()],
             mesh_file: None,
-            token_clock_skew: DEFAULT_TOKEN_CLOCK_SKEW,
+            server: ServerSettings {
+                ca_dir: ca.to_path_buf(),
+                trust_domain: "cluster.local".into(),
+                grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+                secure_grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+                monitoring_addr: "127.0.0.1:0".parse().expect("addr"),
+                sans: vec!["cp.test".into()],
+                token_clock_skew: DEFAULT_TOKEN_CLOCK_SKEW,
+            },
             env: HashMap::new(),
         },
         cancel.clone(),

@@ -5,6 +5,7 @@ use proto::envoy::config::core::v3::Node;
 use proto::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
 use proto::google::rpc::Status as RpcStatus;
 use tokio::net::UnixStream;
+use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
 
 use super::*;

@@ -152,8 +152,7 @@ pub struct Inputs {
 }
 
 /// How many downstream xDS streams the socket serves at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Streams {
     /// Istio's: one at a time; a new stream ends the previous one (OK status).
     One,

@@ -173,7 +173,7 @@ fn setup(
 
 #[test]
 fn grpc_go_channels_each_keep_their_xds_stream_through_config_changes() {
-    let Some((app, pod, _servers, ports, _out)) = setup(&[]) else {
+    let Some((app, mut pod, _servers, ports, _out)) = setup(&[]) else {
         return;
     };
     let mut client = client(&app, &pod, RUN);
@@ -186,9 +186,14 @@ fn grpc_go_channels_each_keep_their_xds_stream_through_config_changes() {
     let mut peak = open;
 
     // Move every endpoint back and forth while the client runs; each change reaches every
-    // channel. The pause between changes only spreads them over the run.
+    // channel. The pause between changes only spreads them over the run. Half way, istiod
+    // restarts: every stream's upstream reconnects and replays, the streams stay open.
     let mut rounds = 0;
     while started.elapsed() + Duration::from_secs(12) < RUN {
+        if rounds == 5 {
+            pod.istiod.kill();
+            pod.istiod.restart();
+        }
         let port = ports[(rounds + 1) % 2];
         push_config(&pod, &mesh_config(port));
         wait_all_on(&client, port, Duration::from_secs(10));
@@ -197,8 +202,15 @@ fn grpc_go_channels_each_keep_their_xds_stream_through_config_changes() {
             .max(metric(pod.status, "istio_agent_xds_proxy_downstream_streams").expect("metrics"));
         std::thread::sleep(Duration::from_secs(2));
     }
-    let ended = metric(pod.status, "istio_agent_envoy_connection_terminations").expect("metrics");
-    let refused = metric(pod.status, "istio_agent_xds_proxy_streams_refused").expect("metrics");
+    let ended = metric(
+        pod.status,
+        "istio_agent_envoy_connection_terminations_total",
+    )
+    .expect("metrics");
+    let refused =
+        metric(pod.status, "istio_agent_xds_proxy_streams_refused_total").expect("metrics");
+    let reconnects =
+        metric(pod.status, "istio_agent_xds_upstream_reconnects_total").expect("metrics");
     let still_open =
         metric(pod.status, "istio_agent_xds_proxy_downstream_streams").expect("metrics");
 
@@ -211,7 +223,7 @@ fn grpc_go_channels_each_keep_their_xds_stream_through_config_changes() {
         .cloned()
         .unwrap_or_default();
     eprintln!(
-        "multi-stream: {rounds} config changes in {:?}, streams open {open} (peak {peak}, at the end {still_open}), {done}",
+        "multi-stream: {rounds} config changes and an istiod restart in {:?}, streams open {open} (peak {peak}, at the end {still_open}), upstream reconnects {reconnects}, {done}",
         started.elapsed()
     );
     assert!(rounds >= 5, "only {rounds} config changes");
@@ -226,6 +238,18 @@ fn grpc_go_channels_each_keep_their_xds_stream_through_config_changes() {
         .filter(|l| l.contains(REPLACED))
         .count();
     assert_eq!(replaced, 0, "the agent ended streams");
+    // No stream was opened again: the first ones lasted the whole run.
+    let admitted = pod
+        .agent
+        .output()
+        .iter()
+        .filter(|l| l.contains("Envoy connected to the xDS proxy"))
+        .count();
+    assert_eq!(admitted as f64, open, "streams opened over the run");
+    assert!(
+        reconnects >= open,
+        "every stream's upstream reconnects after istiod's restart: {reconnects}"
+    );
 }
 
 /// Istio's rule (`XDS_PROXY_MULTI_STREAM=false`) with the same app: each new stream ends the
@@ -250,8 +274,13 @@ fn istio_one_stream_rule_keeps_ending_grpc_go_streams() {
             Err(format!("{n} streams ended so far"))
         }
     });
-    let open = metric(pod.status, "istio_agent_xds_proxy_downstream_streams").expect("metrics");
-    assert!(open <= 1.0, "Istio's rule keeps one stream: {open}");
+    // Istio's rule keeps one stream (an ended one is gone once its relay has wound down).
+    assert_eventually(Duration::from_secs(10), || {
+        match metric(pod.status, "istio_agent_xds_proxy_downstream_streams")? {
+            open if open <= 1.0 => Ok(()),
+            open => Err(format!("{open} streams open")),
+        }
+    });
     assert!(
         client.wait_timeout(Duration::from_secs(45)).is_some(),
         "the client did not finish"

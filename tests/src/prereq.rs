@@ -105,7 +105,7 @@ pub fn require_go() -> Option<PathBuf> {
     if found.is_none() {
         missing(
             "the Go toolchain (`go`)",
-            "install Go 1.24 or later (https://go.dev/dl) or set GO to its `go` binary",
+            "install Go 1.26 or later (gRPC-Go 1.85 needs it; https://go.dev/dl) or set GO to its `go` binary",
         );
     }
     found

@@ -1,4 +1,4 @@
-module github.com/example/pilot-agent-rs/tests/go/xds_multi
+module xds_multi
 
 go 1.26.0
 

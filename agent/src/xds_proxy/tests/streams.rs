@@ -228,3 +228,34 @@ async fn every_stream_reconnects_and_replays_its_own_subscriptions() {
     assert_eq!(message(&mut b).await.nonce, "b2");
     assert_eq!(h.metrics.downstream_streams.get(), 2);
 }
+
+/// SotW and Delta streams are admitted alike: a Delta stream opened beside a SotW one leaves it
+/// open, and each relays on its own upstream.
+#[tokio::test]
+async fn sotw_and_delta_streams_stay_open_side_by_side() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy_streams(ads.connect(), false, None, true, many(4)).await;
+    let mut client = envoy_client(&h.path).await;
+    let (_tx_a, mut a, up_a) = open_sotw(&mut client, &mut ads, lds("a:80")).await;
+    let first = DeltaDiscoveryRequest {
+        type_url: type_url::LISTENER.into(),
+        resource_names_subscribe: vec!["b:80".into()],
+        ..Default::default()
+    };
+    let (_tx_b, mut b, up_b) = open_delta(&mut client, &mut ads, first).await;
+    let pushed = DeltaDiscoveryResponse {
+        type_url: type_url::LISTENER.into(),
+        nonce: "b1".into(),
+        ..Default::default()
+    };
+    up_b.responses.send(Ok(pushed.clone())).await.unwrap();
+    up_a.responses.send(Ok(lds_resp("a1"))).await.unwrap();
+    assert_eq!(message(&mut a).await.nonce, "a1");
+    let got = tokio::time::timeout(Duration::from_secs(10), b.message())
+        .await
+        .expect("timed out")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, pushed);
+    assert_eq!(h.metrics.downstream_streams.get(), 2);
+}

@@ -6,9 +6,11 @@
 //! The app is `tests/go/xds_multi` (a real gRPC-Go client of the release pinned in its `go.mod`),
 //! built here with `go`: three channels to three `xds:///` targets through the agent's bootstrap,
 //! a health check on each every 100 ms for 60 s, while istiod-lite's config moves every
-//! service's endpoint between two servers. Checked: the agent had one stream open per target at
-//! once and ended none, and after each change every channel reached the new endpoint. With
-//! `XDS_PROXY_MULTI_STREAM=false` (Istio's rule) the same app's streams are ended over and over.
+//! service's endpoint between two servers and, half way, istiod-lite restarts. Checked: the agent
+//! had one stream open per target at once, ended none and admitted no other, every stream's
+//! upstream reconnected after the restart, after each change every channel reached the new
+//! endpoint, and no call failed. With `XDS_PROXY_MULTI_STREAM=false` (Istio's rule) the same
+//! app's streams are ended over and over and two of its three channels fail.
 
 use harness::local::free_port;
 use harness::prereq::require_go;

@@ -419,6 +419,13 @@ fn bind_xds(
         reconnect: config.upstream.reconnect,
         // A stalled istiod is given as long to open a stream as to answer a ping.
         open_timeout: config.upstream.keepalive.0 + config.upstream.keepalive.1,
+        streams: if config.upstream.multi_stream {
+            xds_proxy::Streams::Many {
+                cap: xds_proxy::MAX_STREAMS,
+            }
+        } else {
+            xds_proxy::Streams::One
+        },
     });
     let path = config.xds_socket();
     let listener = xds_proxy::bind_uds(&path)?;

@@ -337,6 +337,12 @@ impl Config {
             istiod_san,
             socket: &workload_socket,
         })?;
+        let envoy = envoy::load(envoy::Inputs {
+            env,
+            flags: &flags,
+            is_root: inputs.is_root,
+            cgroup_memory_limit: inputs.cgroup_memory_limit,
+        })?;
         let upstream = upstream::load(upstream::Inputs {
             env,
             base_dir: &base_dir,
@@ -347,6 +353,7 @@ impl Config {
             istiod_san,
             // One rule for the token on both connections to istiod.
             allow_plaintext_token: identity.allow_plaintext_token,
+            proxyless: envoy.disabled || env.get("ISTIO_META_GENERATOR") == Some("grpc"),
         })?;
         let dns = if dns_enabled {
             Some(dns::load(dns::Inputs {
@@ -361,12 +368,6 @@ impl Config {
             None
         };
         let status = status::load(env, &proxy)?;
-        let envoy = envoy::load(envoy::Inputs {
-            env,
-            flags: &flags,
-            is_root: inputs.is_root,
-            cgroup_memory_limit: inputs.cgroup_memory_limit,
-        })?;
         let bootstrap = bootstrap::load(env, &base_dir)?;
 
         Ok(Config {

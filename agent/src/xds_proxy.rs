@@ -27,8 +27,19 @@
 //!   part of a message that can never be completed, so its stream ends (UNAVAILABLE). With
 //!   `XDS_PROXY_RECONNECT=false` (Istio's behaviour), and always when istiod refuses the stream
 //!   (e.g. PERMISSION_DENIED) or Envoy leaves, the other side is closed with the same status.
-//! - One Envoy stream at a time (as Istio): a new stream, SotW or Delta, ends the previous one
-//!   (OK status) and closes its upstream.
+//! - Streams on the socket ([`streams`]): with Envoy, one at a time (as Istio): a new stream,
+//!   SotW or Delta, ends the previous one (OK status) and closes its upstream. For proxyless
+//!   gRPC (not Istio; istio#53532) every stream is served: gRPC-Go 1.66+ opens one ADS stream
+//!   per channel target (one xDS client each) and Istio's rule makes them end each other. Each
+//!   stream gets its own upstream stream, as with Envoy, rather than one shared upstream
+//!   demultiplexed per stream: each client's nonces, versions, subscriptions and NACKs are its
+//!   own and istiod sees one ordinary proxyless connection per client, so nothing has to be
+//!   rewritten or merged, and the reconnect and replay above work per stream unchanged. The
+//!   cost is one istiod connection per stream, bounded by the cap ([`MAX_STREAMS`], 32): one
+//!   more stream is refused with RESOURCE_EXHAUSTED. `XDS_PROXY_MULTI_STREAM` picks the rule
+//!   (default: on for proxyless, i.e. `DISABLE_ENVOY=true` or `ISTIO_META_GENERATOR=grpc`).
+//!   NDS stays single: one open stream holds the proxy's NDS subscription and hands it to
+//!   another when it ends.
 
 mod authority;
 mod coalesce;
@@ -39,6 +50,7 @@ pub mod fake;
 mod hpack;
 mod relay;
 mod sieve;
+mod streams;
 mod subscriptions;
 mod upstream;
 
@@ -51,6 +63,7 @@ use futures::future::BoxFuture;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use proto::istio::nds::NameTable;
 use tokio::net::UnixListener;
@@ -134,7 +147,23 @@ pub struct Inputs {
     /// How long connecting and opening a new upstream stream may take before the next attempt
     /// (a stopped istiod accepts TCP connections but never completes the handshake).
     pub open_timeout: std::time::Duration,
+    /// How many downstream streams are served at once.
+    pub streams: Streams,
 }
+
+/// How many downstream xDS streams the socket serves at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Streams {
+    /// Istio's: one at a time; a new stream ends the previous one (OK status).
+    One,
+    /// Every stream is served with its own subscriptions and its own upstream stream, up to
+    /// `cap` at once; one more is refused with RESOURCE_EXHAUSTED.
+    Many { cap: usize },
+}
+
+/// The cap on concurrent downstream streams when several are served: gRPC-Go opens one per
+/// channel target plus one for its xDS servers.
+pub const MAX_STREAMS: usize = 32;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct TerminationLabels {
@@ -159,6 +188,8 @@ pub struct Metrics {
     pub(crate) requests: Counter,
     pub(crate) responses: Counter,
     pub(crate) upstream_reconnects: Family<ReconnectLabels, Counter>,
+    pub(crate) downstream_streams: Gauge,
+    pub(crate) streams_refused: Counter,
 }
 
 impl Metrics {
@@ -194,6 +225,16 @@ impl Metrics {
             "Upstream xDS streams lost and reopened by the proxy while Envoy's stayed open, by reason",
             m.upstream_reconnects.clone(),
         );
+        registry.register(
+            "xds_proxy_downstream_streams",
+            "xDS streams open on the XDS socket",
+            m.downstream_streams.clone(),
+        );
+        registry.register(
+            "xds_proxy_streams_refused",
+            "xDS streams refused because the XDS socket's concurrent stream cap was reached",
+            m.streams_refused.clone(),
+        );
         m
     }
 }
@@ -202,34 +243,17 @@ impl Metrics {
 #[derive(Clone)]
 pub struct XdsProxy {
     inputs: Arc<Inputs>,
-    /// Stops the one active Envoy stream (SotW or Delta).
-    active: Arc<std::sync::Mutex<Option<CancellationToken>>>,
+    /// The open downstream streams (SotW and Delta alike).
+    open: streams::Open,
 }
 
 impl XdsProxy {
     pub fn new(inputs: Inputs) -> Self {
+        let open = streams::Open::new(inputs.streams, inputs.metrics.downstream_streams.clone());
         XdsProxy {
             inputs: Arc::new(inputs),
-            active: Arc::default(),
+            open,
         }
-    }
-
-    /// Makes a new Envoy stream the active one; as Istio, the previous stream (if still open)
-    /// is ended (OK status) and its upstream stream closed.
-    fn register(&self) -> CancellationToken {
-        let stop = CancellationToken::new();
-        let previous = self
-            .active
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .replace(stop.clone());
-        if let Some(previous) = previous
-            && !previous.is_cancelled()
-        {
-            tracing::info!("a new Envoy xDS stream replaces the previous one");
-            previous.cancel();
-        }
-        stop
     }
 
     /// The tonic service (also usable on other transports in tests).
@@ -265,13 +289,20 @@ fn serve_method<F: relay::Flavor>(
         return tonic::Status::unimplemented("compressed xDS requests are not supported")
             .into_http();
     }
+    let stream = match proxy.open.admit() {
+        Ok(stream) => stream,
+        Err(status) => {
+            proxy.inputs.metrics.streams_refused.inc();
+            return status.into_http();
+        }
+    };
     let requests = tonic::Streaming::new_request(
         codec::request_decoder::<F::Req>(),
         request.into_body(),
         None,
         Some(MAX_REQUEST),
     );
-    let responses = relay::start::<F>(proxy.inputs.clone(), requests, proxy.register());
+    let responses = relay::start::<F>(proxy.inputs.clone(), requests, stream);
     let mut response =
         http::Response::new(tonic::body::Body::new(codec::ResponseBody::new(responses)));
     response.headers_mut().insert(

@@ -94,6 +94,23 @@ pub fn require_grpcio() -> bool {
     ok
 }
 
+/// The Go toolchain for the tests' gRPC-Go apps: `GO`, else `go` on PATH, else Go's default
+/// install at `/usr/local/go/bin/go`.
+pub fn require_go() -> Option<PathBuf> {
+    let found = std::env::var_os("GO")
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+        .or_else(|| find_bin("go"))
+        .or_else(|| Some(PathBuf::from("/usr/local/go/bin/go")).filter(|p| p.is_file()));
+    if found.is_none() {
+        missing(
+            "the Go toolchain (`go`)",
+            "install Go 1.26 or later (gRPC-Go 1.85 needs it; https://go.dev/dl) or set GO to its `go` binary",
+        );
+    }
+    found
+}
+
 /// The folder of Istio's own Go binaries (`pilot-agent`, `pilot-discovery`) from
 /// `ISTIO_GO_BIN`. Unset, the caller skips with a message, under `CI=true` too: CI never has
 /// Istio's binaries, and none of the repository's scripts builds them.

@@ -133,6 +133,28 @@ fn xds_upstream_reconnect_and_keepalive() {
     );
 }
 
+/// Several xDS streams at once by default for proxyless gRPC (either marker of the grpc-agent
+/// template), Istio's one stream at a time with Envoy; `XDS_PROXY_MULTI_STREAM` overrides both.
+#[test]
+fn multi_stream_defaults_to_proxyless_and_the_switch_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let multi =
+        |pairs: &[(&str, &str)]| load(dir.path(), &env(pairs)).unwrap().upstream.multi_stream;
+    assert!(!multi(&[]), "Envoy: Istio's one stream");
+    assert!(multi(&[("DISABLE_ENVOY", "true")]));
+    assert!(multi(&[("ISTIO_META_GENERATOR", "grpc")]));
+    assert!(!multi(&[
+        ("DISABLE_ENVOY", "true"),
+        ("ISTIO_META_GENERATOR", "grpc"),
+        ("XDS_PROXY_MULTI_STREAM", "false"),
+    ]));
+    assert!(multi(&[("XDS_PROXY_MULTI_STREAM", "true")]));
+    let err = load(dir.path(), &env(&[("XDS_PROXY_MULTI_STREAM", "both")]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("XDS_PROXY_MULTI_STREAM"), "{err}");
+}
+
 #[test]
 fn dns_capture_only_for_sidecars() {
     let dir = tempfile::tempdir().unwrap();

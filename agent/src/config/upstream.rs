@@ -42,6 +42,11 @@ pub struct XdsUpstream {
     /// `XDS_PROXY_KEEPALIVE_INTERVAL` (Istio's 30s; not in Istio), the timeout Istio's 10s or
     /// half the interval when that is shorter.
     pub keepalive: (Duration, Duration),
+    /// `XDS_PROXY_MULTI_STREAM` (not in Istio; default true for proxyless gRPC, false with
+    /// Envoy): every stream on the XDS socket is served with its own upstream stream, up to
+    /// `xds_proxy::MAX_STREAMS` at once (gRPC-Go 1.66+ opens one per channel target,
+    /// istio#53532). `false` is Istio's one stream at a time: a new stream ends the previous.
+    pub multi_stream: bool,
 }
 
 /// What the upstream settings depend on besides the environment.
@@ -55,6 +60,9 @@ pub struct Inputs<'a> {
     pub istiod_san: Option<&'a str>,
     /// The identity config's `CA_ALLOW_PLAINTEXT_TOKEN`.
     pub allow_plaintext_token: bool,
+    /// Proxyless gRPC (`DISABLE_ENVOY=true` or `ISTIO_META_GENERATOR=grpc`): the default of
+    /// `XDS_PROXY_MULTI_STREAM`.
+    pub proxyless: bool,
 }
 
 /// Builds the upstream config.
@@ -86,6 +94,7 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
     )?;
     Ok(XdsUpstream {
         reconnect: i.env.bool("XDS_PROXY_RECONNECT", true)?,
+        multi_stream: i.env.bool("XDS_PROXY_MULTI_STREAM", i.proxyless)?,
         keepalive: (interval, default_timeout.min(interval / 2)),
         server_name: istiod_server_name(&address, i.istiod_san),
         address,

@@ -132,6 +132,7 @@ mod tests {
             allow_plaintext_token: allow,
             reconnect: true,
             keepalive: sds::tls::DEFAULT_KEEPALIVE,
+            multi_stream: false,
         };
         let token = |plaintext, allow| (super::token(&config(plaintext, allow)))();
         assert_eq!(token(true, false), None, "plaintext: withheld");

@@ -14,6 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::codec::{Down, Head, RawResponse};
+use super::streams::Stream;
 use super::subscriptions::{DeltaSubscriptions, SotwSubscriptions, Subscriptions};
 use super::upstream::{Piece, RequestStream, Responses};
 use super::{Inputs, ReconnectLabels, TerminationLabels};
@@ -222,13 +223,16 @@ async fn to_upstream<F: Flavor>(link: &Shared<F>, req: F::Req, done: &Cancellati
     send(&tx, req, done, "istiod").await || (reconnect && !done.is_cancelled())
 }
 
-/// Starts relaying `downstream` until either side ends or `done` is cancelled (then Envoy's
-/// stream ends with OK); returns the stream of responses for Envoy at once.
+/// Starts relaying `downstream` until either side ends or the stream's `done` is cancelled
+/// (then Envoy's stream ends with OK); returns the stream of responses for Envoy at once. The
+/// admitted `stream` lives until both directions are done.
 pub(crate) fn start<F: Flavor>(
     inputs: Arc<Inputs>,
     downstream: tonic::Streaming<F::Req>,
-    done: CancellationToken,
+    stream: Stream,
 ) -> ReceiverStream<Result<Down, tonic::Status>> {
+    let stream = Arc::new(stream);
+    let done = stream.done().clone();
     let queue = inputs.queue.max(1);
     let (down_tx, down_rx) = mpsc::channel::<Result<Down, tonic::Status>>(queue);
     let (up_tx, up_rx) = mpsc::channel::<F::Req>(queue);
@@ -241,11 +245,12 @@ pub(crate) fn start<F: Flavor>(
         inputs.clone(),
         downstream,
         link.clone(),
-        done.clone(),
+        stream.clone(),
     ));
-    tokio::spawn(upstream_to_downstream::<F>(
-        inputs, up_rx, link, down_tx, done,
-    ));
+    tokio::spawn(async move {
+        upstream_to_downstream::<F>(inputs, up_rx, link, down_tx, done).await;
+        drop(stream);
+    });
     ReceiverStream::new(down_rx)
 }
 
@@ -278,13 +283,24 @@ async fn downstream_to_upstream<F: Flavor>(
     inputs: Arc<Inputs>,
     mut downstream: tonic::Streaming<F::Req>,
     link: Shared<F>,
-    done: CancellationToken,
+    stream: Arc<Stream>,
 ) {
+    let done = stream.done().clone();
     let mut lds_seen = false;
     let mut health = inputs.health.clone();
     loop {
         let msg = tokio::select! {
             _ = done.cancelled() => break,
+            // The stream that owned NDS ended: this one (past its first LDS) takes it over.
+            () = stream.nds_free(), if lds_seen && inputs.nds.is_some() && !stream.owns_nds() => {
+                if stream.claim_nds() {
+                    tracing::debug!("taking over the NDS subscription from a stream that ended");
+                    if !to_upstream(&link, F::nds_subscribe(), &done).await {
+                        break;
+                    }
+                }
+                continue;
+            }
             changed = async {
                 match health.as_mut() {
                     Some(h) => h.changed().await,
@@ -319,7 +335,8 @@ async fn downstream_to_upstream<F: Flavor>(
                 }
                 if first_lds {
                     lds_seen = true;
-                    if inputs.nds.is_some() {
+                    // One open stream at a time holds the NDS subscription.
+                    if inputs.nds.is_some() && stream.claim_nds() {
                         tracing::debug!("subscribing to NDS after Envoy's first LDS request");
                         if !to_upstream(&link, F::nds_subscribe(), &done).await {
                             break;

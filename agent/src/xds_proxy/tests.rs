@@ -50,6 +50,17 @@ async fn proxy_with(
     health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
     reconnect: bool,
 ) -> Harness {
+    proxy_streams(connect, nds, health, reconnect, Streams::One).await
+}
+
+/// [`proxy_with`] serving `streams` downstream streams at once.
+async fn proxy_streams(
+    connect: Connect,
+    nds: bool,
+    health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
+    reconnect: bool,
+    streams: Streams,
+) -> Harness {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("debug,h2=info,hyper=info,tower=info")
         .with_test_writer()
@@ -84,6 +95,7 @@ async fn proxy_with(
         queue: 1,
         reconnect,
         open_timeout: Duration::from_secs(5),
+        streams,
     });
     let token = CancellationToken::new();
     tokio::spawn(serve(proxy, listener, token.clone()));
@@ -697,6 +709,7 @@ async fn responses_reach_envoy_as_sent() {
 
 mod hostile;
 mod reconnect;
+mod streams;
 
 /// Gathered writes never hold a response back: 300 small responses, each sent only after the
 /// previous one arrived, every one reaches Envoy promptly (a flush left pending would wait

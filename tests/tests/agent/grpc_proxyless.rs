@@ -80,15 +80,22 @@ fn mode(p: &Path) -> u32 {
 }
 
 /// istiod-lite and the agent with the grpc-agent template's environment, ready.
-struct Proxyless {
-    _istiod: LocalIstiod,
-    _agent: Child,
+pub(crate) struct Proxyless {
+    pub(crate) istiod: LocalIstiod,
+    pub(crate) agent: Child,
     _scratch: tempfile::TempDir,
     certs: PathBuf,
-    bootstrap: PathBuf,
+    pub(crate) bootstrap: PathBuf,
+    /// The agent's status port (readiness, `/stats/prometheus`).
+    pub(crate) status: SocketAddr,
 }
 
 fn start(config: &str) -> Proxyless {
+    start_with(config, &[])
+}
+
+/// [`start`] with extra environment for the agent.
+pub(crate) fn start_with(config: &str, extra_env: &[(&str, &str)]) -> Proxyless {
     let istiod = LocalIstiod::start(config);
     let scratch_dir = tempfile::Builder::new()
         .prefix("grpc-")
@@ -108,7 +115,8 @@ fn start(config: &str) -> Proxyless {
         .env("OUTPUT_CERTS", &certs)
         .env("GRPC_XDS_BOOTSTRAP", &bootstrap)
         // In a pod: the app container reads the certificates, so they are 0644 (Istio).
-        .env("KUBERNETES_SERVICE_HOST", "10.96.0.1");
+        .env("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+        .envs(extra_env.iter().copied());
     let agent = Child::spawn("agent", cmd);
     agent.wait_for_line("agent listeners bound", Duration::from_secs(20));
 
@@ -140,11 +148,12 @@ fn start(config: &str) -> Proxyless {
         "DISABLE_ENVOY: the agent must not start Envoy"
     );
     Proxyless {
-        _istiod: istiod,
-        _agent: agent,
+        istiod,
+        agent,
         _scratch: scratch_dir,
         certs,
         bootstrap,
+        status,
     }
 }
 

@@ -8,6 +8,7 @@
 
 mod agent;
 mod agent_faults;
+mod grpc_go_multi;
 mod grpc_proxyless;
 mod identity_faults;
 mod image;

@@ -12,7 +12,6 @@ mod state;
 use std::collections::HashSet;
 
 pub use backend::{Backend, Family, Variant};
-pub(crate) use backend::{find_in_path, input_file};
 pub use state::{State, TableState, parse_save};
 
 use crate::builder::{Rule, RuleBuilder, declared_chains, is_built_in};

@@ -1,16 +1,37 @@
 //! Native nftables (`--native-nftables`, `NATIVE_NFTABLES=true`): Istio's capture in its own
-//! `inet` tables (`istio-proxy-nat`, `-mangle`, `-raw`), applied as one atomic `nft -f -`
-//! transaction, so a pod is either fully configured or untouched.
+//! `inet` tables (`istio-proxy-nat`, `-mangle`, `-raw`), applied as one atomic nf_tables
+//! transaction sent over netlink from this process, so a pod is either fully configured or
+//! untouched, and no `nft` binary is needed.
 //!
 //! - [`capture`]: the rules, in Istio's order, from a [`Config`];
 //! - [`builder`]: the per-table rule lists and the insert/append conversion;
-//! - [`apply`]: running `nft`, cleanup, and removing what the other backend left.
+//! - [`program`]: the transaction script turned into one netlink batch;
+//! - [`compile`]: one rule's text turned into kernel expressions, as `nft` 1.0.x does;
+//! - [`encode`]: the nf_tables netlink messages, byte by byte;
+//! - [`kernel`]: the socket that sends the batch and reads the kernel's verdict;
+//! - [`apply`]: the run: apply, cleanup, and removing what the other backend left.
 //!
-//! [`script`] is the transaction text Istio's goldens pin (what `--dry-run` writes).
+//! [`script`] is the transaction text Istio's goldens pin (what `--dry-run` writes); a real
+//! run sends the same changes to the kernel.
+//!
+//! Why our own encoder rather than a crate: Istio's backend runs `nft`, and its users hit
+//! version skew crashes (istio#58492), builds without JSON (#60328) and images without the
+//! binary (#57978); wrappers of libnftnl/libmnl would bring the C userland back. The pure-Rust
+//! candidates on crates.io were judged on what this needs (anonymous sets, `tproxy`, `redir`,
+//! `ct` set, one batch with per-message errors): `rustables` builds expressions but tracks
+//! kernel features slowly and has few maintainers; `netlink-packet-*` has no nf_tables
+//! expression layer; `neli` is generic netlink only. Istio's rules use a dozen expression
+//! kinds, so a small encoder next to the existing read-only dumps in [`crate::netlink`],
+//! tested against the uapi byte layout and against `nft`'s own result for all 28 goldens,
+//! costs less than adapting a crate and adds no dependency.
 
 pub mod apply;
 pub mod builder;
 pub mod capture;
+pub mod compile;
+pub mod encode;
+pub mod kernel;
+pub mod program;
 
 pub use apply::{Error, run};
 pub use builder::{NftRule, NftRuleBuilder, Op};
@@ -155,7 +176,7 @@ impl Existing {
     }
 }
 
-/// What a real run feeds to `nft -f -`: [`script`], preceded, in the same transaction, by the
+/// What a real run sends to the kernel: [`script`], preceded, in the same transaction, by the
 /// removal of each Istio table whose chains are not exactly the ones the new rules declare (in
 /// their order): tables the new rules do not use, and tables an earlier run with other flags
 /// shaped differently. A run over its own rules, or over none, sends exactly [`script`]; a

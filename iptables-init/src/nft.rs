@@ -158,21 +158,27 @@ pub struct Existing {
 impl Existing {
     /// Read over netlink; `None` when nf_tables cannot be read.
     pub fn read() -> Option<Existing> {
-        use crate::netlink::{NFPROTO_INET, nft_chains, nft_tables};
+        let chains = crate::netlink::nft_chains()?;
+        Some(Existing::from_dumps(crate::netlink::nft_tables()?, &chains))
+    }
+
+    /// Istio's part of the dumps of every table and chain (as [`crate::netlink`] lists them).
+    pub fn from_dumps(tables: Vec<(u8, String)>, chains: &[(u8, String, String)]) -> Existing {
         let ours = |family: u8, table: &str| {
-            family == NFPROTO_INET && TABLES.iter().any(|(t, _)| *t == table)
+            family == crate::netlink::NFPROTO_INET && TABLES.iter().any(|(t, _)| *t == table)
         };
-        let tables = nft_tables()?
-            .into_iter()
-            .filter(|(f, t)| ours(*f, t))
-            .map(|(_, t)| t)
-            .collect();
-        let chains = nft_chains()?
-            .into_iter()
-            .filter(|(f, t, _)| ours(*f, t))
-            .map(|(_, t, c)| (t, c))
-            .collect();
-        Some(Existing { tables, chains })
+        Existing {
+            tables: tables
+                .into_iter()
+                .filter(|(f, t)| ours(*f, t))
+                .map(|(_, t)| t)
+                .collect(),
+            chains: chains
+                .iter()
+                .filter(|(f, t, _)| ours(*f, t))
+                .map(|(_, t, c)| (t.clone(), c.clone()))
+                .collect(),
+        }
     }
 }
 

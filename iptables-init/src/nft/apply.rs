@@ -51,14 +51,15 @@ pub fn remove_tables() -> Result<(), Error> {
 }
 
 /// Whether the iptables backend may have left rules: legacy x_tables tables exist, or an
-/// nf_tables chain of the ip/ip6 families carries an iptables `ISTIO_*` name (iptables-nft).
-fn iptables_leftovers() -> bool {
-    use crate::netlink::{NFPROTO_IPV4, NFPROTO_IPV6, nft_chains};
+/// nf_tables chain (of `chains`, every chain as dumped) of the ip/ip6 families carries an
+/// iptables `ISTIO_*` name (iptables-nft).
+fn iptables_leftovers(chains: Option<&[(u8, String, String)]>) -> bool {
+    use crate::netlink::{NFPROTO_IPV4, NFPROTO_IPV6};
     let legacy = ["/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"]
         .iter()
         .any(|p| std::fs::read_to_string(p).is_ok_and(|s| !s.trim().is_empty()));
     legacy
-        || nft_chains().is_some_and(|chains| {
+        || chains.is_some_and(|chains| {
             chains.iter().any(|(family, _, chain)| {
                 (*family == NFPROTO_IPV4 || *family == NFPROTO_IPV6) && chain.starts_with("ISTIO_")
             })
@@ -79,22 +80,24 @@ pub fn run(
     env: &ExecEnv,
     names: &dyn Names,
 ) -> Result<(), Error> {
-    let build_script = || {
-        if cfg.cleanup_only {
-            super::cleanup_script()
-        } else {
-            super::apply_script(rules, super::Existing::read().as_ref())
-        }
+    // Every chain, read once: Istio's tables' shape and what the other backend left.
+    let chains = crate::netlink::nft_chains();
+    let mut script = if cfg.cleanup_only {
+        super::cleanup_script()
+    } else {
+        let existing = chains.as_deref().and_then(|c| {
+            Some(super::Existing::from_dumps(crate::netlink::nft_tables()?, c))
+        });
+        super::apply_script(rules, existing.as_ref())
     };
-    let mut script = build_script();
     // What the other backend or an earlier TPROXY run left, read before the change.
-    let leftovers = iptables_leftovers();
+    let leftovers = iptables_leftovers(chains.as_deref());
     let stale_routes =
         (cfg.cleanup_only || !crate::apply::tproxy_routes_wanted(cfg)) && tproxy_rule_present(cfg);
     let mut applied = apply(&script, names);
     if applied.is_err() && !cfg.cleanup_only {
         // The state changed under us (a chain to remove went away): once more, freshly read.
-        let again = build_script();
+        let again = super::apply_script(rules, super::Existing::read().as_ref());
         if again != script {
             tracing::info!("nftables state changed during the run; retrying with a fresh view");
             script = again;

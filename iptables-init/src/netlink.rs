@@ -1,5 +1,7 @@
 //! Read-only netlink dumps of what a run needs to know about the namespace, without starting a
-//! process: policy routing rules (`ip rule`), nf_tables tables and chains (`nft list`).
+//! process: interface addresses, policy routing rules (`ip rule`), nf_tables tables and
+//! chains (`nft list`). Writing nf_tables (the `--native-nftables` apply) is
+//! [`crate::nft::kernel`]'s.
 //!
 //! Each dump is one request on a fresh socket; any failure (no nf_tables in the kernel, a
 //! truncated message) yields `None` and the caller decides what "unknown" means.
@@ -13,6 +15,10 @@ const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_DUMP: u16 = 0x300;
 
 const RTM_GETRULE: u16 = 34;
+const RTM_GETADDR: u16 = 22;
+const IFADDRMSG: usize = 8;
+const IFA_ADDRESS: u16 = 1;
+const IFA_LOCAL: u16 = 2;
 const FIB_RULE_HDR: usize = 12;
 const FRA_TABLE: u16 = 15;
 const FRA_FWMARK: u16 = 10;
@@ -164,6 +170,35 @@ pub fn fwmark_rule_present(mark: u32, table: u32) -> Option<bool> {
     Some(false)
 }
 
+/// Every interface address, in the kernel's dump order (IPv4, then IPv6, each by interface
+/// index), as `getifaddrs` reports them (the local address of a point-to-point link), from one
+/// address dump (`getifaddrs` also dumps every link). `None`: the addresses could not be read.
+pub fn addresses() -> Option<Vec<std::net::IpAddr>> {
+    let dumped = dump(
+        libc::NETLINK_ROUTE,
+        RTM_GETADDR,
+        &[0u8; IFADDRMSG],
+        IFADDRMSG,
+    )?;
+    Some(
+        dumped
+            .iter()
+            .filter_map(|a| {
+                let v = attr(a, IFA_LOCAL).or_else(|| attr(a, IFA_ADDRESS))?;
+                match (i32::from(a.header[0]), v.len()) {
+                    (libc::AF_INET, 4) => {
+                        Some(std::net::IpAddr::from(<[u8; 4]>::try_from(v).ok()?))
+                    }
+                    (libc::AF_INET6, 16) => {
+                        Some(std::net::IpAddr::from(<[u8; 16]>::try_from(v).ok()?))
+                    }
+                    _ => None,
+                }
+            })
+            .collect(),
+    )
+}
+
 fn nft_dump(msg: u16) -> Option<Vec<Object>> {
     // nfgenmsg: family unspecified (every family), version 0, resource id 0.
     dump(
@@ -219,6 +254,20 @@ mod tests {
     fn dumps_answer_in_this_namespace() {
         // Reading needs no privilege for rules; nf_tables may be absent or need CAP_NET_ADMIN.
         assert!(fwmark_rule_present(0xdead_beef, 250).is_some());
+        // The address dump lists what getifaddrs lists, in the same order.
+        let ours = addresses().expect("address dump");
+        let theirs: Vec<std::net::IpAddr> = nix::ifaddrs::getifaddrs()
+            .expect("getifaddrs")
+            .filter_map(|i| {
+                let a = i.address?;
+                a.as_sockaddr_in()
+                    .map(|s| std::net::IpAddr::V4(s.ip()))
+                    .or_else(|| a.as_sockaddr_in6().map(|s| std::net::IpAddr::V6(s.ip())))
+            })
+            .collect();
+        let (mut v4, v6): (Vec<_>, Vec<_>) = theirs.into_iter().partition(|a| a.is_ipv4());
+        v4.extend(v6);
+        assert_eq!(ours, v4);
         if let Some(tables) = nft_tables() {
             assert!(tables.iter().all(|(_, n)| !n.is_empty()));
         }

@@ -86,7 +86,10 @@ pub fn run(
         super::cleanup_script()
     } else {
         let existing = chains.as_deref().and_then(|c| {
-            Some(super::Existing::from_dumps(crate::netlink::nft_tables()?, c))
+            Some(super::Existing::from_dumps(
+                crate::netlink::nft_tables()?,
+                c,
+            ))
         });
         super::apply_script(rules, existing.as_ref())
     };

@@ -9,6 +9,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 const NLMSG_HDR: usize = 16;
 const NLMSG_ERROR: u16 = 2;
+const NOT_SENT: &str = "nothing was applied";
+/// Batches up to this size fit the default socket send buffer.
+const SMALL_BATCH: usize = 64 * 1024;
 
 /// Why the kernel did not take the transaction.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,8 +28,12 @@ pub enum Error {
         errno: String,
         hint: &'static str,
     },
-    #[error("netlink {what} failed: {errno}; nothing is known to be applied")]
-    Socket { what: &'static str, errno: String },
+    #[error("netlink {what} failed: {errno}; {outcome}")]
+    Socket {
+        what: &'static str,
+        errno: String,
+        outcome: &'static str,
+    },
     #[error("the kernel did not acknowledge the nftables transaction; its outcome is unknown")]
     NoAck,
 }
@@ -66,6 +73,7 @@ pub fn classify(what: Option<&str>, code: i32) -> Error {
         (None, _) => Error::Socket {
             what: "socket",
             errno,
+            outcome: NOT_SENT,
         },
     }
 }
@@ -102,13 +110,35 @@ pub fn commit(batch: &[u8], begin_seq: u32, changes: &[(u32, String)]) -> Result
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         );
     }
+    if batch.len() > SMALL_BATCH {
+        // A datagram larger than the send buffer is refused whole (EMSGSIZE): make room, as
+        // root may beyond net.core.wmem_max (SO_SNDBUFFORCE), else as far as the limit allows.
+        let size = libc::c_int::try_from(batch.len().saturating_mul(2)).unwrap_or(libc::c_int::MAX);
+        for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
+            // SAFETY: `size` outlives the call and its size is passed.
+            let set = unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&size as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if set == 0 {
+                break;
+            }
+        }
+    }
     // SAFETY: `batch` is a valid buffer of `batch.len()` bytes; the unconnected netlink socket
     // sends to the kernel.
     let sent = unsafe { libc::send(fd.as_raw_fd(), batch.as_ptr().cast(), batch.len(), 0) };
     if sent < 0 {
+        // The kernel takes a datagram whole or not at all.
         return Err(Error::Socket {
             what: "send",
             errno: errno_text(last_errno()),
+            outcome: NOT_SENT,
         });
     }
     let describe = |seq: u32| -> Option<&str> {
@@ -142,6 +172,7 @@ pub fn commit(batch: &[u8], begin_seq: u32, changes: &[(u32, String)]) -> Result
             return Err(Error::Socket {
                 what: "recv",
                 errno: errno_text(e),
+                outcome: "the transaction's outcome is unknown",
             });
         }
         if n == 0 {

@@ -271,3 +271,42 @@ fn a_batch_the_kernel_refuses_half_way_changes_nothing() {
     );
     assert_eq!(rulesets(&ns), before, "a refused batch changed the ruleset");
 }
+
+/// 3,000 inbound ports: a batch of about 1 MB, far beyond a netlink socket's default send
+/// buffer, still goes in as one transaction.
+#[test]
+fn a_batch_larger_than_the_socket_buffer_goes_in_whole() {
+    if !prerequisites() {
+        return;
+    }
+    let ns = Netns::new("nlarge");
+    ns.add_lo_addr("198.18.0.240/32");
+    let ports: Vec<String> = (1000..4000).map(|p| p.to_string()).collect();
+    let out = output(
+        ns.cmd(workspace_bin("istio-iptables"))
+            .args([
+                "--native-nftables",
+                "-p",
+                "15001",
+                "-z",
+                "15006",
+                "-u",
+                "1337",
+            ])
+            .args(["-m", "REDIRECT", "-i", "*", "-b"])
+            .arg(ports.join(",")),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (text, _) = rulesets(&ns);
+    let per_port = text
+        .lines()
+        .filter(|l| {
+            l.contains("tcp dport ") && !l.contains("!=") && l.contains("jump istio-in-redirect")
+        })
+        .count();
+    assert_eq!(per_port, 3000, "one rule per inbound port");
+}

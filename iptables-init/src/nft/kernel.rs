@@ -39,7 +39,7 @@ pub enum Error {
 }
 
 fn errno_text(code: i32) -> String {
-    format!("{} (errno {code})", std::io::Error::from_raw_os_error(code))
+    std::io::Error::from_raw_os_error(code).to_string()
 }
 
 /// The error for `errno` returned to change `what` (`None`: the socket itself).

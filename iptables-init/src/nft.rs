@@ -16,14 +16,20 @@
 //!
 //! Why our own encoder rather than a crate: Istio's backend runs `nft`, and its users hit
 //! version skew crashes (istio#58492), builds without JSON (#60328) and images without the
-//! binary (#57978); wrappers of libnftnl/libmnl would bring the C userland back. The pure-Rust
-//! candidates on crates.io were judged on what this needs (anonymous sets, `tproxy`, `redir`,
-//! `ct` set, one batch with per-message errors): `rustables` builds expressions but tracks
-//! kernel features slowly and has few maintainers; `netlink-packet-*` has no nf_tables
-//! expression layer; `neli` is generic netlink only. Istio's rules use a dozen expression
-//! kinds, so a small encoder next to the existing read-only dumps in [`crate::netlink`],
-//! tested against the uapi byte layout and against `nft`'s own result for all 28 goldens,
-//! costs less than adapting a crate and adds no dependency.
+//! binary (#57978); a wrapper of libnftnl/libmnl would bring the C userland back. The Rust
+//! crates were weighed against what this needs (anonymous sets, `tproxy`, `redir`, `ct` set,
+//! one batch with per-change errors): `rustables` (pure Rust since 0.8) is GPL-3.0, which this
+//! workspace's license cannot take, and by its own README has rough edges and messages found
+//! by trial and error; `nftables` drives the `nft` JSON API, so the binary again; `nftnl-rs`
+//! covers set elements only; `neli` and `netlink-packet-*` are netlink framing without an
+//! nf_tables expression layer, which is the part that takes work. Istio's rules use a dozen
+//! expression kinds, so a small encoder next to the read-only dumps of [`crate::netlink`],
+//! tested byte by byte against the uapi layout and end to end against `nft`'s own result for
+//! all 28 goldens (listing and bytecode), costs less than adapting a crate and adds no
+//! dependency.
+//!
+//! The `nft -f` path is gone: nothing was found that it did better (the kernel ends in the same
+//! state, byte for byte), and the `--dry-run` script can still be fed to `nft -f` by hand.
 
 pub mod apply;
 pub mod builder;

@@ -478,22 +478,23 @@ fn without_nft_the_run_applies_and_bad_flags_apply_nothing() {
     // `ip` by its full path: the PATH given to the command has nothing in it, so no nft and
     // no iptables can start: the ruleset goes over netlink.
     let ip = harness::prereq::find_bin("ip").expect("ip");
-    let out = Command::new(ip)
-        .args(["netns", "exec", ns.name()])
-        .arg(workspace_bin("istio-iptables"))
-        .env("PATH", tmp.path())
-        .args(nft_args("REDIRECT", "*", "", &[]))
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let without_path = |extra: &[&str]| {
+        let out = Command::new(&ip)
+            .args(["netns", "exec", ns.name()])
+            .arg(workspace_bin("istio-iptables"))
+            .env("PATH", tmp.path())
+            .args(nft_args("REDIRECT", "*", "", extra))
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    without_path(&[]);
     assert!(ruleset(&ns).contains("istio-proxy-nat"), "nothing applied");
-    let mut cleanup = nft_args("REDIRECT", "*", "", &[]);
-    cleanup.push("--cleanup-only".into());
-    apply(&ns, &cleanup, "cleanup");
+    without_path(&["--cleanup-only"]);
     assert!(!ruleset(&ns).contains("istio"), "cleanup left rules");
     for bad in [
         ["-p", "99999"],

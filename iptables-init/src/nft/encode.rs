@@ -76,12 +76,18 @@ pub struct Hook {
 #[derive(Debug, Default)]
 pub struct Attrs {
     buf: Vec<u8>,
+    /// An attribute did not fit the 16-bit length field: the message must not be sent.
+    oversized: bool,
 }
 
 impl Attrs {
     fn put(&mut self, kind: u16, value: &[u8]) -> &mut Self {
         let len = 4 + value.len();
-        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
+        let Ok(len16) = u16::try_from(len) else {
+            self.oversized = true;
+            return self;
+        };
+        self.buf.extend_from_slice(&len16.to_ne_bytes());
         self.buf.extend_from_slice(&kind.to_ne_bytes());
         self.buf.extend_from_slice(value);
         self.buf.resize(align(self.buf.len()), 0);
@@ -101,6 +107,7 @@ impl Attrs {
     fn nest(&mut self, kind: u16, f: impl FnOnce(&mut Attrs)) -> &mut Self {
         let mut inner = Attrs::default();
         f(&mut inner);
+        self.oversized |= inner.oversized;
         self.put(kind | NLA_F_NESTED, &inner.buf)
     }
 
@@ -128,6 +135,8 @@ pub struct Batch {
     next_set_id: u32,
     /// Where the last change's message starts.
     last_change_at: Option<usize>,
+    /// The first change whose attributes did not fit a netlink attribute.
+    oversized: Option<String>,
 }
 
 impl Batch {
@@ -140,6 +149,7 @@ impl Batch {
             next_seq: first_seq,
             next_set_id: 1,
             last_change_at: None,
+            oversized: None,
         };
         b.control(NFNL_MSG_BATCH_BEGIN);
         b
@@ -179,6 +189,9 @@ impl Batch {
     }
 
     fn message(&mut self, msg: u16, flags: u16, attrs: &Attrs, what: String) {
+        if attrs.oversized && self.oversized.is_none() {
+            self.oversized = Some(what.clone());
+        }
         let seq = self.take_seq();
         self.last_change_at = Some(self.buf.len());
         self.header(
@@ -302,6 +315,12 @@ impl Batch {
             &e,
             format!("add set elements of rule {text}"),
         );
+    }
+
+    /// The first change too large for a netlink attribute (64 KiB), if any: such a batch
+    /// must not be sent.
+    pub fn oversized(&self) -> Option<&str> {
+        self.oversized.as_deref()
     }
 
     /// The whole transaction, end message written. The kernel is asked to acknowledge
@@ -539,6 +558,19 @@ mod tests {
         want.extend(ne16(1));
         want.extend([6, 0, 0, 0]); // one byte, padded
         assert_eq!(el.buf, want);
+    }
+
+    #[test]
+    fn an_attribute_over_64_kib_is_reported_not_truncated() {
+        let mut b = Batch::new(1, 1);
+        let sets = [AnonSet {
+            key_type: 13,
+            key_len: 2,
+            elements: (0..20_000u16).map(|p| p.to_be_bytes().to_vec()).collect(),
+        }];
+        assert_eq!(b.oversized(), None);
+        b.add_rule("t", "c", &[], &sets, "huge");
+        assert_eq!(b.oversized(), Some("add set elements of rule huge"));
     }
 
     #[test]

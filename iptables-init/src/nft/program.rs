@@ -18,6 +18,8 @@ pub enum Error {
     Command(String),
     #[error("nftables rules for table {0} without flushing or recreating it first")]
     NotFlushed(String),
+    #[error("{0}: too large for one netlink attribute (64 KiB)")]
+    TooLarge(String),
     #[error(transparent)]
     Rule(#[from] compile::Error),
 }
@@ -126,6 +128,9 @@ pub fn batch(script: &str, names: &dyn Names, first_seq: u32) -> Result<Batch, E
         }
     }
     pending.emit(&mut batch, names)?;
+    if let Some(what) = batch.oversized() {
+        return Err(Error::TooLarge(what.to_string()));
+    }
     Ok(batch)
 }
 

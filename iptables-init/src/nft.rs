@@ -7,6 +7,7 @@
 //! - [`builder`]: the per-table rule lists and the insert/append conversion;
 //! - [`program`]: the transaction script turned into one netlink batch;
 //! - [`compile`]: one rule's text turned into kernel expressions, as `nft` 1.0.x does;
+//! - [`expr`]: those expressions;
 //! - [`encode`]: the nf_tables netlink messages, byte by byte;
 //! - [`kernel`]: the socket that sends the batch and reads the kernel's verdict;
 //! - [`apply`]: the run: apply, cleanup, and removing what the other backend left.
@@ -36,6 +37,7 @@ pub mod builder;
 pub mod capture;
 pub mod compile;
 pub mod encode;
+pub mod expr;
 pub mod kernel;
 pub mod program;
 

@@ -3,7 +3,7 @@
 //! `NFNL_MSG_BATCH_BEGIN`, one message per change, `NFNL_MSG_BATCH_END`. Attribute integers
 //! are big endian (`NLA_BE32`); register data keeps the byte order of what the register holds.
 
-use super::compile::{AnonSet, Expr};
+use super::expr::{AnonSet, Expr};
 
 const NLMSG_HDR: usize = 16;
 pub const NLM_F_REQUEST: u16 = 0x1;

@@ -10,6 +10,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 const NLMSG_HDR: usize = 16;
 const NLMSG_ERROR: u16 = 2;
 const NOT_SENT: &str = "nothing was applied";
+/// What an error answering the batch begin message is about: the subsystem (not registered),
+/// or the commit of the whole transaction.
+pub const BATCH: &str = "the nftables transaction";
 /// Batches up to this size fit the default socket send buffer.
 const SMALL_BATCH: usize = 64 * 1024;
 
@@ -52,7 +55,7 @@ pub fn classify(what: Option<&str>, code: i32) -> Error {
         },
         // The batch begin names the nf_tables subsystem; EOPNOTSUPP there means the
         // subsystem is not registered (nf_tables not loaded and not loadable).
-        (Some("batch begin"), libc::EOPNOTSUPP | libc::ENOENT) => Error::NoNfTables {
+        (Some(BATCH), libc::EOPNOTSUPP) => Error::NoNfTables {
             what: "the nf_tables batch".into(),
             errno,
         },
@@ -143,7 +146,7 @@ pub fn commit(batch: &[u8], begin_seq: u32, changes: &[(u32, String)]) -> Result
     }
     let describe = |seq: u32| -> Option<&str> {
         if seq == begin_seq {
-            return Some("batch begin");
+            return Some(BATCH);
         }
         changes
             .iter()
@@ -232,7 +235,7 @@ mod tests {
                 "{e}"
             );
         }
-        let e = classify(Some("batch begin"), libc::EOPNOTSUPP).to_string();
+        let e = classify(Some(BATCH), libc::EOPNOTSUPP).to_string();
         assert!(
             e.contains("no nf_tables") && e.contains("nothing was applied"),
             "{e}"

@@ -233,6 +233,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn existing_keeps_only_istios_inet_tables() {
+        use crate::netlink::{NFPROTO_INET, NFPROTO_IPV4};
+        let e = Existing::from_dumps(
+            vec![
+                (NFPROTO_INET, NAT.into()),
+                (NFPROTO_IPV4, MANGLE.into()),
+                (NFPROTO_INET, "filter".into()),
+            ],
+            &[
+                (NFPROTO_INET, NAT.into(), "output".into()),
+                (NFPROTO_IPV4, NAT.into(), "ISTIO_OUTPUT".into()),
+                (NFPROTO_INET, "filter".into(), "input".into()),
+            ],
+        );
+        assert_eq!(e.tables, vec![NAT.to_string()]);
+        assert_eq!(e.chains, vec![(NAT.to_string(), "output".to_string())]);
+    }
+
+    #[test]
     fn apply_script_resets_only_tables_shaped_otherwise() {
         let mut b = NftRuleBuilder::new(false);
         b.append(NAT, capture::OUTPUT, "counter jump istio-output");

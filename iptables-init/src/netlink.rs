@@ -54,6 +54,29 @@ fn u32_at(b: &[u8], i: usize) -> Option<u32> {
     Some(u32::from_ne_bytes(b.get(i..i + 4)?.try_into().ok()?))
 }
 
+/// Room for one answer: the kernel builds dump messages of at most 32 KiB for a reader.
+pub(crate) const RECV_BUF: usize = 64 * 1024;
+
+/// Receives one datagram into `buf` (its capacity is the limit) without zeroing the buffer
+/// first, so only the pages the kernel writes are touched.
+pub(crate) fn recv_into(fd: &OwnedFd, buf: &mut Vec<u8>, flags: i32) -> std::io::Result<usize> {
+    buf.clear();
+    // SAFETY: the spare capacity is `buf.capacity()` writable bytes and recv writes at most
+    // that many.
+    let n = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.capacity(),
+            flags,
+        )
+    };
+    let n = usize::try_from(n).map_err(|_| std::io::Error::last_os_error())?;
+    // SAFETY: recv initialised the first `n` bytes, and `n` is at most the capacity.
+    unsafe { buf.set_len(n) };
+    Ok(n)
+}
+
 /// Sends one dump request (`msg_type` with `payload` as its fixed header) and collects the
 /// answers, whose fixed header is `header_len` bytes.
 fn dump(protocol: i32, msg_type: u16, payload: &[u8], header_len: usize) -> Option<Vec<Object>> {
@@ -85,14 +108,12 @@ fn dump(protocol: i32, msg_type: u16, payload: &[u8], header_len: usize) -> Opti
         return None;
     }
     let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = Vec::with_capacity(RECV_BUF);
     loop {
-        // SAFETY: `buf` is a valid writable buffer of `buf.len()` bytes.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n <= 0 {
+        if recv_into(&fd, &mut buf, 0).ok()? == 0 {
             return None;
         }
-        let data = &buf[..n as usize];
+        let data = &buf[..];
         let mut at = 0;
         while at + NLMSG_HDR <= data.len() {
             let msg_len = u32_at(data, at)? as usize;

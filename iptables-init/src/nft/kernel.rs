@@ -156,32 +156,21 @@ pub fn commit(batch: &[u8], begin_seq: u32, changes: &[(u32, String)]) -> Result
     let last = changes.last().map(|(s, _)| *s);
     let mut acked = false;
     let mut first_error = None;
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = Vec::with_capacity(crate::netlink::RECV_BUF);
     loop {
-        // SAFETY: `buf` is a valid writable buffer of `buf.len()` bytes.
-        let n = unsafe {
-            libc::recv(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n < 0 {
-            let e = last_errno();
-            if e == libc::EAGAIN || e == libc::EWOULDBLOCK {
-                break;
+        match crate::netlink::recv_into(&fd, &mut buf, libc::MSG_DONTWAIT) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => {
+                return Err(Error::Socket {
+                    what: "recv",
+                    errno: e.to_string(),
+                    outcome: "the transaction's outcome is unknown",
+                });
             }
-            return Err(Error::Socket {
-                what: "recv",
-                errno: errno_text(e),
-                outcome: "the transaction's outcome is unknown",
-            });
         }
-        if n == 0 {
-            break;
-        }
-        for (seq, code) in errors(&buf[..n as usize]) {
+        for (seq, code) in errors(&buf) {
             if code == 0 {
                 acked |= Some(seq) == last;
             } else if first_error.is_none() {

@@ -1,6 +1,7 @@
 //! Read-only netlink dumps of what a run needs to know about the namespace, without starting a
 //! process: interface addresses, policy routing rules (`ip rule`), nf_tables tables and
-//! chains (`nft list`). Writing nf_tables (the `--native-nftables` apply) is
+//! chains (`nft list`); and the one address change every IPv6 run makes (`ip -6 addr replace
+//! ::6/128 dev lo`). Writing nf_tables (the `--native-nftables` apply) is
 //! [`crate::nft::kernel`]'s.
 //!
 //! Each dump is one request on a fresh socket; any failure (no nf_tables in the kernel, a
@@ -16,6 +17,12 @@ const NLM_F_DUMP: u16 = 0x300;
 
 const RTM_GETRULE: u16 = 34;
 const RTM_GETADDR: u16 = 22;
+const RTM_NEWADDR: u16 = 20;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_REPLACE: u16 = 0x100;
+const NLM_F_CREATE: u16 = 0x400;
+/// lo's interface index in every network namespace (the kernel's `LOOPBACK_IFINDEX`).
+const LOOPBACK_IFINDEX: u32 = 1;
 const IFADDRMSG: usize = 8;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
@@ -220,6 +227,70 @@ pub fn addresses() -> Option<Vec<std::net::IpAddr>> {
     )
 }
 
+/// The request `ip -6 addr replace <addr>/128 dev lo` sends: `RTM_NEWADDR` with create and
+/// replace, universe scope, `IFA_LOCAL` and `IFA_ADDRESS` both the address.
+fn loopback_v6_request(addr: std::net::Ipv6Addr) -> Vec<u8> {
+    let mut attrs = Vec::with_capacity(40);
+    for kind in [IFA_LOCAL, IFA_ADDRESS] {
+        attrs.extend_from_slice(&20u16.to_ne_bytes());
+        attrs.extend_from_slice(&kind.to_ne_bytes());
+        attrs.extend_from_slice(&addr.octets());
+    }
+    let len = NLMSG_HDR + IFADDRMSG + attrs.len();
+    let mut req = Vec::with_capacity(len);
+    req.extend_from_slice(&(len as u32).to_ne_bytes());
+    req.extend_from_slice(&RTM_NEWADDR.to_ne_bytes());
+    req.extend_from_slice(
+        &(NLM_F_REQUEST | NLM_F_ACK | NLM_F_REPLACE | NLM_F_CREATE).to_ne_bytes(),
+    );
+    req.extend_from_slice(&1u32.to_ne_bytes()); // seq
+    req.extend_from_slice(&0u32.to_ne_bytes()); // pid
+    // ifaddrmsg: family, prefix length, flags, scope, interface index.
+    req.extend_from_slice(&[libc::AF_INET6 as u8, 128, 0, 0]);
+    req.extend_from_slice(&LOOPBACK_IFINDEX.to_ne_bytes());
+    req.extend_from_slice(&attrs);
+    req
+}
+
+/// `ip -6 addr replace <addr>/128 dev lo`, without the process. `Err` carries the errno (or
+/// `EIO` for an answer that could not be read).
+pub fn replace_loopback_v6(addr: std::net::Ipv6Addr) -> Result<(), i32> {
+    let errno = || {
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    };
+    // SAFETY: plain socket(2) call; the descriptor is owned right away.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )
+    };
+    if raw < 0 {
+        return Err(errno());
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let req = loopback_v6_request(addr);
+    // SAFETY: `req` is a valid buffer of `req.len()` bytes; the kernel is the destination.
+    let sent = unsafe { libc::send(fd.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
+    if sent != req.len() as isize {
+        return Err(errno());
+    }
+    let mut buf = Vec::with_capacity(4096);
+    recv_into(&fd, &mut buf, 0).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    // The answer is one NLMSG_ERROR: code 0 acknowledges, else minus the errno.
+    match (u16_at(&buf, 4), buf.get(16..20)) {
+        (Some(NLMSG_ERROR), Some(code)) => {
+            let code = i32::from_ne_bytes(code.try_into().map_err(|_| libc::EIO)?);
+            if code == 0 { Ok(()) } else { Err(-code) }
+        }
+        _ => Err(libc::EIO),
+    }
+}
+
 fn nft_dump(msg: u16) -> Option<Vec<Object>> {
     // nfgenmsg: family unspecified (every family), version 0, resource id 0.
     dump(
@@ -269,6 +340,29 @@ mod tests {
         assert_eq!(a[1].0, 3);
         assert_eq!(string(&a[0].1), "ab");
         assert!(attributes(&[9, 0, 1, 0]).is_none(), "length past the end");
+    }
+
+    #[test]
+    fn loopback_address_request_is_what_ip_sends() {
+        // `strace ip -6 addr replace ::6/128 dev lo`: len 64, RTM_NEWADDR, flags 0x505,
+        // ifaddrmsg {AF_INET6, 128, 0, universe, lo}, IFA_LOCAL ::6, IFA_ADDRESS ::6.
+        let r = loopback_v6_request("::6".parse().expect("addr"));
+        let mut six = [0u8; 16];
+        six[15] = 6;
+        let mut want = Vec::new();
+        want.extend(64u32.to_ne_bytes());
+        want.extend(20u16.to_ne_bytes());
+        want.extend(0x505u16.to_ne_bytes());
+        want.extend(1u32.to_ne_bytes());
+        want.extend(0u32.to_ne_bytes());
+        want.extend([10, 128, 0, 0]);
+        want.extend(1u32.to_ne_bytes());
+        for kind in [2u16, 1] {
+            want.extend(20u16.to_ne_bytes());
+            want.extend(kind.to_ne_bytes());
+            want.extend(six);
+        }
+        assert_eq!(r, want);
     }
 
     #[test]

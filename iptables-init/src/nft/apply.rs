@@ -22,7 +22,9 @@ pub enum Error {
     #[error(transparent)]
     Kernel(#[from] kernel::Error),
     #[error("removing the iptables rules of an earlier run: {0}")]
-    Iptables(#[from] crate::apply::Error),
+    Iptables(crate::apply::Error),
+    #[error("the nftables rules are in; setting up the policy routes failed: {0}")]
+    Routes(crate::apply::Error),
 }
 
 impl Names for HostInputs {
@@ -118,14 +120,15 @@ pub fn run(
     );
     if leftovers {
         let iptables_rules = crate::capture::build(cfg);
-        let removed = crate::apply::remove_istio_rules(cfg, &iptables_rules, env)?;
+        let removed =
+            crate::apply::remove_istio_rules(cfg, &iptables_rules, env).map_err(Error::Iptables)?;
         tracing::info!(?removed, "removed iptables rules of an earlier run");
     }
     if stale_routes {
         crate::apply::cleanup_routes(cfg);
     }
     if !cfg.cleanup_only {
-        crate::apply::configure_routes(cfg)?;
+        crate::apply::configure_routes(cfg).map_err(Error::Routes)?;
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 //! - for each of Istio's 28 nftables goldens, the ruleset the kernel holds after our run equals
 //!   the one after `nft -f` of the golden script, both as `nft list ruleset` and as the
 //!   kernel's bytecode (`nft --debug=netlink list ruleset`), with a `PATH` that holds no `nft`
-//!   and no iptables (only `ip`, which the IPv6 and TPROXY routes use);
+//!   and no iptables (only `ip`, which TPROXY's policy routes use);
 //! - a transaction the kernel refuses half way leaves the old ruleset whole, and the error
 //!   names the change that was refused.
 //!

@@ -38,6 +38,9 @@ COPY --from=envoy / /envoy/
 RUN scripts/image-rootfs.sh target/dist /envoy/usr/local/bin/envoy /rootfs /envoy/var/lib/istio/envoy
 
 FROM debian:bookworm-slim
+# iptables: the default backend runs iptables-restore, as Istio's does. nftables: not needed by
+# --native-nftables (istio-iptables programs nf_tables over netlink itself); kept so that
+# people can run `nft list ruleset` in the container by hand.
 # The Istio release this image is built against (its Envoy and bootstrap template): istiod is
 # told this version in the node metadata (ISTIO_META_ISTIO_VERSION wins over the agent's
 # compiled-in default), so a 1.27 image does not claim to be 1.28.

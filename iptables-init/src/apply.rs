@@ -12,7 +12,6 @@ mod state;
 use std::collections::HashSet;
 
 pub use backend::{Backend, Family, Variant};
-pub(crate) use backend::{find_in_path, input_file};
 pub use state::{State, TableState, parse_save};
 
 use crate::builder::{Rule, RuleBuilder, declared_chains, is_built_in};
@@ -445,7 +444,16 @@ pub(crate) fn tproxy_routes_wanted(cfg: &Config) -> bool {
 /// `fwmark <mark> lookup <table>` and `local default dev lo` in that table, per family.
 pub(crate) fn configure_routes(cfg: &Config) -> Result<(), Error> {
     if cfg.enable_ipv6 {
-        backend::ip(&["-6", "addr", "replace", "::6/128", "dev", "lo"])?;
+        // Over netlink, as `ip` would send it; `ip` itself when that fails.
+        if let Err(errno) =
+            crate::netlink::replace_loopback_v6(std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6))
+        {
+            tracing::debug!(
+                errno,
+                "adding ::6/128 to lo over netlink failed; running ip"
+            );
+            backend::ip(&["-6", "addr", "replace", "::6/128", "dev", "lo"])?;
+        }
     }
     if !tproxy_routes_wanted(cfg) {
         if cfg.reconcile {

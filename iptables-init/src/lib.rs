@@ -91,7 +91,7 @@ fn run_config(cfg: &mut Config, host: &HostInputs, env: &HashMap<String, String>
                 .then(|| cfg.network_namespace.clone()),
         };
         let result = if cfg.native_nftables {
-            run_nftables(cfg, &exec_env)
+            run_nftables(cfg, &exec_env, host)
         } else {
             run_iptables(cfg, &exec_env)
         };
@@ -137,8 +137,7 @@ fn run_iptables(cfg: &Config, exec_env: &apply::ExecEnv) -> Result<(), i32> {
     }
     // Did an earlier --native-nftables run leave its tables? (Read over netlink: no process.)
     if nft::istio_tables_present() {
-        let removed = nft::apply::Nft::find(exec_env, cfg.cni_mode).and_then(|n| n.remove_tables());
-        if let Err(e) = removed {
+        if let Err(e) = nft::apply::remove_tables() {
             tracing::error!(
                 "removing the nftables tables of an earlier --native-nftables run: {e}"
             );
@@ -153,12 +152,12 @@ fn run_iptables(cfg: &Config, exec_env: &apply::ExecEnv) -> Result<(), i32> {
     Ok(())
 }
 
-fn run_nftables(cfg: &Config, exec_env: &apply::ExecEnv) -> Result<(), i32> {
+fn run_nftables(cfg: &Config, exec_env: &apply::ExecEnv, host: &HostInputs) -> Result<(), i32> {
     let rules = nft::build(cfg);
     if cfg.dry_run {
         return write_dry_run(cfg, &nft::dry_run_script(cfg, &rules));
     }
-    nft::run(cfg, &rules, exec_env).map_err(|e| {
+    nft::run(cfg, &rules, exec_env, host).map_err(|e| {
         tracing::error!("{e}");
         1
     })

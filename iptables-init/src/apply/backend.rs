@@ -68,8 +68,9 @@ impl Backend {
         forced: Option<ForcedBinary>,
         env: &ExecEnv,
     ) -> Result<Backend, Error> {
-        let make = |variant| Backend::new(family, variant, env.clone());
-        let available = |variant| make(variant).dir.is_some();
+        // Each candidate walks PATH once; the one found is the one returned.
+        let found =
+            |variant| Some(Backend::new(family, variant, env.clone())).filter(|b| b.dir.is_some());
         match forced {
             Some(ForcedBinary::Legacy) | Some(ForcedBinary::Nft) => {
                 let variant = if forced == Some(ForcedBinary::Legacy) {
@@ -77,27 +78,26 @@ impl Backend {
                 } else {
                     Variant::Nft
                 };
-                if available(variant) {
-                    Ok(make(variant))
-                } else {
-                    Err(Error::NoBackend {
-                        family,
-                        detail: format!(
-                            "--force-iptables-binary asks for {} which is not in PATH",
-                            make(variant).bin("-restore")
-                        ),
-                    })
-                }
+                found(variant).ok_or_else(|| Error::NoBackend {
+                    family,
+                    detail: format!(
+                        "--force-iptables-binary asks for {} which is not in PATH",
+                        Backend::new(family, variant, env.clone()).bin("-restore")
+                    ),
+                })
             }
             None => {
-                if legacy_tables_present(family) && available(Variant::Legacy) {
+                if legacy_tables_present(family)
+                    && let Some(b) = found(Variant::Legacy)
+                {
                     tracing::debug!(%family, "legacy tables present; using iptables-legacy");
-                    return Ok(make(Variant::Legacy));
+                    return Ok(b);
                 }
-                for v in [Variant::Nft, Variant::Legacy, Variant::Plain] {
-                    if available(v) {
-                        return Ok(make(v));
-                    }
+                if let Some(b) = [Variant::Nft, Variant::Legacy, Variant::Plain]
+                    .into_iter()
+                    .find_map(found)
+                {
+                    return Ok(b);
                 }
                 Err(Error::NoBackend {
                     family,

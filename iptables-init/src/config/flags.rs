@@ -327,7 +327,7 @@ pub const FLAGS: &[FlagSpec] = &[
         None,
         Bool,
         "false",
-        "Use native nftables (one atomic `nft -f -` transaction) instead of iptables rules.",
+        "Use native nftables (one atomic nf_tables transaction over netlink; no nft binary) instead of iptables rules.",
     ),
     f(
         "force-iptables-binary",

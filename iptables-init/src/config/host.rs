@@ -71,6 +71,10 @@ impl HostInputs {
 /// The addresses of this network namespace's interfaces, in the kernel's order (its address
 /// dump lists IPv4 addresses before IPv6 ones, each by interface index).
 pub fn system_addresses() -> Result<Vec<IpAddr>, Error> {
+    // One address dump over netlink; getifaddrs (which also dumps every link) when it fails.
+    if let Some(addrs) = crate::netlink::addresses() {
+        return Ok(addrs);
+    }
     let addrs = nix::ifaddrs::getifaddrs().map_err(|e| Error::Addresses(e.to_string()))?;
     let mut v4 = Vec::new();
     let mut v6 = Vec::new();

@@ -9,3 +9,4 @@ mod iptables;
 mod iptables_reliability;
 mod istio_diff;
 mod nftables;
+mod nftables_netlink;

@@ -7,7 +7,7 @@
 //!   same `nft list ruleset` (100 times); alternating flag sets never leave the pod
 //!   unredirected; a run killed at a random point is repaired by the next;
 //! - switching a pod between iptables and nftables, either way, leaves nothing of the other;
-//! - without `nft` the run fails clearly and changes nothing.
+//! - without `nft` on `PATH` the run applies all the same (netlink); bad flags change nothing.
 //!
 //! Each loop runs up to its target within a time budget and asserts on every iteration; the
 //! figures are printed (`--no-capture`).
@@ -469,27 +469,33 @@ fn validation_and_skip_rule_apply() {
 }
 
 #[test]
-fn without_nft_or_with_bad_flags_nothing_is_applied() {
+fn without_nft_the_run_applies_and_bad_flags_apply_nothing() {
     if !nft_prerequisites() {
         return;
     }
     let ns = host_ns("nbad");
     let tmp = tempfile::tempdir().expect("tempdir");
-    // `ip` by its full path: the PATH given to the command has nothing in it.
+    // `ip` by its full path: the PATH given to the command has nothing in it, so no nft and
+    // no iptables can start: the ruleset goes over netlink.
     let ip = harness::prereq::find_bin("ip").expect("ip");
-    let out = Command::new(ip)
-        .args(["netns", "exec", ns.name()])
-        .arg(workspace_bin("istio-iptables"))
-        .env("PATH", tmp.path())
-        .args(nft_args("REDIRECT", "*", "", &[]))
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("nft binary was not found") && err.contains("sidecar image"),
-        "{err}"
-    );
+    let without_path = |extra: &[&str]| {
+        let out = Command::new(&ip)
+            .args(["netns", "exec", ns.name()])
+            .arg(workspace_bin("istio-iptables"))
+            .env("PATH", tmp.path())
+            .args(nft_args("REDIRECT", "*", "", extra))
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    without_path(&[]);
+    assert!(ruleset(&ns).contains("istio-proxy-nat"), "nothing applied");
+    without_path(&["--cleanup-only"]);
+    assert!(!ruleset(&ns).contains("istio"), "cleanup left rules");
     for bad in [
         ["-p", "99999"],
         ["-m", "tproxy"],
@@ -506,7 +512,7 @@ fn without_nft_or_with_bad_flags_nothing_is_applied() {
             "{bad:?}: message must name the value: {err}"
         );
     }
-    // A group name nft cannot resolve: the whole transaction is refused.
+    // A group name that does not resolve: the whole transaction is refused.
     let out = ns
         .cmd(workspace_bin("istio-iptables"))
         .env("ISTIO_OUTBOUND_OWNER_GROUPS", "no-such-group-xyz")
@@ -830,7 +836,7 @@ fn killed_at_random_points_the_next_run_repairs() {
         let _ = child.wait();
         let after = snapshot(&ns);
         let rs_after = ruleset(&ns);
-        // The nft transaction is atomic: the ruleset is G's or F's, never a mix.
+        // The netlink batch is one transaction: the ruleset is G's or F's, never a mix.
         if after == expected_g {
             untouched += 1;
         } else if after == expected_f {

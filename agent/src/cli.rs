@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::config::{NodeType, ProxyFlags, parse_bool};
+use crate::config::{NodeType, ProxyFlags};
 
 /// Command-line errors.
 #[derive(Debug, thiserror::Error)]
@@ -264,7 +264,7 @@ fn scan(args: &[String], spec: &Spec<'_>) -> Result<Scanned, Error> {
 }
 
 fn flag_bool(flag: &str, v: &str) -> Result<bool, Error> {
-    parse_bool(v).ok_or_else(|| Error::Value {
+    go_syntax::parse_bool(v).map_err(|_| Error::Value {
         flag: flag.into(),
         value: v.into(),
         expected: "true or false",

@@ -225,16 +225,6 @@ pub struct Config {
     pub http_strip_fragment_from_path: bool,
 }
 
-/// Go's `strconv.ParseBool` ([`proto::go::parse_bool`]).
-pub fn parse_bool(s: &str) -> Option<bool> {
-    proto::go::parse_bool(s).ok()
-}
-
-/// Go durations ([`proto::go::parse_duration`]).
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    proto::go::parse_duration(s).ok()
-}
-
 /// The host's private IPs for `INSTANCE_IPS`, without those of the interfaces the pod annotation
 /// `traffic.sidecar.istio.io/excludeInterfaces` names (comma-separated), as Istio; duplicates
 /// dropped, order kept. A host with no address outside loopback gives `127.0.0.1` and `::1`.
@@ -290,17 +280,12 @@ pub fn parse_downward_api(text: &str) -> BTreeMap<String, String> {
         let Some((k, v)) = line.split_once('=') else {
             continue;
         };
-        if let Some(v) = go_unquote(v.trim()) {
+        if let Some(v) = go_syntax::unquote(v.trim()) {
             out.insert(k.trim().to_string(), v);
         }
     }
     out
 }
-
-/// One Go string escape ([`proto::go::escape`]).
-pub(crate) use proto::go::escape as go_escape;
-/// Go's `strconv.Unquote` ([`proto::go::unquote`]).
-pub use proto::go::unquote as go_unquote;
 
 impl Config {
     /// Resolves one of Istio's relative paths (`./etc/...`) against the base directory;
@@ -448,7 +433,7 @@ impl Config {
             || proxy
                 .proxy_metadata
                 .get("ISTIO_META_DNS_CAPTURE")
-                .and_then(|v| parse_bool(v))
+                .and_then(|v| go_syntax::parse_bool(v).ok())
                 .unwrap_or(false);
         let dns_server = env.bool("ISTIO_META_ENABLE_DNS_SERVER", false)?;
         let dns_enabled = (dns_capture && inputs.node_type == NodeType::Sidecar) || dns_server;

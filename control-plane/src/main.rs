@@ -26,10 +26,6 @@ struct Cli {
     command: Command,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    control_plane::config::parse_duration(s)
-}
-
 /// The flags `serve` and `replay` share: the CA directory, the listeners, the serving
 /// certificate's names and the token clock skew.
 #[derive(Args, Debug)]
@@ -60,7 +56,7 @@ struct ServerArgs {
     #[arg(long = "san", env = "ISTIOD_LITE_SAN", value_delimiter = ',')]
     sans: Vec<String>,
     /// Clock skew between hosts allowed on a token's `exp` and `nbf` (whole seconds count).
-    #[arg(long, env = "ISTIOD_LITE_TOKEN_CLOCK_SKEW", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "ISTIOD_LITE_TOKEN_CLOCK_SKEW", default_value = "60s", value_parser = go_syntax::parse_duration)]
     token_clock_skew: Duration,
 }
 
@@ -99,7 +95,7 @@ enum Command {
         service_account: String,
         #[arg(long, env = "ISTIOD_LITE_AUDIENCE", default_value = "istio-ca")]
         audience: String,
-        #[arg(long, env = "ISTIOD_LITE_TTL", default_value = "12h", value_parser = parse_duration)]
+        #[arg(long, env = "ISTIOD_LITE_TTL", default_value = "12h", value_parser = go_syntax::parse_duration)]
         ttl: Duration,
     },
     /// Write the VM onboarding files (cluster.env, mesh.yaml, hosts, root-cert.pem, istio-token).

@@ -4,12 +4,10 @@
 //! - [`istio::ca`]: `istio.v1.auth.IstioCertificateService` (CSR signing).
 //! - [`istio::nds`]: `istio.networking.nds.v1.NameTable` (the DNS proxy's name table).
 //! - [`type_url`]: the type URLs the agent and control plane dispatch on.
-//! - [`go`]: Go's value syntax (durations, booleans, quoted strings), read the same everywhere.
 //!
 //! Well-known protobuf types (`Any`, `Struct`, `Duration`) are envoy-types' own; the Istio
 //! protos are compiled against them, so no conversion is needed anywhere.
 
-pub mod go;
 pub mod listen;
 
 pub use envoy_types as envoy_types_crate;

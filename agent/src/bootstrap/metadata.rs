@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use serde_json::{Map, Value, json};
 
 use super::{Error, ISTIO_RELEASE};
-use crate::config::{AuthPolicy, Config, parse_bool, split_host_port};
+use crate::config::{AuthPolicy, Config, split_host_port};
 
 /// The label Istio keeps the sanitised locality under.
 const LOCALITY_LABEL: &str = "istio-locality";
@@ -166,7 +166,7 @@ pub fn node(config: &Config) -> Result<Node, Error> {
     let hbone = meta
         .get("ENABLE_HBONE")
         .and_then(Value::as_str)
-        .and_then(parse_bool)
+        .and_then(|v| go_syntax::parse_bool(v).ok())
         .unwrap_or(false);
     let metadata_discovery = config.peer_metadata_discovery.unwrap_or(hbone);
     meta.insert(

@@ -9,7 +9,7 @@ use super::metadata::{self, Locality};
 use super::stats::{self, Stats};
 use super::telemetry::{self, Telemetry, Tracer};
 use super::{Error, Ports};
-use crate::config::{Config, parse_bool};
+use crate::config::Config;
 
 /// The name of the Lightstep token file under `configPath`.
 pub const LIGHTSTEP_TOKEN_FILE: &str = "lightstep_access_token.txt";
@@ -285,7 +285,7 @@ impl Options {
             outlier_log_path: config.flags.outlier_log_path.clone(),
             load_stats_config: meta_str("LOAD_STATS_CONFIG_JSON").map(str::to_string),
             enable_self_discovery: meta_str("ENABLE_SELF_DISCOVERY")
-                .and_then(parse_bool)
+                .and_then(|v| go_syntax::parse_bool(v).ok())
                 .unwrap_or(false),
             workload_identity_socket_file: config.workload_identity_socket_file.clone(),
             custom_file_path: config

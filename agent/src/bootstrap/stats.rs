@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::config::{Config, parse_duration};
+use crate::config::Config;
 
 const EXTRA_STAT_TAGS: &str = "sidecar.istio.io/extraStatTags";
 const INCLUSION_PREFIXES: &str = "sidecar.istio.io/statsInclusionPrefixes";
@@ -130,18 +130,18 @@ pub fn stats(config: &Config, extra_tags: &[String]) -> Stats {
     let mut flush = DEFAULT_FLUSH_INTERVAL;
     let mut flush_interval = None;
     if let Some(v) = config.pod_annotations.get(FLUSH_INTERVAL) {
-        match parse_duration(v) {
-            Some(d) => {
+        match go_syntax::parse_duration(v) {
+            Ok(d) => {
                 flush = d;
                 flush_interval = Some(d);
             }
-            None => tracing::warn!(annotation = FLUSH_INTERVAL, value = %v,
+            Err(_) => tracing::warn!(annotation = FLUSH_INTERVAL, value = %v,
                 "ignoring stats flush interval: expected a duration such as 10s"),
         }
     }
     let mut eviction_interval = None;
     if let Some(v) = config.pod_annotations.get(EVICTION_INTERVAL) {
-        match parse_duration(v) {
+        match go_syntax::parse_duration(v).ok() {
             None => tracing::warn!(annotation = EVICTION_INTERVAL, value = %v,
                 "ignoring stats eviction interval: expected a duration such as 60s"),
             Some(d) if flush.is_zero() || d.as_nanos() % flush.as_nanos() != 0 => {

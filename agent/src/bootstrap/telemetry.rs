@@ -284,7 +284,7 @@ fn tcp_keepalive(k: &Map<String, Value>, field: &str) -> Result<Value, Error> {
         if v.is_empty() {
             continue;
         }
-        let d = crate::config::parse_duration(&v).ok_or_else(|| {
+        let d = go_syntax::parse_duration(&v).map_err(|_| {
             bad(
                 &join(field, key),
                 &Value::String(v.clone()),

@@ -165,17 +165,18 @@ fn a_host_without_addresses_gives_the_loopbacks() {
 
 #[test]
 fn durations_and_unquote() {
-    assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
-    assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
-    assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
-    assert_eq!(parse_duration("5"), None);
-    assert_eq!(parse_duration("s"), None);
+    let d = |s| go_syntax::parse_duration(s).ok();
+    assert_eq!(d("1m30s"), Some(Duration::from_secs(90)));
+    assert_eq!(d("500ms"), Some(Duration::from_millis(500)));
+    assert_eq!(d("1.5s"), Some(Duration::from_millis(1500)));
+    assert_eq!(d("5"), None);
+    assert_eq!(d("s"), None);
     assert_eq!(
-        go_unquote(r#""a\"b\nc\u00e9""#).as_deref(),
+        go_syntax::unquote(r#""a\"b\nc\u00e9""#).as_deref(),
         Some("a\"b\ncé")
     );
-    assert_eq!(go_unquote("noquotes"), None);
-    assert_eq!(go_unquote(r#""bad\q""#), None);
+    assert_eq!(go_syntax::unquote("noquotes"), None);
+    assert_eq!(go_syntax::unquote(r#""bad\q""#), None);
 }
 
 fn load_with(dir: &Path, e: &HashMap<String, String>, flags: ProxyFlags) -> Result<Config, Error> {
@@ -283,7 +284,7 @@ fn prov_cert_policy_is_one() {
 }
 
 /// Every duration setting of the agent reads Go's syntax the same way: one table
-/// ([`proto::go::DURATION_CASES`]), each setting's own lower bound on top.
+/// ([`go_syntax::DURATION_CASES`]), each setting's own lower bound on top.
 #[test]
 fn every_duration_setting_parses_the_one_table() {
     let dir = tempfile::tempdir().unwrap();
@@ -296,7 +297,7 @@ fn every_duration_setting_parses_the_one_table() {
             c.dns.as_ref().unwrap().forward_timeout
         }),
     ];
-    for (text, want) in proto::go::DURATION_CASES {
+    for (text, want) in go_syntax::DURATION_CASES {
         for (var, min, get) in settings {
             let e = env(&[(var, text), ("ISTIO_META_DNS_CAPTURE", "true")]);
             let got = load(dir.path(), &e);
@@ -521,10 +522,11 @@ fn identity_rejects_bad_values_naming_the_variable() {
 
 #[test]
 fn identity_go_durations_and_server_names() {
-    assert_eq!(parse_duration("100ms"), Some(Duration::from_millis(100)));
-    assert_eq!(parse_duration("2h3m4s"), Some(Duration::from_secs(7384)));
-    assert_eq!(parse_duration("10"), None);
-    assert_eq!(parse_duration("-1s"), None);
+    let d = |s| go_syntax::parse_duration(s).ok();
+    assert_eq!(d("100ms"), Some(Duration::from_millis(100)));
+    assert_eq!(d("2h3m4s"), Some(Duration::from_secs(7384)));
+    assert_eq!(d("10"), None);
+    assert_eq!(d("-1s"), None);
     use identity::istiod_server_name;
     assert_eq!(
         istiod_server_name("istiod.foo.svc:15012", None),

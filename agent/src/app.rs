@@ -56,7 +56,7 @@ pub struct App {
     manager: sds::SecretManager,
     dns: Option<dns_proxy::DnsProxy>,
     health: Option<(
-        crate::status::probe::ReadinessProbe,
+        status::probe::ReadinessProbe,
         Prober,
         tokio::sync::watch::Sender<Option<crate::health::Health>>,
     )>,

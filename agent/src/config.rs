@@ -478,8 +478,7 @@ impl Config {
             // One rule for the token on both connections to istiod.
             allow_plaintext_token: identity.allow_plaintext_token,
         })?;
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let is_root = unsafe { libc::geteuid() } == 0;
+        let is_root = nix::unistd::geteuid().is_root();
         let dns = if dns_enabled {
             Some(dns::load(dns::Inputs {
                 env,

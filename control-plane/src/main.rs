@@ -5,6 +5,8 @@
 //! `serve` logs (to stderr) one line per listener once it is bound, in this exact form:
 //! `listening name=<grpc|secure-grpc|monitoring> addr=<ip:port>`; so does `replay`.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -162,6 +164,7 @@ async fn run(running: server::Running, cancel: CancellationToken) {
 }
 
 #[tokio::main]
+#[allow(clippy::disallowed_methods)] // main reads the environment once and passes a map down
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {

@@ -8,6 +8,9 @@
 //! Well-known protobuf types (`Any`, `Struct`, `Duration`) are envoy-types' own; the Istio
 //! protos are compiled against them, so no conversion is needed anywhere.
 
+// unsafe only where a function allows it: the open-file rlimit (listen.rs).
+#![deny(unsafe_code)]
+
 pub mod listen;
 
 pub use envoy_types as envoy_types_crate;
@@ -15,6 +18,7 @@ pub use envoy_types::pb::envoy;
 pub use envoy_types::pb::google;
 
 /// Istio's own protocols.
+#[allow(unused_qualifications)] // generated code (tonic-prost-build) spells full paths
 pub mod istio {
     /// `istio.v1.auth`: the CA service.
     pub mod ca {

@@ -652,8 +652,8 @@ fn external_workload_socket_switches_to_files_only() {
 fn legacy_localhost_probe_destination_is_the_name() {
     use crate::status::probe::Destination;
     let dir = tempfile::tempdir().unwrap();
-    let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-    let pod: std::net::IpAddr = "198.18.0.7".parse().unwrap();
+    let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+    let pod: IpAddr = "198.18.0.7".parse().unwrap();
     let c = load(dir.path(), &env(&[])).unwrap();
     assert_eq!(
         c.status.probe_destination(Some(pod), loopback),
@@ -694,7 +694,7 @@ fn vm_exec_readiness_probe_loads() {
     )]);
     let c = load(dir.path(), &e).unwrap();
     let probe = c.status.health_probe.expect("the VM health probe");
-    assert_eq!(probe.probe.timeout, std::time::Duration::from_secs(3));
+    assert_eq!(probe.probe.timeout, Duration::from_secs(3));
     assert!(matches!(
         &probe.probe.action,
         crate::status::probe::ProbeAction::Exec { command } if command == &["/usr/bin/check", "--quick"]

@@ -72,7 +72,7 @@ fn every_kind_parses_from_one_multi_document_file() {
             .as_ref()
             .and_then(|t| t.tls.as_ref())
             .map(|t| t.mode),
-        Some(kinds::TlsMode::IstioMutual)
+        Some(TlsMode::IstioMutual)
     );
     assert_eq!(
         config.peer_authentications[0]
@@ -80,7 +80,7 @@ fn every_kind_parses_from_one_multi_document_file() {
             .mtls
             .as_ref()
             .map(|m| m.mode),
-        Some(kinds::MtlsMode::Strict)
+        Some(MtlsMode::Strict)
     );
     assert_eq!(
         config.sidecars[0].spec.egress[0].hosts,

@@ -45,14 +45,13 @@ pub struct Nft {
 }
 
 impl Nft {
-    /// Finds `nft` on `env.path` (the process's `PATH` when unset). `cni_mode` only changes
-    /// the wording of the error.
+    /// Finds `nft` on `env.path` ([`crate::apply::DEFAULT_PATH`] when unset). `cni_mode` only
+    /// changes the wording of the error.
     pub fn find(env: &ExecEnv, cni_mode: bool) -> Result<Nft, Error> {
         let path = env
             .path
             .clone()
-            .or_else(|| std::env::var("PATH").ok())
-            .unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+            .unwrap_or_else(|| crate::apply::DEFAULT_PATH.into());
         match crate::apply::find_in_path("nft", Some(&path)) {
             Some(dir) => Ok(Nft {
                 bin: dir.join("nft"),

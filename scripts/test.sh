@@ -31,6 +31,23 @@ else
   missing_tool "cargo clippy" clippy
 fi
 
+step "cargo deny (licenses, bans, sources; advisories from a local database only)"
+if cargo deny --version >/dev/null 2>&1; then
+  # cargo metadata, which cargo-deny reads, wants every crate the lock file lists, for every
+  # platform: fetch them (crates.io, as the build does); the checks themselves run offline.
+  cargo fetch --locked --quiet
+  cargo deny --locked --offline check licenses bans sources
+  # Advisories only from a database already on this machine (`cargo deny fetch db`): CI fetches
+  # nothing. A database older than 90 days fails the check; fetch it again.
+  if compgen -G "${CARGO_HOME:-$HOME/.cargo}/advisory-dbs/advisory-db-*/" >/dev/null; then
+    cargo deny --locked --offline check advisories
+  else
+    echo "test: no local advisory database (cargo deny fetch db): advisories not checked"
+  fi
+else
+  missing_tool cargo-deny "licenses, duplicate versions and sources"
+fi
+
 step "build (once: every binary and test)"
 cargo build --workspace --bins --locked
 nextest=false

@@ -55,7 +55,7 @@ pub struct App {
     manager: sds::SecretManager,
     dns: Option<dns_proxy::DnsProxy>,
     health: Option<(
-        crate::status::probe::ReadinessProbe,
+        status::probe::ReadinessProbe,
         Prober,
         tokio::sync::watch::Sender<Option<crate::health::Health>>,
     )>,
@@ -535,8 +535,7 @@ pub fn load_config(
         env,
         base_dir,
         interface_ips,
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        is_root: unsafe { libc::geteuid() } == 0,
+        is_root: nix::unistd::geteuid().is_root(),
         cgroup_memory_limit: crate::cgroup::memory_limit(),
     })
 }

@@ -264,7 +264,7 @@ fn scan(args: &[String], spec: &Spec<'_>) -> Result<Scanned, Error> {
 }
 
 fn flag_bool(flag: &str, v: &str) -> Result<bool, Error> {
-    proto::go::parse_bool(v).ok().ok_or_else(|| Error::Value {
+    go_syntax::parse_bool(v).ok().ok_or_else(|| Error::Value {
         flag: flag.into(),
         value: v.into(),
         expected: "true or false",

@@ -245,17 +245,12 @@ pub fn parse_downward_api(text: &str) -> BTreeMap<String, String> {
         let Some((k, v)) = line.split_once('=') else {
             continue;
         };
-        if let Some(v) = go_unquote(v.trim()) {
+        if let Some(v) = go_syntax::unquote(v.trim()) {
             out.insert(k.trim().to_string(), v);
         }
     }
     out
 }
-
-/// One Go string escape ([`proto::go::escape`]).
-pub(crate) use proto::go::escape as go_escape;
-/// Go's `strconv.Unquote` ([`proto::go::unquote`]).
-pub use proto::go::unquote as go_unquote;
 
 impl Config {
     /// Resolves one of Istio's relative paths (`./etc/...`) against the base directory;
@@ -306,7 +301,7 @@ impl Config {
             || proxy
                 .proxy_metadata
                 .get("ISTIO_META_DNS_CAPTURE")
-                .and_then(|v| proto::go::parse_bool(v).ok())
+                .and_then(|v| go_syntax::parse_bool(v).ok())
                 .unwrap_or(false);
         let dns_server = env.bool("ISTIO_META_ENABLE_DNS_SERVER", false)?;
         let dns_enabled = (dns_capture && node.kind == NodeType::Sidecar) || dns_server;

@@ -297,6 +297,7 @@ pub fn envoy_credentials(config: &Config) -> Option<(u32, u32)> {
 /// Envoy gets SIGKILL if the agent dies without stopping it (SIGKILL, the OOM killer), so no
 /// orphan Envoy keeps the pod's ports. The signal follows the thread that spawned Envoy: `App::run`
 /// is driven by `block_on` on the main thread, which lives as long as the process.
+#[allow(unsafe_code)] // pre_exec: prctl(2) in the forked child
 fn die_with_parent(cmd: &mut Command) {
     let parent = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and calls only async-signal-safe

@@ -10,6 +10,10 @@
 //! - [`lifecycle`]: the one shutdown signal and readiness guards.
 //! - [`runtime`]: the one-thread runtime and the malloc tuning that keep the agent small.
 
+// unsafe only where a module or function allows it: malloc tuning and rlimits (runtime.rs),
+// the pre-exec hook that ties Envoy to the agent (envoy.rs).
+#![deny(unsafe_code)]
+
 pub mod app;
 pub mod bootstrap;
 pub mod cgroup;

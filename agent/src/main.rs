@@ -1,5 +1,7 @@
 //! `pilot-agent`: Istio's sidecar agent.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::ffi::OsString;
 
@@ -7,6 +9,7 @@ use agent::app::{self, App};
 use agent::cli::{self, Command};
 use agent::lifecycle::Shutdown;
 
+#[allow(clippy::disallowed_methods)] // RUST_LOG, as tracing's EnvFilter reads it, before the rest
 fn init_logging(log: &cli::LogFlags) {
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| cli::log_filter(&log.output_level));
     let builder = tracing_subscriber::fmt()
@@ -65,6 +68,7 @@ async fn run_proxy(config: agent::config::Config, signals: Signals) -> anyhow::R
     app.run().await
 }
 
+#[allow(clippy::disallowed_methods)] // main reads the environment once and passes a map down
 fn main() {
     agent::runtime::tune_malloc();
     let args: Vec<String> = std::env::args().skip(1).collect();

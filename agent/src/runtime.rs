@@ -7,6 +7,8 @@
 //! `PR_SET_PDEATHSIG` tied to a thread that lives as long as the process.
 //!
 //! Measured with `agent/benches/idle.sh` (see the README figures).
+// mallopt(3), malloc_trim(3), madvise(2) and the open-file rlimit.
+#![allow(unsafe_code)]
 
 use std::time::Duration;
 

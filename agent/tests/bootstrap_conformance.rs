@@ -21,6 +21,7 @@ const CASES: usize = 29;
 const AGENT_DEFAULT_KEYS: &[&str] = &["ENVOY_SKIP_DEPRECATED_LOGS"];
 const LIGHTSTEP_TOKEN: &str = "abcdefg1234567";
 
+#[allow(clippy::disallowed_methods)] // a prerequisite check: CI=true fails instead of skipping
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
@@ -399,6 +400,7 @@ fn builtin_bootstrap_matches_every_golden() {
 }
 
 /// The Envoy binary: `ENVOY_BIN`, else `<repo>/.tools/bin/envoy`; missing fails under CI.
+#[allow(clippy::disallowed_methods)] // ENVOY_BIN, as the test harness reads it
 fn envoy_bin() -> Option<PathBuf> {
     let p = std::env::var_os("ENVOY_BIN")
         .map(PathBuf::from)

@@ -386,16 +386,15 @@ fn check_port(field: &str, n: u32) -> Result<(), DocError> {
 
 fn check_duration(field: &str, s: &Option<String>) -> Result<(), DocError> {
     if let Some(s) = s {
-        parse_duration(s).map_err(|r| (field.to_string(), r))?;
+        go_syntax::parse_duration(s).map_err(|why| {
+            let expected = go_syntax::DURATION_EXPECTED;
+            (
+                field.to_string(),
+                format!("{s:?} is not {expected} ({why})"),
+            )
+        })?;
     }
     Ok(())
-}
-
-/// Parses Istio's durations (`1h`, `30s`, `250ms`, `1.5s`, `1m30s`) with Go's syntax, the one
-/// reader every crate uses ([`proto::go::parse_duration`]); the error says what was expected.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    proto::go::parse_duration(s.trim())
-        .map_err(|why| format!("{s:?} is not {} ({why})", proto::go::DURATION_EXPECTED))
 }
 
 const PROTOCOLS: [&str; 10] = [

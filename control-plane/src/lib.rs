@@ -17,6 +17,8 @@
 //!   through the xds side's fixed resources (→ xds).
 //! - [`server`]: the composition root of `istiod-lite serve` and `replay` (→ everything above).
 
+#![forbid(unsafe_code)]
+
 pub mod ca;
 pub mod config;
 pub mod listen;

@@ -5,6 +5,8 @@
 //! `serve` logs (to stderr) one line per listener once it is bound, in this exact form:
 //! `listening name=<grpc|secure-grpc|monitoring> addr=<ip:port>`; so does `replay`.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,10 +26,6 @@ use tokio_util::sync::CancellationToken;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    control_plane::config::parse_duration(s)
 }
 
 /// The flags `serve` and `replay` share: the CA directory, the listeners, the serving
@@ -60,7 +58,7 @@ struct ServerArgs {
     #[arg(long = "san", env = "ISTIOD_LITE_SAN", value_delimiter = ',')]
     sans: Vec<String>,
     /// Clock skew between hosts allowed on a token's `exp` and `nbf` (whole seconds count).
-    #[arg(long, env = "ISTIOD_LITE_TOKEN_CLOCK_SKEW", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "ISTIOD_LITE_TOKEN_CLOCK_SKEW", default_value = "60s", value_parser = go_syntax::parse_duration)]
     token_clock_skew: Duration,
 }
 
@@ -113,7 +111,7 @@ enum Command {
         service_account: String,
         #[arg(long, env = "ISTIOD_LITE_AUDIENCE", default_value = "istio-ca")]
         audience: String,
-        #[arg(long, env = "ISTIOD_LITE_TTL", default_value = "12h", value_parser = parse_duration)]
+        #[arg(long, env = "ISTIOD_LITE_TTL", default_value = "12h", value_parser = go_syntax::parse_duration)]
         ttl: Duration,
     },
     /// Write the VM onboarding files (cluster.env, mesh.yaml, hosts, root-cert.pem, istio-token).
@@ -180,6 +178,7 @@ async fn run(running: server::Running, cancel: CancellationToken) {
 }
 
 #[tokio::main]
+#[allow(clippy::disallowed_methods)] // main reads the environment once and passes a map down
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {

@@ -98,7 +98,7 @@ impl Tunables {
         let dur = |var: &'static str, default: Duration| -> Result<Duration, Error> {
             match env.get(var) {
                 None => Ok(default),
-                Some(v) => crate::config::parse_duration(v).map_err(|_| Error::Env {
+                Some(v) => go_syntax::parse_duration(v).map_err(|_| Error::Env {
                     var,
                     value: v.clone(),
                     expected: "a duration such as 100ms or 10s",

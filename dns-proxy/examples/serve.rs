@@ -26,6 +26,7 @@ fn hosts_table(text: &str) -> NameTable {
     nt
 }
 
+#[allow(clippy::disallowed_methods)] // an example's main: SERVE_RUNTIME
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SERVE_RUNTIME=current: single-threaded runtime (for one-core benchmarks).
     let rt = if std::env::var("SERVE_RUNTIME").as_deref() == Ok("current") {
@@ -40,6 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     rt.block_on(serve())
 }
 
+#[allow(clippy::disallowed_methods)] // the example's entry point reads the environment once
 async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let (Some(hosts), Some(resolv)) = (args.get(1), args.get(2)) else {

@@ -493,7 +493,7 @@ fn spawn_answer(
     listener: &UdpListener<'_>,
     permit: OwnedSemaphorePermit,
     src: SocketAddr,
-    answer: impl std::future::Future<Output = Option<Vec<u8>>> + Send + 'static,
+    answer: impl Future<Output = Option<Vec<u8>>> + Send + 'static,
 ) {
     let (sock, shutdown) = (listener.sock.clone(), listener.shutdown.clone());
     listener.tracker.spawn(async move {

@@ -2,6 +2,8 @@
 //! every datagram queued on a socket instead of one each, plus the one that finds the queue
 //! empty; and the answers for UDP clients, sent batched per listening socket by whichever part
 //! completes them (a listener's loop, or an upstream socket's reader for relayed queries).
+// recvmmsg(2), sendmmsg(2), mmap(2) and the C structs they fill.
+#![allow(unsafe_code)]
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -102,7 +104,7 @@ impl RecvBatch {
             unsafe { MaybeUninit::<[libc::mmsghdr; BATCH]>::zeroed().assume_init() };
         for (i, m) in msgs.iter_mut().enumerate() {
             m.msg_hdr.msg_name = (&raw mut self.addrs[i]).cast();
-            m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
+            m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as _;
             m.msg_hdr.msg_iov = &raw mut iovs[i];
             m.msg_hdr.msg_iovlen = 1;
         }
@@ -173,7 +175,7 @@ fn to_sockaddr(addr: &SocketAddr, ss: &mut libc::sockaddr_storage) -> libc::sock
             sin.sin_family = libc::AF_INET as _;
             sin.sin_port = a.port().to_be();
             sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
-            std::mem::size_of::<libc::sockaddr_in>() as _
+            size_of::<libc::sockaddr_in>() as _
         }
         SocketAddr::V6(a) => {
             // SAFETY: as above, for sockaddr_in6.
@@ -184,7 +186,7 @@ fn to_sockaddr(addr: &SocketAddr, ss: &mut libc::sockaddr_storage) -> libc::sock
             sin6.sin6_flowinfo = a.flowinfo();
             sin6.sin6_addr.s6_addr = a.ip().octets();
             sin6.sin6_scope_id = a.scope_id();
-            std::mem::size_of::<libc::sockaddr_in6>() as _
+            size_of::<libc::sockaddr_in6>() as _
         }
     }
 }

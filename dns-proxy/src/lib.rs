@@ -31,6 +31,9 @@
 //! # }
 //! ```
 
+// unsafe only where a module allows it: recvmmsg/sendmmsg (datagrams.rs).
+#![deny(unsafe_code)]
+
 mod answer;
 mod cache;
 mod config;

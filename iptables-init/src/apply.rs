@@ -39,11 +39,15 @@ pub enum Error {
 /// Process environment handed to the iptables binaries (PATH lookup, lock file).
 #[derive(Debug, Clone, Default)]
 pub struct ExecEnv {
-    /// `PATH` used to find the binaries; `None` uses the process's.
+    /// `PATH` used to find the binaries (the caller's environment map has it); `None`: the
+    /// usual system directories ([`DEFAULT_PATH`]). The library never reads the process's.
     pub path: Option<String>,
     /// `XTABLES_LOCKFILE` for legacy iptables (pod-scoped lock in CNI mode).
     pub xtables_lockfile: Option<String>,
 }
+
+/// Where the binaries are looked for when the caller's environment has no `PATH`.
+pub const DEFAULT_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// What a family's run did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,7 +215,7 @@ fn family_rules(rules: &RuleBuilder, family: Family) -> &[Rule] {
 
 /// Restore input for `rules` with the nat block first, then the other tables sorted.
 pub fn restore_text(rules: &[Rule]) -> String {
-    let text = crate::builder::RuleBuilder::restore_of(rules);
+    let text = RuleBuilder::restore_of(rules);
     let mut blocks: Vec<(String, String)> = Vec::new();
     for block in text.split_inclusive("COMMIT\n") {
         let table = block

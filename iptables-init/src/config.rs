@@ -179,7 +179,7 @@ where
     let boolean = |name: &str| -> Result<bool, Error> {
         match get(name) {
             None => Ok(false),
-            Some(v) => proto::go::parse_bool(&v).map_err(|_| typed(name, &v, "true or false")),
+            Some(v) => go_syntax::parse_bool(&v).map_err(|_| typed(name, &v, "true or false")),
         }
     };
     let port = |name: &str| -> Result<u16, Error> {
@@ -562,7 +562,7 @@ fn validate_loopback_cidr(cidr: &str) -> Result<(), Error> {
 }
 
 /// Parses a Go `time.Duration` string ("5s", "1m30s", "500ms", "0") with the reader every crate
-/// shares ([`proto::go::parse_duration`]).
+/// shares ([`go_syntax::parse_duration`]).
 /// An unsigned 32-bit number as iptables, nft and `ip rule` read a mark or a table: decimal,
 /// `0x` hexadecimal or `0` octal (C's `strtoul` with base 0).
 pub fn parse_c_u32(s: &str) -> Option<u32> {
@@ -582,10 +582,10 @@ pub fn parse_c_u32(s: &str) -> Option<u32> {
 }
 
 pub fn parse_go_duration(s: &str) -> Option<Duration> {
-    match proto::go::parse_duration(s) {
+    match go_syntax::parse_duration(s) {
         Ok(d) => Some(d),
         // Go's flag takes a negative duration; as a probe timeout it means no wait at all.
-        Err(proto::go::SyntaxError::Negative) => Some(Duration::ZERO),
+        Err(go_syntax::SyntaxError::Negative) => Some(Duration::ZERO),
         Err(_) => None,
     }
 }
@@ -854,10 +854,10 @@ mod tests {
         assert_eq!(parse_go_duration("5"), None);
         // The one table every crate's duration settings follow, except that a negative
         // duration (Go's flag takes it) is no wait at all here.
-        for (text, want) in proto::go::DURATION_CASES {
+        for (text, want) in go_syntax::DURATION_CASES {
             let got = parse_go_duration(text).map(|d| d.as_nanos() as u64);
-            let want = match proto::go::parse_duration(text) {
-                Err(proto::go::SyntaxError::Negative) => Some(0),
+            let want = match go_syntax::parse_duration(text) {
+                Err(go_syntax::SyntaxError::Negative) => Some(0),
                 _ => *want,
             };
             assert_eq!(got, want, "{text:?}");

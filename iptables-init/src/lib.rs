@@ -3,6 +3,9 @@
 //! Entry points: [`run_cli`] (the binary and `pilot-agent istio-iptables` call it with the
 //! process arguments and environment) and [`run_cli_with`] (same, with injected host state).
 
+// unsafe only where a module allows it: the netlink dumps (netlink.rs).
+#![deny(unsafe_code)]
+
 pub mod apply;
 pub mod builder;
 pub mod capture;

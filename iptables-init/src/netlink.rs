@@ -6,6 +6,8 @@
 //!
 //! Each dump is one request on a fresh socket; any failure (no nf_tables in the kernel, a
 //! truncated message) yields `None` and the caller decides what "unknown" means.
+// socket(2), send(2) and recv(2) on the netlink socket.
+#![allow(unsafe_code)]
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 

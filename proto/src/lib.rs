@@ -4,12 +4,13 @@
 //! - [`istio::ca`]: `istio.v1.auth.IstioCertificateService` (CSR signing).
 //! - [`istio::nds`]: `istio.networking.nds.v1.NameTable` (the DNS proxy's name table).
 //! - [`type_url`]: the type URLs the agent and control plane dispatch on.
-//! - [`go`]: Go's value syntax (durations, booleans, quoted strings), read the same everywhere.
 //!
 //! Well-known protobuf types (`Any`, `Struct`, `Duration`) are envoy-types' own; the Istio
 //! protos are compiled against them, so no conversion is needed anywhere.
 
-pub mod go;
+// unsafe only where a function allows it: the open-file rlimit (listen.rs).
+#![deny(unsafe_code)]
+
 pub mod listen;
 
 pub use envoy_types as envoy_types_crate;
@@ -17,6 +18,7 @@ pub use envoy_types::pb::envoy;
 pub use envoy_types::pb::google;
 
 /// Istio's own protocols.
+#[allow(unused_qualifications)] // generated code (tonic-prost-build) spells full paths
 pub mod istio {
     /// `istio.v1.auth`: the CA service.
     pub mod ca {

@@ -343,6 +343,7 @@ pub fn incoming<L: Listener>(
 /// Raises the soft open-file limit to the hard limit, as Go's runtime does: every connection
 /// holds a descriptor, and the usual soft limit (1024, what a kubelet's pod gets) is soon
 /// reached. Returns the (soft, hard) limits now in force.
+#[allow(unsafe_code)] // getrlimit(2), setrlimit(2)
 pub fn raise_open_file_limit() -> io::Result<(u64, u64)> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,

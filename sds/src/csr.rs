@@ -197,7 +197,7 @@ mod tests {
     const ID: &str = "spiffe://cluster.local/ns/default/sa/bookinfo";
 
     fn check_csr(pem: &[u8]) {
-        let (_, pem) = x509_parser::pem::parse_x509_pem(pem).expect("pem");
+        let (_, pem) = parse_x509_pem(pem).expect("pem");
         assert_eq!(pem.label, "CERTIFICATE REQUEST");
         let (_, csr) = X509CertificationRequest::from_der(&pem.contents).expect("der");
         csr.verify_signature().expect("self-signature verifies");
@@ -209,7 +209,7 @@ mod tests {
         assert_eq!(attrs.len(), 1);
         assert_eq!(
             attrs[0].attr_type(),
-            &x509_parser::oid_registry::OID_X509_ORGANIZATION_NAME
+            &oid_registry::OID_X509_ORGANIZATION_NAME
         );
         assert_eq!(attrs[0].as_str().expect("string"), "");
         assert_eq!(info.subject.iter_common_name().count(), 0);
@@ -228,10 +228,7 @@ mod tests {
             .flatten()
             .collect();
         assert_eq!(raw.len(), 1);
-        assert_eq!(
-            raw[0].oid,
-            x509_parser::oid_registry::OID_X509_EXT_SUBJECT_ALT_NAME
-        );
+        assert_eq!(raw[0].oid, oid_registry::OID_X509_EXT_SUBJECT_ALT_NAME);
         assert!(raw[0].critical, "SAN must be critical");
         match raw[0].parsed_extension() {
             ParsedExtension::SubjectAlternativeName(san) => {
@@ -245,7 +242,7 @@ mod tests {
     fn ecdsa_p256_csr_is_istio_shaped() {
         let out = generate(ID, KeyAlgorithm::EcdsaP256, false).expect("generate");
         check_csr(&out.csr_pem);
-        let (_, key) = x509_parser::pem::parse_x509_pem(&out.private_key_pem).expect("key pem");
+        let (_, key) = parse_x509_pem(&out.private_key_pem).expect("key pem");
         assert_eq!(key.label, "EC PRIVATE KEY");
         // SEC1 with the curve OID, as Go writes it: loadable by rcgen via PKCS#8? check the OID bytes.
         assert!(key.contents.windows(OID_P256.len()).any(|w| w == OID_P256));
@@ -255,7 +252,7 @@ mod tests {
     fn ecdsa_p384_and_pkcs8() {
         let out = generate(ID, KeyAlgorithm::EcdsaP384, true).expect("generate");
         check_csr(&out.csr_pem);
-        let (_, key) = x509_parser::pem::parse_x509_pem(&out.private_key_pem).expect("key pem");
+        let (_, key) = parse_x509_pem(&out.private_key_pem).expect("key pem");
         assert_eq!(key.label, "PRIVATE KEY");
         KeyPair::try_from(key.contents.as_slice()).expect("PKCS#8 key loads");
     }
@@ -264,13 +261,13 @@ mod tests {
     fn rsa_2048_csr_is_istio_shaped() {
         let out = generate(ID, KeyAlgorithm::Rsa(2048), false).expect("generate");
         check_csr(&out.csr_pem);
-        let (_, key) = x509_parser::pem::parse_x509_pem(&out.private_key_pem).expect("key pem");
+        let (_, key) = parse_x509_pem(&out.private_key_pem).expect("key pem");
         assert_eq!(key.label, "RSA PRIVATE KEY");
-        let (_, csr_pem) = x509_parser::pem::parse_x509_pem(&out.csr_pem).expect("pem");
+        let (_, csr_pem) = parse_x509_pem(&out.csr_pem).expect("pem");
         let (_, csr) = X509CertificationRequest::from_der(&csr_pem.contents).expect("der");
         assert_eq!(
             csr.signature_algorithm.algorithm,
-            x509_parser::oid_registry::OID_PKCS1_SHA256WITHRSA
+            oid_registry::OID_PKCS1_SHA256WITHRSA
         );
     }
 

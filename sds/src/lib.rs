@@ -75,6 +75,8 @@
 //! (`CA_ALLOW_PLAINTEXT_TOKEN=true`): the call fails at once, saying why and how to allow it
 //! (`reason="plaintext_token"`).
 
+#![forbid(unsafe_code)]
+
 pub mod ca;
 pub mod clock;
 pub mod config;

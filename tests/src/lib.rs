@@ -10,6 +10,9 @@
 //! - [`kubelet`]: pods run from Istio's injected specs the way a kubelet and containerd run them.
 //! - [`assert_eventually`]: bounded polling; tests never sleep a fixed time to wait for a state.
 
+// unsafe only where a module allows it: the container runtime (kubelet/container.rs).
+#![deny(unsafe_code)]
+
 pub mod app;
 pub mod envoy;
 pub mod http;
@@ -70,7 +73,7 @@ pub fn assert_eventually_result<T>(
 pub async fn eventually<T, F, Fut>(timeout: Duration, mut f: F) -> T
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
+    Fut: Future<Output = Result<T, String>>,
 {
     let deadline = Instant::now() + timeout;
     let mut pause = Duration::from_millis(5);

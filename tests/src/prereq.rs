@@ -1,7 +1,15 @@
 //! Prerequisites. Outside CI a missing one skips the test (with a message saying what to
 //! install); under `CI=true` it fails the test, so CI can never pass by skipping.
+// The harness's own knobs (CI, PATH, ENVOY_BIN, PY_GRPC_DIR, ISTIO_GO_BIN) are read here, once.
+#![allow(clippy::disallowed_methods)]
 
 use std::path::PathBuf;
+
+/// A test's own knob from the environment (`SOAK_SECONDS`, `FAULTS_HOSTS`, `PATH` for a child
+/// run with a cleared environment ...): the one place test binaries read it.
+pub fn setting(var: &str) -> Option<String> {
+    std::env::var(var).ok()
+}
 
 /// True when running under CI (`CI=true`).
 pub fn in_ci() -> bool {

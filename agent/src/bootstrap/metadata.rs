@@ -169,7 +169,7 @@ pub fn node(config: &Config) -> Result<Node, Error> {
     let hbone = meta
         .get("ENABLE_HBONE")
         .and_then(Value::as_str)
-        .and_then(|v| proto::go::parse_bool(v).ok())
+        .and_then(|v| go_syntax::parse_bool(v).ok())
         .unwrap_or(false);
     let metadata_discovery = config.bootstrap.peer_metadata_discovery.unwrap_or(hbone);
     meta.insert(

@@ -285,7 +285,7 @@ impl Options {
             outlier_log_path: config.flags.outlier_log_path.clone(),
             load_stats_config: meta_str("LOAD_STATS_CONFIG_JSON").map(str::to_string),
             enable_self_discovery: meta_str("ENABLE_SELF_DISCOVERY")
-                .and_then(|v| proto::go::parse_bool(v).ok())
+                .and_then(|v| go_syntax::parse_bool(v).ok())
                 .unwrap_or(false),
             workload_identity_socket_file: config.workload_socket.file.clone(),
             custom_file_path: config

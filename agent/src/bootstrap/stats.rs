@@ -132,18 +132,18 @@ pub fn stats(config: &Config, extra_tags: &[String]) -> Stats {
     let mut flush = DEFAULT_FLUSH_INTERVAL;
     let mut flush_interval = None;
     if let Some(v) = config.node.pod_annotations.get(FLUSH_INTERVAL) {
-        match proto::go::parse_duration(v).ok() {
-            Some(d) => {
+        match go_syntax::parse_duration(v) {
+            Ok(d) => {
                 flush = d;
                 flush_interval = Some(d);
             }
-            None => tracing::warn!(annotation = FLUSH_INTERVAL, value = %v,
+            Err(_) => tracing::warn!(annotation = FLUSH_INTERVAL, value = %v,
                 "ignoring stats flush interval: expected a duration such as 10s"),
         }
     }
     let mut eviction_interval = None;
     if let Some(v) = config.node.pod_annotations.get(EVICTION_INTERVAL) {
-        match proto::go::parse_duration(v).ok() {
+        match go_syntax::parse_duration(v).ok() {
             None => tracing::warn!(annotation = EVICTION_INTERVAL, value = %v,
                 "ignoring stats eviction interval: expected a duration such as 60s"),
             Some(d) if flush.is_zero() || d.as_nanos() % flush.as_nanos() != 0 => {

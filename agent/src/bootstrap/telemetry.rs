@@ -285,7 +285,7 @@ fn tcp_keepalive(k: &Map<String, Value>, field: &str) -> Result<Value, Error> {
         if v.is_empty() {
             continue;
         }
-        let d = proto::go::parse_duration(&v).ok().ok_or_else(|| {
+        let d = go_syntax::parse_duration(&v).ok().ok_or_else(|| {
             bad(
                 &join(field, key),
                 &Value::String(v.clone()),

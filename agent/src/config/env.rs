@@ -1,6 +1,6 @@
 //! The environment, read one way for every setting: a value is trimmed of surrounding white
 //! space, an empty value is the same as an unset one (the default applies), and typed values go
-//! through Go's syntax ([`proto::go`]). Every error names the variable, its value and what was
+//! through Go's syntax ([`go_syntax`]). Every error names the variable, its value and what was
 //! expected.
 
 use std::collections::HashMap;
@@ -33,7 +33,7 @@ impl<'a> Env<'a> {
 
     pub fn bool(&self, var: &str, default: bool) -> Result<bool, Error> {
         self.parse(var, default, "true or false", |v| {
-            proto::go::parse_bool(v).map_err(|_| ())
+            go_syntax::parse_bool(v).map_err(|_| ())
         })
     }
 
@@ -64,11 +64,11 @@ impl<'a> Env<'a> {
         let Some(v) = self.get(var) else {
             return Ok(default);
         };
-        match proto::go::parse_duration(v) {
+        match go_syntax::parse_duration(v) {
             Ok(d) if d >= min => Ok(d),
             Ok(_) => Err(self.invalid(var, v, &format!("a duration of at least {min:?}"))),
             Err(why) => {
-                Err(self.invalid(var, v, &format!("{} ({why})", proto::go::DURATION_EXPECTED)))
+                Err(self.invalid(var, v, &format!("{} ({why})", go_syntax::DURATION_EXPECTED)))
             }
         }
     }

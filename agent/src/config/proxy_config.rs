@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use super::Error;
-use proto::go::parse_duration;
+use go_syntax::parse_duration;
 
 /// Control plane authentication policy (`controlPlaneAuthPolicy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,9 +161,8 @@ pub fn echo(raw: &Value) -> Value {
         }
         let v = match (DURATIONS.contains(&k.as_str()), v) {
             (true, Value::String(text)) => parse_duration(text)
-                .ok()
                 .map(|d| Value::String(proto_duration(d)))
-                .unwrap_or_else(|| v.clone()),
+                .unwrap_or_else(|_| v.clone()),
             (_, Value::Object(topology)) if k == "gatewayTopology" => {
                 let mut t = topology.clone();
                 if t.get("forwardClientCertDetails").and_then(Value::as_str) == Some("UNDEFINED") {
@@ -259,9 +258,8 @@ fn duration(obj: &Map<String, Value>, field: &str) -> Result<Option<Duration>, E
     match obj.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(v @ Value::String(s)) => parse_duration(s)
-            .ok()
             .map(Some)
-            .ok_or_else(|| bad(field, v, "a duration such as \"45s\" or \"1m30s\"")),
+            .map_err(|_| bad(field, v, "a duration such as \"45s\" or \"1m30s\"")),
         Some(v) => Err(bad(field, v, "a duration string such as \"45s\"")),
     }
 }

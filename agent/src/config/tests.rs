@@ -193,11 +193,11 @@ fn a_host_without_addresses_gives_the_loopbacks() {
 #[test]
 fn go_unquote_reads_downward_api_values() {
     assert_eq!(
-        go_unquote(r#""a\"b\nc\u00e9""#).as_deref(),
+        go_syntax::unquote(r#""a\"b\nc\u00e9""#).as_deref(),
         Some("a\"b\ncé")
     );
-    assert_eq!(go_unquote("noquotes"), None);
-    assert_eq!(go_unquote(r#""bad\q""#), None);
+    assert_eq!(go_syntax::unquote("noquotes"), None);
+    assert_eq!(go_syntax::unquote(r#""bad\q""#), None);
 }
 
 fn load_with(dir: &Path, e: &HashMap<String, String>, flags: ProxyFlags) -> Result<Config, Error> {
@@ -307,7 +307,7 @@ fn prov_cert_policy_is_one() {
 }
 
 /// Every duration setting of the agent reads Go's syntax the same way: one table
-/// ([`proto::go::DURATION_CASES`]), each setting's own lower bound on top.
+/// ([`go_syntax::DURATION_CASES`]), each setting's own lower bound on top.
 #[test]
 fn every_duration_setting_parses_the_one_table() {
     let dir = tempfile::tempdir().unwrap();
@@ -322,7 +322,7 @@ fn every_duration_setting_parses_the_one_table() {
             c.dns.as_ref().unwrap().forward_timeout
         }),
     ];
-    for (text, want) in proto::go::DURATION_CASES {
+    for (text, want) in go_syntax::DURATION_CASES {
         for (var, min, get) in settings {
             let e = env(&[(var, text), ("ISTIO_META_DNS_CAPTURE", "true")]);
             let got = load(dir.path(), &e);
@@ -740,8 +740,8 @@ fn external_workload_socket_switches_to_files_only() {
 fn legacy_localhost_probe_destination_is_the_name() {
     use crate::config::probe::Destination;
     let dir = tempfile::tempdir().unwrap();
-    let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-    let pod: std::net::IpAddr = "198.18.0.7".parse().unwrap();
+    let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+    let pod: IpAddr = "198.18.0.7".parse().unwrap();
     let c = load(dir.path(), &env(&[])).unwrap();
     assert_eq!(
         c.status.probe_destination(Some(pod), loopback),
@@ -782,7 +782,7 @@ fn vm_exec_readiness_probe_loads() {
     )]);
     let c = load(dir.path(), &e).unwrap();
     let probe = c.status.health_probe.expect("the VM health probe");
-    assert_eq!(probe.probe.timeout, std::time::Duration::from_secs(3));
+    assert_eq!(probe.probe.timeout, Duration::from_secs(3));
     assert!(matches!(
         &probe.probe.action,
         crate::config::probe::ProbeAction::Exec { command } if command == &["/usr/bin/check", "--quick"]

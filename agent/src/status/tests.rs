@@ -24,7 +24,7 @@ async fn fake_http(
 async fn fake_http_shared(
     routes: Arc<Mutex<HashMap<String, (u16, String)>>>,
 ) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let seen_w = seen.clone();
@@ -110,7 +110,7 @@ async fn setup_with(
     let metrics = Metrics::new(&mut registry);
     let readiness = Readiness::default();
     let shutdown = Shutdown::default();
-    let mut probers = probe::AppProbers::new();
+    let mut probers = AppProbers::new();
     if let Some(port) = app_port {
         probers.insert(
             "/app-health/app/readyz".into(),
@@ -126,14 +126,14 @@ async fn setup_with(
             },
         );
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server = StatusServer::new(
         vec![listener],
         Inputs {
             node_type: NodeType::Sidecar,
             admin: Some(Admin { addr: admin }),
             envoy_prometheus: Some(prom),
-            app_metrics: app_port.map(|p| probe::PrometheusAnnotations {
+            app_metrics: app_port.map(|p| PrometheusAnnotations {
                 targets: vec![(p, "/metrics".into())],
             }),
             metrics_localhost_only: false,
@@ -411,7 +411,7 @@ async fn a_peer_holding_connections_is_capped_and_probes_still_answer() {
 async fn assert_eventually<F, Fut>(f: F)
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
+    Fut: Future<Output = bool>,
 {
     for _ in 0..500 {
         if f().await {

@@ -128,7 +128,7 @@ async fn uds_channel(path: &Path) -> tonic::transport::Channel {
 }
 
 type EnvoyClient = AggregatedDiscoveryServiceClient<tonic::transport::Channel>;
-type UpStream<Req, Resp> = super::fake::FakeStream<Req, Resp>;
+type UpStream<Req, Resp> = fake::FakeStream<Req, Resp>;
 
 /// Envoy opens a SotW stream whose first request is `first`; returns Envoy's request sender and
 /// response stream, and the upstream stream the proxy opened (`first` read from it).

@@ -26,6 +26,9 @@
 //! ~20,000 in all), so the bench raises its soft `RLIMIT_NOFILE` to the hard limit (istiod-lite
 //! does the same for itself at start); a hard limit below the largest fleet (plus slack) is
 //! reported before the run.
+// A bench binary: its knobs (ADS_LOAD_*) come from the environment; sysconf(3), getrusage(2)
+// and the open-file rlimit measure and size the run.
+#![allow(clippy::disallowed_methods, unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -92,6 +95,7 @@ fn process_cpu(pid: u32) -> Duration {
 fn self_cpu() -> Duration {
     // SAFETY: getrusage writes only the struct we pass.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(ru.ru_utime) + tv(ru.ru_stime)

@@ -225,16 +225,13 @@ fn garbage_csr_is_a_csr_error() {
 }
 
 /// Writes plug-in cacerts: a root and an intermediate signed by it. Returns (root pem, intermediate pem).
-pub(crate) fn write_plugin_cacerts(dir: &std::path::Path) -> (String, String) {
+pub(crate) fn write_plugin_cacerts(dir: &Path) -> (String, String) {
     write_plugin_cacerts_valid(dir, None)
 }
 
 /// [`write_plugin_cacerts`] with the intermediate (the signing CA) valid until `not_after`
 /// (rcgen's default when `None`).
-fn write_plugin_cacerts_valid(
-    dir: &std::path::Path,
-    not_after: Option<SystemTime>,
-) -> (String, String) {
+fn write_plugin_cacerts_valid(dir: &Path, not_after: Option<SystemTime>) -> (String, String) {
     let root_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("key");
     let mut root_params = CertificateParams::default();
     root_params.distinguished_name = DistinguishedName::new();
@@ -700,7 +697,7 @@ fn previous_roots_json(entries: &[(&str, u64)]) -> String {
 }
 
 /// The PEMs in `previous-roots.json`.
-fn previous_root_pems(path: &std::path::Path) -> Vec<String> {
+fn previous_root_pems(path: &Path) -> Vec<String> {
     let file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).expect("read")).expect("json");
     file["roots"]

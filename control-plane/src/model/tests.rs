@@ -97,8 +97,7 @@ fn auto_vips_are_stable_and_in_240_240() {
             .and_then(|x| x.auto_vip);
         assert_eq!(same, Some(vip), "adding a service keeps other VIPs");
     }
-    let vips: std::collections::BTreeSet<_> =
-        b.services.iter().filter_map(|s| s.auto_vip).collect();
+    let vips: BTreeSet<_> = b.services.iter().filter_map(|s| s.auto_vip).collect();
     assert_eq!(vips.len(), b.services.len(), "unique");
     let s = &a.services[0];
     assert!(

@@ -26,6 +26,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use prost::bytes::BytesMut;
 use proto::envoy::config::core::v3::Node;
 use proto::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
@@ -506,7 +507,7 @@ impl Conn {
             let a = all.entries(delta, from_all);
             match &empty {
                 Some(e) if !from_empty.is_empty() => {
-                    let mut b = prost::bytes::BytesMut::from(&a[..]);
+                    let mut b = BytesMut::from(&a[..]);
                     b.extend_from_slice(&e.entries(delta, from_empty));
                     b.freeze()
                 }
@@ -637,11 +638,8 @@ mod tests {
         let task = conn.run(Box::pin(futures::stream::empty()));
         // Every connected proxy holds one such task: request handling and pushes are boxed
         // while they run, so the idle task stays small (debug build: 2.1 KB; 4.7 KB unboxed).
-        let size = std::mem::size_of_val(&task);
+        let size = size_of_val(&task);
         assert!(size < 3072, "stream task future is {size} bytes");
-        assert!(
-            std::mem::size_of::<Wire>() <= 64,
-            "channel items stay small"
-        );
+        assert!(size_of::<Wire>() <= 64, "channel items stay small");
     }
 }

@@ -245,7 +245,7 @@ fn outbound_cluster(snap: &Snapshot, spec: &OutboundSpec<'_>) -> Cluster {
     let connect_timeout = tcp
         .as_ref()
         .and_then(|t| t.connect_timeout.as_deref())
-        .and_then(|s| crate::config::parse_duration(s).ok())
+        .and_then(|s| go_syntax::parse_duration(s).ok())
         .unwrap_or(Duration::from_secs(10));
     let mut c = Cluster {
         name: spec.name.clone(),

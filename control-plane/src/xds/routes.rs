@@ -16,7 +16,6 @@ use proto::google::protobuf::{BoolValue, UInt32Value};
 
 use super::*;
 use crate::config::kinds::{HttpMatchRequest, HttpRoute, StringMatch};
-use crate::config::parse_duration;
 use crate::model::{Port, Service};
 
 const DEFAULT_RETRY_ON: &str =
@@ -239,7 +238,7 @@ fn action(domain: &str, svc: &Service, port: &Port, r: &HttpRoute) -> RouteActio
     let timeout = r
         .timeout
         .as_deref()
-        .and_then(|t| parse_duration(t).ok())
+        .and_then(|t| go_syntax::parse_duration(t).ok())
         .unwrap_or(Duration::ZERO);
     let retry_policy = match &r.retries {
         None => Some(default_retry()),
@@ -253,7 +252,7 @@ fn action(domain: &str, svc: &Service, port: &Port, r: &HttpRoute) -> RouteActio
             per_try_timeout: rt
                 .per_try_timeout
                 .as_deref()
-                .and_then(|t| parse_duration(t).ok())
+                .and_then(|t| go_syntax::parse_duration(t).ok())
                 .map(duration),
             retriable_status_codes: vec![503],
             ..Default::default()

@@ -220,10 +220,7 @@ async fn token_and_client_certificate_authentication() {
 
     // Rejections: code and reason.
     let reject = |code: Code, needle: &'static str| {
-        move |r: Result<
-            tonic::Response<proto::istio::ca::IstioCertificateResponse>,
-            tonic::Status,
-        >| {
+        move |r: Result<tonic::Response<IstioCertificateResponse>, tonic::Status>| {
             let s = r.expect_err("must be rejected");
             assert_eq!(s.code(), code, "{s:?}");
             assert!(

@@ -48,6 +48,7 @@ impl Progress {
 
 /// Raises the soft open-file limit to the hard limit: 2,000 client sockets live in this process
 /// and 2,000 server sockets in the child, which inherits the limit.
+#[allow(unsafe_code)] // getrlimit(2), setrlimit(2)
 fn raise_nofile() -> u64 {
     let mut lim = libc::rlimit {
         rlim_cur: 0,

@@ -5,7 +5,7 @@
 
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
-use rand::Rng;
+use rand::RngExt;
 use rand::seq::SliceRandom;
 
 use super::respond::respond;

@@ -198,7 +198,7 @@ impl UdpPool {
 
     /// The live sockets to `server` (tests).
     #[cfg(test)]
-    pub(super) fn chans(&self, server: SocketAddr) -> Vec<std::sync::Weak<Chan>> {
+    pub(super) fn chans(&self, server: SocketAddr) -> Vec<Weak<Chan>> {
         let Some((_, slots)) = self.upstreams.iter().find(|(s, _)| *s == server) else {
             return Vec::new();
         };

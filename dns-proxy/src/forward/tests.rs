@@ -110,9 +110,7 @@ fn rejects_foreign_answers() {
 fn only_error_answers_may_omit_the_question() {
     let server: SocketAddr = "127.0.0.1:53".parse().unwrap();
     let q = query();
-    let question = super::matching::question_bytes(&q.to_vec().unwrap())
-        .unwrap()
-        .to_vec();
+    let question = question_bytes(&q.to_vec().unwrap()).unwrap().to_vec();
     for (rcode, accepted) in [
         (ResponseCode::ServFail, true),
         (ResponseCode::Refused, true),
@@ -131,7 +129,7 @@ fn only_error_answers_may_omit_the_question() {
             "{rcode:?}"
         );
         assert_eq!(
-            super::matching::answers(&wire, &question),
+            matching::answers(&wire, &question),
             accepted,
             "{rcode:?} on the wire"
         );

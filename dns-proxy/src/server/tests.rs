@@ -477,7 +477,7 @@ fn fuzz_entry_point_survives_samples() {
 
 #[test]
 fn random_packets_never_panic() {
-    use rand::{Rng, SeedableRng};
+    use rand::{RngExt, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let base = query("svc.ns1.svc.cluster.local.", RecordType::A, Some(1232))
         .to_vec()

@@ -179,11 +179,8 @@ fn legacy_tables_present(family: Family) -> bool {
 }
 
 pub(crate) fn find_in_path(name: &str, path: Option<&str>) -> Option<std::path::PathBuf> {
-    let path = match path {
-        Some(p) => p.to_string(),
-        None => std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
-    };
-    std::env::split_paths(&path).find(|d| is_executable(&d.join(name)))
+    let path = path.unwrap_or(super::DEFAULT_PATH);
+    std::env::split_paths(path).find(|d| is_executable(&d.join(name)))
 }
 
 fn is_executable(p: &Path) -> bool {

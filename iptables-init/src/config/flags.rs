@@ -513,7 +513,7 @@ pub(super) fn check_typed(values: &HashMap<&'static str, String>) -> Result<(), 
             "probe-timeout" if super::parse_go_duration(v).is_none() => {
                 return Err(bad(f.long, v, "a duration such as 5s or 500ms"));
             }
-            _ if f.kind == Bool && proto::go::parse_bool(v).is_err() => {
+            _ if f.kind == Bool && go_syntax::parse_bool(v).is_err() => {
                 return Err(bad(f.long, v, "true or false"));
             }
             _ => {}

@@ -5,6 +5,9 @@
 //! error and the acknowledgement of the last change are queued on the socket. The batch is
 //! committed only if no message failed; then the last change is acknowledged with code 0.
 
+// socket(2), setsockopt(2), send(2) and recv(2) on the netlink socket.
+#![allow(unsafe_code)]
+
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 const NLMSG_HDR: usize = 16;

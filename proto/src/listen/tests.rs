@@ -155,6 +155,7 @@ async fn connections_over_a_cap_are_closed_at_once() {
 }
 
 #[test]
+#[allow(unsafe_code)] // getrlimit(2): the limit as the kernel has it
 fn the_open_file_limit_is_raised_to_the_hard_limit() {
     let (soft, hard) = raise_open_file_limit().expect("rlimit");
     assert_eq!(soft, hard);

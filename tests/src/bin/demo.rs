@@ -6,6 +6,8 @@
 //! (istiod-lite on loopback, `pilot-agent --external-envoy`, `envoy -c` on the bootstrap that
 //! `pilot-agent bootstrap` writes). `--keep` leaves everything running until Enter is pressed.
 
+#![forbid(unsafe_code)]
+
 use harness::mesh::{HTTPBIN, HTTPBIN_VIP as VIP, Mesh, pod_in_a_box_config};
 use std::time::{Duration, Instant};
 

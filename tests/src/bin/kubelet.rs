@@ -13,6 +13,8 @@
 //! `kubelet __container <launch.json>` and `kubelet __exec <launch.json>` are the runtime's
 //! halves the runner itself starts.
 
+#![forbid(unsafe_code)]
+
 use harness::kubelet::Cluster;
 use harness::kubelet::container::{Launch, container_main, exec_main};
 use std::time::Duration;

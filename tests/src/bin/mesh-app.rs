@@ -2,6 +2,8 @@
 //! `hello from <name>` followed by the request head it received (so a test can see, e.g., the
 //! headers Envoy added). Usage: `mesh-app <listen addr> <name>`.
 
+#![forbid(unsafe_code)]
+
 use std::net::TcpListener;
 
 fn main() {

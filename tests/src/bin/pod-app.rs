@@ -92,6 +92,8 @@ fn main() {
             }
         }
     }
+    #[allow(unsafe_code)] // signal(2): SIGTERM and SIGINT set a flag the app polls
+    // SAFETY: `on_term` is an extern "C" handler that only stores to an atomic.
     unsafe {
         libc::signal(libc::SIGTERM, on_term as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_term as *const () as libc::sighandler_t);

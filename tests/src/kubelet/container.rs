@@ -19,6 +19,9 @@
 //! (exec probes and hooks), as `runc exec` does: it joins the container's namespaces and takes
 //! the same identity.
 
+// A container runtime's system calls: fork, namespaces, mounts, credentials, capabilities, exec.
+#![allow(unsafe_code)]
+
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::fs;
@@ -200,6 +203,7 @@ fn check(step: &str, rc: libc::c_int) {
 
 fn mount(src: &str, target: &Path, fstype: &str, flags: libc::c_ulong, data: &str) {
     let (s, t, f, d) = (cstr(src), cstr(target), cstr(fstype), cstr(data));
+    // SAFETY: the C strings outlive the call; a null fstype or data is allowed by mount(2).
     let rc = unsafe {
         libc::mount(
             s.as_ptr(),
@@ -305,6 +309,7 @@ static CHILD: AtomicI32 = AtomicI32::new(0);
 extern "C" fn forward(sig: libc::c_int) {
     let pid = CHILD.load(Ordering::SeqCst);
     if pid > 0 {
+        // SAFETY: kill(2) takes no pointers and is async-signal-safe.
         unsafe { libc::kill(pid, sig) };
     }
 }
@@ -317,10 +322,13 @@ fn enter_netns(path: &Path) {
 
 /// Forks; the parent forwards signals to the child and exits with its status.
 fn fork_and_wait(pid_file: Option<&Path>) {
+    // SAFETY: the launcher is single-threaded here (a fresh `kubelet __container` process), so
+    // the child may run Rust code after fork.
     let pid = unsafe { libc::fork() };
     check("fork", pid);
     if pid == 0 {
         // The container dies with its launcher, as with a runtime shim gone.
+        // SAFETY: prctl(PR_SET_PDEATHSIG) takes no pointers.
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
         return;
     }
@@ -336,10 +344,12 @@ fn fork_and_wait(pid_file: Option<&Path>) {
         libc::SIGUSR1,
         libc::SIGUSR2,
     ] {
+        // SAFETY: `forward` is an extern "C" handler that only loads an atomic and calls kill(2).
         unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) };
     }
     let mut status = 0;
     loop {
+        // SAFETY: `status` is a live i32 waitpid(2) writes to.
         let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
         if rc == pid {
             break;
@@ -365,6 +375,7 @@ fn become_and_exec(l: &Launch) -> ! {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    // SAFETY: getrlimit(2) writes only the struct passed to it.
     check("getrlimit NOFILE", unsafe {
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut own)
     });
@@ -372,13 +383,16 @@ fn become_and_exec(l: &Launch) -> ! {
         rlim_cur: l.nofile.0.min(own.rlim_max),
         rlim_max: l.nofile.1.min(own.rlim_max),
     };
+    // SAFETY: setrlimit(2) reads only the struct passed to it.
     check("setrlimit NOFILE", unsafe {
         libc::setrlimit(libc::RLIMIT_NOFILE, &rl)
     });
     let groups: Vec<libc::gid_t> = l.groups.clone();
+    // SAFETY: `groups` is a live slice of `groups.len()` gids.
     check("setgroups", unsafe {
         libc::setgroups(groups.len(), groups.as_ptr())
     });
+    // SAFETY: setresgid(2) takes no pointers.
     check("setresgid", unsafe { libc::setresgid(l.gid, l.gid, l.gid) });
     let last_cap: u32 = fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
@@ -386,6 +400,7 @@ fn become_and_exec(l: &Launch) -> ! {
         .unwrap_or(40);
     for cap in 0..=last_cap {
         if !l.capabilities.contains(&cap) {
+            // SAFETY: prctl(PR_CAPBSET_DROP) takes no pointers.
             check(&format!("drop capability {cap}"), unsafe {
                 libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0)
             });
@@ -418,13 +433,17 @@ fn become_and_exec(l: &Launch) -> ! {
         permitted: mask[i],
         inheritable: 0,
     });
+    // SAFETY: setresuid(2) takes no pointers.
     check("setresuid", unsafe { libc::setresuid(l.uid, l.uid, l.uid) });
     if l.uid == 0 {
+        // SAFETY: capset(2) reads a v3 header and two data structs, which `header` and `data`
+        // are (repr(C)).
         check("capset", unsafe {
             libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as libc::c_int
         });
     }
     if l.no_new_privs {
+        // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) takes no pointers.
         check("no_new_privs", unsafe {
             libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         });
@@ -463,6 +482,8 @@ fn become_and_exec(l: &Launch) -> ! {
     let mut env_p: Vec<*const libc::c_char> = env.iter().map(|a| a.as_ptr()).collect();
     env_p.push(std::ptr::null());
     let prog = cstr(&resolved);
+    // SAFETY: the program path, argv and envp are NUL-terminated C strings in null-terminated
+    // arrays that outlive the call.
     unsafe { libc::execve(prog.as_ptr(), argv_p.as_ptr(), env_p.as_ptr()) };
     let e = std::io::Error::last_os_error();
     let _ = writeln!(
@@ -480,9 +501,11 @@ fn become_and_exec(l: &Launch) -> ! {
 /// `kubelet __container`: makes the container described by `l` and runs it (never returns).
 pub fn container_main(l: &Launch) -> ! {
     enter_netns(&l.netns);
+    // SAFETY: unshare(2) takes no pointers.
     check("unshare pid", unsafe { libc::unshare(libc::CLONE_NEWPID) });
     fork_and_wait(Some(&l.pid_file()));
     // PID 1 of the container, from here on.
+    // SAFETY: unshare(2) takes no pointers.
     check("unshare mount, uts, ipc", unsafe {
         libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC)
     });
@@ -584,14 +607,17 @@ pub fn container_main(l: &Launch) -> ! {
     }
     std::env::set_current_dir(&root).unwrap_or_else(|e| fail("chdir root", e));
     let dot = cstr(".");
+    // SAFETY: pivot_root(2) with "." twice, a live C string.
     check("pivot_root", unsafe {
         libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) as libc::c_int
     });
+    // SAFETY: umount2(2) on a live C string.
     check("umount old root", unsafe {
         libc::umount2(dot.as_ptr(), libc::MNT_DETACH)
     });
     std::env::set_current_dir("/").unwrap_or_else(|e| fail("chdir /", e));
     let host = cstr(&l.hostname);
+    // SAFETY: `host` is a live buffer of `l.hostname.len()` bytes.
     check("sethostname", unsafe {
         libc::sethostname(host.as_ptr(), l.hostname.len())
     });

@@ -447,12 +447,10 @@ fn stopped_envoy_during_large_pushes_keeps_the_agent_small_and_converges() {
     if !prerequisites() {
         return;
     }
-    let hosts: u32 = std::env::var("FAULTS_HOSTS")
-        .ok()
+    let hosts: u32 = harness::prereq::setting("FAULTS_HOSTS")
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
-    let generations: u32 = std::env::var("FAULTS_GENERATIONS")
-        .ok()
+    let generations: u32 = harness::prereq::setting("FAULTS_GENERATIONS")
         .and_then(|v| v.parse().ok())
         .unwrap_or(4);
     const BOUND_KIB: u64 = 64 * 1024;

@@ -530,6 +530,7 @@ fn captured_in_a_pod_namespace_with_redirect_dns() {
     let proxy_thread = std::thread::spawn(move || {
         let fd = std::fs::File::open(&ns_path).expect("open netns");
         nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        #[allow(unsafe_code)] // setresgid(2) for this thread only (libc's wrapper sets all threads)
         // SAFETY: a raw syscall changing only this thread's credentials; no memory involved.
         let rc = unsafe { libc::syscall(libc::SYS_setresgid, 1337, 1337, 1337) };
         assert_eq!(rc, 0, "setresgid: {}", std::io::Error::last_os_error());

@@ -388,8 +388,7 @@ fn ten_thousand_malformed_packets_then_a_valid_query_is_answered() {
 
 #[test]
 fn flood_of_valid_and_invalid_queries_leaves_valid_queries_answered() {
-    let seconds: u64 = std::env::var("DNS_FLOOD_SECONDS")
-        .ok()
+    let seconds: u64 = harness::prereq::setting("DNS_FLOOD_SECONDS")
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
     let p = Proxy::start();

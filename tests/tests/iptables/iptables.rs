@@ -102,7 +102,7 @@ fn conformance_cases_in_network_namespaces() {
             .collect();
         let mut cmd = ns.cmd(&bin);
         cmd.env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("PATH", harness::prereq::setting("PATH").unwrap_or_default())
             .env("DRY_RUN_FILE_PATH", &out)
             .envs(env)
             .args(read_lines(&case.join("args")));

@@ -605,8 +605,7 @@ pub(super) struct Rng(u64);
 
 impl Rng {
     pub(super) fn new() -> Rng {
-        let seed = std::env::var("RELIABILITY_SEED")
-            .ok()
+        let seed = harness::prereq::setting("RELIABILITY_SEED")
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| {
                 std::time::SystemTime::now()

@@ -189,7 +189,7 @@ fn hello_with_dns_capture() -> Option<PodManifest> {
                 .args
                 .get_or_insert_with(Vec::new)
                 .push("--redirect-dns".into()),
-            "istio-proxy" => c.env.push(harness::kubelet::spec::EnvVar {
+            "istio-proxy" => c.env.push(kubelet::spec::EnvVar {
                 name: "ISTIO_META_DNS_CAPTURE".into(),
                 value: Some("true".into()),
                 value_from: None,

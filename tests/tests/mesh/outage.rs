@@ -21,9 +21,9 @@ use super::soak::{agent_counter, base_config, envoy_serial, istiod_version, requ
 const DEFAULT_SECONDS: u64 = 15;
 
 fn outage_seconds() -> u64 {
-    match std::env::var("OUTAGE_SECONDS") {
-        Err(_) => DEFAULT_SECONDS,
-        Ok(v) => match v.trim().parse::<u64>() {
+    match harness::prereq::setting("OUTAGE_SECONDS") {
+        None => DEFAULT_SECONDS,
+        Some(v) => match v.trim().parse::<u64>() {
             Ok(s) if s >= 5 => s,
             _ => panic!("OUTAGE_SECONDS={v:?}: expected a whole number of seconds, at least 5"),
         },

@@ -38,9 +38,9 @@ const TCP_VIP: &str = "198.19.0.11";
 const TCP_PORT: u16 = 81;
 
 fn soak_seconds() -> u64 {
-    match std::env::var("SOAK_SECONDS") {
-        Err(_) => DEFAULT_SECONDS,
-        Ok(v) => match v.trim().parse::<u64>() {
+    match harness::prereq::setting("SOAK_SECONDS") {
+        None => DEFAULT_SECONDS,
+        Some(v) => match v.trim().parse::<u64>() {
             Ok(s) if s >= 8 => s,
             _ => panic!("SOAK_SECONDS={v:?}: expected a whole number of seconds, at least 8"),
         },

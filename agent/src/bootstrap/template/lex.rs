@@ -237,7 +237,7 @@ fn lex_string(src: &str, start: usize) -> Result<(String, usize), Error> {
             '\n' => break,
             '\\' => {
                 let Some((_, e)) = chars.next() else { break };
-                let ch = crate::config::go_escape(e, &mut chars.by_ref().map(|(_, c)| c));
+                let ch = go_syntax::escape(e, &mut chars.by_ref().map(|(_, c)| c));
                 let ch = ch.ok_or_else(|| {
                     let at = start + 1 + o;
                     match e {

@@ -1246,13 +1246,13 @@ async fn probe_connects_to_the_first_address_that_accepts() {
     };
     let open = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let open_addr = open.local_addr().unwrap();
-    let stream = super::connect_any([refused, open_addr]).await.unwrap();
+    let stream = connect_any([refused, open_addr]).await.unwrap();
     assert_eq!(stream.peer_addr().unwrap(), open_addr);
-    let err = super::connect_any([open_addr, refused].into_iter().skip(1))
+    let err = connect_any([open_addr, refused].into_iter().skip(1))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
-    assert!(super::connect_any([]).await.is_err());
+    assert!(connect_any([]).await.is_err());
 }
 
 // ---------------------------------------------------------------------------------------------

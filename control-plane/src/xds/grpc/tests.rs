@@ -73,7 +73,7 @@ fn decode<M: prost::Name + Default>(rs: &Resources, name: &str) -> M {
     proto::unpack(&r.any).expect("decode")
 }
 
-fn is_ads(source: Option<&proto::envoy::config::core::v3::ConfigSource>) -> bool {
+fn is_ads(source: Option<&ConfigSource>) -> bool {
     matches!(
         source.and_then(|s| s.config_source_specifier.as_ref()),
         Some(ConfigSourceSpecifier::Ads(_))

@@ -6,6 +6,8 @@
 //! Durations are non-negative here: a negative one is an error, since no setting the mesh reads
 //! means anything below zero. Bounds beyond that (at least 1s, more than 0) are the caller's.
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 /// Why a value is not Go syntax. The caller names the setting; this says what was wrong.

@@ -206,7 +206,7 @@ impl Replay {
 pub struct ReplayInputs {
     pub config_dump: PathBuf,
     pub strip_istio_extensions: bool,
-    pub server: crate::server::ServerSettings,
+    pub server: server::ServerSettings,
     /// Environment (`PILOT_PUSH_THROTTLE`).
     pub env: HashMap<String, String>,
 }

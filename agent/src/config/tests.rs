@@ -785,6 +785,6 @@ fn vm_exec_readiness_probe_loads() {
     assert_eq!(probe.probe.timeout, Duration::from_secs(3));
     assert!(matches!(
         &probe.probe.action,
-        crate::config::probe::ProbeAction::Exec { command } if command == &["/usr/bin/check", "--quick"]
+        probe::ProbeAction::Exec { command } if command == &["/usr/bin/check", "--quick"]
     ));
 }

@@ -113,7 +113,7 @@ pub fn commit(batch: &[u8], begin_seq: u32, changes: &[(u32, String)]) -> Result
             libc::SOL_NETLINK,
             libc::NETLINK_CAP_ACK,
             (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            size_of::<libc::c_int>() as libc::socklen_t,
         );
     }
     if batch.len() > SMALL_BATCH {
@@ -128,7 +128,7 @@ pub fn commit(batch: &[u8], begin_seq: u32, changes: &[(u32, String)]) -> Result
                     libc::SOL_SOCKET,
                     opt,
                     (&size as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    size_of::<libc::c_int>() as libc::socklen_t,
                 )
             };
             if set == 0 {

@@ -278,8 +278,9 @@ impl App {
             Duration::from_secs(2),
             xds_proxy::serve(proxy, listener, token.clone()),
         );
-        if config.envoy.disabled {
-            // Proxyless gRPC: ready once the bootstrap and its certificates exist (Istio).
+        if config.envoy.disabled || config.identity.output_certs.is_some() {
+            // Proxyless gRPC, or any proxy writing OUTPUT_CERTS (as Istio): ready once the gRPC
+            // bootstrap and the certificates it names exist.
             let guard = readiness.register(
                 "grpc",
                 "gRPC xDS bootstrap or its certificates are not written yet",

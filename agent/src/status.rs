@@ -417,22 +417,29 @@ async fn envoy_ready(state: &State, admin: Admin) -> Result<(), String> {
             )
             .await
             .map_err(|e| format!("failed to get server state: {e}"))?;
-        for (name, value) in &stats {
-            match name.as_str() {
-                "server.state" if value != "0" => {
-                    let s = match value.as_str() {
-                        "1" => "DRAINING",
-                        "2" => "PRE_INITIALIZING",
-                        "3" => "INITIALIZING",
-                        _ => "UNKNOWN",
-                    };
-                    return Err(format!("server is not live, current state is: {s}"));
-                }
-                "listener_manager.workers_started" if value != "1" => {
-                    return Err("workers have not yet started".into());
-                }
-                _ => {}
+        let get = |k: &str| {
+            stats
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.as_str())
+        };
+        // As Istio: an answer without `server.state` is not a live Envoy (the stat appears once
+        // the server is up), and the workers must have started.
+        match get("server.state") {
+            None => return Err("server.state is not yet updated".into()),
+            Some("0") => {}
+            Some(value) => {
+                let s = match value {
+                    "1" => "DRAINING",
+                    "2" => "PRE_INITIALIZING",
+                    "3" => "INITIALIZING",
+                    _ => "UNKNOWN",
+                };
+                return Err(format!("server is not live, current state is: {s}"));
             }
+        }
+        if get("listener_manager.workers_started") != Some("1") {
+            return Err("workers have not yet started".into());
         }
         state.envoy_live.store(true, Ordering::Relaxed);
     }

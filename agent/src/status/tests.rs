@@ -208,6 +208,15 @@ async fn not_ready_explains_what_is_pending() {
     let (code, body) = get(s.addr, "GET", "/healthz/ready").await;
     assert_eq!(code, 503);
     assert!(body.contains("INITIALIZING"), "{body}");
+    // No `server.state` in Envoy's answer, or workers not started: not ready (as Istio).
+    let s = setup(CONFIG_OK, "listener_manager.workers_started: 1\n", None).await;
+    let (code, body) = get(s.addr, "GET", "/healthz/ready").await;
+    assert_eq!(code, 503);
+    assert!(body.contains("server.state is not yet updated"), "{body}");
+    let s = setup(CONFIG_OK, "server.state: 0\n", None).await;
+    let (code, body) = get(s.addr, "GET", "/healthz/ready").await;
+    assert_eq!(code, 503);
+    assert!(body.contains("workers have not yet started"), "{body}");
 }
 
 /// The native sidecar's preStop hook calls `/drain`: like Istio's agent, it answers 200 and

@@ -438,28 +438,46 @@ fn load_proxy_config(
     if proxy.service_cluster.is_empty() {
         proxy.service_cluster = flags.service_cluster.clone();
     }
+    // The two annotations are used as Istio's agent uses them: the address as written (warned
+    // about when it is not host:port; the connection then fails and says so), a status port
+    // that is not a number logged and read as 0 (no status server).
     if let Some(addr) = pod_annotations.get("sidecar.istio.io/discoveryAddress") {
         if split_host_port(addr).is_none() {
-            return Err(Error::ProxyConfigField {
-                field: "sidecar.istio.io/discoveryAddress".into(),
-                value: addr.clone(),
-                expected: "host:port".into(),
-            });
+            tracing::warn!(
+                annotation = "sidecar.istio.io/discoveryAddress",
+                value = %addr,
+                "not host:port; used as written, as Istio's agent does"
+            );
         }
         proxy.discovery_address = addr.clone();
     }
-    // "0" turns the status server off, as Istio.
     if let Some(port) = pod_annotations.get("status.sidecar.istio.io/port") {
-        proxy.status_port = port
-            .trim()
-            .parse::<u16>()
-            .map_err(|_| Error::ProxyConfigField {
+        proxy.status_port = match go_atoi(port) {
+            Some(p) => u16::try_from(p).map_err(|_| Error::ProxyConfigField {
                 field: "status.sidecar.istio.io/port".into(),
                 value: port.clone(),
                 expected: "a port in 0-65535 (0: no status server)".into(),
-            })?;
+            })?,
+            None => {
+                tracing::error!(
+                    annotation = "status.sidecar.istio.io/port",
+                    value = %port,
+                    "not a number: read as 0 (no status server), as Istio's agent does"
+                );
+                0
+            }
+        };
     }
     Ok(proxy)
+}
+
+/// Go's `strconv.Atoi` (an optional sign, decimal digits, no spaces), `None` where it fails.
+fn go_atoi(s: &str) -> Option<i64> {
+    let digits = s.strip_prefix(['+', '-']).unwrap_or(s);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
 }
 
 /// Resolves `p` against `base` unless it is absolute.

@@ -417,12 +417,7 @@ async fn envoy_ready(state: &State, admin: Admin) -> Result<(), String> {
             )
             .await
             .map_err(|e| format!("failed to get server state: {e}"))?;
-        let get = |k: &str| {
-            stats
-                .iter()
-                .find(|(n, _)| n == k)
-                .map(|(_, v)| v.as_str())
-        };
+        let get = |k: &str| stats.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         // As Istio: an answer without `server.state` is not a live Envoy (the stat appears once
         // the server is up), and the workers must have started.
         match get("server.state") {

@@ -788,3 +788,29 @@ fn vm_exec_readiness_probe_loads() {
         probe::ProbeAction::Exec { command } if command == &["/usr/bin/check", "--quick"]
     ));
 }
+
+/// The two pod annotations are used as Istio's agent uses them: a status port that is not a
+/// number is read as 0 (no status server), a discovery address as written; a number out of
+/// port range stays an error naming the annotation.
+#[test]
+fn annotations_are_used_as_istio_uses_them() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("etc/istio/pod")).unwrap();
+    let with = |annotations: &str| {
+        std::fs::write(dir.path().join("etc/istio/pod/annotations"), annotations).unwrap();
+        load(dir.path(), &env(&[]))
+    };
+    let c = with("status.sidecar.istio.io/port=\"15021x\"\n").unwrap();
+    assert_eq!(c.proxy.status_port, 0);
+    let c = with("status.sidecar.istio.io/port=\"+15030\"\n").unwrap();
+    assert_eq!(c.proxy.status_port, 15030);
+    let c = with("sidecar.istio.io/discoveryAddress=\"istiod-no-port\"\n").unwrap();
+    assert_eq!(c.proxy.discovery_address, "istiod-no-port");
+    let e = with("status.sidecar.istio.io/port=\"70000\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("status.sidecar.istio.io/port") && e.contains("70000"),
+        "{e}"
+    );
+}

@@ -162,12 +162,15 @@ impl App {
         let config_dump = config.dump().to_string();
         tracing::info!(config = %config_dump, "effective configuration");
         let shutdown = inputs.shutdown;
-        let mut registry = Registry::with_prefix("istio_agent");
+        // Go's process metrics unprefixed at the root, the agent's own under `istio_agent_`.
+        let mut root = Registry::default();
+        root.register_collector(Box::new(status::process::ProcessCollector));
+        let registry = root.sub_registry_with_prefix("istio_agent");
         let readiness = Readiness::default();
         let mut sockets = SocketFiles::default();
 
-        let dns = bind_dns(&config, &mut registry).await?;
-        let (manager, sds) = bind_identity(&config, &mut registry, &mut sockets).await?;
+        let dns = bind_dns(&config, registry).await?;
+        let (manager, sds) = bind_identity(&config, registry, &mut sockets).await?;
         let health_channel = config
             .status
             .health_probe
@@ -175,14 +178,14 @@ impl App {
             .map(|_| tokio::sync::watch::channel(None));
         let health_rx = health_channel.as_ref().map(|(_, rx)| rx.clone());
         let table = dns.as_ref().map(dns_proxy::DnsProxy::table);
-        let xds = bind_xds(&config, &mut registry, table.clone(), &readiness, health_rx)?;
+        let xds = bind_xds(&config, registry, table.clone(), &readiness, health_rx)?;
         sockets.0.push(xds.path.clone());
         let localhost = localhost_for(&config);
         let status = bind_status_server(
             &config,
             inputs.status_addr,
             StatusParts {
-                registry,
+                registry: root,
                 readiness: readiness.clone(),
                 shutdown: shutdown.clone(),
                 table,
@@ -454,7 +457,7 @@ fn bind_status_server(
     parts: StatusParts,
 ) -> anyhow::Result<StatusServer> {
     let mut registry = parts.registry;
-    let metrics = status::Metrics::new(&mut registry);
+    let metrics = status::Metrics::new(registry.sub_registry_with_prefix("istio_agent"));
     let listeners = bind_status(config, addr)?;
     let admin = (!config.envoy.disabled).then(|| Admin {
         addr: envoy::admin_addr(config),

@@ -5,6 +5,7 @@
 pub mod conn;
 pub mod grpc_ready;
 pub mod probe;
+pub mod process;
 pub mod stats;
 fn json_response(body: String) -> http::Response<Body> {
     let mut r = full(200, body);
@@ -29,6 +30,7 @@ use hyper::body::Incoming;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
@@ -53,6 +55,8 @@ struct ScrapeFailureLabels {
 pub struct Metrics {
     scrapes: Counter,
     scrape_failures: Family<ScrapeFailureLabels, Counter>,
+    /// `startup_duration_seconds`: from the process's start to its first ready answer.
+    startup: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Metrics {
@@ -68,8 +72,23 @@ impl Metrics {
             "Failed parts of merged metrics scrapes, by type",
             m.scrape_failures.clone(),
         );
+        registry.register(
+            "startup_duration_seconds",
+            "The time from the process starting to being marked ready.",
+            m.startup.clone(),
+        );
         m
     }
+    /// The first ready answer records the process's age (as Istio's agent; later ones keep
+    /// the first figure).
+    fn started(&self) {
+        if self.startup.get() == 0.0
+            && let Some(up) = process::uptime()
+        {
+            self.startup.set(up.as_secs_f64().max(f64::MIN_POSITIVE));
+        }
+    }
+
     pub(crate) fn failure(&self, t: &'static str) {
         self.scrape_failures
             .get_or_create(&ScrapeFailureLabels { r#type: t })
@@ -261,7 +280,10 @@ async fn handle(
     let loopback = conn::is_local(peer.ip());
     match path.as_str() {
         "/healthz/ready" => match ready(&state).await {
-            Ok(()) => full(200, ""),
+            Ok(()) => {
+                state.inputs.metrics.started();
+                full(200, "")
+            }
             Err(pending) => {
                 tracing::warn!(pending = %pending, "Envoy proxy is NOT ready");
                 full(503, pending)

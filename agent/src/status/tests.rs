@@ -106,8 +106,10 @@ async fn setup_with(
     let admin_routes = Arc::new(Mutex::new(routes));
     let (admin, seen) = fake_http_shared(admin_routes.clone()).await;
 
-    let mut registry = Registry::with_prefix("istio_agent");
-    let metrics = Metrics::new(&mut registry);
+    // As `App::bind`: Go's process metrics at the root, the agent's under `istio_agent_`.
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(super::process::ProcessCollector));
+    let metrics = Metrics::new(registry.sub_registry_with_prefix("istio_agent"));
     let readiness = Readiness::default();
     let shutdown = Shutdown::default();
     let mut probers = AppProbers::new();
@@ -274,6 +276,27 @@ async fn merged_metrics_app_probes_and_ndsz() {
     let app_pos = body.find("app_requests_total 7").expect("app metrics");
     assert!(agent < envoy && envoy < app_pos, "order: {body}");
     assert!(!body.contains("# EOF"), "{body}");
+    // Istio's process metrics (unprefixed) and its startup figure, set by the first ready answer.
+    for name in [
+        "process_cpu_seconds_total ",
+        "process_open_fds ",
+        "process_resident_memory_bytes ",
+    ] {
+        assert!(body.contains(name), "{name}: {body}");
+    }
+    assert!(
+        body.contains("istio_agent_startup_duration_seconds 0.0"),
+        "{body}"
+    );
+    assert_eq!(get(s.addr, "GET", "/healthz/ready").await.0, 200);
+    let (_, body) = get(s.addr, "GET", "/stats/prometheus").await;
+    let startup: f64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix("istio_agent_startup_duration_seconds "))
+        .expect("startup figure")
+        .parse()
+        .unwrap();
+    assert!(startup > 0.0, "{body}");
 
     let (code, body) = get(s.addr, "GET", "/app-health/app/readyz").await;
     assert_eq!((code, body.as_str()), (200, "app ready"));

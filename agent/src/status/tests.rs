@@ -108,7 +108,7 @@ async fn setup_with(
 
     // As `App::bind`: Go's process metrics at the root, the agent's under `istio_agent_`.
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(super::process::ProcessCollector));
+    registry.register_collector(Box::new(process::ProcessCollector));
     let metrics = Metrics::new(registry.sub_registry_with_prefix("istio_agent"));
     let readiness = Readiness::default();
     let shutdown = Shutdown::default();

@@ -198,7 +198,14 @@ impl App {
                 let destination = config
                     .status
                     .probe_destination(config.node.ips.first().copied(), localhost);
-                Some((probe, Prober { destination }, tx))
+                Some((
+                    probe,
+                    Prober {
+                        destination,
+                        http2: true,
+                    },
+                    tx,
+                ))
             }
             _ => None,
         };
@@ -483,7 +490,10 @@ fn bind_status_server(
             },
             metrics_localhost_only: config.status.metrics_localhost_only,
             probers: config.status.app_probers.clone(),
-            prober: Prober { destination },
+            prober: Prober {
+                destination,
+                http2: config.status.http2_probing,
+            },
             registry: Arc::new(registry),
             metrics,
             readiness: parts.readiness,

@@ -98,6 +98,7 @@ mod tests {
             probe,
             Prober {
                 destination: "127.0.0.1".parse().unwrap(),
+                http2: true,
             },
             tx,
             token.clone(),

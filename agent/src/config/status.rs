@@ -24,6 +24,8 @@ pub struct StatusConfig {
     /// `REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION` (false): probes go to localhost instead of
     /// the pod IP.
     pub rewrite_probe_legacy_localhost: bool,
+    /// `ISTIO_ENABLE_HTTP2_PROBING` (true): HTTPS app probes offer HTTP/2 over ALPN.
+    pub http2_probing: bool,
     /// `METRICS_LOCALHOST_ACCESS_ONLY`: the merged metrics (and Envoy's prometheus listener)
     /// answer loopback peers only.
     pub metrics_localhost_only: bool,
@@ -62,6 +64,7 @@ pub fn load(env: Env<'_>, proxy: &ProxyConfig) -> Result<StatusConfig, Error> {
     };
     Ok(StatusConfig {
         metrics_localhost_only: env.bool("METRICS_LOCALHOST_ACCESS_ONLY", false)?,
+        http2_probing: env.bool("ISTIO_ENABLE_HTTP2_PROBING", true)?,
         app_probers,
         health_probe,
         prometheus_annotations,

@@ -105,6 +105,8 @@ pub struct KubeletRequest<'a> {
 pub struct Prober {
     /// Where the app is (INSTANCE_IP, or localhost with the legacy env).
     pub destination: Destination,
+    /// Offer HTTP/2 to HTTPS apps (`ISTIO_ENABLE_HTTP2_PROBING`, default true).
+    pub http2: bool,
 }
 
 /// Istio keeps at most 10 KiB of an app's probe answer.
@@ -224,7 +226,7 @@ impl Prober {
                     path: path.clone(),
                     headers,
                     host,
-                    offer_h2: true,
+                    offer_h2: self.http2,
                 };
                 self.http(req, deadline).await
             }

@@ -142,6 +142,7 @@ async fn setup_with(
             probers,
             prober: Prober {
                 destination: "127.0.0.1".parse().unwrap(),
+                http2: true,
             },
             registry: Arc::new(registry),
             metrics,

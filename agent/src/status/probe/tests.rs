@@ -237,6 +237,7 @@ fn readiness_probe_defaults() {
 async fn exec_readiness_probe_is_healthy_when_the_command_exits_0() {
     let prober = Prober {
         destination: "127.0.0.1".parse().unwrap(),
+        http2: true,
     };
     let probe = |cmd: &str, timeout: u64| AppProbe {
         action: ProbeAction::Exec {
@@ -473,6 +474,11 @@ async fn https_app(alpn: &[&str]) -> App {
 
 /// A status server (no Envoy) with `probers`, probing `destination`.
 async fn status_server(probers: &str, destination: &str) -> SocketAddr {
+    status_server_with(probers, destination, true).await
+}
+
+/// [`status_server`], offering HTTP/2 to HTTPS apps or not (`ISTIO_ENABLE_HTTP2_PROBING`).
+async fn status_server_with(probers: &str, destination: &str, http2: bool) -> SocketAddr {
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -487,6 +493,7 @@ async fn status_server(probers: &str, destination: &str) -> SocketAddr {
             probers: parse_probers(probers).unwrap(),
             prober: Prober {
                 destination: destination.parse().unwrap(),
+                http2,
             },
             registry: Arc::new(registry),
             metrics,
@@ -985,6 +992,22 @@ async fn https_probes_skip_verification_and_negotiate_h2() {
     }
 }
 
+/// `ISTIO_ENABLE_HTTP2_PROBING=false`: HTTPS probes offer no ALPN, so an app that prefers
+/// HTTP/2 is probed over HTTP/1.1.
+#[tokio::test]
+async fn https_probes_without_http2_when_disabled() {
+    let app = https_app(&["h2", "http/1.1"]).await;
+    let port = app.addr.port();
+    let probers = format!(
+        r#"{{"/app-health/hello-world/readyz":{}}}"#,
+        http_probe("/hello", port, r#","scheme":"HTTPS""#)
+    );
+    let status = status_server_with(&probers, "127.0.0.1", false).await;
+    let (got, _) = kubelet_get(status, "/app-health/hello-world/readyz", &KUBELET).await;
+    assert_eq!(got, 200);
+    assert_eq!(app.seen().last().map(|s| s.version), Some(Version::HTTP_11));
+}
+
 // ---------------------------------------------------------------------------------------------
 // gRPC (TestGRPCAppProbe, TestGRPCAppProbeWithIPV6).
 
@@ -1221,6 +1244,7 @@ async fn legacy_localhost_probes_name_localhost() {
     );
     let prober = Prober {
         destination: Destination::Localhost,
+        http2: true,
     };
     let health = AppProbe {
         action: ProbeAction::Http {
@@ -1276,6 +1300,7 @@ async fn health_probe_sends_configured_headers() {
     };
     let prober = Prober {
         destination: "127.0.0.1".parse().unwrap(),
+        http2: true,
     };
     let r = prober.run(&probe, &HeaderMap::new()).await;
     assert_eq!(r.status, 200);

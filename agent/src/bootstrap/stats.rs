@@ -150,7 +150,9 @@ pub fn stats(config: &Config, extra_tags: &[String]) -> Stats {
                 tracing::warn!(annotation = EVICTION_INTERVAL, value = %v, flush = ?flush,
                     "ignoring stats eviction interval: it must be a multiple of the flush interval")
             }
-            Some(d) => eviction_interval = Some(Duration::from_secs(d.as_secs())),
+            // Not cut to whole seconds (Istio's is): `1.5s` with a `0.5s` flush stays a
+            // multiple of it, as Envoy requires.
+            Some(d) => eviction_interval = Some(d),
         }
     }
     Stats {
@@ -258,42 +260,4 @@ pub fn proto_duration(d: Duration) -> String {
         let s = format!("{}.{:09}", d.as_secs(), d.subsec_nanos());
         format!("{}s", s.trim_end_matches('0'))
     }
-}
-
-/// A duration as Go's `time.Duration.String` prints it (`10s`, `1m30s`, `1.5s`, `300ms`).
-pub fn go_duration(d: Duration) -> String {
-    let nanos = d.as_nanos();
-    if nanos == 0 {
-        return "0s".into();
-    }
-    if nanos < 1_000_000_000 {
-        let (unit, div) = if nanos < 1_000 {
-            ("ns", 1)
-        } else if nanos < 1_000_000 {
-            ("µs", 1_000)
-        } else {
-            ("ms", 1_000_000)
-        };
-        return format!("{}{unit}", fraction(nanos, div));
-    }
-    let secs = d.as_secs();
-    let (h, m) = (secs / 3600, (secs % 3600) / 60);
-    let s = fraction(nanos % 60_000_000_000, 1_000_000_000);
-    match (h, m) {
-        (0, 0) => format!("{s}s"),
-        (0, m) => format!("{m}m{s}s"),
-        (h, m) => format!("{h}h{m}m{s}s"),
-    }
-}
-
-/// `n / div` in decimal without trailing zeros (`1.5`, `10`).
-fn fraction(n: u128, div: u128) -> String {
-    let whole = n / div;
-    let rem = n % div;
-    if rem == 0 {
-        return whole.to_string();
-    }
-    let width = div.to_string().len() - 1;
-    let frac = format!("{rem:0width$}");
-    format!("{whole}.{}", frac.trim_end_matches('0'))
 }

@@ -7,7 +7,7 @@
 use serde_json::{Map, Value, json};
 
 use super::options::Options;
-use super::stats::go_duration;
+use super::stats::proto_duration;
 use super::telemetry::{Address, Tracer};
 use crate::config::{AuthPolicy, Config, split_host_port};
 
@@ -157,14 +157,13 @@ pub fn template_data(config: &Config, o: &Options) -> Value {
     if !s.histogram_buckets.is_empty() {
         put("histogram_buckets", super::stats::histogram_buckets(s));
     }
+    // Protobuf JSON durations (`60s`, `0.5s`), which the template puts in the bootstrap as they
+    // are: Go's `1m0s` or `500ms` (what Istio wrote before 1.31.1) are not valid there.
     if let Some(f) = s.flush_interval {
-        put("stats_flush_interval", json!(go_duration(f)));
+        put("stats_flush_interval", json!(proto_duration(f)));
     }
     if let Some(e) = s.eviction_interval {
-        put(
-            "stats_eviction_interval",
-            json!(format!("{}s", e.as_secs())),
-        );
+        put("stats_eviction_interval", json!(proto_duration(e)));
     }
 
     let t = &o.telemetry;

@@ -449,3 +449,32 @@ fn runtime_flags_follow_policy_and_values() {
     assert_eq!((&layer["a"], &layer["b"]), (&json!(true), &json!("5000")));
     assert!(layer.get("re2.max_program_size.error_level").is_none());
 }
+
+/// Stats durations reach the bootstrap as protobuf JSON durations on both paths: a flush of
+/// a minute or more, or under a second, is `60s` / `0.5s` (Istio before 1.31.1 wrote Go's
+/// `1m0s` / `500ms` into the template, which Envoy rejects), and the eviction interval keeps
+/// its fraction (Istio cuts it to whole seconds, which can break "a multiple of the flush").
+#[test]
+fn stats_durations_are_protobuf_durations() {
+    for (flush, eviction, want_flush, want_eviction) in [
+        ("1m", "2m", "60s", "120s"),
+        ("500ms", "1500ms", "0.5s", "1.5s"),
+        ("10s", "20s", "10s", "20s"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        write_pod_info(
+            dir.path(),
+            "annotations",
+            &format!(
+                "sidecar.istio.io/statsFlushInterval=\"{flush}\"\nsidecar.istio.io/statsEvictionInterval=\"{eviction}\"\n"
+            ),
+        );
+        let c = config(dir.path(), &[]);
+        let d = template_data(&c, Ports { status: 15020 }).unwrap();
+        assert_eq!(d["stats_flush_interval"], want_flush, "{flush}");
+        assert_eq!(d["stats_eviction_interval"], want_eviction, "{eviction}");
+        let b = render(&c, Ports { status: 15020 }).unwrap();
+        assert_eq!(b["stats_flush_interval"], want_flush, "{flush}");
+        assert_eq!(b["stats_eviction_interval"], want_eviction, "{eviction}");
+    }
+}

@@ -540,114 +540,34 @@ fn dns_redirect(b: &mut RuleBuilder, cfg: &Config) {
     if all || !v6.is_empty() {
         b.append_v6(ISTIO_OUTPUT, "nat", &["-j", ISTIO_OUTPUT_DNS]);
     }
-    if all {
-        b.append(
-            ISTIO_OUTPUT_DNS,
-            "nat",
-            &[
-                "-p",
-                "tcp",
-                "--dport",
-                "53",
-                "-j",
-                "REDIRECT",
-                "--to-ports",
-                DNS_PORT,
-            ],
-        );
-    } else {
-        for s in v4 {
-            let d = format!("{s}/32");
-            b.append_v4(
-                ISTIO_OUTPUT_DNS,
-                "nat",
-                &[
-                    "-p",
-                    "tcp",
-                    "--dport",
-                    "53",
-                    "-d",
-                    &d,
-                    "-j",
-                    "REDIRECT",
-                    "--to-ports",
-                    DNS_PORT,
-                ],
-            );
+    // Queries to port 53 (every one, or those to resolv.conf's servers) go to the agent's DNS
+    // proxy: TCP first, then UDP (Istio spells the target `--to-ports` for one and
+    // `--to-port` for the other).
+    let per_family: [(&[String], u8, bool); 2] = [(v4, 32, false), (v6, 128, true)];
+    for (proto, to) in [("tcp", "--to-ports"), ("udp", "--to-port")] {
+        let redirect = |dest: Option<&str>| {
+            let mut rule = vec!["-p", proto, "--dport", "53"];
+            if let Some(d) = dest {
+                rule.extend(["-d", d]);
+            }
+            rule.extend(["-j", "REDIRECT", to, DNS_PORT]);
+            rule.into_iter().map(str::to_string).collect::<Vec<_>>()
+        };
+        if all {
+            b.append(ISTIO_OUTPUT_DNS, "nat", &as_strs(&redirect(None)));
+            continue;
         }
-        for s in v6 {
-            let d = format!("{s}/128");
-            b.append_v6(
-                ISTIO_OUTPUT_DNS,
-                "nat",
-                &[
-                    "-p",
-                    "tcp",
-                    "--dport",
-                    "53",
-                    "-d",
-                    &d,
-                    "-j",
-                    "REDIRECT",
-                    "--to-ports",
-                    DNS_PORT,
-                ],
-            );
-        }
-    }
-    if all {
-        b.append(
-            ISTIO_OUTPUT_DNS,
-            "nat",
-            &[
-                "-p",
-                "udp",
-                "--dport",
-                "53",
-                "-j",
-                "REDIRECT",
-                "--to-port",
-                DNS_PORT,
-            ],
-        );
-    } else {
-        for s in v4 {
-            let d = format!("{s}/32");
-            b.append_v4(
-                ISTIO_OUTPUT_DNS,
-                "nat",
-                &[
-                    "-p",
-                    "udp",
-                    "--dport",
-                    "53",
-                    "-d",
-                    &d,
-                    "-j",
-                    "REDIRECT",
-                    "--to-port",
-                    DNS_PORT,
-                ],
-            );
-        }
-        for s in v6 {
-            let d = format!("{s}/128");
-            b.append_v6(
-                ISTIO_OUTPUT_DNS,
-                "nat",
-                &[
-                    "-p",
-                    "udp",
-                    "--dport",
-                    "53",
-                    "-d",
-                    &d,
-                    "-j",
-                    "REDIRECT",
-                    "--to-port",
-                    DNS_PORT,
-                ],
-            );
+        for (servers, prefix, is_v6) in per_family {
+            for s in servers {
+                let d = format!("{s}/{prefix}");
+                append_family(
+                    b,
+                    is_v6,
+                    ISTIO_OUTPUT_DNS,
+                    "nat",
+                    &as_strs(&redirect(Some(&d))),
+                );
+            }
         }
     }
 
@@ -688,45 +608,44 @@ fn dns_redirect(b: &mut RuleBuilder, cfg: &Config) {
             &["-p", "udp", "--sport", "53", "-j", "CT", "--zone", "1"],
         );
     } else {
-        if !v4.is_empty() {
-            b.append_v4("PREROUTING", "raw", &["-j", ISTIO_INBOUND]);
-        }
-        for s in v4 {
-            let a = format!("{s}/32");
-            b.append_v4(
-                ISTIO_OUTPUT_DNS,
-                "raw",
-                &[
-                    "-p", "udp", "--dport", "53", "-d", &a, "-j", "CT", "--zone", "2",
-                ],
-            );
-            b.append_v4(
-                ISTIO_INBOUND,
-                "raw",
-                &[
-                    "-p", "udp", "--sport", "53", "-s", &a, "-j", "CT", "--zone", "1",
-                ],
-            );
-        }
-        if !v6.is_empty() {
-            b.append_v6("PREROUTING", "raw", &["-j", ISTIO_INBOUND]);
-        }
-        for s in v6 {
-            let a = format!("{s}/128");
-            b.append_v6(
-                ISTIO_OUTPUT_DNS,
-                "raw",
-                &[
-                    "-p", "udp", "--dport", "53", "-d", &a, "-j", "CT", "--zone", "2",
-                ],
-            );
-            b.append_v6(
-                ISTIO_INBOUND,
-                "raw",
-                &[
-                    "-p", "udp", "--sport", "53", "-s", &a, "-j", "CT", "--zone", "1",
-                ],
-            );
+        for (servers, prefix, is_v6) in per_family {
+            if !servers.is_empty() {
+                append_family(b, is_v6, "PREROUTING", "raw", &["-j", ISTIO_INBOUND]);
+            }
+            for s in servers {
+                let a = format!("{s}/{prefix}");
+                append_family(
+                    b,
+                    is_v6,
+                    ISTIO_OUTPUT_DNS,
+                    "raw",
+                    &[
+                        "-p", "udp", "--dport", "53", "-d", &a, "-j", "CT", "--zone", "2",
+                    ],
+                );
+                append_family(
+                    b,
+                    is_v6,
+                    ISTIO_INBOUND,
+                    "raw",
+                    &[
+                        "-p", "udp", "--sport", "53", "-s", &a, "-j", "CT", "--zone", "1",
+                    ],
+                );
+            }
         }
     }
+}
+
+/// Appends a rule for one family only.
+fn append_family(b: &mut RuleBuilder, v6: bool, chain: &str, table: &str, rule: &[&str]) {
+    if v6 {
+        b.append_v6(chain, table, rule);
+    } else {
+        b.append_v4(chain, table, rule);
+    }
+}
+
+fn as_strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
 }

@@ -196,6 +196,13 @@ where
     }
 }
 
+/// Types relayed to Envoy; everything else from istiod is dropped (the relay decides per
+/// message, the upstream reader per long response's first resource).
+pub(crate) fn forwarded(type_url: &str) -> bool {
+    type_url.starts_with("type.googleapis.com/envoy.")
+        || type_url.starts_with("type.googleapis.com/istio.workload.")
+}
+
 #[cfg(test)]
 mod tests {
     use proto::envoy::service::discovery::v3::{

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use super::codec::{Down, Head, RawResponse};
+use super::codec::{Down, Head, RawResponse, forwarded};
 use super::streams::Stream;
 use super::subscriptions::{DeltaSubscriptions, SotwSubscriptions, Subscriptions};
 use super::upstream::{Piece, RequestStream, Responses};
@@ -171,12 +171,6 @@ impl Flavor for Delta {
             .map(Some)
             .map_err(|e| e.to_string())
     }
-}
-
-/// Types relayed to Envoy; everything else from istiod is dropped.
-pub(crate) fn forwarded(type_url: &str) -> bool {
-    type_url.starts_with("type.googleapis.com/envoy.")
-        || type_url.starts_with("type.googleapis.com/istio.workload.")
 }
 
 fn termination(status: &tonic::Status) -> &'static str {

@@ -22,7 +22,7 @@ use http_body_util::BodyExt;
 use prost::Message;
 use tonic::Status;
 
-use super::codec::RawResponse;
+use super::codec::{RawResponse, forwarded};
 use super::sieve::{Sieve, first_resource_type};
 
 /// Responses up to this size are held whole; longer ones for Envoy are relayed as they come.
@@ -198,8 +198,7 @@ impl Framer {
         let State::Held { len, .. } = self.state else {
             unreachable!("called in Held")
         };
-        let for_envoy =
-            first_resource_type(&prefix, self.delta).is_some_and(|t| super::relay::forwarded(&t));
+        let for_envoy = first_resource_type(&prefix, self.delta).is_some_and(|t| forwarded(&t));
         if !for_envoy {
             let mut buf = BytesMut::with_capacity(len.min(MAX_RESERVE));
             buf.extend_from_slice(&prefix);

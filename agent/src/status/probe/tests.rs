@@ -495,6 +495,7 @@ async fn status_server(probers: &str, destination: &str) -> SocketAddr {
             ndsz: None,
             config_dump: "{}".into(),
             limits: crate::status::conn::Limits::default(),
+            lockdown: None,
         },
     );
     let addr = server.local_addr().unwrap();

@@ -6,7 +6,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::process::Command;
 use std::time::Duration;
 
-use harness::mesh::{APP_UID, Mesh, Pod, httpbin_service};
+use harness::mesh::{APP_UID, Mesh, PROXY_UID, Pod, httpbin_service};
 
 const STATUS: &str = "http://127.0.0.1:15020";
 
@@ -91,7 +91,7 @@ fn lockdown_refuses_the_app_and_moves_envoys_admin_off_tcp() {
         "{}",
         sock.display()
     );
-    assert_eq!(meta.uid(), harness::mesh::PROXY_UID);
+    assert_eq!(meta.uid(), PROXY_UID);
     // The app cannot open it even when it can see the file.
     let out = pod
         .ns
@@ -112,6 +112,21 @@ fn lockdown_refuses_the_app_and_moves_envoys_admin_off_tcp() {
     assert_eq!(code, 200);
     assert!(metrics.contains("envoy_server_live"), "no Envoy stats");
     assert!(metrics.contains("istio_agent_"), "no agent stats");
+
+    // `kubectl exec -c istio-proxy -- pilot-agent request GET ...` (as the proxy user, in the
+    // proxy's working directory) reaches Envoy's admin through the socket.
+    let out = pod
+        .ns
+        .cmd_as(PROXY_UID, PROXY_UID, mesh.bin("pilot-agent"))
+        .args(["request", "GET", "server_info"])
+        .current_dir(&pod.dir)
+        .output()
+        .expect("pilot-agent request");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("\"state\": \"LIVE\""),
+        "pilot-agent request: {out:?}"
+    );
 
     // Root still stops it.
     let (code, body) = post_as(&pod, 0, "/quitquitquit");

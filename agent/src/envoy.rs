@@ -313,15 +313,19 @@ pub async fn run(
         }
     };
     remove_bootstrap();
+    if config.envoy.lifecycle_lockdown {
+        remove_leftover_admin_socket(config);
+    }
     Ok(outcome)
 }
 
-/// A socket file left by an Envoy of an earlier run (the proxy's directory is an emptyDir that
-/// outlives the container) would make Envoy's bind fail.
+/// Removes Envoy's admin socket file: Envoy leaves it behind, and one left by an earlier run
+/// (the proxy's directory is an emptyDir that outlives the container) would make Envoy's bind
+/// fail.
 fn remove_leftover_admin_socket(config: &Config) {
     let path = admin_socket_path(config);
     match std::fs::remove_file(&path) {
-        Ok(()) => tracing::info!(path = %path.display(), "removed a leftover admin socket"),
+        Ok(()) => tracing::debug!(path = %path.display(), "removed the admin socket"),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "cannot remove the leftover admin socket")

@@ -135,6 +135,7 @@ fn lockdown_refuses_the_app_and_moves_envoys_admin_off_tcp() {
         .wait_timeout(Duration::from_secs(15))
         .expect("agent exits after root's /quitquitquit");
     assert_eq!(status.code(), Some(0), "exit status {status:?}");
+    assert!(!sock.exists(), "the admin socket is removed with Envoy");
 }
 
 #[test]

@@ -86,13 +86,7 @@ pub fn peer_uid(peer: SocketAddr, local: SocketAddr) -> Result<u32, Error> {
 
 /// Maps a v4-mapped IPv6 address (a dual-stack listener's view of an IPv4 peer) to IPv4.
 fn canonical(a: SocketAddr) -> SocketAddr {
-    match a.ip() {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => SocketAddr::new(IpAddr::V4(v4), a.port()),
-            None => a,
-        },
-        IpAddr::V4(_) => a,
-    }
+    SocketAddr::new(proto::listen::canonical(a.ip()), a.port())
 }
 
 fn addr_bytes(ip: IpAddr) -> [u8; 16] {

@@ -47,7 +47,18 @@ impl Admin {
             .map_err(|e| e.to_string())?;
         let (status, body) = crate::http1::fetch_from(&self.addr, req, 16 << 20, timeout)
             .await
-            .map_err(|e| format!("Envoy admin: {e}"))?;
+            .map_err(|e| match &e {
+                crate::http1::Error::Connect { source, .. }
+                    if matches!(self.addr, Target::Unix(_))
+                        && source.kind() == std::io::ErrorKind::PermissionDenied =>
+                {
+                    format!(
+                        "Envoy admin: {e} (the socket is 0600, owned by Envoy's uid: an agent \
+                         running as root beside Envoy as 1337 needs CAP_DAC_OVERRIDE)"
+                    )
+                }
+                _ => format!("Envoy admin: {e}"),
+            })?;
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     }
 

@@ -467,8 +467,14 @@ fn bind_status_server(
     let metrics = status::Metrics::new(registry.sub_registry_with_prefix("istio_agent"));
     let listeners = bind_status(config, addr)?;
     let admin = (!config.envoy.disabled).then(|| Admin {
-        addr: envoy::admin_addr(config),
+        addr: envoy::admin_target(config),
     });
+    let lockdown = config
+        .envoy
+        .lifecycle_lockdown
+        .then(|| status::lockdown::Lockdown {
+            proxy_uids: envoy::proxy_uids(config, nix::unistd::geteuid().as_raw()),
+        });
     let destination = config
         .status
         .probe_destination(config.node.instance_ip, parts.localhost);
@@ -481,7 +487,7 @@ fn bind_status_server(
         status::Inputs {
             node_type: config.node.kind,
             admin,
-            envoy_prometheus: (admin.is_some() && config.status.merge_envoy_stats)
+            envoy_prometheus: (!config.envoy.disabled && config.status.merge_envoy_stats)
                 .then(|| SocketAddr::new(parts.localhost, config.envoy.prometheus_port)),
             app_metrics: if config.node.kind == NodeType::Sidecar {
                 config.status.prometheus_annotations.clone()
@@ -501,6 +507,7 @@ fn bind_status_server(
             ndsz,
             config_dump: parts.config_dump,
             limits: status::conn::Limits::default(),
+            lockdown,
         },
     ))
 }

@@ -18,6 +18,7 @@ mod builtin;
 mod clusters;
 mod grpc;
 mod listeners;
+mod lockdown;
 pub(crate) mod metadata;
 mod options;
 pub mod overload;
@@ -59,6 +60,10 @@ pub enum Error {
         path: PathBuf,
         source: template::Error,
     },
+    #[error(
+        "PROXY_LIFECYCLE_LOCKDOWN: cannot move Envoy's admin to its socket in bootstrap {path}: {reason}"
+    )]
+    Lockdown { path: PathBuf, reason: String },
 }
 
 /// Ports only known after binding (the status server may use port 0 in tests).
@@ -113,6 +118,16 @@ pub fn template_data(config: &Config, ports: Ports) -> Result<Value, Error> {
 /// Whether this node type drains only inbound listeners.
 pub fn inbound_only(node_type: NodeType) -> bool {
     node_type == NodeType::Sidecar
+}
+
+/// Envoy's admin socket as the bootstrap names it: in the proxy's directory, relative to Envoy's
+/// working directory as the XDS socket is.
+fn admin_pipe(config: &Config) -> String {
+    format!(
+        "{}/{}",
+        config.proxy.config_path.trim_end_matches('/'),
+        crate::envoy::ADMIN_SOCKET
+    )
 }
 
 /// What Envoy is started with.
@@ -187,10 +202,28 @@ pub fn write(config: &Config, ports: Ports, out: Option<&Path>) -> Result<Writte
                 path: t.clone(),
                 source,
             })?;
-            (rendered, ext)
+            if config.envoy.lifecycle_lockdown {
+                // YAML is a superset of JSON: either template reads the same way.
+                let fail = |reason: String| Error::Lockdown {
+                    path: t.clone(),
+                    reason,
+                };
+                let mut v: Value =
+                    serde_yaml::from_str(&rendered).map_err(|e| fail(e.to_string()))?;
+                lockdown::apply(&mut v, &admin_pipe(config)).map_err(|r| fail(r.into()))?;
+                (serde_json::to_string_pretty(&v).unwrap_or_default(), "json")
+            } else {
+                (rendered, ext)
+            }
         }
         None => {
-            let v = builtin::render(&opts)?;
+            let mut v = builtin::render(&opts)?;
+            if config.envoy.lifecycle_lockdown {
+                lockdown::apply(&mut v, &admin_pipe(config)).map_err(|r| Error::Lockdown {
+                    path: PathBuf::from("(built in)"),
+                    reason: r.into(),
+                })?;
+            }
             (serde_json::to_string_pretty(&v).unwrap_or_default(), "json")
         }
     };

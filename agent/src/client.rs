@@ -1,11 +1,13 @@
 //! `pilot-agent wait` and `pilot-agent request`: small HTTP clients against the local Envoy and
 //! status ports.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use http_body_util::Full;
 
 use crate::cli::{RequestArgs, WaitArgs};
+use crate::http1::Target;
 
 /// Splits `http://host:port/path` into `(host:port, /path)`.
 fn split_url(url: &str) -> Result<(String, String), String> {
@@ -32,15 +34,35 @@ pub async fn send(
     timeout: Duration,
 ) -> Result<(u16, String), String> {
     let (authority, path) = split_url(url)?;
+    send_to(
+        &Target::Tcp(authority.clone()),
+        &authority,
+        method,
+        &path,
+        body,
+        timeout,
+    )
+    .await
+}
+
+/// [`send`] to `target`, with `authority` as the `Host`.
+async fn send_to(
+    target: &Target,
+    authority: &str,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+    timeout: Duration,
+) -> Result<(u16, String), String> {
     let method = http::Method::from_bytes(method.to_ascii_uppercase().as_bytes())
         .map_err(|_| format!("invalid method {method:?}"))?;
     let req = http::Request::builder()
         .method(method)
-        .uri(&path)
-        .header(http::header::HOST, &authority)
+        .uri(path)
+        .header(http::header::HOST, authority)
         .body(Full::new(bytes::Bytes::from(body.unwrap_or_default())))
         .map_err(|e| e.to_string())?;
-    let (status, body) = crate::http1::fetch(&authority, req, 64 << 20, timeout)
+    let (status, body) = crate::http1::fetch_from(target, req, 64 << 20, timeout)
         .await
         .map_err(|e| e.to_string())?;
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
@@ -64,16 +86,29 @@ pub async fn wait(args: &WaitArgs) -> Result<(), String> {
     }
 }
 
-/// `pilot-agent request`: returns the body; fails above 399 except 404.
+/// Envoy's admin socket with `PROXY_LIFECYCLE_LOCKDOWN`, relative to the proxy container's
+/// working directory (the default `configPath`, `./etc/istio/proxy`).
+const LOCKDOWN_ADMIN_SOCKET: &str = "./etc/istio/proxy/admin.sock";
+
+/// `pilot-agent request`: returns the body; fails above 399 except 404. Requests for Envoy's
+/// admin port (15000) go to the admin socket when lockdown put it there.
 pub async fn request(args: &RequestArgs) -> Result<String, String> {
-    let url = format!(
-        "http://localhost:{}/{}",
-        args.debug_port,
-        args.path.trim_start_matches('/')
-    );
-    let (status, body) = send(
+    request_in(args, Path::new(LOCKDOWN_ADMIN_SOCKET)).await
+}
+
+async fn request_in(args: &RequestArgs, admin_socket: &Path) -> Result<String, String> {
+    let authority = format!("localhost:{}", args.debug_port);
+    let target = if args.debug_port == 15000 && admin_socket.exists() {
+        Target::Unix(admin_socket.to_path_buf())
+    } else {
+        Target::Tcp(authority.clone())
+    };
+    let path = format!("/{}", args.path.trim_start_matches('/'));
+    let (status, body) = send_to(
+        &target,
+        &authority,
         &args.method,
-        &url,
+        &path,
         args.body.clone(),
         Duration::from_secs(60),
     )
@@ -117,5 +152,38 @@ mod tests {
             err.starts_with("timeout waiting for Envoy proxy to become ready. Last error:"),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn request_to_the_admin_port_uses_the_lockdown_socket_when_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("admin.sock");
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let n = s.read(&mut buf).await.unwrap();
+            let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let body = head.lines().next().unwrap_or("").to_string();
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            s.write_all(resp.as_bytes()).await.unwrap();
+        });
+        let args = |port| RequestArgs {
+            debug_port: port,
+            method: "GET".into(),
+            path: "config_dump".into(),
+            body: None,
+        };
+        assert_eq!(
+            request_in(&args(15000), &sock).await.unwrap(),
+            "GET /config_dump HTTP/1.1"
+        );
+        // Another port, or no socket: TCP as Istio (nothing listens on 15004 here).
+        let e = request_in(&args(15004), &sock).await.unwrap_err();
+        assert!(e.contains("localhost:15004"), "{e}");
     }
 }

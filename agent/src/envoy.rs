@@ -16,6 +16,7 @@ use tokio::process::Command;
 
 use crate::bootstrap::{self, Written, local_address_ip_version};
 use crate::config::{Config, NodeType};
+use crate::http1::Target;
 use crate::lifecycle::{DrainMode, Shutdown};
 use admin::Admin;
 
@@ -169,6 +170,37 @@ pub fn admin_addr(config: &Config) -> SocketAddr {
     SocketAddr::new(ip, config.proxy.proxy_admin_port)
 }
 
+/// The admin socket's file name in the proxy's directory (`proxy.config_path`), with
+/// `PROXY_LIFECYCLE_LOCKDOWN`.
+pub const ADMIN_SOCKET: &str = "admin.sock";
+
+/// Where the agent reaches Envoy's admin API: the Unix socket in the proxy's directory with
+/// `PROXY_LIFECYCLE_LOCKDOWN`, else TCP on localhost (Istio's).
+pub fn admin_target(config: &Config) -> Target {
+    if config.envoy.lifecycle_lockdown {
+        Target::Unix(admin_socket_path(config))
+    } else {
+        Target::Tcp(admin_addr(config).to_string())
+    }
+}
+
+/// The admin socket's path as the agent opens it.
+pub fn admin_socket_path(config: &Config) -> PathBuf {
+    config.path(&config.proxy.config_path).join(ADMIN_SOCKET)
+}
+
+/// The uids that are the proxy's own: the agent's effective uid, and Envoy's when it runs as
+/// another (root is always allowed on top).
+pub fn proxy_uids(config: &Config, agent_euid: u32) -> Vec<u32> {
+    let mut uids = vec![agent_euid];
+    if let Some((uid, _)) = envoy_credentials(config)
+        && uid != agent_euid
+    {
+        uids.push(uid);
+    }
+    uids
+}
+
 /// Sums `listener.*.downstream_cx_active` over the listeners that carry workload traffic;
 /// `None` when the stats hold no such listener.
 pub fn active_connections(stats: &[(String, String)], config: &Config) -> Option<u64> {
@@ -242,6 +274,9 @@ pub async fn run(
         remove_bootstrap();
         return Ok(Outcome::Stopped);
     }
+    if config.envoy.lifecycle_lockdown {
+        remove_leftover_admin_socket(config);
+    }
     let binary = config.path(&config.proxy.binary_path);
     let argv = args(config, &bootstrap.path);
     tracing::info!(binary = %binary.display(), args = ?argv, "starting Envoy");
@@ -260,7 +295,7 @@ pub async fn run(
         source,
     })?;
     let admin = Admin {
-        addr: admin_addr(config),
+        addr: admin_target(config),
     };
     let outcome = tokio::select! {
         status = child.wait() => {
@@ -278,7 +313,24 @@ pub async fn run(
         }
     };
     remove_bootstrap();
+    if config.envoy.lifecycle_lockdown {
+        remove_leftover_admin_socket(config);
+    }
     Ok(outcome)
+}
+
+/// Removes Envoy's admin socket file: Envoy leaves it behind, and one left by an earlier run
+/// (the proxy's directory is an emptyDir that outlives the container) would make Envoy's bind
+/// fail.
+fn remove_leftover_admin_socket(config: &Config) {
+    let path = admin_socket_path(config);
+    match std::fs::remove_file(&path) {
+        Ok(()) => tracing::debug!(path = %path.display(), "removed the admin socket"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove the leftover admin socket")
+        }
+    }
 }
 
 /// Istio's proxy uid and gid.

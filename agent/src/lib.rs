@@ -9,6 +9,7 @@
 //! - [`status`]: the status server on 15020.
 //! - [`lifecycle`]: the one shutdown signal and readiness guards.
 //! - [`runtime`]: the one-thread runtime and the malloc tuning that keep the agent small.
+//! - [`sock_diag`]: the uid owning a loopback peer's socket (netlink inet_diag).
 
 // unsafe only where a module or function allows it: malloc tuning and rlimits (runtime.rs),
 // the pre-exec hook that ties Envoy to the agent (envoy.rs).
@@ -25,6 +26,7 @@ pub mod health;
 pub mod http1;
 pub mod lifecycle;
 pub mod runtime;
+pub mod sock_diag;
 pub mod status;
 pub mod xds_proxy;
 

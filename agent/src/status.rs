@@ -4,6 +4,7 @@
 
 pub mod conn;
 pub mod grpc_ready;
+pub mod lockdown;
 pub mod probe;
 pub mod process;
 pub mod stats;
@@ -116,6 +117,9 @@ pub struct Inputs {
     pub config_dump: String,
     /// Connection caps and timeouts ([`conn::Limits::default`] in the agent).
     pub limits: conn::Limits,
+    /// `PROXY_LIFECYCLE_LOCKDOWN`: who may call `/quitquitquit` and `/drain`; `None` is
+    /// Istio's rule (any loopback peer).
+    pub lockdown: Option<lockdown::Lockdown>,
 }
 
 struct State {
@@ -207,7 +211,9 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, counts: conn::Cou
         };
         let state = state.clone();
         let token = token.clone();
-        let local_port = stream.local_addr().map(|a| a.port()).unwrap_or(0);
+        let Ok(local) = stream.local_addr() else {
+            continue;
+        };
         tokio::spawn(async move {
             let _permit = permit;
             let limits = state.inputs.limits;
@@ -215,7 +221,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, counts: conn::Cou
             let requests = activity.clone();
             let svc = hyper::service::service_fn(move |req| {
                 let state = state.clone();
-                let conn = Conn { peer, local_port };
+                let conn = Conn { peer, local };
                 let guard = requests.request();
                 async move {
                     let resp = handle(state, conn, req).await;
@@ -242,8 +248,31 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, counts: conn::Cou
 #[derive(Clone, Copy)]
 struct Conn {
     peer: SocketAddr,
-    /// The status port the client reached.
-    local_port: u16,
+    /// The status address the client reached.
+    local: SocketAddr,
+}
+
+/// The rules every mutating endpoint shares: loopback only (not 127.0.0.6), POST only, and
+/// with lockdown the caller's uid must be the proxy's. Returns the refusal, if any.
+fn refuse_mutation(
+    state: &State,
+    conn: Conn,
+    method: &http::Method,
+    path: &str,
+) -> Option<http::Response<Body>> {
+    if !conn::is_local(conn.peer.ip()) {
+        return Some(full(403, ""));
+    }
+    if method != http::Method::POST {
+        return Some(full(405, ""));
+    }
+    if let Some(lockdown) = &state.inputs.lockdown
+        && let Err(refusal) = lockdown.check(conn.peer, conn.local)
+    {
+        tracing::warn!(peer = %conn.peer, path, reason = %refusal, "lifecycle call refused");
+        return Some(full(403, format!("{refusal}\n")));
+    }
+    None
 }
 
 /// Decodes `%XX` escapes, as Go's `URL.Path` (an invalid escape is kept as is).
@@ -296,24 +325,18 @@ async fn handle(
             stats::merged(&state.inputs, req).await
         }
         "/quitquitquit" => {
-            if !loopback {
-                return full(403, "");
-            }
-            if req.method() != http::Method::POST {
-                return full(405, "");
+            if let Some(refused) = refuse_mutation(&state, conn, req.method(), &path) {
+                return refused;
             }
             tracing::info!("/quitquitquit: shutting down without drain");
             state.inputs.shutdown.trigger_immediate();
             full(200, "OK")
         }
         "/drain" => {
-            if !loopback {
-                return full(403, "");
+            if let Some(refused) = refuse_mutation(&state, conn, req.method(), &path) {
+                return refused;
             }
-            if req.method() != http::Method::POST {
-                return full(405, "");
-            }
-            if let Some(admin) = state.inputs.admin {
+            if let Some(admin) = &state.inputs.admin {
                 let q = match state.inputs.node_type {
                     NodeType::Sidecar => "/drain_listeners?inboundonly&graceful&skip_exit",
                     NodeType::Router | NodeType::Waypoint => "/drain_listeners?graceful&skip_exit",
@@ -359,7 +382,7 @@ async fn handle(
             let kubelet = probe::KubeletRequest {
                 headers: req.headers(),
                 host,
-                status_port: conn.local_port,
+                status_port: conn.local.port(),
             };
             let r = state.inputs.prober.run_app(probe, kubelet).await;
             full(r.status, r.body)
@@ -374,7 +397,7 @@ async fn ready(state: &State) -> Result<(), String> {
         return Err("server is terminated: shutting down".into());
     }
     let mut pending = Vec::new();
-    if let Some(admin) = state.inputs.admin
+    if let Some(admin) = &state.inputs.admin
         && let Err(e) = envoy_ready(state, admin).await
     {
         pending.push(e);
@@ -387,7 +410,7 @@ async fn ready(state: &State) -> Result<(), String> {
     }
 }
 
-async fn envoy_ready(state: &State, admin: Admin) -> Result<(), String> {
+async fn envoy_ready(state: &State, admin: &Admin) -> Result<(), String> {
     if !state.config_received.load(Ordering::Relaxed) {
         let stats = admin
             .stats(

@@ -223,6 +223,71 @@ fn template_and_custom_config() {
     assert!(!w.generated);
 }
 
+/// `PROXY_LIFECYCLE_LOCKDOWN`: the built-in bootstrap and a rendered template alike put Envoy's
+/// admin, and the `prometheus_stats` cluster behind 15090, on the 0600 socket in the proxy's
+/// directory; no TCP admin is left.
+#[test]
+fn lockdown_moves_admin_to_the_proxys_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipe = json!({ "pipe": { "path": "./etc/istio/proxy/admin.sock", "mode": 0o600 } });
+    let check = |v: &Value| {
+        assert_eq!(v["admin"]["address"], pipe);
+        let prom = v["static_resources"]["clusters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "prometheus_stats")
+            .unwrap();
+        assert_eq!(
+            prom["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"],
+            pipe
+        );
+        assert!(
+            !v.to_string().contains(r#""port_value":15000"#),
+            "TCP admin left: {v}"
+        );
+    };
+    let c = config(dir.path(), &[("PROXY_LIFECYCLE_LOCKDOWN", "true")]);
+    let w = write(&c, Ports { status: 15020 }, None).unwrap();
+    check(&serde_json::from_str(&std::fs::read_to_string(&w.path).unwrap()).unwrap());
+
+    // A YAML template with Istio's admin and cluster shape.
+    std::fs::write(
+        dir.path().join("t.yaml"),
+        "admin:\n  address: {socket_address: {address: 127.0.0.1, port_value: {{ .config.ProxyAdminPort }}}}\n\
+         static_resources:\n  clusters:\n  - name: prometheus_stats\n    load_assignment:\n      \
+         endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 15000}}}}]}]\n",
+    )
+    .unwrap();
+    let c = config(
+        dir.path(),
+        &[
+            ("ISTIO_BOOTSTRAP", "t.yaml"),
+            ("PROXY_LIFECYCLE_LOCKDOWN", "true"),
+        ],
+    );
+    let w = write(&c, Ports { status: 15020 }, None).unwrap();
+    assert!(w.path.ends_with("envoy-rev.json"), "{}", w.path.display());
+    check(&serde_json::from_str(&std::fs::read_to_string(&w.path).unwrap()).unwrap());
+
+    // A template without an admin section cannot be locked down: an error, not an open admin.
+    std::fs::write(dir.path().join("t.json"), r#"{"node":{}}"#).unwrap();
+    let c = config(
+        dir.path(),
+        &[
+            ("ISTIO_BOOTSTRAP", "t.json"),
+            ("PROXY_LIFECYCLE_LOCKDOWN", "true"),
+        ],
+    );
+    let e = write(&c, Ports { status: 15020 }, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("PROXY_LIFECYCLE_LOCKDOWN") && e.contains("admin"),
+        "{e}"
+    );
+}
+
 /// The structured data model: nested `config`, Istio's JSON-text keys, lists and the
 /// keys that are absent unless set.
 #[test]

@@ -30,6 +30,10 @@ pub struct EnvoyConfig {
     pub skip_deprecated_logs: bool,
     /// `ISTIO_ENVOY_ENABLE_CORE_DUMP`.
     pub enable_core_dump: bool,
+    /// `PROXY_LIFECYCLE_LOCKDOWN=true` (not in Istio; off by default): Envoy's admin API moves
+    /// from TCP `proxyAdminPort` to a Unix socket (mode 0600) in the proxy's directory, and the
+    /// status server's `/quitquitquit` and `/drain` answer only the proxy's uids and root.
+    pub lifecycle_lockdown: bool,
     /// `ENVOY_MEMORY_OVERLOAD=true` (not in Istio; off by default): Envoy's heap bound from the
     /// container's memory limit, with an overload manager that shrinks the heap near it and
     /// stops accepting connections at it.
@@ -90,6 +94,7 @@ pub fn load(i: Inputs<'_>) -> Result<EnvoyConfig, Error> {
         bootstrap_override: env.str("ISTIO_BOOTSTRAP_OVERRIDE", ""),
         skip_deprecated_logs: env.bool("ENVOY_SKIP_DEPRECATED_LOGS", true)?,
         enable_core_dump: env.bool("ISTIO_ENVOY_ENABLE_CORE_DUMP", false)?,
+        lifecycle_lockdown: env.bool("PROXY_LIFECYCLE_LOCKDOWN", false)?,
         heap_limit: if env.bool("ENVOY_MEMORY_OVERLOAD", false)? {
             heap_limit(env, i.cgroup_memory_limit)?
         } else {

@@ -95,6 +95,11 @@ fn invalid_values_name_variable_and_value() {
         ("ISTIO_KUBE_APP_PROBERS", "{bad", "ISTIO_KUBE_APP_PROBERS"),
         ("XDS_PROXY_RECONNECT", "sometimes", "XDS_PROXY_RECONNECT"),
         (
+            "PROXY_LIFECYCLE_LOCKDOWN",
+            "yes",
+            "PROXY_LIFECYCLE_LOCKDOWN",
+        ),
+        (
             "XDS_PROXY_KEEPALIVE_INTERVAL",
             "1ms",
             "XDS_PROXY_KEEPALIVE_INTERVAL",
@@ -444,6 +449,9 @@ fn config_dump_is_the_whole_tree() {
     assert_eq!(v["bootstrap"]["xds_root_ca"], "/etc/root.pem");
     assert_eq!(v["envoy"]["launched"], true);
     assert_eq!(v["envoy"]["status_port"], 15021);
+    assert_eq!(v["envoy"]["lifecycle_lockdown"], false);
+    let locked = load(dir.path(), &env(&[("PROXY_LIFECYCLE_LOCKDOWN", "true")])).unwrap();
+    assert_eq!(locked.dump()["envoy"]["lifecycle_lockdown"], true);
     assert!(
         v["envoy"].get("env").is_none(),
         "the raw environment is never dumped"

@@ -1,14 +1,16 @@
-//! A small HTTP/1.1 client for Envoy's admin API on localhost.
+//! A small HTTP/1.1 client for Envoy's admin API: on localhost TCP (Istio's), or on the Unix
+//! socket in the proxy's directory with `PROXY_LIFECYCLE_LOCKDOWN`.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use http_body_util::Empty;
 
+use crate::http1::Target;
+
 /// Envoy's admin endpoint.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Admin {
-    pub addr: SocketAddr,
+    pub addr: Target,
 }
 
 /// Percent-encodes a query value (Envoy's stats filters carry regex characters).
@@ -32,16 +34,31 @@ impl Admin {
         path_and_query: &str,
         timeout: Duration,
     ) -> Result<(u16, String), String> {
-        let addr = self.addr.to_string();
+        // A Unix socket has no authority; Envoy's admin ignores the host.
+        let host = match &self.addr {
+            Target::Tcp(a) => a.as_str(),
+            Target::Unix(_) => "localhost",
+        };
         let req = http::Request::builder()
             .method(method)
             .uri(path_and_query)
-            .header(http::header::HOST, &addr)
+            .header(http::header::HOST, host)
             .body(Empty::<bytes::Bytes>::new())
             .map_err(|e| e.to_string())?;
-        let (status, body) = crate::http1::fetch(&addr, req, 16 << 20, timeout)
+        let (status, body) = crate::http1::fetch_from(&self.addr, req, 16 << 20, timeout)
             .await
-            .map_err(|e| format!("Envoy admin: {e}"))?;
+            .map_err(|e| match &e {
+                crate::http1::Error::Connect { source, .. }
+                    if matches!(self.addr, Target::Unix(_))
+                        && source.kind() == std::io::ErrorKind::PermissionDenied =>
+                {
+                    format!(
+                        "Envoy admin: {e} (the socket is 0600, owned by Envoy's uid: an agent \
+                         running as root beside Envoy as 1337 needs CAP_DAC_OVERRIDE)"
+                    )
+                }
+                _ => format!("Envoy admin: {e}"),
+            })?;
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     }
 

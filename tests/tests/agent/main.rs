@@ -1,7 +1,8 @@
 //! End-to-end tests of pilot-agent and its pieces: the injected sidecar's lifecycle with real
 //! Envoy against istiod-lite, lifecycle and identity faults, our SDS server against real Envoy,
 //! the image's root filesystem, proxyless gRPC through the agent, the agent's own xDS
-//! upstream reconnects, and rewritten app probes as the kubelet sends them.
+//! upstream reconnects, rewritten app probes as the kubelet sends them, and the opt-in
+//! lifecycle lockdown (`PROXY_LIFECYCLE_LOCKDOWN`).
 //!
 //! One test binary for all of them; each module is one former binary, so a test's name is
 //! `<module>::<test>` (`cargo nextest run -p tests --test agent agent_faults::`).
@@ -16,6 +17,7 @@ mod istio_diff_bootstrap;
 mod istio_diff_cli;
 mod istiod_failover;
 mod live_istiod;
+mod lockdown;
 mod probes;
 mod sds;
 mod spire;

@@ -502,6 +502,7 @@ async fn status_server_with(probers: &str, destination: &str, http2: bool) -> So
             ndsz: None,
             config_dump: "{}".into(),
             limits: crate::status::conn::Limits::default(),
+            lockdown: None,
         },
     );
     let addr = server.local_addr().unwrap();

@@ -18,6 +18,7 @@ use prometheus_client::registry::Registry;
 
 use crate::bootstrap::{self, Ports};
 use crate::config::{Config, NodeType};
+use crate::envoy::readiness::EnvoyReadiness;
 use crate::envoy::{self, admin::Admin};
 use crate::lifecycle::{Components, Readiness, Shutdown};
 use crate::status::{self, StatusServer, probe::Prober};
@@ -29,6 +30,14 @@ pub struct Inputs {
     pub shutdown: Shutdown,
     /// Where the status server listens; `None`: all interfaces on `statusPort`.
     pub status_addr: Option<SocketAddr>,
+}
+
+/// The workload health checker's parts (`ProxyConfig.readinessProbe`, VMs).
+struct HealthCheck {
+    probe: status::probe::ReadinessProbe,
+    prober: Prober,
+    envoy: Option<EnvoyReadiness>,
+    tx: tokio::sync::watch::Sender<Option<crate::health::Health>>,
 }
 
 /// The addresses the agent is serving on.
@@ -54,11 +63,7 @@ pub struct App {
     sds: Option<sds::SdsServer>,
     manager: sds::SecretManager,
     dns: Option<dns_proxy::DnsProxy>,
-    health: Option<(
-        status::probe::ReadinessProbe,
-        Prober,
-        tokio::sync::watch::Sender<Option<crate::health::Health>>,
-    )>,
+    health: Option<HealthCheck>,
     sockets: SocketFiles,
 }
 
@@ -198,14 +203,20 @@ impl App {
                 let destination = config
                     .status
                     .probe_destination(config.node.ips.first().copied(), localhost);
-                Some((
+                Some(HealthCheck {
                     probe,
-                    Prober {
+                    prober: Prober {
                         destination,
                         http2: true,
                     },
+                    // As Istio: a VM is unhealthy while its Envoy is not ready.
+                    envoy: (!config.envoy.disabled).then(|| {
+                        EnvoyReadiness::new(Admin {
+                            addr: envoy::admin_target(&config),
+                        })
+                    }),
                     tx,
-                ))
+                })
             }
             _ => None,
         };
@@ -267,10 +278,10 @@ impl App {
             status.run().await;
             Ok::<(), String>(())
         });
-        if let Some((probe, prober, tx)) = health {
+        if let Some(h) = health {
             let token = token.clone();
             components.spawn("health", Duration::from_secs(1), async move {
-                crate::health::run(probe, prober, tx, token).await;
+                crate::health::run(h.probe, h.prober, h.envoy, h.tx, token).await;
                 Ok::<(), String>(())
             });
         }

@@ -6,6 +6,7 @@
 //! connection is left, bounded by `drainDuration`), then stop Envoy.
 
 pub mod admin;
+pub mod readiness;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

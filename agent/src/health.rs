@@ -7,7 +7,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::status::probe::{Prober, ReadinessProbe};
+use crate::envoy::readiness::EnvoyReadiness;
+use crate::status::probe::{ProbeResult, Prober, ReadinessProbe};
 
 /// The last health published.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,9 +18,12 @@ pub enum Health {
 }
 
 /// Runs `probe` until `token` is cancelled, publishing threshold-crossing changes on `tx`.
+/// With `envoy`, as Istio aggregates them: unhealthy while Envoy is not ready, whatever the
+/// app's probe says.
 pub async fn run(
     probe: ReadinessProbe,
     prober: Prober,
+    envoy: Option<EnvoyReadiness>,
     tx: watch::Sender<Option<Health>>,
     token: CancellationToken,
 ) {
@@ -29,7 +33,17 @@ pub async fn run(
     }
     let (mut successes, mut failures) = (0u32, 0u32);
     loop {
-        let result = prober.run(&probe.probe, &http::HeaderMap::new()).await;
+        let envoy_not_ready = match &envoy {
+            Some(e) => e.check().await.err(),
+            None => None,
+        };
+        let result = match &envoy_not_ready {
+            Some(why) => ProbeResult {
+                status: 503,
+                body: format!("Envoy is not ready: {why}").into(),
+            },
+            None => prober.run(&probe.probe, &http::HeaderMap::new()).await,
+        };
         let healthy = (200..400).contains(&result.status);
         let next = if healthy {
             successes += 1;
@@ -100,6 +114,7 @@ mod tests {
                 destination: "127.0.0.1".parse().unwrap(),
                 http2: true,
             },
+            None,
             tx,
             token.clone(),
         ));
@@ -111,6 +126,75 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(matches!(*rx.borrow(), Some(Health::Unhealthy(_))));
+        token.cancel();
+    }
+
+    /// As Istio aggregates them: the app answers, but Envoy has no config yet, so the
+    /// workload is unhealthy, saying why.
+    #[tokio::test]
+    async fn unhealthy_while_envoy_is_not_ready() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let app = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let app_port = app.local_addr().unwrap().port();
+        tokio::spawn(async move { while let Ok((_s, _)) = app.accept().await {} });
+        // Envoy's admin: config not received yet.
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_addr = admin.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = admin.accept().await {
+                let mut buf = [0u8; 2048];
+                let _ = s.read(&mut buf).await;
+                let body = "cluster_manager.cds.update_success: 0\n";
+                let _ = s
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            }
+        });
+        let probe = ReadinessProbe {
+            probe: AppProbe {
+                action: ProbeAction::Tcp {
+                    port: app_port,
+                    host: String::new(),
+                },
+                timeout: Duration::from_secs(1),
+            },
+            initial_delay: Duration::ZERO,
+            period: Duration::from_millis(20),
+            success_threshold: 1,
+            failure_threshold: 1,
+        };
+        let (tx, mut rx) = watch::channel(None);
+        let token = CancellationToken::new();
+        let envoy = EnvoyReadiness::new(crate::envoy::admin::Admin {
+            addr: crate::http1::Target::Tcp(admin_addr.to_string()),
+        });
+        tokio::spawn(run(
+            probe,
+            Prober {
+                destination: "127.0.0.1".parse().unwrap(),
+                http2: true,
+            },
+            Some(envoy),
+            tx,
+            token.clone(),
+        ));
+        tokio::time::timeout(Duration::from_secs(5), rx.changed())
+            .await
+            .unwrap()
+            .unwrap();
+        match &*rx.borrow() {
+            Some(Health::Unhealthy(why)) => {
+                assert!(why.contains("Envoy is not ready"), "{why}");
+                assert!(why.contains("config not received"), "{why}");
+            }
+            other => panic!("expected unhealthy, got {other:?}"),
+        }
         token.cancel();
     }
 }

@@ -23,7 +23,6 @@ mod tests;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
@@ -37,6 +36,7 @@ use tokio::net::TcpListener;
 
 use crate::config::NodeType;
 use crate::envoy::admin::Admin;
+use crate::envoy::readiness::EnvoyReadiness;
 use crate::lifecycle::{Readiness, Shutdown};
 use probe::{AppProbers, Prober, PrometheusAnnotations};
 
@@ -124,8 +124,8 @@ pub struct Inputs {
 
 struct State {
     inputs: Inputs,
-    config_received: AtomicBool,
-    envoy_live: AtomicBool,
+    /// Envoy's readiness, when the agent has an Envoy.
+    envoy: Option<EnvoyReadiness>,
 }
 
 /// The bound status server: one listener, or one per address family (a dual-stack pod is
@@ -151,9 +151,8 @@ impl StatusServer {
         StatusServer {
             listeners,
             state: Arc::new(State {
+                envoy: inputs.admin.clone().map(EnvoyReadiness::new),
                 inputs,
-                config_received: AtomicBool::new(false),
-                envoy_live: AtomicBool::new(false),
             }),
         }
     }
@@ -397,8 +396,8 @@ async fn ready(state: &State) -> Result<(), String> {
         return Err("server is terminated: shutting down".into());
     }
     let mut pending = Vec::new();
-    if let Some(admin) = &state.inputs.admin
-        && let Err(e) = envoy_ready(state, admin).await
+    if let Some(envoy) = &state.envoy
+        && let Err(e) = envoy.check().await
     {
         pending.push(e);
     }
@@ -408,80 +407,4 @@ async fn ready(state: &State) -> Result<(), String> {
     } else {
         Err(pending.join("; "))
     }
-}
-
-async fn envoy_ready(state: &State, admin: &Admin) -> Result<(), String> {
-    if !state.config_received.load(Ordering::Relaxed) {
-        let stats = admin
-            .stats(
-                r"^(cluster_manager\.cds|listener_manager\.lds)\.(update_success|update_rejected)$",
-                Duration::from_secs(1),
-            )
-            .await
-            .map_err(|e| format!("failed to get readiness stats: {e}"))?;
-        let get = |k: &str| -> u64 {
-            stats
-                .iter()
-                .find(|(n, _)| n == k)
-                .and_then(|(_, v)| v.parse().ok())
-                .unwrap_or(0)
-        };
-        let (cds_ok, cds_rej) = (
-            get("cluster_manager.cds.update_success"),
-            get("cluster_manager.cds.update_rejected"),
-        );
-        let (lds_ok, lds_rej) = (
-            get("listener_manager.lds.update_success"),
-            get("listener_manager.lds.update_rejected"),
-        );
-        let detail = format!(
-            "cds updates: {cds_ok} successful, {cds_rej} rejected; lds updates: {lds_ok} successful, {lds_rej} rejected"
-        );
-        if cds_ok == 0 || lds_ok == 0 {
-            if cds_ok == 0 && lds_ok == 0 && cds_rej == 0 && lds_rej == 0 {
-                return Err(format!(
-                    "config not received from XDS server (is Istiod running?): {detail}"
-                ));
-            }
-            if cds_rej > 0 || lds_rej > 0 {
-                return Err(format!(
-                    "config received from XDS server, but was rejected: {detail}"
-                ));
-            }
-            return Err(format!(
-                "config not fully received from XDS server: {detail}"
-            ));
-        }
-        state.config_received.store(true, Ordering::Relaxed);
-    }
-    if !state.envoy_live.load(Ordering::Relaxed) {
-        let stats = admin
-            .stats(
-                r"^(server\.state|listener_manager\.workers_started)",
-                Duration::from_secs(3),
-            )
-            .await
-            .map_err(|e| format!("failed to get server state: {e}"))?;
-        let get = |k: &str| stats.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-        // As Istio: an answer without `server.state` is not a live Envoy (the stat appears once
-        // the server is up), and the workers must have started.
-        match get("server.state") {
-            None => return Err("server.state is not yet updated".into()),
-            Some("0") => {}
-            Some(value) => {
-                let s = match value {
-                    "1" => "DRAINING",
-                    "2" => "PRE_INITIALIZING",
-                    "3" => "INITIALIZING",
-                    _ => "UNKNOWN",
-                };
-                return Err(format!("server is not live, current state is: {s}"));
-            }
-        }
-        if get("listener_manager.workers_started") != Some("1") {
-            return Err("workers have not yet started".into());
-        }
-        state.envoy_live.store(true, Ordering::Relaxed);
-    }
-    Ok(())
 }

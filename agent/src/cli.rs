@@ -34,6 +34,10 @@ pub enum Error {
 pub struct LogFlags {
     pub output_level: String,
     pub as_json: bool,
+    /// `--log_target` (repeatable): `stdout`, `stderr` or a file path; empty when not given
+    /// (Istio's default, `stdout`, for `proxy`; the other commands keep their stdout for
+    /// their output and log to stderr).
+    pub target: Vec<String>,
 }
 
 impl Default for LogFlags {
@@ -41,6 +45,7 @@ impl Default for LogFlags {
         LogFlags {
             output_level: "default:info,grpc:none".into(),
             as_json: false,
+            target: Vec::new(),
         }
     }
 }
@@ -334,7 +339,8 @@ fn apply_log(log: &mut LogFlags, name: &str, value: &str) -> Result<bool, Error>
                 expected: "an integer",
             })?;
         }
-        "log_target" | "log_stacktrace_level" | "log_caller" => {}
+        "log_target" => log.target.push(value.to_string()),
+        "log_stacktrace_level" | "log_caller" => {}
         _ => return Ok(false),
     }
     Ok(true)
@@ -687,6 +693,21 @@ mod tests {
 
     fn argv(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_string).collect()
+    }
+
+    /// `--log_target` is kept (repeatable, as Istio's string array); none given is empty (the
+    /// binary then logs `proxy` to stdout, Istio's default).
+    #[test]
+    fn log_target_is_kept() {
+        let cli = parse(&argv("--log_target stderr proxy sidecar")).unwrap();
+        assert_eq!(cli.log.target, ["stderr"]);
+        let cli = parse(&argv(
+            "proxy sidecar --log_target=/tmp/a.log --log_target stdout",
+        ))
+        .unwrap();
+        assert_eq!(cli.log.target, ["/tmp/a.log", "stdout"]);
+        let cli = parse(&argv("proxy sidecar")).unwrap();
+        assert!(cli.log.target.is_empty());
     }
 
     #[test]

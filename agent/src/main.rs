@@ -10,11 +10,33 @@ use agent::cli::{self, Command};
 use agent::lifecycle::Shutdown;
 
 #[allow(clippy::disallowed_methods)] // RUST_LOG, as tracing's EnvFilter reads it, before the rest
-fn init_logging(log: &cli::LogFlags) {
+fn init_logging(log: &cli::LogFlags, proxy: bool) {
+    use tracing_subscriber::fmt::writer::BoxMakeWriter;
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| cli::log_filter(&log.output_level));
+    // `--log_target`: the first target (Istio's default for `proxy` is stdout).
+    let target =
+        log.target
+            .first()
+            .map(String::as_str)
+            .unwrap_or(if proxy { "stdout" } else { "stderr" });
+    let writer = match target {
+        "stdout" => BoxMakeWriter::new(std::io::stdout),
+        "stderr" => BoxMakeWriter::new(std::io::stderr),
+        path => match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            Ok(file) => BoxMakeWriter::new(std::sync::Mutex::new(file)),
+            Err(e) => {
+                eprintln!("--log_target {path}: {e}; logging to stderr");
+                BoxMakeWriter::new(std::io::stderr)
+            }
+        },
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     if log.as_json {
         builder.json().init();
     } else {
@@ -81,7 +103,7 @@ fn main() {
         }
     };
     if !matches!(cli.command, Command::Iptables(_)) {
-        init_logging(&cli.log);
+        init_logging(&cli.log, matches!(cli.command, Command::Proxy { .. }));
     }
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let code = match run(cli.command, &env) {

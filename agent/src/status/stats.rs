@@ -136,7 +136,10 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
                 Ok(resp) => {
                     let mut body = resp.into_body();
                     let mut sent = 0usize;
-                    let mut last_newline = true;
+                    // Only whole lines go out: the text after a frame's last newline waits
+                    // for the next frame, and is dropped when the stream is cut (the cap, an
+                    // error, a timeout): a partial line would fail the whole scrape.
+                    let mut partial = bytes::BytesMut::new();
                     loop {
                         match tokio::time::timeout(timeout, body.frame()).await {
                             Ok(Some(Ok(frame))) => {
@@ -151,12 +154,26 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
                                     metrics.failure("envoy");
                                     break;
                                 }
-                                last_newline = data.last() == Some(&b'\n');
-                                if tx.send(Ok(Frame::data(data))).await.is_err() {
+                                partial.extend_from_slice(&data);
+                                let Some(end) = partial.iter().rposition(|b| *b == b'\n') else {
+                                    continue;
+                                };
+                                let lines = partial.split_to(end + 1).freeze();
+                                if tx.send(Ok(Frame::data(lines))).await.is_err() {
                                     return;
                                 }
                             }
-                            Ok(None) => break,
+                            Ok(None) => {
+                                // The stream ended whole: its last line, with a newline.
+                                if !partial.is_empty() {
+                                    partial.extend_from_slice(b"\n");
+                                    let last = partial.split().freeze();
+                                    if tx.send(Ok(Frame::data(last))).await.is_err() {
+                                        return;
+                                    }
+                                }
+                                break;
+                            }
                             Ok(Some(Err(e))) => {
                                 tracing::debug!(error = %e, "envoy stats stream failed");
                                 metrics.failure("envoy");
@@ -167,14 +184,6 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
                                 break;
                             }
                         }
-                    }
-                    if !last_newline
-                        && tx
-                            .send(Ok(Frame::data(bytes::Bytes::from_static(b"\n"))))
-                            .await
-                            .is_err()
-                    {
-                        return;
                     }
                 }
                 Err(e) => {

@@ -102,6 +102,8 @@ struct Setup {
     envoy_seen: Arc<Mutex<Vec<String>>>,
     /// Envoy's admin answers, changeable while the server runs.
     admin_routes: Arc<Mutex<HashMap<String, (u16, String)>>>,
+    /// Envoy's prometheus listener's answers, changeable while the server runs.
+    prom_routes: Arc<Mutex<HashMap<String, (u16, String)>>>,
 }
 
 async fn setup(envoy_stats: &str, ready_stats: &str, app_port: Option<u16>) -> Setup {
@@ -132,7 +134,8 @@ async fn setup_locked(
         "/stats/prometheus".to_string(),
         (200, "envoy_up 1\n".to_string()),
     );
-    let (prom, _) = fake_http(routes).await;
+    let prom_routes = Arc::new(Mutex::new(routes));
+    let (prom, _) = fake_http_shared(prom_routes.clone()).await;
     // Envoy's admin answers every /stats query with both readiness parts.
     let mut routes = HashMap::new();
     routes.insert(
@@ -208,6 +211,7 @@ async fn setup_locked(
         readiness,
         envoy_seen: seen,
         admin_routes,
+        prom_routes,
     }
 }
 
@@ -644,5 +648,40 @@ async fn slow_silent_and_idle_connections_are_closed() {
     assert!(
         closed_within(&mut keep, Duration::from_secs(5)).await,
         "idle timeout"
+    );
+}
+
+/// Envoy's stats over the 10 MiB cap are cut at the last whole line (a partial line makes
+/// Prometheus reject the whole scrape), and the failure is counted.
+#[tokio::test]
+async fn envoy_stats_over_the_cap_end_on_a_whole_line() {
+    let s = setup(CONFIG_OK, LIVE, None).await;
+    let mut big = String::with_capacity(stats::TARGET_CAP + (1 << 20));
+    let mut i = 0u64;
+    while big.len() <= stats::TARGET_CAP + 1000 {
+        big.push_str(&format!(
+            "envoy_cluster_upstream_rq_total{{cluster=\"c{i}\"}} {i}\n"
+        ));
+        i += 1;
+    }
+    s.prom_routes
+        .lock()
+        .unwrap()
+        .insert("/stats/prometheus".into(), (200, big));
+    let (code, body) = get(s.addr, "GET", "/stats/prometheus").await;
+    assert_eq!(code, 200);
+    assert!(body.ends_with('\n'));
+    for line in body.lines().filter(|l| l.starts_with("envoy_cluster")) {
+        let (name, value) = line.rsplit_once(' ').expect("name value");
+        assert!(name.ends_with("\"}"), "cut line: {line:?}");
+        value
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("cut value: {line:?}"));
+    }
+    assert!(body.len() <= stats::TARGET_CAP + (64 << 10), "{}", body.len());
+    let (_, body) = get(s.addr, "GET", "/stats/prometheus").await;
+    assert!(
+        body.contains("istio_agent_scrape_failures_total{type=\"envoy\"} 1"),
+        "the cut is counted"
     );
 }

@@ -321,6 +321,7 @@ impl Config {
             .get("PROV_CERT")
             .map(|d| sds::CertDir::istio(&resolve(&base_dir, d)));
         let istiod_san = env.get("ISTIOD_SAN");
+        let file_mounted_certs = env.bool("FILE_MOUNTED_CERTS", false)?;
         let identity = identity::load(identity::Inputs {
             env,
             base_dir: &base_dir,
@@ -331,6 +332,7 @@ impl Config {
             prov_cert: prov_cert.as_ref(),
             istiod_san,
             socket: &workload_socket,
+            file_mounted_certs,
         })?;
         let envoy = envoy::load(envoy::Inputs {
             env,
@@ -349,6 +351,7 @@ impl Config {
             // One rule for the token on both connections to istiod.
             allow_plaintext_token: identity.allow_plaintext_token,
             proxyless: envoy.disabled || env.get("ISTIO_META_GENERATOR") == Some("grpc"),
+            file_mounted: file_mounted_certs.then_some(&proxy.proxy_metadata),
         })?;
         let dns = if dns_enabled {
             Some(dns::load(dns::Inputs {

@@ -27,6 +27,8 @@ pub struct Inputs<'a> {
     /// Where the agent's SDS server listens, and whether an external server owns the
     /// workload socket ([`workload_socket`]).
     pub socket: &'a WorkloadSocket,
+    /// `FILE_MOUNTED_CERTS`: no CA; certificates from `./etc/certs`.
+    pub file_mounted_certs: bool,
 }
 
 /// The workload identity socket as Istio's agent settles it at start.
@@ -206,7 +208,7 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
     };
 
     let spiffe_creds = CertDir::istio(&base(paths::WORKLOAD_SPIFFE_CREDENTIALS));
-    let file_mounted_certs = if env.bool("FILE_MOUNTED_CERTS", false)? {
+    let file_mounted_certs = if i.file_mounted_certs {
         Some(d.etc_certs.clone())
     } else if non_empty_file(&spiffe_creds.cert_chain)
         && non_empty_file(&spiffe_creds.key)

@@ -822,3 +822,43 @@ fn annotations_are_used_as_istio_uses_them() {
         "{e}"
     );
 }
+
+/// `FILE_MOUNTED_CERTS`: the xDS connection's root and client certificate are the files the
+/// ProxyConfig metadata names (Istio's `ISTIO_META_TLS_CLIENT_*`); a missing root is an error
+/// naming the key.
+#[test]
+fn file_mounted_certs_name_the_xds_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("mounted");
+    std::fs::create_dir_all(&certs).unwrap();
+    for f in ["root.pem", "chain.pem", "key.pem"] {
+        std::fs::write(certs.join(f), "x").unwrap();
+    }
+    let pc = format!(
+        r#"{{"discoveryAddress":"istiod.istio-system.svc:15012","proxyMetadata":{{"ISTIO_META_TLS_CLIENT_ROOT_CERT":"{r}","ISTIO_META_TLS_CLIENT_CERT_CHAIN":"{c}","ISTIO_META_TLS_CLIENT_KEY":"{k}"}}}}"#,
+        r = certs.join("root.pem").display(),
+        c = certs.join("chain.pem").display(),
+        k = certs.join("key.pem").display(),
+    );
+    let e = env(&[("FILE_MOUNTED_CERTS", "true"), ("PROXY_CONFIG", &pc)]);
+    let c = load(dir.path(), &e).unwrap();
+    assert_eq!(
+        c.upstream.root,
+        sds::RootSource::File(certs.join("root.pem"))
+    );
+    let client = c.upstream.prov_cert.expect("client certificate");
+    assert_eq!(client.cert_chain, certs.join("chain.pem"));
+    assert_eq!(client.key, certs.join("key.pem"));
+    // Without FILE_MOUNTED_CERTS the metadata is not read (Istio's mounted root).
+    let e = env(&[("PROXY_CONFIG", &pc)]);
+    let c = load(dir.path(), &e).unwrap();
+    assert!(c.upstream.prov_cert.is_none());
+    // A root that does not exist: an error naming the metadata key.
+    let missing = pc.replace("root.pem", "gone.pem");
+    let e = env(&[("FILE_MOUNTED_CERTS", "true"), ("PROXY_CONFIG", &missing)]);
+    let err = load(dir.path(), &e).unwrap_err().to_string();
+    assert!(
+        err.contains("ISTIO_META_TLS_CLIENT_ROOT_CERT") && err.contains("gone.pem"),
+        "{err}"
+    );
+}

@@ -63,7 +63,16 @@ pub struct Inputs<'a> {
     /// Proxyless gRPC (`DISABLE_ENVOY=true` or `ISTIO_META_GENERATOR=grpc`): the default of
     /// `XDS_PROXY_MULTI_STREAM`.
     pub proxyless: bool,
+    /// With `FILE_MOUNTED_CERTS`, the ProxyConfig's `proxyMetadata`: its
+    /// `ISTIO_META_TLS_CLIENT_ROOT_CERT`, `_CERT_CHAIN` and `_KEY` are the xDS connection's root
+    /// and client certificate (Istio's `FindRootCAForXDS`, `GetKeyCertsForXDS`).
+    pub file_mounted: Option<&'a std::collections::BTreeMap<String, String>>,
 }
+
+/// The ProxyConfig metadata keys of the xDS connection's files under `FILE_MOUNTED_CERTS`.
+const CLIENT_ROOT: &str = "ISTIO_META_TLS_CLIENT_ROOT_CERT";
+const CLIENT_CHAIN: &str = "ISTIO_META_TLS_CLIENT_CERT_CHAIN";
+const CLIENT_KEY: &str = "ISTIO_META_TLS_CLIENT_KEY";
 
 /// Builds the upstream config.
 pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
@@ -81,6 +90,7 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
     } else {
         xds_root(&i)?
     };
+    let prov_cert = client_cert(&i, &root);
     let mut metadata = Vec::new();
     if !i.cluster_id.is_empty() {
         metadata.push(("ClusterID".to_string(), i.cluster_id.to_string()));
@@ -100,10 +110,32 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
         address,
         plaintext,
         root,
-        prov_cert: i.prov_cert.cloned(),
+        prov_cert,
         metadata,
         token_path: i.base_dir.join(sds::config::paths::TOKEN),
         allow_plaintext_token: i.allow_plaintext_token,
+    })
+}
+
+/// The client certificate offered to istiod: `PROV_CERT`'s, else with `FILE_MOUNTED_CERTS`
+/// the files the ProxyConfig metadata names (both chain and key, or none).
+fn client_cert(i: &Inputs<'_>, root: &RootSource) -> Option<CertDir> {
+    if let Some(dir) = i.prov_cert {
+        return Some(dir.clone());
+    }
+    let meta = i.file_mounted?;
+    let file = |k: &str| {
+        meta.get(k)
+            .filter(|v| !v.is_empty())
+            .map(|v| resolve(i.base_dir, v))
+    };
+    Some(CertDir {
+        cert_chain: file(CLIENT_CHAIN)?,
+        key: file(CLIENT_KEY)?,
+        root: match root {
+            RootSource::File(p) => p.clone(),
+            _ => file(CLIENT_ROOT)?,
+        },
     })
 }
 
@@ -123,6 +155,20 @@ fn xds_root(i: &Inputs<'_>) -> Result<RootSource, Error> {
     }
     if let Some(dir) = i.prov_cert {
         return Ok(RootSource::File(dir.root.clone()));
+    }
+    if let Some(meta) = i.file_mounted {
+        let path = meta.get(CLIENT_ROOT).map(String::as_str).unwrap_or("");
+        let file = resolve(i.base_dir, path);
+        if path.is_empty() || !file.is_file() {
+            return Err(Error::ProxyConfigField {
+                field: format!("proxyMetadata.{CLIENT_ROOT}"),
+                value: format!("{path:?}"),
+                expected:
+                    "the root certificate file for XDS (FILE_MOUNTED_CERTS=true): it does not exist"
+                        .into(),
+            });
+        }
+        return Ok(RootSource::File(file));
     }
     if i.env.get("PILOT_CERT_PROVIDER") == Some("none") {
         return Err(i.env.invalid(

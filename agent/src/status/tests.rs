@@ -678,7 +678,11 @@ async fn envoy_stats_over_the_cap_end_on_a_whole_line() {
             .parse::<u64>()
             .unwrap_or_else(|_| panic!("cut value: {line:?}"));
     }
-    assert!(body.len() <= stats::TARGET_CAP + (64 << 10), "{}", body.len());
+    assert!(
+        body.len() <= stats::TARGET_CAP + (64 << 10),
+        "{}",
+        body.len()
+    );
     let (_, body) = get(s.addr, "GET", "/stats/prometheus").await;
     assert!(
         body.contains("istio_agent_scrape_failures_total{type=\"envoy\"} 1"),

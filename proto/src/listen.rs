@@ -11,6 +11,7 @@
 //!   peer cannot take every descriptor or every slot.
 //! - [`raise_open_file_limit`]: the soft `RLIMIT_NOFILE` raised to the hard limit at start, as
 //!   Go's runtime does for istiod and Istio's agent.
+//! - [`idle`]: an HTTP/2 connection that opens no stream in time, or keeps none open, is closed.
 
 use std::collections::HashMap;
 use std::io;
@@ -21,6 +22,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+pub mod idle;
 
 /// First pause after an accept failed for lack of resources.
 pub const BACKOFF_START: Duration = Duration::from_millis(100);

@@ -71,6 +71,9 @@ pub struct ServerSettings {
     /// Clock skew allowed when verifying a token's `exp` and `nbf`
     /// ([`ca::DEFAULT_TOKEN_CLOCK_SKEW`] unless configured).
     pub token_clock_skew: Duration,
+    /// Connection caps of the two gRPC ports together ([`listen::GRPC_CAPS`] unless
+    /// configured; the total is lowered to fit the open-file limit).
+    pub conn_caps: proto::listen::Caps,
 }
 
 /// Everything `serve` needs.
@@ -271,14 +274,30 @@ pub async fn serve_sources(
     }
     let serving = tls::ServingTls::new(&ca.current(), names)?;
 
-    match listen::raise_open_file_limit() {
-        Ok((soft, _)) if soft < 4096 => tracing::warn!(
-            limit = soft,
-            "the open-file limit (RLIMIT_NOFILE, hard) caps the proxies that can connect; raise it"
-        ),
-        Ok((soft, _)) => tracing::info!(limit = soft, "open-file limit"),
-        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
-    }
+    let conn_caps = match listen::raise_open_file_limit() {
+        Ok((soft, _)) => {
+            if soft < 4096 {
+                tracing::warn!(
+                    limit = soft,
+                    "the open-file limit (RLIMIT_NOFILE, hard) caps the proxies that can connect; raise it"
+                );
+            } else {
+                tracing::info!(limit = soft, "open-file limit");
+            }
+            listen::within_open_files(inputs.conn_caps, soft)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-file limit");
+            inputs.conn_caps
+        }
+    };
+    tracing::info!(
+        total = conn_caps.total,
+        per_ip = conn_caps.per_peer,
+        "gRPC connection caps"
+    );
+    // One count for both gRPC ports: a proxy connects to one or the other.
+    let conn_caps = proto::listen::ConnCaps::new(conn_caps);
     let grpc = bind("grpc", inputs.grpc_addr)?;
     let secure = bind("secure-grpc", inputs.secure_grpc_addr)?;
     let monitoring = bind("monitoring", inputs.monitoring_addr)?;
@@ -328,12 +347,10 @@ pub async fn serve_sources(
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(ads.service(MAX_REQUEST_SIZE));
         let c = cancel.clone();
+        let acceptor = Acceptor::new(grpc, "grpc", conn_caps.clone());
         tasks.spawn(async move {
             if let Err(e) = router
-                .serve_with_incoming_shutdown(
-                    Acceptor::new(grpc, "grpc").into_stream(),
-                    c.cancelled(),
-                )
+                .serve_with_incoming_shutdown(acceptor.into_stream(), c.cancelled())
                 .await
             {
                 tracing::error!(error = %e, "grpc server failed");
@@ -349,7 +366,11 @@ pub async fn serve_sources(
         tasks.spawn(async move {
             if let Err(e) = router
                 .serve_with_incoming_shutdown(
-                    tls::incoming(Acceptor::new(secure, "secure-grpc"), tls_config, c.clone()),
+                    tls::incoming(
+                        Acceptor::new(secure, "secure-grpc", conn_caps),
+                        tls_config,
+                        c.clone(),
+                    ),
                     c.cancelled(),
                 )
                 .await

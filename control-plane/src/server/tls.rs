@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::Stream;
+use proto::listen::Capped;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -192,7 +193,7 @@ pub fn incoming(
     mut acceptor: Acceptor,
     config: Arc<ServerConfig>,
     cancel: CancellationToken,
-) -> impl Stream<Item = std::io::Result<TlsStream<TcpStream>>> + Send + 'static {
+) -> impl Stream<Item = std::io::Result<TlsStream<Capped<TcpStream>>>> + Send + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel(256);
     let tls = tokio_rustls::TlsAcceptor::from(config);
     tokio::spawn(async move {
@@ -204,7 +205,7 @@ pub fn incoming(
             };
             let (tls, tx) = (tls.clone(), tx.clone());
             tokio::spawn(async move {
-                let peer = tcp.peer_addr().ok();
+                let peer = tcp.get_ref().peer_addr().ok();
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
                     Ok(Ok(stream)) => {
                         let _ = tx.send(Ok(stream)).await;

@@ -179,8 +179,9 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, counts: conn::Cou
         let Ok(peer) = stream.peer_addr() else {
             continue;
         };
-        let permit = match counts.admit(peer.ip()) {
-            Ok(p) => p,
+        let activity = conn::Activity::new();
+        let admitted = match counts.admit(peer.ip(), &activity) {
+            Ok(a) => a,
             Err(why) => {
                 tracing::debug!(peer = %peer, reason = %why, "status connection refused");
                 continue;
@@ -190,9 +191,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, counts: conn::Cou
         let token = token.clone();
         let local_port = stream.local_addr().map(|a| a.port()).unwrap_or(0);
         tokio::spawn(async move {
-            let _permit = permit;
             let limits = state.inputs.limits;
-            let activity = conn::Activity::new();
             let requests = activity.clone();
             let svc = hyper::service::service_fn(move |req| {
                 let state = state.clone();
@@ -212,6 +211,9 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, counts: conn::Cou
                 _ = conn => {}
                 _ = activity.expired(&limits) => {
                     tracing::debug!(peer = %peer, "status connection timed out");
+                }
+                _ = admitted.evicted() => {
+                    tracing::debug!(peer = %peer, "idle status connection closed for a new one");
                 }
                 _ = token.cancelled() => {}
             }

@@ -220,6 +220,25 @@ impl ConnCaps {
         })
     }
 
+    /// Takes a slot for a connection from `peer` within the cap per peer but past the overall
+    /// cap: for a server that has just told another connection to go and makes room for this
+    /// one before that one has closed (the caller bounds how far past the cap this goes).
+    pub fn admit_replacing(&self, peer: Option<IpAddr>) -> Result<Permit, Refused> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ip) = peer {
+            let n = open.by_peer.entry(ip).or_insert(0);
+            if *n >= self.caps.per_peer {
+                return Err(Refused::Peer(*n));
+            }
+            *n += 1;
+        }
+        open.total += 1;
+        Ok(Permit {
+            open: self.open.clone(),
+            peer,
+        })
+    }
+
     /// Connections open now.
     pub fn open(&self) -> usize {
         self.open.lock().unwrap_or_else(|p| p.into_inner()).total

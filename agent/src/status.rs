@@ -5,6 +5,7 @@
 pub mod conn;
 pub mod grpc_ready;
 pub mod probe;
+pub(crate) mod route;
 pub mod stats;
 fn json_response(body: String) -> http::Response<Body> {
     let mut r = full(200, body);
@@ -36,6 +37,7 @@ use crate::config::NodeType;
 use crate::envoy::admin::Admin;
 use crate::lifecycle::{Readiness, Shutdown};
 use probe::{AppProbers, Prober, PrometheusAnnotations};
+use route::Route;
 
 /// Body type of every status response.
 pub type Body = BoxBody<bytes::Bytes, std::io::Error>;
@@ -229,70 +231,34 @@ struct Conn {
     local_port: u16,
 }
 
-/// Decodes `%XX` escapes, as Go's `URL.Path` (an invalid escape is kept as is).
-fn unescape_path(p: &str) -> String {
-    let b = p.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        if b[i] == b'%'
-            && let (Some(h), Some(l)) = (
-                b.get(i + 1).copied().and_then(hex),
-                b.get(i + 2).copied().and_then(hex),
-            )
-        {
-            out.push((h * 16 + l) as u8);
-            i += 3;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 async fn handle(
     state: Arc<State>,
     conn: Conn,
     req: http::Request<Incoming>,
 ) -> http::Response<Body> {
-    let peer = conn.peer;
-    let path = unescape_path(req.uri().path());
     // From inside the pod; not 127.0.0.6, where Envoy's inbound passthrough puts remote peers.
-    let loopback = conn::is_local(peer.ip());
-    match path.as_str() {
-        "/healthz/ready" => match ready(&state).await {
+    let local = conn::is_local(conn.peer.ip());
+    let route = route::route(
+        req.uri().path(),
+        req.method(),
+        local,
+        state.inputs.metrics_localhost_only,
+    );
+    match route {
+        Route::Ready => match ready(&state).await {
             Ok(()) => full(200, ""),
             Err(pending) => {
                 tracing::warn!(pending = %pending, "Envoy proxy is NOT ready");
                 full(503, pending)
             }
         },
-        "/stats/prometheus" | "/metrics" => {
-            if state.inputs.metrics_localhost_only && !loopback {
-                return full(403, "");
-            }
-            stats::merged(&state.inputs, req).await
-        }
-        "/quitquitquit" => {
-            if !loopback {
-                return full(403, "");
-            }
-            if req.method() != http::Method::POST {
-                return full(405, "");
-            }
+        Route::Stats => stats::merged(&state.inputs, req).await,
+        Route::Quit => {
             tracing::info!("/quitquitquit: shutting down without drain");
             state.inputs.shutdown.trigger_immediate();
             full(200, "OK")
         }
-        "/drain" => {
-            if !loopback {
-                return full(403, "");
-            }
-            if req.method() != http::Method::POST {
-                return full(405, "");
-            }
+        Route::Drain => {
             if let Some(admin) = state.inputs.admin {
                 let q = match state.inputs.node_type {
                     NodeType::Sidecar => "/drain_listeners?inboundonly&graceful&skip_exit",
@@ -311,23 +277,13 @@ async fn handle(
             state.inputs.shutdown.skip_drain();
             full(200, "OK")
         }
-        "/debug/ndsz" => {
-            if !loopback {
-                return full(403, "");
-            }
-            match state.inputs.ndsz.as_ref().and_then(|f| f()) {
-                Some(json) => json_response(json),
-                None => full(404, "{}"),
-            }
-        }
-        "/debug/config_dump" => {
-            if !loopback {
-                return full(403, "");
-            }
-            json_response(state.inputs.config_dump.clone())
-        }
-        p if p.starts_with("/app-health/") || p.starts_with("/app-lifecycle/") => {
-            let Some(probe) = state.inputs.probers.get(p) else {
+        Route::Ndsz => match state.inputs.ndsz.as_ref().and_then(|f| f()) {
+            Some(json) => json_response(json),
+            None => full(404, "{}"),
+        },
+        Route::ConfigDump => json_response(state.inputs.config_dump.clone()),
+        Route::App(p) => {
+            let Some(probe) = state.inputs.probers.get(&p) else {
                 tracing::warn!(path = p, "app prober config does not exist");
                 return full(400, format!("app prober config does not exists for {p}"));
             };
@@ -344,7 +300,8 @@ async fn handle(
             let r = state.inputs.prober.run_app(probe, kubelet).await;
             full(r.status, r.body)
         }
-        _ => full(404, ""),
+        Route::Refused(status) => full(status, ""),
+        Route::NotFound => full(404, ""),
     }
 }
 

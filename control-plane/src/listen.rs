@@ -18,7 +18,8 @@
 //! together, [`MONITORING_CAPS`]): overall and per peer IP address, one over either closed as
 //! soon as it is accepted. So one peer (or a few) opening idle connections cannot take every
 //! descriptor and lock the fleet out; the secure port's TLS handshake must also finish within
-//! 10 s ([`crate::server::tls::HANDSHAKE_TIMEOUT`]).
+//! 10 s ([`crate::server::tls::HANDSHAKE_TIMEOUT`]), and a gRPC connection must open a stream
+//! in time ([`GRPC_STREAM_LIMITS`]).
 
 use std::io;
 use std::net::SocketAddr;
@@ -62,6 +63,15 @@ pub use proto::listen::raise_open_file_limit;
 pub const GRPC_CAPS: Caps = Caps {
     total: 20_000,
     per_peer: 1_024,
+};
+
+/// How long a gRPC connection may go without a stream: its first within 10 s of the accept
+/// (the TLS handshake included), and 5 minutes with none open (the agent's CA client keeps
+/// its connection between two certificates, hours apart: it reconnects for the next; a
+/// proxy's ADS stream stays open). See [`proto::listen::idle`].
+pub const GRPC_STREAM_LIMITS: proto::listen::idle::Limits = proto::listen::idle::Limits {
+    first_stream: std::time::Duration::from_secs(10),
+    idle: std::time::Duration::from_secs(300),
 };
 
 /// The monitoring port: Prometheus and an operator's `curl`.

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use proto::istio::ca::istio_certificate_service_server::IstioCertificateServiceServer;
+use proto::listen::idle::{Counted, Watched};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -345,12 +346,15 @@ pub async fn serve_sources(
         // Plaintext: xDS only (no CA: `IstioCertificateService` answers UNIMPLEMENTED here).
         let router = Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(ads.service(MAX_REQUEST_SIZE));
+            .add_service(Counted::new(ads.service(MAX_REQUEST_SIZE)));
         let c = cancel.clone();
-        let acceptor = Acceptor::new(grpc, "grpc", conn_caps.clone());
+        let incoming = futures::StreamExt::map(
+            Acceptor::new(grpc, "grpc", conn_caps.clone()).into_stream(),
+            |conn| conn.map(|c| Watched::new(c, listen::GRPC_STREAM_LIMITS)),
+        );
         tasks.spawn(async move {
             if let Err(e) = router
-                .serve_with_incoming_shutdown(acceptor.into_stream(), c.cancelled())
+                .serve_with_incoming_shutdown(incoming, c.cancelled())
                 .await
             {
                 tracing::error!(error = %e, "grpc server failed");
@@ -360,8 +364,8 @@ pub async fn serve_sources(
     {
         let router = Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(IstioCertificateServiceServer::new(ca_svc))
-            .add_service(ads.service(MAX_REQUEST_SIZE));
+            .add_service(Counted::new(IstioCertificateServiceServer::new(ca_svc)))
+            .add_service(Counted::new(ads.service(MAX_REQUEST_SIZE)));
         let c = cancel.clone();
         tasks.spawn(async move {
             if let Err(e) = router

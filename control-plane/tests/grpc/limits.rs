@@ -3,6 +3,7 @@
 //! are capped overall and per peer address.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 use proto::envoy::config::core::v3::Node;
 use proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
@@ -116,7 +117,7 @@ async fn idle_connections_are_capped_overall_and_per_peer_address() {
     // The first peer leaves: a proxy is served beside the second peer's idle connections (the
     // server frees the slots as it reads the closes).
     drop(first_peer);
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         match first_answer_from(Some(loopback(9)), addr, 0).await {
             Ok(Some(_)) => break,
@@ -125,9 +126,114 @@ async fn idle_connections_are_capped_overall_and_per_peer_address() {
                 "a proxy is served once slots free: {other:?}"
             ),
         }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(second_peer);
+    cancel.cancel();
+    running.wait().await;
+}
+
+/// An ADS stream on `channel` after its first (CDS) answer: the request sender, the answers and
+/// that answer's nonce.
+async fn ads_stream(
+    channel: tonic::transport::Channel,
+) -> (
+    tokio::sync::mpsc::Sender<DiscoveryRequest>,
+    tonic::Streaming<DiscoveryResponse>,
+    String,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(ads_request(proto::type_url::CLUSTER, ""))
+        .await
+        .unwrap();
+    let mut answers = AggregatedDiscoveryServiceClient::new(channel)
+        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let cds = tokio::time::timeout(Duration::from_secs(10), answers.message())
+        .await
+        .expect("CDS in time")
+        .expect("ok")
+        .expect("CDS");
+    (tx, answers, cds.nonce)
+}
+
+fn ads_request(type_url: &str, nonce: &str) -> DiscoveryRequest {
+    DiscoveryRequest {
+        type_url: type_url.into(),
+        response_nonce: nonce.into(),
+        node: Some(Node {
+            id: "sidecar~198.18.0.1~a.ns~ns.svc.cluster.local".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Real time, the production deadline (10 s): the in-process server does not run on paused
+/// time (its config watcher's thread), and the deadline itself is unit-tested on paused time
+/// in `proto::listen::idle`.
+#[tokio::test]
+async fn a_connection_without_a_stream_is_closed_and_ads_streams_are_kept() {
+    let (config, ca) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (running, cancel) = super::ca_grpc::start(config.path(), ca.path()).await;
+    let limits = control_plane::listen::GRPC_STREAM_LIMITS;
+
+    // A proxy on each port (TLS: tonic's connection info differs, the streams are counted all
+    // the same), its stream open from the start.
+    let plain = tonic::transport::Channel::from_shared(format!("http://{}", running.grpc_addr))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let root = std::fs::read_to_string(ca.path().join("root-cert.pem")).expect("root");
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(root))
+        .domain_name("istiod.istio-system.svc");
+    let endpoint =
+        tonic::transport::Channel::from_shared(format!("https://{}", running.secure_grpc_addr))
+            .expect("uri")
+            .tls_config(tls)
+            .expect("tls");
+    let secure = tokio::time::timeout(Duration::from_secs(10), endpoint.connect())
+        .await
+        .expect("TLS connect in time")
+        .expect("tls connect");
+    let mut streams = vec![ads_stream(plain).await, ads_stream(secure).await];
+
+    // No HTTP/2 preface on the plaintext port; no TLS ClientHello on the secure one.
+    let closed = |addr: SocketAddr| async move {
+        let mut silent = TcpStream::connect(addr).await.expect("connect");
+        let start = tokio::time::Instant::now();
+        let mut seen = Vec::new();
+        let _ = tokio::time::timeout(limits.first_stream * 3, silent.read_to_end(&mut seen))
+            .await
+            .unwrap_or_else(|_| panic!("{addr}: a silent connection is closed"));
+        start.elapsed()
+    };
+    let (plain_took, secure_took) =
+        tokio::join!(closed(running.grpc_addr), closed(running.secure_grpc_addr));
+    for took in [plain_took, secure_took] {
+        assert!(took >= limits.first_stream, "closed after {took:?}");
+    }
+
+    // Past the deadline the proxies' streams are still served.
+    for (tx, answers, nonce) in &mut streams {
+        // Envoy's way: ACK the CDS answer, then subscribe to LDS.
+        tx.send(ads_request(proto::type_url::CLUSTER, nonce))
+            .await
+            .unwrap();
+        tx.send(ads_request(proto::type_url::LISTENER, ""))
+            .await
+            .unwrap();
+        let lds = tokio::time::timeout(Duration::from_secs(10), answers.message())
+            .await
+            .expect("LDS in time")
+            .expect("ok")
+            .expect("LDS");
+        assert_eq!(lds.type_url, proto::type_url::LISTENER);
+    }
     cancel.cancel();
     running.wait().await;
 }

@@ -12,7 +12,8 @@
 //!   Its [`Connected::ConnectInfo`] is the connection's [`Streams`] (the inner connection's info
 //!   is not passed on: no server using this reads it).
 //! - [`Counted`] wraps the gRPC service: each request is an open stream until its response body
-//!   is dropped (the response ended, or the stream was reset).
+//!   is dropped (the response ended, or the stream was reset). Under TLS (a `TlsStream` around a
+//!   [`Watched`] connection) tonic's info is `TlsConnectInfo<Streams>`, which it reads as well.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,7 +28,7 @@ use tokio::time::{Instant, Sleep};
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::server::NamedService;
-use tonic::transport::server::Connected;
+use tonic::transport::server::{Connected, TlsConnectInfo};
 
 /// How long an HTTP/2 connection may go without an open stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,7 +268,12 @@ where
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let guard = request.extensions().get::<Streams>().map(Streams::open);
+        let ext = request.extensions();
+        let streams = ext.get::<Streams>().or_else(|| {
+            ext.get::<TlsConnectInfo<Streams>>()
+                .map(TlsConnectInfo::get_ref)
+        });
+        let guard = streams.map(Streams::open);
         let response = self.0.call(request);
         Box::pin(async move {
             let response = response.await?;

@@ -141,7 +141,7 @@ pub(crate) fn forwarded(kubelet: &KubeletRequest<'_>, port: u16) -> (HeaderMap, 
 }
 
 /// Go's `net.SplitHostPort`: `host:port` or `[v6]:port`; `None` without a port.
-fn split_host_port(s: &str) -> Option<(&str, &str)> {
+pub(super) fn split_host_port(s: &str) -> Option<(&str, &str)> {
     if let Some(rest) = s.strip_prefix('[') {
         let (host, after) = rest.split_once(']')?;
         Some((host, after.strip_prefix(':')?))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Bounded fuzzing for CI: the cargo-fuzz project fuzz/ (DNS requests, iptables flags, xDS/NDS
-# decode, the XDS socket's HPACK rewriter, app probers, CSR/PEM in the CA, Istio YAML) is built once (all targets in one build), then each runs for
+# decode, the XDS socket's HPACK rewriter, app probers, status-port requests, CSR/PEM in the CA,
+# Istio YAML) is built once (all targets in one build), then each runs for
 # FUZZ_SECONDS (default 20) starting from its committed seed corpus. Fails on any crash (the
 # reproducer is left in <project>/artifacts/<target>/), prints executions per target.
 #

@@ -34,6 +34,7 @@ pub mod xds_proxy;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
+    pub use crate::status::route::check_request as check_status_request;
     pub use crate::xds_proxy::fuzzing::{
         ResponseHead, check_against_prost, decode_response_head, fuzz_rewrite, relay_frames,
     };

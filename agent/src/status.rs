@@ -7,6 +7,7 @@ pub mod grpc_ready;
 pub mod lockdown;
 pub mod probe;
 pub mod process;
+pub(crate) mod route;
 pub mod stats;
 fn json_response(body: String) -> http::Response<Body> {
     let mut r = full(200, body);
@@ -39,6 +40,7 @@ use crate::envoy::admin::Admin;
 use crate::envoy::readiness::EnvoyReadiness;
 use crate::lifecycle::{Readiness, Shutdown};
 use probe::{AppProbers, Prober, PrometheusAnnotations};
+use route::Route;
 
 /// Body type of every status response.
 pub type Body = BoxBody<bytes::Bytes, std::io::Error>;
@@ -201,8 +203,9 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, counts: conn::Cou
         let Ok(peer) = stream.peer_addr() else {
             continue;
         };
-        let permit = match counts.admit(peer.ip()) {
-            Ok(p) => p,
+        let activity = conn::Activity::new();
+        let admitted = match counts.admit(peer.ip(), &activity) {
+            Ok(a) => a,
             Err(why) => {
                 tracing::debug!(peer = %peer, reason = %why, "status connection refused");
                 continue;
@@ -214,9 +217,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, counts: conn::Cou
             continue;
         };
         tokio::spawn(async move {
-            let _permit = permit;
             let limits = state.inputs.limits;
-            let activity = conn::Activity::new();
             let requests = activity.clone();
             let svc = hyper::service::service_fn(move |req| {
                 let state = state.clone();
@@ -237,6 +238,9 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, counts: conn::Cou
                 _ = activity.expired(&limits) => {
                     tracing::debug!(peer = %peer, "status connection timed out");
                 }
+                _ = admitted.evicted() => {
+                    tracing::debug!(peer = %peer, "idle status connection closed for a new one");
+                }
                 _ = token.cancelled() => {}
             }
         });
@@ -251,50 +255,13 @@ struct Conn {
     local: SocketAddr,
 }
 
-/// The rules every mutating endpoint shares: loopback only (not 127.0.0.6), POST only, and
-/// with lockdown the caller's uid must be the proxy's. Returns the refusal, if any.
-fn refuse_mutation(
-    state: &State,
-    conn: Conn,
-    method: &http::Method,
-    path: &str,
-) -> Option<http::Response<Body>> {
-    if !conn::is_local(conn.peer.ip()) {
-        return Some(full(403, ""));
-    }
-    if method != http::Method::POST {
-        return Some(full(405, ""));
-    }
-    if let Some(lockdown) = &state.inputs.lockdown
-        && let Err(refusal) = lockdown.check(conn.peer, conn.local)
-    {
-        tracing::warn!(peer = %conn.peer, path, reason = %refusal, "lifecycle call refused");
-        return Some(full(403, format!("{refusal}\n")));
-    }
-    None
-}
-
-/// Decodes `%XX` escapes, as Go's `URL.Path` (an invalid escape is kept as is).
-fn unescape_path(p: &str) -> String {
-    let b = p.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        if b[i] == b'%'
-            && let (Some(h), Some(l)) = (
-                b.get(i + 1).copied().and_then(hex),
-                b.get(i + 2).copied().and_then(hex),
-            )
-        {
-            out.push((h * 16 + l) as u8);
-            i += 3;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// With `PROXY_LIFECYCLE_LOCKDOWN`, the refusal of a lifecycle call (already routed: from
+/// inside the pod, by `POST`) whose caller is not the proxy's uid or root.
+fn lockdown_refusal(state: &State, conn: Conn, path: &str) -> Option<http::Response<Body>> {
+    let lockdown = state.inputs.lockdown.as_ref()?;
+    let refusal = lockdown.check(conn.peer, conn.local).err()?;
+    tracing::warn!(peer = %conn.peer, path, reason = %refusal, "lifecycle call refused");
+    Some(full(403, format!("{refusal}\n")))
 }
 
 async fn handle(
@@ -302,12 +269,16 @@ async fn handle(
     conn: Conn,
     req: http::Request<Incoming>,
 ) -> http::Response<Body> {
-    let peer = conn.peer;
-    let path = unescape_path(req.uri().path());
     // From inside the pod; not 127.0.0.6, where Envoy's inbound passthrough puts remote peers.
-    let loopback = conn::is_local(peer.ip());
-    match path.as_str() {
-        "/healthz/ready" => match ready(&state).await {
+    let local = conn::is_local(conn.peer.ip());
+    let route = route::route(
+        req.uri().path(),
+        req.method(),
+        local,
+        state.inputs.metrics_localhost_only,
+    );
+    match route {
+        Route::Ready => match ready(&state).await {
             Ok(()) => {
                 state.inputs.metrics.started();
                 full(200, "")
@@ -317,22 +288,17 @@ async fn handle(
                 full(503, pending)
             }
         },
-        "/stats/prometheus" | "/metrics" => {
-            if state.inputs.metrics_localhost_only && !loopback {
-                return full(403, "");
-            }
-            stats::merged(&state.inputs, req).await
-        }
-        "/quitquitquit" => {
-            if let Some(refused) = refuse_mutation(&state, conn, req.method(), &path) {
+        Route::Stats => stats::merged(&state.inputs, req).await,
+        Route::Quit => {
+            if let Some(refused) = lockdown_refusal(&state, conn, "/quitquitquit") {
                 return refused;
             }
             tracing::info!("/quitquitquit: shutting down without drain");
             state.inputs.shutdown.trigger_immediate();
             full(200, "OK")
         }
-        "/drain" => {
-            if let Some(refused) = refuse_mutation(&state, conn, req.method(), &path) {
+        Route::Drain => {
+            if let Some(refused) = lockdown_refusal(&state, conn, "/drain") {
                 return refused;
             }
             if let Some(admin) = &state.inputs.admin {
@@ -353,23 +319,13 @@ async fn handle(
             state.inputs.shutdown.skip_drain();
             full(200, "OK")
         }
-        "/debug/ndsz" => {
-            if !loopback {
-                return full(403, "");
-            }
-            match state.inputs.ndsz.as_ref().and_then(|f| f()) {
-                Some(json) => json_response(json),
-                None => full(404, "{}"),
-            }
-        }
-        "/debug/config_dump" => {
-            if !loopback {
-                return full(403, "");
-            }
-            json_response(state.inputs.config_dump.clone())
-        }
-        p if p.starts_with("/app-health/") || p.starts_with("/app-lifecycle/") => {
-            let Some(probe) = state.inputs.probers.get(p) else {
+        Route::Ndsz => match state.inputs.ndsz.as_ref().and_then(|f| f()) {
+            Some(json) => json_response(json),
+            None => full(404, "{}"),
+        },
+        Route::ConfigDump => json_response(state.inputs.config_dump.clone()),
+        Route::App(p) => {
+            let Some(probe) = state.inputs.probers.get(&p) else {
                 tracing::warn!(path = p, "app prober config does not exist");
                 return full(400, format!("app prober config does not exists for {p}"));
             };
@@ -386,7 +342,8 @@ async fn handle(
             let r = state.inputs.prober.run_app(probe, kubelet).await;
             full(r.status, r.body)
         }
-        _ => full(404, ""),
+        Route::Refused(status) => full(status, ""),
+        Route::NotFound => full(404, ""),
     }
 }
 

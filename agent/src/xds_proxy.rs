@@ -364,11 +364,16 @@ pub async fn serve(
     listener: UnixListener,
     token: CancellationToken,
 ) -> Result<(), Error> {
-    // Capped, and never spinning on EMFILE (tonic retries a failed accept at once).
+    use proto::listen::idle;
+    // Capped, and never spinning on EMFILE (tonic retries a failed accept at once); a
+    // connection without a stream in time is closed (the keepalive ping below only finds a
+    // peer that stopped answering, not one that answers and opens nothing).
     let caps = proto::listen::ConnCaps::new(proto::listen::UNIX_SOCKET_CAPS);
     let incoming = authority::fix(futures::StreamExt::map(
         proto::listen::incoming(listener, caps, "xds"),
-        |conn| conn.map(coalesce::Coalesce::new),
+        |conn| {
+            conn.map(|c| coalesce::Coalesce::new(idle::Watched::new(c, idle::UNIX_SOCKET_LIMITS)))
+        },
     ));
     tonic::transport::Server::builder()
         .max_concurrent_streams(100_000)
@@ -376,7 +381,7 @@ pub async fn serve(
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
         // The cap the header rewriter enforces too (see `authority`).
         .http2_max_header_list_size(hpack::MAX_HEADER_LIST as u32)
-        .add_service(proxy.service())
+        .add_service(idle::Counted::new(proxy.service()))
         .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
         .await?;
     Ok(())

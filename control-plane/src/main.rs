@@ -13,8 +13,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand};
-use control_plane::{ca, replay, server, vm_bundle};
+use control_plane::{ca, listen, replay, server, vm_bundle};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Debug)]
@@ -60,6 +61,16 @@ struct ServerArgs {
     /// Clock skew between hosts allowed on a token's `exp` and `nbf` (whole seconds count).
     #[arg(long, env = "ISTIOD_LITE_TOKEN_CLOCK_SKEW", default_value = "60s", value_parser = go_syntax::parse_duration)]
     token_clock_skew: Duration,
+    /// Connections the two gRPC ports hold at once, together (lowered to fit the open-file
+    /// limit).
+    #[arg(long, env = "ISTIOD_LITE_MAX_CONNECTIONS", default_value_t = listen::GRPC_CAPS.total,
+        value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    max_connections: usize,
+    /// Connections the two gRPC ports hold at once from one IP address (raise it when a remote
+    /// cluster's proxies come through one east-west gateway).
+    #[arg(long, env = "ISTIOD_LITE_MAX_CONNECTIONS_PER_IP", default_value_t = listen::GRPC_CAPS.per_peer,
+        value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    max_connections_per_ip: usize,
 }
 
 impl From<ServerArgs> for server::ServerSettings {
@@ -72,6 +83,10 @@ impl From<ServerArgs> for server::ServerSettings {
             monitoring_addr: a.monitoring_addr,
             sans: a.sans,
             token_clock_skew: a.token_clock_skew,
+            conn_caps: proto::listen::Caps {
+                total: a.max_connections,
+                per_peer: a.max_connections_per_ip,
+            },
         }
     }
 }

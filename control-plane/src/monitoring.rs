@@ -111,7 +111,8 @@ async fn handle(
 /// Serves on `listener` until `cancel`.
 pub async fn serve(listener: TcpListener, inputs: MonitoringInputs, cancel: CancellationToken) {
     let inputs = Arc::new(inputs);
-    let mut acceptor = crate::listen::Acceptor::new(listener, "monitoring");
+    let caps = proto::listen::ConnCaps::new(crate::listen::MONITORING_CAPS);
+    let mut acceptor = crate::listen::Acceptor::new(listener, "monitoring", caps);
     loop {
         let stream = tokio::select! {
             _ = cancel.cancelled() => return,

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use proto::istio::ca::istio_certificate_service_server::IstioCertificateServiceServer;
+use proto::listen::idle::{Counted, Watched};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -71,6 +72,9 @@ pub struct ServerSettings {
     /// Clock skew allowed when verifying a token's `exp` and `nbf`
     /// ([`ca::DEFAULT_TOKEN_CLOCK_SKEW`] unless configured).
     pub token_clock_skew: Duration,
+    /// Connection caps of the two gRPC ports together ([`listen::GRPC_CAPS`] unless
+    /// configured; the total is lowered to fit the open-file limit).
+    pub conn_caps: proto::listen::Caps,
 }
 
 /// Everything `serve` needs.
@@ -271,14 +275,30 @@ pub async fn serve_sources(
     }
     let serving = tls::ServingTls::new(&ca.current(), names)?;
 
-    match listen::raise_open_file_limit() {
-        Ok((soft, _)) if soft < 4096 => tracing::warn!(
-            limit = soft,
-            "the open-file limit (RLIMIT_NOFILE, hard) caps the proxies that can connect; raise it"
-        ),
-        Ok((soft, _)) => tracing::info!(limit = soft, "open-file limit"),
-        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
-    }
+    let conn_caps = match listen::raise_open_file_limit() {
+        Ok((soft, _)) => {
+            if soft < 4096 {
+                tracing::warn!(
+                    limit = soft,
+                    "the open-file limit (RLIMIT_NOFILE, hard) caps the proxies that can connect; raise it"
+                );
+            } else {
+                tracing::info!(limit = soft, "open-file limit");
+            }
+            listen::within_open_files(inputs.conn_caps, soft)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-file limit");
+            inputs.conn_caps
+        }
+    };
+    tracing::info!(
+        total = conn_caps.total,
+        per_ip = conn_caps.per_peer,
+        "gRPC connection caps"
+    );
+    // One count for both gRPC ports: a proxy connects to one or the other.
+    let conn_caps = proto::listen::ConnCaps::new(conn_caps);
     let grpc = bind("grpc", inputs.grpc_addr)?;
     let secure = bind("secure-grpc", inputs.secure_grpc_addr)?;
     let monitoring = bind("monitoring", inputs.monitoring_addr)?;
@@ -326,14 +346,15 @@ pub async fn serve_sources(
         // Plaintext: xDS only (no CA: `IstioCertificateService` answers UNIMPLEMENTED here).
         let router = Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(ads.service(MAX_REQUEST_SIZE));
+            .add_service(Counted::new(ads.service(MAX_REQUEST_SIZE)));
         let c = cancel.clone();
+        let incoming = futures::StreamExt::map(
+            Acceptor::new(grpc, "grpc", conn_caps.clone()).into_stream(),
+            |conn| conn.map(|c| Watched::new(c, listen::GRPC_STREAM_LIMITS)),
+        );
         tasks.spawn(async move {
             if let Err(e) = router
-                .serve_with_incoming_shutdown(
-                    Acceptor::new(grpc, "grpc").into_stream(),
-                    c.cancelled(),
-                )
+                .serve_with_incoming_shutdown(incoming, c.cancelled())
                 .await
             {
                 tracing::error!(error = %e, "grpc server failed");
@@ -343,13 +364,17 @@ pub async fn serve_sources(
     {
         let router = Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(IstioCertificateServiceServer::new(ca_svc))
-            .add_service(ads.service(MAX_REQUEST_SIZE));
+            .add_service(Counted::new(IstioCertificateServiceServer::new(ca_svc)))
+            .add_service(Counted::new(ads.service(MAX_REQUEST_SIZE)));
         let c = cancel.clone();
         tasks.spawn(async move {
             if let Err(e) = router
                 .serve_with_incoming_shutdown(
-                    tls::incoming(Acceptor::new(secure, "secure-grpc"), tls_config, c.clone()),
+                    tls::incoming(
+                        Acceptor::new(secure, "secure-grpc", conn_caps),
+                        tls_config,
+                        c.clone(),
+                    ),
                     c.cancelled(),
                 )
                 .await

@@ -11,6 +11,7 @@
 //!   peer cannot take every descriptor or every slot.
 //! - [`raise_open_file_limit`]: the soft `RLIMIT_NOFILE` raised to the hard limit at start, as
 //!   Go's runtime does for istiod and Istio's agent.
+//! - [`idle`]: an HTTP/2 connection that opens no stream in time, or keeps none open, is closed.
 
 use std::collections::HashMap;
 use std::io;
@@ -21,6 +22,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+pub mod idle;
 
 /// First pause after an accept failed for lack of resources.
 pub const BACKOFF_START: Duration = Duration::from_millis(100);
@@ -203,6 +206,25 @@ impl ConnCaps {
         if open.total >= self.caps.total {
             return Err(Refused::Total(open.total));
         }
+        if let Some(ip) = peer {
+            let n = open.by_peer.entry(ip).or_insert(0);
+            if *n >= self.caps.per_peer {
+                return Err(Refused::Peer(*n));
+            }
+            *n += 1;
+        }
+        open.total += 1;
+        Ok(Permit {
+            open: self.open.clone(),
+            peer,
+        })
+    }
+
+    /// Takes a slot for a connection from `peer` within the cap per peer but past the overall
+    /// cap: for a server that has just told another connection to go and makes room for this
+    /// one before that one has closed (the caller bounds how far past the cap this goes).
+    pub fn admit_replacing(&self, peer: Option<IpAddr>) -> Result<Permit, Refused> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(ip) = peer {
             let n = open.by_peer.entry(ip).or_insert(0);
             if *n >= self.caps.per_peer {

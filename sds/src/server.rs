@@ -85,24 +85,30 @@ impl SdsServer {
     }
 
     /// Serves until `shutdown` is cancelled; open streams end then, and the socket is removed.
+    /// A connection must open a stream within 10 s and goes after 60 s with none open
+    /// ([`proto::listen::idle::UNIX_SOCKET_LIMITS`]).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let svc = Sds {
             manager: self.manager,
             shutdown: shutdown.clone(),
             counter: Arc::new(AtomicU64::new(0)),
         };
+        use proto::listen::idle;
+        // Capped, and never spinning on EMFILE (tonic retries a failed accept at once); a
+        // connection without a stream in time is closed.
+        let limits = idle::UNIX_SOCKET_LIMITS;
+        let incoming = futures::StreamExt::map(
+            proto::listen::incoming(
+                self.listener,
+                proto::listen::ConnCaps::new(proto::listen::UNIX_SOCKET_CAPS),
+                "sds",
+            ),
+            move |conn| conn.map(|c| idle::Watched::new(c, limits)),
+        );
         let res = tonic::transport::Server::builder()
             .max_concurrent_streams(100_000)
-            .add_service(SecretDiscoveryServiceServer::new(svc))
-            .serve_with_incoming_shutdown(
-                // Capped, and never spinning on EMFILE (tonic retries a failed accept at once).
-                proto::listen::incoming(
-                    self.listener,
-                    proto::listen::ConnCaps::new(proto::listen::UNIX_SOCKET_CAPS),
-                    "sds",
-                ),
-                shutdown.cancelled(),
-            )
+            .add_service(idle::Counted::new(SecretDiscoveryServiceServer::new(svc)))
+            .serve_with_incoming_shutdown(incoming, shutdown.cancelled())
             .await;
         let _ = std::fs::remove_file(&self.path);
         res.map_err(|e| Error::Server(format!("serving on {}: {e}", self.path.display())))

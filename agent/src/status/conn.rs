@@ -6,6 +6,13 @@
 //!   (127.0.0.6, Envoy's inbound passthrough source, counts as remote); local peers (the
 //!   app, Envoy forwarding its 15021 readiness checks) have their own overall cap, so remote
 //!   peers cannot lock them out;
+//! - when the remote connections are all taken, a new one takes the slot of the remote
+//!   connection idle the longest (none of its requests running: a probe being answered is never
+//!   cut), which is closed ([`Counts::admit`]). So peers holding idle connections from many
+//!   addresses of the pod network cannot keep the kubelet's probes out. The kubelet's address is
+//!   not known for sure (the node's `status.hostIP`, or a CNI's tunnel or host-endpoint address),
+//!   so no slot is reserved for it; a probe's connection, the newest, is the last in line, and
+//!   its request begins within a round trip;
 //! - a request's headers must arrive within [`Limits::header_timeout`] (from the connection's
 //!   start, or from its previous response once a byte of the next request has arrived);
 //! - a keep-alive connection idle for [`Limits::idle_timeout`] between requests is closed; a
@@ -16,14 +23,16 @@
 //! between requests (WINDOW_UPDATE, PING) count as a request begun, so its connection goes
 //! after the header timeout rather than the idle one.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use proto::listen::{Caps, ConnCaps};
+use proto::listen::{Caps, ConnCaps, Permit, Refused};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// Envoy's inbound passthrough source address: a remote peer when 15020 is captured.
 pub const INBOUND_PASSTHROUGH: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 6));
@@ -63,11 +72,66 @@ pub fn is_local(ip: IpAddr) -> bool {
     ip.is_loopback() && ip != INBOUND_PASSTHROUGH
 }
 
+/// Remote connections told to go whose slots are already given to newcomers, at most: how far
+/// past [`Limits::remote`]'s total the open connections may be while the evicted ones close.
+pub const MAX_EVICTING: usize = 64;
+
 /// The counts every listener of one status server shares.
 #[derive(Debug, Clone)]
 pub struct Counts {
     remote: ConnCaps,
     local: ConnCaps,
+    remote_conns: Arc<Mutex<RemoteConns>>,
+}
+
+/// The open remote connections, for eviction.
+#[derive(Debug, Default)]
+struct RemoteConns {
+    next_id: u64,
+    live: HashMap<u64, Remote>,
+    /// Evicted, not closed yet.
+    evicting: usize,
+}
+
+#[derive(Debug)]
+struct Remote {
+    activity: Activity,
+    evict: CancellationToken,
+}
+
+/// An admitted connection's place: its slot, and for a remote one, the signal to go.
+#[derive(Debug)]
+pub struct Admitted {
+    _permit: Permit,
+    remote: Option<RemoteSlot>,
+}
+
+impl Admitted {
+    /// Completes when the connection is to close to make room for a newer one (never for a
+    /// local connection).
+    pub async fn evicted(&self) {
+        match &self.remote {
+            Some(slot) => slot.evict.cancelled().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RemoteSlot {
+    id: u64,
+    evict: CancellationToken,
+    conns: Arc<Mutex<RemoteConns>>,
+}
+
+impl Drop for RemoteSlot {
+    fn drop(&mut self) {
+        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        conns.live.remove(&self.id);
+        if self.evict.is_cancelled() {
+            conns.evicting = conns.evicting.saturating_sub(1);
+        }
+    }
 }
 
 impl Counts {
@@ -78,16 +142,73 @@ impl Counts {
                 total: limits.local_total,
                 per_peer: limits.local_total,
             }),
+            remote_conns: Arc::default(),
         }
     }
 
-    /// A slot for a connection from `ip`, or why there is none.
-    pub fn admit(&self, ip: IpAddr) -> Result<proto::listen::Permit, proto::listen::Refused> {
+    /// A slot for a connection from `ip` whose requests `activity` records, or why there is
+    /// none. When the remote connections are all taken, the one idle the longest is told to go
+    /// ([`Admitted::evicted`]) and this one takes its slot; with none idle (or
+    /// [`MAX_EVICTING`] still closing) the connection is refused.
+    pub fn admit(&self, ip: IpAddr, activity: &Activity) -> Result<Admitted, Refused> {
         let ip = proto::listen::canonical(ip);
         if is_local(ip) {
-            self.local.admit(None)
-        } else {
-            self.remote.admit(Some(ip))
+            return Ok(Admitted {
+                _permit: self.local.admit(None)?,
+                remote: None,
+            });
+        }
+        let permit = match self.remote.admit(Some(ip)) {
+            Err(Refused::Total(n)) => {
+                if !self.evict_the_longest_idle() {
+                    return Err(Refused::Total(n));
+                }
+                self.remote.admit_replacing(Some(ip))?
+            }
+            other => other?,
+        };
+        let mut conns = self.remote_conns.lock().unwrap_or_else(|p| p.into_inner());
+        let id = conns.next_id;
+        conns.next_id += 1;
+        let evict = CancellationToken::new();
+        conns.live.insert(
+            id,
+            Remote {
+                activity: activity.clone(),
+                evict: evict.clone(),
+            },
+        );
+        Ok(Admitted {
+            _permit: permit,
+            remote: Some(RemoteSlot {
+                id,
+                evict,
+                conns: self.remote_conns.clone(),
+            }),
+        })
+    }
+
+    /// Tells the remote connection idle the longest to go; false when none can.
+    fn evict_the_longest_idle(&self) -> bool {
+        let mut conns = self.remote_conns.lock().unwrap_or_else(|p| p.into_inner());
+        if conns.evicting >= MAX_EVICTING {
+            return false;
+        }
+        // Idle the longest; of two idle since the same instant, the one accepted first.
+        let oldest = conns
+            .live
+            .iter()
+            .filter(|(_, r)| !r.evict.is_cancelled())
+            .filter_map(|(id, r)| Some(((r.activity.idle_since()?, *id), r)))
+            .min_by_key(|(key, _)| *key)
+            .map(|(_, r)| r.evict.clone());
+        match oldest {
+            Some(evict) => {
+                evict.cancel();
+                conns.evicting += 1;
+                true
+            }
+            None => false,
         }
     }
 }
@@ -129,6 +250,11 @@ impl Activity {
             s.first = false;
         });
         RequestGuard(self.clone())
+    }
+
+    /// Since when the connection has had no request running (`None`: one is running).
+    fn idle_since(&self) -> Option<Instant> {
+        self.with(|s| (s.in_flight == 0).then_some(s.since))
     }
 
     /// When the connection is to be closed if nothing changes (`None`: a request is running).
@@ -293,11 +419,104 @@ mod tests {
             local_total: 2,
             ..Limits::default()
         });
-        let _p = counts.admit(INBOUND_PASSTHROUGH).unwrap();
-        assert!(counts.admit(INBOUND_PASSTHROUGH).is_err(), "per peer");
-        let _l1 = counts.admit("127.0.0.1".parse().unwrap()).unwrap();
-        let _l2 = counts.admit("127.0.0.1".parse().unwrap()).unwrap();
-        assert!(counts.admit("::1".parse().unwrap()).is_err(), "local total");
-        let _r = counts.admit("10.0.0.1".parse().unwrap()).unwrap();
+        let a = Activity::new();
+        let _p = counts.admit(INBOUND_PASSTHROUGH, &a).unwrap();
+        assert!(counts.admit(INBOUND_PASSTHROUGH, &a).is_err(), "per peer");
+        let _l1 = counts.admit("127.0.0.1".parse().unwrap(), &a).unwrap();
+        let _l2 = counts.admit("127.0.0.1".parse().unwrap(), &a).unwrap();
+        assert!(
+            counts.admit("::1".parse().unwrap(), &a).is_err(),
+            "local total"
+        );
+        let _r = counts.admit("10.0.0.1".parse().unwrap(), &a).unwrap();
+    }
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
+    }
+
+    fn is_evicted(a: &Admitted) -> bool {
+        a.remote.as_ref().is_some_and(|r| r.evict.is_cancelled())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn when_full_the_longest_idle_remote_connection_makes_room() {
+        let counts = Counts::new(&Limits {
+            remote: Caps {
+                total: 3,
+                per_peer: 3,
+            },
+            ..Limits::default()
+        });
+        let tick = || tokio::time::sleep(Duration::from_secs(1));
+        let acts: Vec<Activity> = (0..6).map(|_| Activity::new()).collect();
+        let first = counts.admit(ip(1), &acts[0]).unwrap();
+        tick().await;
+        let second = counts.admit(ip(2), &acts[1]).unwrap();
+        tick().await;
+        let third = counts.admit(ip(3), &acts[2]).unwrap();
+        // The oldest is answering a request: the next oldest idle one goes.
+        let running = acts[0].request();
+        tick().await;
+        let fourth = counts.admit(ip(4), &acts[3]).unwrap();
+        assert!(!is_evicted(&first) && is_evicted(&second) && !is_evicted(&third));
+        // Its request ended just now: it is the newest idle one; the third goes next.
+        drop(running);
+        tick().await;
+        let fifth = counts.admit(ip(5), &acts[4]).unwrap();
+        assert!(is_evicted(&third) && !is_evicted(&first) && !is_evicted(&fourth));
+        assert_eq!(counts.remote.open(), 5, "the evicted two still close");
+        drop((second, third));
+        assert_eq!(counts.remote.open(), 3);
+        // Every connection busy: refused.
+        let busy: Vec<_> = [&acts[0], &acts[3], &acts[4]]
+            .into_iter()
+            .map(Activity::request)
+            .collect();
+        assert!(matches!(
+            counts.admit(ip(6), &acts[5]),
+            Err(Refused::Total(3))
+        ));
+        drop(busy);
+        // The cap per peer still holds when evicting.
+        let many = Counts::new(&Limits {
+            remote: Caps {
+                total: 2,
+                per_peer: 1,
+            },
+            ..Limits::default()
+        });
+        let _one = many.admit(ip(1), &acts[0]).unwrap();
+        let _two = many.admit(ip(2), &acts[1]).unwrap();
+        assert!(matches!(many.admit(ip(1), &acts[2]), Err(Refused::Peer(1))));
+        drop((first, fourth, fifth));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn evictions_still_closing_are_bounded() {
+        let counts = Counts::new(&Limits {
+            remote: Caps {
+                total: 1,
+                per_peer: 1,
+            },
+            ..Limits::default()
+        });
+        let act = Activity::new();
+        let mut held = vec![counts.admit(ip(0), &act).unwrap()];
+        for i in 1..=u8::try_from(MAX_EVICTING).unwrap() {
+            // Each evicts the previous, which never closes here.
+            held.push(counts.admit(ip(i), &act).unwrap());
+        }
+        assert!(held[..MAX_EVICTING].iter().all(is_evicted));
+        assert!(matches!(
+            counts.admit(ip(200), &act),
+            Err(Refused::Total(_))
+        ));
+        assert_eq!(counts.remote.open(), 1 + MAX_EVICTING);
+        held.remove(0);
+        assert!(
+            counts.admit(ip(200), &act).is_ok(),
+            "one closed: room again"
+        );
     }
 }

@@ -120,8 +120,30 @@ const NOT_FORWARDED: [header::HeaderName; 4] = [
     header::TRAILER,
 ];
 
+/// What an HTTP app probe passes on from the kubelet's request to the app on `port`: its
+/// headers but [`NOT_FORWARDED`], and its `Host` (a `Host` naming the status port is rewritten
+/// to name `port`).
+pub(crate) fn forwarded(kubelet: &KubeletRequest<'_>, port: u16) -> (HeaderMap, Option<String>) {
+    let mut headers = HeaderMap::new();
+    for (k, v) in kubelet.headers {
+        if !NOT_FORWARDED.contains(k) {
+            headers.append(k, v.clone());
+        }
+    }
+    let host = kubelet
+        .host
+        .filter(|h| !h.is_empty())
+        .map(|h| match split_host_port(h) {
+            Some((name, p)) if p.parse::<u32>().ok() == Some(kubelet.status_port.into()) => {
+                join_host_port(name, port)
+            }
+            _ => h.to_string(),
+        });
+    (headers, host)
+}
+
 /// Go's `net.SplitHostPort`: `host:port` or `[v6]:port`; `None` without a port.
-fn split_host_port(s: &str) -> Option<(&str, &str)> {
+pub(super) fn split_host_port(s: &str) -> Option<(&str, &str)> {
     if let Some(rest) = s.strip_prefix('[') {
         let (host, after) = rest.split_once(']')?;
         Some((host, after.strip_prefix(':')?))
@@ -202,24 +224,7 @@ impl Prober {
             ProbeAction::Http {
                 path, port, https, ..
             } => {
-                let mut headers = HeaderMap::new();
-                for (k, v) in kubelet.headers {
-                    if !NOT_FORWARDED.contains(k) {
-                        headers.append(k, v.clone());
-                    }
-                }
-                let host =
-                    kubelet
-                        .host
-                        .filter(|h| !h.is_empty())
-                        .map(|h| match split_host_port(h) {
-                            Some((name, p))
-                                if p.parse::<u32>().ok() == Some(kubelet.status_port.into()) =>
-                            {
-                                join_host_port(name, *port)
-                            }
-                            _ => h.to_string(),
-                        });
+                let (headers, host) = forwarded(&kubelet, *port);
                 let req = http::Request {
                     https: *https,
                     port: *port,

@@ -16,7 +16,7 @@ pub const TARGET_CAP: usize = 10 << 20;
 const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Strips OpenMetrics' `# EOF` and makes sure the text ends with a newline.
-fn normalise(mut text: Vec<u8>) -> Vec<u8> {
+pub(super) fn normalise(mut text: Vec<u8>) -> Vec<u8> {
     if let Some(pos) = find_eof(&text) {
         text.truncate(pos);
     }
@@ -68,7 +68,7 @@ async fn get(
         .map_err(|e| e.to_string())
 }
 
-fn scrape_timeout(headers: &http::HeaderMap) -> Duration {
+pub(super) fn scrape_timeout(headers: &http::HeaderMap) -> Duration {
     headers
         .get("x-prometheus-scrape-timeout-seconds")
         .and_then(|v| v.to_str().ok())

@@ -583,7 +583,7 @@ async fn a_peer_holding_connections_is_capped_and_probes_still_answer() {
         closed, 17,
         "all but the peer's 3 closed (3 idle ones stay open)"
     );
-    // Another remote peer (the kubelet) and a local one still get answers.
+    // Other peers (127.0.0.7, standing for the kubelet, counts as local here) get answers.
     assert_eq!(
         raw_request("127.0.0.7", s.addr, "GET", "/healthz/ready").await,
         200
@@ -598,6 +598,49 @@ async fn a_peer_holding_connections_is_capped_and_probes_still_answer() {
         raw_request("127.0.0.6", s.addr, "GET", "/healthz/ready").await == 200
     })
     .await;
+}
+
+#[tokio::test]
+async fn peers_on_many_addresses_filling_the_remote_slots_do_not_keep_probes_out() {
+    // On loopback the one remote address is 127.0.0.6 (every other one is the pod's own): with
+    // the cap per peer above the total, it stands for peers on many addresses taking every
+    // remote slot (unit cases with distinct addresses: `conn::tests`).
+    let limits = conn::Limits {
+        remote: proto::listen::Caps {
+            total: 4,
+            per_peer: 8,
+        },
+        ..conn::Limits::default()
+    };
+    let s = setup_with(CONFIG_OK, LIVE, None, limits).await;
+    const REMOTE: &str = "127.0.0.6";
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        // Accepted in this order: the first is the oldest.
+        held.push(connect_from(REMOTE, s.addr).await);
+    }
+    // A remote probe, twice: answered each time, by closing the idle connection held the
+    // longest. (Before the second, the peers take the freed slot back.)
+    for probe in 0..2 {
+        if probe > 0 {
+            held.push(connect_from(REMOTE, s.addr).await);
+        }
+        assert_eq!(
+            raw_request(REMOTE, s.addr, "GET", "/healthz/ready").await,
+            200,
+            "probe {probe}"
+        );
+        assert!(
+            closed_within(&mut held[probe], Duration::from_secs(5)).await,
+            "probe {probe}: the oldest idle connection made room"
+        );
+    }
+    for (i, c) in held.iter_mut().enumerate().skip(2) {
+        assert!(
+            !closed_within(c, Duration::from_millis(200)).await,
+            "connection {i} is newer and stays"
+        );
+    }
 }
 
 /// Polls `f` every 20 ms for up to 10 s.

@@ -737,3 +737,52 @@ async fn small_responses_are_not_held_by_write_gathering() {
     eprintln!("slowest of 300 small responses: {slowest:?}");
     drop(tx);
 }
+
+/// Asserts `closed` resolves (the server closed the connection) at `limit` after now.
+async fn closed_after<F: Future>(limit: Duration, closed: F) {
+    let start = tokio::time::Instant::now();
+    let _ = tokio::time::timeout(limit * 3, closed)
+        .await
+        .expect("closed by the server");
+    let took = start.elapsed();
+    assert!(
+        took >= limit && took < limit + Duration::from_secs(1),
+        "closed after {took:?}, limit {limit:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn connections_without_a_stream_are_closed_and_open_streams_are_kept() {
+    use tokio::io::AsyncReadExt;
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), false).await;
+    let limits = proto::listen::idle::UNIX_SOCKET_LIMITS;
+
+    // No HTTP/2 preface at all.
+    let mut silent = tokio::net::UnixStream::connect(&h.path).await.unwrap();
+    let mut seen = Vec::new();
+    closed_after(limits.first_stream, silent.read_to_end(&mut seen)).await;
+
+    // The HTTP/2 handshake done (and the server's keepalive pings answered), but no stream.
+    let io = hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(&h.path).await.unwrap());
+    let (_send, conn) = hyper::client::conn::http2::handshake::<_, _, tonic::body::Body>(
+        hyper_util::rt::TokioExecutor::new(),
+        io,
+    )
+    .await
+    .unwrap();
+    closed_after(limits.first_stream, conn).await;
+
+    // Envoy's stream: kept across ten times the idle limit (keepalive pings answered), then
+    // still relayed both ways.
+    let mut client = envoy_client(&h.path).await;
+    let (tx, mut from_proxy, mut up) =
+        open_sotw(&mut client, &mut ads, req(type_url::CLUSTER, "")).await;
+    let quiet = tokio::time::timeout(limits.idle * 10, from_proxy.message()).await;
+    assert!(quiet.is_err(), "stream still open: {quiet:?}");
+    let cds = resp(type_url::CLUSTER, "n1");
+    up.responses.send(Ok(cds.clone())).await.unwrap();
+    assert_eq!(from_proxy.message().await.unwrap().unwrap(), cds);
+    tx.send(req(type_url::CLUSTER, "n1")).await.unwrap();
+    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, "n1"));
+}

@@ -14,7 +14,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use prost::Message;
 use proto::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use proto::type_url::{CLUSTER, ENDPOINT, LISTENER, ROUTE};
-use tokio::net::TcpStream;
+use tokio::net::TcpSocket;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::common::node;
@@ -203,7 +203,12 @@ async fn proxy(
     permit: OwnedSemaphorePermit,
 ) -> Result<(), String> {
     let mut permit = Some(permit);
-    let tcp = TcpStream::connect(addr)
+    let socket = TcpSocket::new_v4().map_err(|e| format!("socket: {e}"))?;
+    socket
+        .bind(SocketAddr::new(crate::common::source(i), 0))
+        .map_err(|e| format!("bind: {e}"))?;
+    let tcp = socket
+        .connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let _ = tcp.set_nodelay(true);

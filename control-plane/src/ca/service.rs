@@ -78,7 +78,7 @@ impl CaService {
 
     /// Authenticates the caller: a client certificate issued by this CA, else a bearer token.
     fn authenticate<T>(&self, req: &Request<T>) -> Result<Identity, Status> {
-        if let Some(certs) = req.peer_certs()
+        if let Some(certs) = crate::server::tls::peer_certs(req)
             && let Some(leaf) = certs.first()
         {
             let id = identity_from_cert(leaf.as_ref())

@@ -11,6 +11,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::Stream;
+use proto::listen::Capped;
+use proto::listen::idle::{Streams, Watched};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -187,12 +189,13 @@ impl ClientCertVerifier for CurrentVerifier {
 }
 
 /// TLS connections for tonic's `serve_with_incoming`: TCP from `acceptor`, each handshake in
-/// its own task; failed or timed-out handshakes are dropped (logged at debug).
+/// its own task; failed or timed-out handshakes are dropped (logged at debug). Each connection
+/// is [`Watched`] for its streams (serve the services through [`proto::listen::idle::Counted`]).
 pub fn incoming(
     mut acceptor: Acceptor,
     config: Arc<ServerConfig>,
     cancel: CancellationToken,
-) -> impl Stream<Item = std::io::Result<TlsStream<TcpStream>>> + Send + 'static {
+) -> impl Stream<Item = std::io::Result<TlsStream<Watched<Capped<TcpStream>>>>> + Send + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel(256);
     let tls = tokio_rustls::TlsAcceptor::from(config);
     tokio::spawn(async move {
@@ -204,7 +207,9 @@ pub fn incoming(
             };
             let (tls, tx) = (tls.clone(), tx.clone());
             tokio::spawn(async move {
-                let peer = tcp.peer_addr().ok();
+                let peer = tcp.get_ref().peer_addr().ok();
+                // The stream deadline runs from the accept, over the handshake.
+                let tcp = Watched::new(tcp, crate::listen::GRPC_STREAM_LIMITS);
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
                     Ok(Ok(stream)) => {
                         let _ = tx.send(Ok(stream)).await;
@@ -216,4 +221,12 @@ pub fn incoming(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// The client's certificate chain on the secure port: tonic's `Request::peer_certs` looks for
+/// the TLS info of a plain TCP connection, ours is that of a [`Watched`] one.
+pub fn peer_certs<T>(req: &tonic::Request<T>) -> Option<Arc<Vec<CertificateDer<'static>>>> {
+    req.extensions()
+        .get::<tonic::transport::server::TlsConnectInfo<Streams>>()
+        .and_then(|i| i.peer_certs())
 }

@@ -16,6 +16,15 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Request};
 
 pub(crate) async fn start(config: &Path, ca: &Path) -> (Running, CancellationToken) {
+    start_with_caps(config, ca, control_plane::listen::GRPC_CAPS).await
+}
+
+/// [`start`] with the gRPC ports' connection caps.
+pub(crate) async fn start_with_caps(
+    config: &Path,
+    ca: &Path,
+    conn_caps: proto::listen::Caps,
+) -> (Running, CancellationToken) {
     let cancel = CancellationToken::new();
     let running = serve(
         ServeInputs {
@@ -29,6 +38,7 @@ pub(crate) async fn start(config: &Path, ca: &Path) -> (Running, CancellationTok
                 monitoring_addr: "127.0.0.1:0".parse().expect("addr"),
                 sans: vec!["cp.test".into()],
                 token_clock_skew: DEFAULT_TOKEN_CLOCK_SKEW,
+                conn_caps,
             },
             env: HashMap::new(),
         },

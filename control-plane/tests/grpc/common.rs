@@ -86,3 +86,12 @@ pub fn node(i: usize) -> Node {
         ..Default::default()
     }
 }
+
+/// Simulated proxy `i`'s source address: its own loopback address (127.10.x.y), as each pod has
+/// its own IP, so istiod-lite's connection cap per peer address (1,024) applies to a fleet as
+/// it does in a cluster.
+pub fn source(i: usize) -> std::net::IpAddr {
+    let i = u16::try_from(i).expect("at most 65,536 proxies");
+    let [hi, lo] = i.to_be_bytes();
+    std::net::Ipv4Addr::new(127, 10, hi, lo).into()
+}

@@ -1,22 +1,38 @@
 //! Bounds on what one peer can make istiod-lite hold: an ADS request over 4 MiB (istiod's
-//! `ISTIO_GPRC_MAXRECVMSGSIZE` default) is refused, one under it is served.
+//! `ISTIO_GPRC_MAXRECVMSGSIZE` default) is refused, one under it is served; idle connections
+//! are capped overall and per peer address.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 use proto::envoy::config::core::v3::Node;
 use proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpSocket, TcpStream};
 use tonic::Code;
 
 /// The first answer on an ADS stream whose request's node carries `padding` bytes (`None`: the
 /// stream ended without one).
 async fn first_answer(
-    addr: std::net::SocketAddr,
+    addr: SocketAddr,
+    padding: usize,
+) -> Result<Option<DiscoveryResponse>, tonic::Status> {
+    first_answer_from(None, addr, padding).await
+}
+
+/// [`first_answer`] from the local address `source` (`None`: the system's choice).
+async fn first_answer_from(
+    source: Option<IpAddr>,
+    addr: SocketAddr,
     padding: usize,
 ) -> Result<Option<DiscoveryResponse>, tonic::Status> {
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .expect("uri")
+        .local_address(source)
         .connect()
         .await
-        .expect("connect");
+        .map_err(|e| tonic::Status::unavailable(format!("connect: {e}")))?;
     let mut client =
         AggregatedDiscoveryServiceClient::new(channel).max_encoding_message_size(usize::MAX);
     let request = DiscoveryRequest {
@@ -51,6 +67,173 @@ async fn an_ads_request_over_4_mib_is_refused() {
         refused.code() == Code::OutOfRange && refused.message().contains("too large"),
         "{refused:?}"
     );
+    cancel.cancel();
+    running.wait().await;
+}
+
+fn loopback(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
+}
+
+/// Opens `n` idle TCP connections from `source` to istiod-lite's plaintext gRPC port, one after
+/// the other; returns those it kept (its HTTP/2 SETTINGS arrived) and how many it closed at once
+/// (EOF before any byte: over a cap).
+async fn open_idle(source: IpAddr, addr: SocketAddr, n: usize) -> (Vec<TcpStream>, usize) {
+    let (mut kept, mut closed) = (Vec::new(), 0);
+    for _ in 0..n {
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket.bind(SocketAddr::new(source, 0)).expect("bind");
+        let mut conn = socket.connect(addr).await.expect("connect");
+        let mut first = [0; 64];
+        match conn.read(&mut first).await {
+            Ok(0) | Err(_) => closed += 1,
+            Ok(_) => kept.push(conn),
+        }
+    }
+    (kept, closed)
+}
+
+#[tokio::test]
+async fn idle_connections_are_capped_overall_and_per_peer_address() {
+    let (config, ca) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let caps = proto::listen::Caps {
+        total: 8,
+        per_peer: 4,
+    };
+    let (running, cancel) = super::ca_grpc::start_with_caps(config.path(), ca.path(), caps).await;
+    let addr = running.grpc_addr;
+
+    // One peer: 4 of its 10 idle connections kept, the rest closed at once.
+    let (first_peer, closed) = open_idle(loopback(2), addr, 10).await;
+    assert_eq!((first_peer.len(), closed), (4, 6), "per peer");
+    // A second: 4 more, and the total (8) is reached; a third gets nothing.
+    let (second_peer, closed) = open_idle(loopback(3), addr, 10).await;
+    assert_eq!((second_peer.len(), closed), (4, 6), "per peer");
+    let (third_peer, closed) = open_idle(loopback(4), addr, 10).await;
+    assert_eq!((third_peer.len(), closed), (0, 10), "overall");
+    let refused = first_answer_from(Some(loopback(9)), addr, 0).await;
+    assert!(refused.is_err(), "no slot left for a proxy: {refused:?}");
+
+    // The first peer leaves: a proxy is served beside the second peer's idle connections (the
+    // server frees the slots as it reads the closes).
+    drop(first_peer);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match first_answer_from(Some(loopback(9)), addr, 0).await {
+            Ok(Some(_)) => break,
+            other => assert!(
+                tokio::time::Instant::now() < deadline,
+                "a proxy is served once slots free: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(second_peer);
+    cancel.cancel();
+    running.wait().await;
+}
+
+/// An ADS stream on `channel` after its first (CDS) answer: the request sender, the answers and
+/// that answer's nonce.
+async fn ads_stream(
+    channel: tonic::transport::Channel,
+) -> (
+    tokio::sync::mpsc::Sender<DiscoveryRequest>,
+    tonic::Streaming<DiscoveryResponse>,
+    String,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(ads_request(proto::type_url::CLUSTER, ""))
+        .await
+        .unwrap();
+    let mut answers = AggregatedDiscoveryServiceClient::new(channel)
+        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let cds = tokio::time::timeout(Duration::from_secs(10), answers.message())
+        .await
+        .expect("CDS in time")
+        .expect("ok")
+        .expect("CDS");
+    (tx, answers, cds.nonce)
+}
+
+fn ads_request(type_url: &str, nonce: &str) -> DiscoveryRequest {
+    DiscoveryRequest {
+        type_url: type_url.into(),
+        response_nonce: nonce.into(),
+        node: Some(Node {
+            id: "sidecar~198.18.0.1~a.ns~ns.svc.cluster.local".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Real time, the production deadline (10 s): the in-process server does not run on paused
+/// time (its config watcher's thread), and the deadline itself is unit-tested on paused time
+/// in `proto::listen::idle`.
+#[tokio::test]
+async fn a_connection_without_a_stream_is_closed_and_ads_streams_are_kept() {
+    let (config, ca) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (running, cancel) = super::ca_grpc::start(config.path(), ca.path()).await;
+    let limits = control_plane::listen::GRPC_STREAM_LIMITS;
+
+    // A proxy on each port (TLS: tonic's connection info differs, the streams are counted all
+    // the same), its stream open from the start.
+    let plain = tonic::transport::Channel::from_shared(format!("http://{}", running.grpc_addr))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let root = std::fs::read_to_string(ca.path().join("root-cert.pem")).expect("root");
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(root))
+        .domain_name("istiod.istio-system.svc");
+    let endpoint =
+        tonic::transport::Channel::from_shared(format!("https://{}", running.secure_grpc_addr))
+            .expect("uri")
+            .tls_config(tls)
+            .expect("tls");
+    let secure = tokio::time::timeout(Duration::from_secs(10), endpoint.connect())
+        .await
+        .expect("TLS connect in time")
+        .expect("tls connect");
+    let mut streams = vec![ads_stream(plain).await, ads_stream(secure).await];
+
+    // No HTTP/2 preface on the plaintext port; no TLS ClientHello on the secure one.
+    let closed = |addr: SocketAddr| async move {
+        let mut silent = TcpStream::connect(addr).await.expect("connect");
+        let start = tokio::time::Instant::now();
+        let mut seen = Vec::new();
+        let _ = tokio::time::timeout(limits.first_stream * 3, silent.read_to_end(&mut seen))
+            .await
+            .unwrap_or_else(|_| panic!("{addr}: a silent connection is closed"));
+        start.elapsed()
+    };
+    let (plain_took, secure_took) =
+        tokio::join!(closed(running.grpc_addr), closed(running.secure_grpc_addr));
+    for took in [plain_took, secure_took] {
+        assert!(took >= limits.first_stream, "closed after {took:?}");
+    }
+
+    // Past the deadline the proxies' streams are still served.
+    for (tx, answers, nonce) in &mut streams {
+        // Envoy's way: ACK the CDS answer, then subscribe to LDS.
+        tx.send(ads_request(proto::type_url::CLUSTER, nonce))
+            .await
+            .unwrap();
+        tx.send(ads_request(proto::type_url::LISTENER, ""))
+            .await
+            .unwrap();
+        let lds = tokio::time::timeout(Duration::from_secs(10), answers.message())
+            .await
+            .expect("LDS in time")
+            .expect("ok")
+            .expect("LDS");
+        assert_eq!(lds.type_url, proto::type_url::LISTENER);
+    }
     cancel.cancel();
     running.wait().await;
 }

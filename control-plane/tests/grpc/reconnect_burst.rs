@@ -75,9 +75,13 @@ async fn proxy(addr: SocketAddr, i: usize, go: Arc<Barrier>, p: Arc<Progress>) {
             .expect("errors")
             .push(format!("proxy {i}: {stage}: {e}"));
     };
-    let mut client = match AggregatedDiscoveryServiceClient::connect(format!("http://{addr}")).await
-    {
-        Ok(c) => c,
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .local_address(Some(crate::common::source(i)))
+        .connect()
+        .await;
+    let mut client = match channel {
+        Ok(c) => AggregatedDiscoveryServiceClient::new(c),
         Err(e) => return fail("connect", format!("{e:?}")),
     };
     p.connected.fetch_add(1, Ordering::Relaxed);

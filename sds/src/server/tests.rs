@@ -369,3 +369,44 @@ async fn delta_subscribe_unsubscribe_and_initial_versions() {
     let names: Vec<_> = r.resources.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, vec!["file-root:extra.pem"]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_without_a_stream_is_closed_and_an_open_stream_is_kept() {
+    use tokio::io::AsyncReadExt;
+    let ca = FakeCa::start();
+    let f = start(&ca, |_| {}).await;
+    let limits = proto::listen::idle::UNIX_SOCKET_LIMITS;
+
+    // A peer that connects and never sends the HTTP/2 preface is closed at the deadline
+    // (whatever the server wrote first: its SETTINGS).
+    let mut silent = UnixStream::connect(&f.path).await.expect("connect");
+    let start = tokio::time::Instant::now();
+    let mut seen = Vec::new();
+    let _ = tokio::time::timeout(limits.first_stream * 3, silent.read_to_end(&mut seen))
+        .await
+        .expect("closed by the server");
+    let took = start.elapsed();
+    assert!(
+        took >= limits.first_stream && took < limits.first_stream + Duration::from_secs(1),
+        "closed after {took:?}"
+    );
+
+    // A well-behaved client: its stream stays open across ten times the idle limit, and is
+    // still answered. (File-backed names: the fake CA runs on real time, this test on paused.)
+    std::fs::write(f.base.join("a.pem"), ca.signing_root_pem()).expect("w");
+    std::fs::write(f.base.join("b.pem"), ca.signing_root_pem()).expect("w");
+    let mut s = Sotw::open(&f.path).await;
+    s.send(&["file-root:a.pem"], "", "", false).await;
+    let r = s.next().await;
+    assert_eq!(names(&r), vec!["file-root:a.pem"]);
+    let quiet = tokio::time::timeout(limits.idle * 10, s.rx.message()).await;
+    assert!(quiet.is_err(), "stream still open: {quiet:?}");
+    s.send(
+        &["file-root:a.pem", "file-root:b.pem"],
+        &r.nonce,
+        &r.version_info,
+        false,
+    )
+    .await;
+    assert_eq!(names(&s.next().await), vec!["file-root:b.pem"]);
+}

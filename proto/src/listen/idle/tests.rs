@@ -1,0 +1,88 @@
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::*;
+
+const LIMITS: Limits = Limits {
+    first_stream: Duration::from_secs(10),
+    idle: Duration::from_secs(60),
+};
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_connection_is_closed_at_the_first_stream_deadline() {
+    let (_peer, conn) = tokio::io::duplex(1024);
+    let mut conn = Watched::new(conn, LIMITS);
+    let start = Instant::now();
+    let err = conn.read(&mut [0; 16]).await.expect_err("closed");
+    assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    assert_eq!(start.elapsed(), LIMITS.first_stream);
+    // Writes fail as well from then on.
+    assert!(conn.write_all(b"x").await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn bytes_without_a_stream_do_not_keep_a_connection() {
+    // A peer that sends its preface and pings (bytes, but no stream) goes all the same.
+    let (mut peer, conn) = tokio::io::duplex(1024);
+    let mut conn = Watched::new(conn, LIMITS);
+    let start = Instant::now();
+    let reader = async {
+        let mut buf = [0; 16];
+        loop {
+            let _ = conn.read(&mut buf).await?;
+        }
+    };
+    let writer = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if peer.write_all(b"PING").await.is_err() {
+                return;
+            }
+        }
+    };
+    let res: io::Result<()> = tokio::select! {
+        r = reader => r,
+        () = writer => unreachable!("the peer writes until the connection closes"),
+    };
+    assert_eq!(res.expect_err("closed").kind(), io::ErrorKind::TimedOut);
+    assert_eq!(start.elapsed(), LIMITS.first_stream);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_stream_is_never_cut_then_the_idle_timeout_runs() {
+    let (mut peer, conn) = tokio::io::duplex(1024);
+    let mut conn = Watched::new(conn, LIMITS);
+    let streams = conn.connect_info();
+    let guard = streams.open();
+    assert_eq!(streams.open_now(), 1);
+    let mut buf = [0; 4];
+    let waited = tokio::time::timeout(Duration::from_secs(3600), conn.read(&mut buf)).await;
+    assert!(waited.is_err(), "no deadline while a stream is open");
+    peer.write_all(b"data").await.expect("write");
+    conn.read_exact(&mut buf).await.expect("still served");
+
+    // The last stream ends: the idle timeout runs from then, and the pending read is woken
+    // for it (no other I/O needed).
+    let ended = Instant::now();
+    let read = tokio::spawn(async move { conn.read(&mut [0; 4]).await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    drop(guard);
+    let err = read.await.expect("task").expect_err("closed");
+    assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    assert_eq!(
+        ended.elapsed(),
+        Duration::from_secs(5) + LIMITS.idle,
+        "idle counted from the stream's end"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_stream_before_the_idle_deadline_keeps_the_connection() {
+    let (_peer, conn) = tokio::io::duplex(1024);
+    let mut conn = Watched::new(conn, LIMITS);
+    let streams = conn.connect_info();
+    drop(streams.open());
+    tokio::time::sleep(LIMITS.idle - Duration::from_secs(1)).await;
+    let _second = streams.open();
+    let waited = tokio::time::timeout(Duration::from_secs(600), conn.read(&mut [0; 4])).await;
+    assert!(waited.is_err(), "the second stream holds the connection");
+}

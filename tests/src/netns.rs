@@ -105,6 +105,24 @@ impl Netns {
     pub fn add_lo_addr(&self, cidr: &str) {
         sh(self.cmd("ip").args(["addr", "add", cidr, "dev", "lo"]));
     }
+
+    /// Gives the namespace the host state a conformance case expects (the case folder's
+    /// `host`: `ipv6=true` for an IPv6 host address, else IPv4; its `resolv.conf` when it has
+    /// one).
+    pub fn set_case_host(&self, case: &std::path::Path) {
+        let host = std::fs::read_to_string(case.join("host")).unwrap_or_default();
+        let ipv6 = host.lines().next().map(str::trim) == Some("ipv6=true");
+        if ipv6 {
+            sh(self
+                .cmd("ip")
+                .args(["-6", "addr", "add", "fd00::240/128", "dev", "lo"]));
+        } else {
+            self.add_lo_addr("198.18.0.240/32");
+        }
+        if let Ok(text) = std::fs::read_to_string(case.join("resolv.conf")) {
+            self.set_resolv_conf(&text);
+        }
+    }
 }
 
 impl Drop for Netns {

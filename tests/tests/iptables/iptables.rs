@@ -75,26 +75,8 @@ fn conformance_cases_in_network_namespaces() {
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned();
-        let ipv6 = std::fs::read_to_string(case.join("host"))
-            .expect("host")
-            .trim()
-            == "ipv6=true";
         let ns = Netns::new("conf");
-        if ipv6 {
-            harness::netns::sh(ns.cmd("ip").args([
-                "-6",
-                "addr",
-                "add",
-                "fd00::240/128",
-                "dev",
-                "lo",
-            ]));
-        } else {
-            ns.add_lo_addr("198.18.0.240/32");
-        }
-        if case.join("resolv.conf").is_file() {
-            ns.set_resolv_conf(&std::fs::read_to_string(case.join("resolv.conf")).expect("resolv"));
-        }
+        ns.set_case_host(case);
         let out = tmp.path().join(format!("{name}.stream"));
         let env: Vec<(String, String)> = read_lines(&case.join("env"))
             .into_iter()

@@ -562,23 +562,8 @@ fn every_corpus_configuration_applies_idempotently_and_cleans_up() {
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned();
-        let ipv6 = read(case.join("host")).first().map(String::as_str) == Some("ipv6=true");
         let ns = Netns::new("ncorpus");
-        if ipv6 {
-            harness::netns::sh(ns.cmd("ip").args([
-                "-6",
-                "addr",
-                "add",
-                "fd00::240/128",
-                "dev",
-                "lo",
-            ]));
-        } else {
-            ns.add_lo_addr("198.18.0.240/32");
-        }
-        if case.join("resolv.conf").is_file() {
-            ns.set_resolv_conf(&std::fs::read_to_string(case.join("resolv.conf")).expect("resolv"));
-        }
+        ns.set_case_host(case);
         let env: Vec<(String, String)> = read(case.join("env"))
             .into_iter()
             .filter_map(|l| {

@@ -143,23 +143,7 @@ fn every_golden_ruleset_equals_nft_f_of_the_golden() {
         let ours = Netns::new("ngold");
         let theirs = Netns::new("ngoldnft");
         // The host state the case's flags expect, for our run (the golden is literal).
-        if lines(&case.join("host")).first().map(String::as_str) == Some("ipv6=true") {
-            harness::netns::sh(ours.cmd("ip").args([
-                "-6",
-                "addr",
-                "add",
-                "fd00::240/128",
-                "dev",
-                "lo",
-            ]));
-        } else {
-            ours.add_lo_addr("198.18.0.240/32");
-        }
-        if case.join("resolv.conf").is_file() {
-            ours.set_resolv_conf(
-                &std::fs::read_to_string(case.join("resolv.conf")).expect("resolv"),
-            );
-        }
+        ours.set_case_host(case);
         let env: Vec<(String, String)> = lines(&case.join("env"))
             .iter()
             .filter_map(|l| {

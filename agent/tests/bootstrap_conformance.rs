@@ -26,19 +26,15 @@ fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
+mod conformance {
+    include!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/src/conformance.rs"
+    ));
+}
+
 fn corpus() -> Option<PathBuf> {
-    let dir =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance/istio-bootstrap");
-    if dir.join("README.md").is_file() {
-        return Some(dir);
-    }
-    assert!(
-        !in_ci(),
-        "conformance corpus missing at {} (required under CI=true)",
-        dir.display()
-    );
-    eprintln!("SKIP: conformance corpus not found at {}", dir.display());
-    None
+    conformance::dir(env!("CARGO_MANIFEST_DIR"), "istio-bootstrap")
 }
 
 fn cases(dir: &Path) -> Vec<(String, PathBuf)> {

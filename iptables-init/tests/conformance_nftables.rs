@@ -9,22 +9,15 @@ use std::path::{Path, PathBuf};
 
 use iptables_init::{HostInputs, run_cli_with};
 
-#[allow(clippy::disallowed_methods)] // CI=true turns a missing corpus into a failure
+mod conformance {
+    include!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/src/conformance.rs"
+    ));
+}
+
 fn corpus() -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance/istio-nftables");
-    if dir.join("README.md").is_file() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "nftables conformance corpus missing at {} (required under CI=true)",
-        dir.display()
-    );
-    eprintln!(
-        "SKIP: nftables conformance corpus not found at {}",
-        dir.display()
-    );
-    None
+    conformance::dir(env!("CARGO_MANIFEST_DIR"), "istio-nftables")
 }
 
 fn lines(path: &Path) -> Vec<String> {

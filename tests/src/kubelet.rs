@@ -48,16 +48,7 @@ pub fn prerequisites() -> bool {
 /// Istio's injected specs (`../shared/conformance/istio-inject/`), when present; when absent,
 /// says so (a failure under `CI=true`).
 pub fn shared_specs_dir() -> Option<PathBuf> {
-    let d = repo_root().join("../shared/conformance/istio-inject");
-    if d.is_dir() {
-        Some(d)
-    } else {
-        crate::prereq::missing(
-            &format!("Istio's injected pod specs at {}", d.display()),
-            "they come with the shared conformance data beside the checkout",
-        );
-        None
-    }
+    crate::conformance::dir(env!("CARGO_MANIFEST_DIR"), "istio-inject")
 }
 
 /// A one-node cluster: a [`Mesh`] node with istiod-lite, the cluster DNS, and the kubelet.

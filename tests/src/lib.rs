@@ -14,6 +14,8 @@
 #![deny(unsafe_code)]
 
 pub mod app;
+/// The one loader of Istio's conformance data, shared by every crate's tests.
+pub mod conformance;
 pub mod envoy;
 pub mod http;
 pub mod istio_diff;

@@ -3,9 +3,18 @@ use prost::Message;
 use proto::envoy::config::cluster::v3::Cluster;
 use proto::envoy::config::listener::v3::Listener;
 
+mod conformance {
+    include!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/src/conformance.rs"
+    ));
+}
+
+/// A recorded dump of `../shared/conformance/istio-configdumps` (these tests need them: the
+/// loader has said where they were looked for).
 fn corpus(file: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/conformance/istio-configdumps")
+    conformance::dir(env!("CARGO_MANIFEST_DIR"), "istio-configdumps")
+        .expect("Istio's recorded config dumps")
         .join(file)
 }
 

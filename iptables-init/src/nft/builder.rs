@@ -173,23 +173,15 @@ mod tests {
     const TABLE: &str = "inet-table";
     const CHAIN: &str = "test-chain";
 
-    #[allow(clippy::disallowed_methods)] // CI=true turns missing goldens into a failure
+    mod conformance {
+        include!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/src/conformance.rs"
+        ));
+    }
+
     fn corpus() -> Option<PathBuf> {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/conformance/istio-nftables/builder");
-        if dir.join("README.md").is_file() {
-            return Some(dir);
-        }
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "nftables builder goldens missing at {} (required under CI=true)",
-            dir.display()
-        );
-        eprintln!(
-            "SKIP: nftables builder goldens not found at {}",
-            dir.display()
-        );
-        None
+        conformance::dir(env!("CARGO_MANIFEST_DIR"), "istio-nftables/builder")
     }
 
     /// Istio's builder test: the table, the chain, then the dump of the chain after the

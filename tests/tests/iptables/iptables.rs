@@ -9,9 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use harness::{
-    Netns, assert_eventually, repo_root, require_bin, require_root, veth, workspace_bin,
-};
+use harness::{Netns, assert_eventually, require_bin, require_root, veth, workspace_bin};
 
 const POD: &str = "198.18.0.1";
 const PEER: &str = "198.18.0.2";
@@ -27,20 +25,7 @@ fn prerequisites() -> bool {
 }
 
 fn corpus() -> Option<PathBuf> {
-    let dir = repo_root().join("../shared/conformance/istio-iptables");
-    if dir.join("README.md").is_file() {
-        return Some(dir);
-    }
-    assert!(
-        !harness::in_ci(),
-        "conformance corpus missing at {} (required under CI=true)",
-        dir.display()
-    );
-    eprintln!(
-        "SKIP: conformance corpus not found at {} (expected next to the repository)",
-        dir.display()
-    );
-    None
+    harness::conformance::dir(env!("CARGO_MANIFEST_DIR"), "istio-iptables")
 }
 
 fn read_lines(p: &Path) -> Vec<String> {

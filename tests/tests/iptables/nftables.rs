@@ -23,9 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::iptables_reliability::{Rng, probe_loop};
-use harness::{
-    Netns, assert_eventually, repo_root, require_bin, require_root, veth, workspace_bin,
-};
+use harness::{Netns, assert_eventually, require_bin, require_root, veth, workspace_bin};
 
 const POD: &str = "198.18.0.1";
 const PEER: &str = "198.18.0.2";
@@ -531,16 +529,9 @@ fn every_corpus_configuration_applies_idempotently_and_cleans_up() {
     if !nft_prerequisites() {
         return;
     }
-    let dir = repo_root().join("../shared/conformance/istio-nftables");
-    if !dir.join("README.md").is_file() {
-        assert!(
-            !harness::in_ci(),
-            "corpus missing at {} (required under CI=true)",
-            dir.display()
-        );
-        eprintln!("SKIP: nftables corpus not found at {}", dir.display());
+    let Some(dir) = harness::conformance::dir(env!("CARGO_MANIFEST_DIR"), "istio-nftables") else {
         return;
-    }
+    };
     let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("read corpus")
         .filter_map(|e| e.ok().map(|e| e.path()))

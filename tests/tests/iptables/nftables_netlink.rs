@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use harness::{Netns, repo_root, require_bin, require_root, workspace_bin};
+use harness::{Netns, require_bin, require_root, workspace_bin};
 
 fn prerequisites() -> bool {
     require_root() && require_bin("nft") && require_bin("ip")
@@ -104,16 +104,7 @@ fn lines(p: &Path) -> Vec<String> {
 }
 
 fn corpus() -> Option<Vec<PathBuf>> {
-    let dir = repo_root().join("../shared/conformance/istio-nftables");
-    if !dir.join("README.md").is_file() {
-        assert!(
-            !harness::in_ci(),
-            "corpus missing at {} (required under CI=true)",
-            dir.display()
-        );
-        eprintln!("SKIP: nftables corpus not found at {}", dir.display());
-        return None;
-    }
+    let dir = harness::conformance::dir(env!("CARGO_MANIFEST_DIR"), "istio-nftables")?;
     let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("read corpus")
         .filter_map(|e| e.ok().map(|e| e.path()))

@@ -22,6 +22,7 @@ mod respond;
 mod rewrite;
 mod truncate;
 
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -54,6 +55,33 @@ pub(crate) struct AnswerPath {
     /// When every upstream last failed (cleared by an answer): for the stale TTL after it,
     /// stale answers are given without asking upstream again (RFC 8767's failure recheck).
     pub upstream_failed_at: std::sync::Mutex<Option<std::time::Instant>>,
+    /// One log line per query ([`crate::Config::access_log`]).
+    pub access_log: bool,
+}
+
+/// Where a query's answer came from (the access log's `from`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The NDS name table.
+    Table,
+    Cache,
+    /// The cache past its TTL, every upstream having failed (RFC 8767).
+    Stale,
+    Upstream,
+    /// Made here: an error (FORMERR, NOTIMP, SERVFAIL when every upstream failed, ...).
+    Local,
+}
+
+impl Source {
+    fn as_str(self) -> &'static str {
+        match self {
+            Source::Table => "table",
+            Source::Cache => "cache",
+            Source::Stale => "stale",
+            Source::Upstream => "upstream",
+            Source::Local => "local",
+        }
+    }
 }
 
 /// What to do with one received packet.
@@ -94,6 +122,11 @@ pub(crate) struct Outgoing {
 impl AnswerPath {
     /// The synchronous part of the request path: everything except the upstream exchange.
     pub fn handle(&self, bytes: &[u8], transport: Transport) -> Action {
+        self.handle_from(bytes, transport, &Cell::new(Source::Local))
+    }
+
+    /// [`AnswerPath::handle`], saying in `from` where an answer came from.
+    fn handle_from(&self, bytes: &[u8], transport: Transport, from: &Cell<Source>) -> Action {
         // Shorter than a header, or a response (reflection): drop silently.
         if bytes.len() < 12 || bytes[2] & 0x80 != 0 {
             return Action::Drop;
@@ -104,12 +137,13 @@ impl AnswerPath {
         if let (Some(t), Some(q)) = (&table, &plain) {
             let mut out = Vec::new();
             if local::wire(t, q, bytes, transport == Transport::Udp, &mut out) {
+                from.set(Source::Table);
                 return Action::Reply(out);
             }
         }
         if transport == Transport::Udp
             && let Some(q) = plain
-            && let Some(action) = self.wire_forward(bytes, q, table.as_deref())
+            && let Some(action) = self.wire_forward(bytes, q, table.as_deref(), from)
         {
             return action;
         }
@@ -154,7 +188,7 @@ impl AnswerPath {
         }
         let Some(table) = table else {
             if self.respond_before_sync {
-                return self.cached_or_forward(req, transport);
+                return self.cached_or_forward(req, transport, from);
             }
             return reply(encode(
                 &respond(&req, ResponseCode::ServFail),
@@ -163,9 +197,10 @@ impl AnswerPath {
             ));
         };
         if let Some(resp) = local::message(&table, &req) {
+            from.set(Source::Table);
             return reply(encode(&resp, &req, transport));
         }
-        self.cached_or_forward(req, transport)
+        self.cached_or_forward(req, transport, from)
     }
 
     /// The wire path for a plain UDP query the table does not answer: a cached answer, or a
@@ -175,6 +210,7 @@ impl AnswerPath {
         bytes: &[u8],
         q: Question,
         table: Option<&LookupTable>,
+        from: &Cell<Source>,
     ) -> Option<Action> {
         let ours = match table {
             Some(t) => q.qclass == 1 && t.answers(q.lower_name(), q.qtype),
@@ -197,6 +233,7 @@ impl AnswerPath {
                 match cache.lookup(&key, now) {
                     Lookup::Fresh { msg, prefetch } => {
                         self.metrics.cache_hits.inc();
+                        from.set(Source::Cache);
                         let req = Message::from_vec(bytes).ok()?;
                         let answer = encode(&upstream_to_client(msg, &req), &req, Transport::Udp)?;
                         if prefetch {
@@ -211,7 +248,7 @@ impl AnswerPath {
                     }
                     Lookup::Stale if self.upstream_down() => {
                         let req = Message::from_vec(bytes).ok()?;
-                        return Some(reply(self.stale_answer(&key, &req, Transport::Udp)));
+                        return Some(reply(self.stale_answer(&key, &req, Transport::Udp, from)));
                     }
                     Lookup::Stale | Lookup::Miss => {}
                 }
@@ -226,17 +263,18 @@ impl AnswerPath {
         })))
     }
 
-    fn cached_or_forward(&self, req: Message, transport: Transport) -> Action {
+    fn cached_or_forward(&self, req: Message, transport: Transport, from: &Cell<Source>) -> Action {
         if let Some(cache) = &self.cache
             && let Some(key) = Key::of(&req)
         {
             match cache.lookup(&key, std::time::Instant::now()) {
                 Lookup::Fresh { msg, .. } => {
                     self.metrics.cache_hits.inc();
+                    from.set(Source::Cache);
                     return reply(encode(&upstream_to_client(msg, &req), &req, transport));
                 }
                 Lookup::Stale if self.upstream_down() => {
-                    return reply(self.stale_answer(&key, &req, transport));
+                    return reply(self.stale_answer(&key, &req, transport, from));
                 }
                 Lookup::Stale | Lookup::Miss => {}
             }
@@ -265,23 +303,30 @@ impl AnswerPath {
     }
 
     /// The stale answer kept for `key` (RFC 8767), else `None`.
-    fn stale_answer(&self, key: &Key, req: &Message, transport: Transport) -> Option<Vec<u8>> {
+    fn stale_answer(
+        &self,
+        key: &Key,
+        req: &Message,
+        transport: Transport,
+        from: &Cell<Source>,
+    ) -> Option<Vec<u8>> {
         let msg = self.cache.as_ref()?.stale(key, std::time::Instant::now())?;
         self.metrics.stale_answers.inc();
+        from.set(Source::Stale);
         encode(&upstream_to_client(msg, req), req, transport)
     }
 
     /// Every upstream failed for the wire query `w`: its stale answer, if there is one.
-    fn wire_stale(&self, w: &WireQuery) -> Option<Vec<u8>> {
+    fn wire_stale(&self, w: &WireQuery, from: &Cell<Source>) -> Option<Vec<u8>> {
         self.upstream_result(true);
         let key = w.key.as_ref()?;
         let req = Message::from_vec(&w.req).ok()?;
-        self.stale_answer(key, &req, Transport::Udp)
+        self.stale_answer(key, &req, Transport::Udp, from)
     }
 
     /// Every upstream failed for the wire query `w`: its stale answer, else SERVFAIL.
-    fn wire_failure(&self, w: &WireQuery) -> Vec<u8> {
-        self.wire_stale(w)
+    fn wire_failure(&self, w: &WireQuery, from: &Cell<Source>) -> Vec<u8> {
+        self.wire_stale(w, from)
             .unwrap_or_else(|| rewrite::error_answer(&w.req, &w.q, 2))
     }
 
@@ -295,9 +340,14 @@ impl AnswerPath {
         out: &mut Outgoing,
     ) {
         let Outgoing { replies, relays } = out;
-        match self.handle(bytes, Transport::Udp) {
-            Action::Reply(b) => replies.push((b, src)),
+        let (from, start) = (Cell::new(Source::Local), tokio::time::Instant::now());
+        match self.handle_from(bytes, Transport::Udp, &from) {
+            Action::Reply(b) => {
+                self.log(bytes, &b, src, from.get(), start);
+                replies.push((b, src));
+            }
             Action::ReplyAndRefresh(b, w) => {
+                self.log(bytes, &b, src, from.get(), start);
                 replies.push((b, src));
                 // Only when a forward slot is free and relaying is possible: a prefetch never
                 // competes with a client's query.
@@ -334,7 +384,7 @@ impl AnswerPath {
                 Ok(permit) => {
                     let path = self.clone();
                     spawn_answer(listener, permit, src, async move {
-                        path.complete_wire(&w).await
+                        path.complete_wire(&w, src, start).await
                     });
                 }
                 Err(_) => {
@@ -346,7 +396,7 @@ impl AnswerPath {
                 Ok(permit) => {
                     let path = self.clone();
                     spawn_answer(listener, permit, src, async move {
-                        path.complete(&req, Transport::Udp).await
+                        path.complete(&req, Transport::Udp, src, start).await
                     });
                 }
                 Err(_) => {
@@ -369,20 +419,30 @@ impl AnswerPath {
     }
 
     /// One query received over TCP: its answer, if any (forwards awaited here).
-    pub async fn tcp_query(&self, bytes: &[u8]) -> Option<Vec<u8>> {
-        match self.handle(bytes, Transport::Tcp) {
-            Action::Reply(b) | Action::ReplyAndRefresh(b, _) => Some(b),
+    pub async fn tcp_query(&self, bytes: &[u8], client: SocketAddr) -> Option<Vec<u8>> {
+        let (from, start) = (Cell::new(Source::Local), tokio::time::Instant::now());
+        let action = self.handle_from(bytes, Transport::Tcp, &from);
+        match action {
+            Action::Reply(b) | Action::ReplyAndRefresh(b, _) => {
+                self.log(bytes, &b, client, from.get(), start);
+                Some(b)
+            }
             // Only UDP queries take the wire path.
             Action::Drop | Action::ForwardWire(_) => None,
             Action::Forward(req) => match self.forwards.clone().try_acquire_owned() {
-                Ok(_permit) => self.complete(&req, Transport::Tcp).await,
+                Ok(_permit) => self.complete(&req, Transport::Tcp, client, start).await,
                 Err(_) => self.overloaded(&req, Transport::Tcp),
             },
         }
     }
 
     /// [`AnswerPath::complete`] for the wire path.
-    async fn complete_wire(&self, w: &WireQuery) -> Option<Vec<u8>> {
+    async fn complete_wire(
+        &self,
+        w: &WireQuery,
+        client: SocketAddr,
+        started: tokio::time::Instant,
+    ) -> Option<Vec<u8>> {
         self.metrics.upstream_requests.inc();
         let start = tokio::time::Instant::now();
         let query = rewrite::upstream_query(&w.req, &w.q, self.forwarder.udp_payload);
@@ -393,21 +453,25 @@ impl AnswerPath {
         self.metrics
             .upstream_duration
             .observe(start.elapsed().as_secs_f64());
-        match result {
-            Ok(Raw(answer)) => self.wire_answer(w, answer),
+        let from = Cell::new(Source::Upstream);
+        let answer = match result {
+            Ok(Raw(answer)) => self.wire_answer(w, answer, &from)?,
             Err(e) => {
                 self.metrics.upstream_failures.inc();
                 tracing::debug!(error = %e, "DNS forward failed");
-                Some(self.wire_failure(w))
+                from.set(Source::Local);
+                self.wire_failure(w, &from)
             }
-        }
+        };
+        self.log(&w.req, &answer, client, from.get(), started);
+        Some(answer)
     }
 
     /// The client's answer from the upstream's `answer` to `w` (cached when the cache is on).
-    fn wire_answer(&self, w: &WireQuery, answer: Vec<u8>) -> Option<Vec<u8>> {
+    fn wire_answer(&self, w: &WireQuery, answer: Vec<u8>, from: &Cell<Source>) -> Option<Vec<u8>> {
         if failed_upstream(&answer) {
             // The last upstream's SERVFAIL/REFUSED: a stale answer is better, when there is one.
-            if let Some(stale) = self.wire_stale(w) {
+            if let Some(stale) = self.wire_stale(w, from) {
                 return Some(stale);
             }
         } else {
@@ -437,13 +501,37 @@ impl AnswerPath {
     }
 
     /// The asynchronous part: forward, cache, answer (SERVFAIL when every upstream failed).
-    async fn complete(&self, req: &Message, transport: Transport) -> Option<Vec<u8>> {
+    async fn complete(
+        &self,
+        req: &Message,
+        transport: Transport,
+        client: SocketAddr,
+        started: tokio::time::Instant,
+    ) -> Option<Vec<u8>> {
         self.metrics.upstream_requests.inc();
         let start = tokio::time::Instant::now();
         let result = self.forwarder.forward(req, transport).await;
         self.metrics
             .upstream_duration
             .observe(start.elapsed().as_secs_f64());
+        let from = Cell::new(Source::Upstream);
+        let answer = self.forward_answer(req, transport, result, &from)?;
+        if self.access_log {
+            let query = req.to_vec().unwrap_or_default();
+            self.log(&query, &answer, client, from.get(), started);
+        }
+        Some(answer)
+    }
+
+    /// The client's answer from forwarding `req` (cached; stale, or SERVFAIL, when every
+    /// upstream failed).
+    fn forward_answer(
+        &self,
+        req: &Message,
+        transport: Transport,
+        result: Result<Message, ForwardError>,
+        from: &Cell<Source>,
+    ) -> Option<Vec<u8>> {
         let failed = match &result {
             Ok(resp) => matches!(
                 resp.metadata.response_code,
@@ -454,7 +542,7 @@ impl AnswerPath {
         self.upstream_result(failed);
         if failed
             && let Some(key) = Key::of(req)
-            && let Some(stale) = self.stale_answer(&key, req, transport)
+            && let Some(stale) = self.stale_answer(&key, req, transport, from)
         {
             return Some(stale);
         }
@@ -468,9 +556,40 @@ impl AnswerPath {
             Err(e) => {
                 self.metrics.upstream_failures.inc();
                 tracing::debug!(error = %e, "DNS forward failed");
+                from.set(Source::Local);
                 encode(&respond(req, ResponseCode::ServFail), req, transport)
             }
         }
+    }
+
+    /// One access-log line for a query (`DNS_PROXY_ACCESS_LOG`): its name and type, the
+    /// answer's rcode, the client, where the answer came from, and how long it took.
+    fn log(
+        &self,
+        query: &[u8],
+        answer: &[u8],
+        client: SocketAddr,
+        from: Source,
+        started: tokio::time::Instant,
+    ) {
+        if !self.access_log {
+            return;
+        }
+        let (name, qtype) = match packet::parse(query) {
+            Some(q) => (q.lower_name().to_string(), q.qtype.to_string()),
+            None => ("-".to_string(), "-".to_string()),
+        };
+        let rcode = ResponseCode::from(0, answer.get(3).map_or(0, |b| b & 0x0f));
+        tracing::info!(
+            target: "dns_access",
+            name = %name,
+            qtype = %qtype,
+            rcode = %rcode,
+            client = %client,
+            from = from.as_str(),
+            latency_us = started.elapsed().as_micros() as u64,
+            "dns query"
+        );
     }
 
     /// SERVFAIL for a query refused because too many are in flight.
@@ -527,14 +646,17 @@ impl Relay for WireRelay {
         path.metrics
             .upstream_duration
             .observe(self.start.elapsed().as_secs_f64());
+        let from = Cell::new(Source::Upstream);
         let bytes = match result {
-            Ok(answer) => path.wire_answer(&self.w, answer)?,
+            Ok(answer) => path.wire_answer(&self.w, answer, &from)?,
             Err(e) => {
                 path.metrics.upstream_failures.inc();
                 tracing::debug!(error = %e, "DNS forward failed");
-                path.wire_failure(&self.w)
+                from.set(Source::Local);
+                path.wire_failure(&self.w, &from)
             }
         };
+        path.log(&self.w.req, &bytes, self.src, from.get(), self.start);
         Some(ClientReply {
             sock: self.sock.clone(),
             bytes,
@@ -601,6 +723,7 @@ pub fn fuzz_request(data: &[u8]) {
             respond_before_sync: false,
             forwards: Arc::new(Semaphore::new(1)),
             upstream_failed_at: std::sync::Mutex::new(None),
+            access_log: false,
         }
     });
     for transport in [Transport::Udp, Transport::Tcp] {
@@ -608,7 +731,7 @@ pub fn fuzz_request(data: &[u8]) {
         if let Action::ForwardWire(w) = &action {
             let mut answer = data.to_vec();
             answer[2] |= 0x80;
-            let _ = path.wire_answer(w, answer);
+            let _ = path.wire_answer(w, answer, &Cell::new(Source::Upstream));
         }
         if let Action::Forward(req) = action {
             // The same bytes, marked as a response, are the upstream's answer.

@@ -41,6 +41,10 @@ pub struct Config {
     /// Refresh a cached name asked for in the last tenth of its TTL (`DNS_PROXY_PREFETCH`,
     /// default on; not in Istio).
     pub prefetch: bool,
+    /// One log line per query, at info level with target `dns_access`: name, type, rcode,
+    /// client, where the answer came from (table, cache, stale, upstream, local), latency
+    /// (`DNS_PROXY_ACCESS_LOG`, default off; not in Istio).
+    pub access_log: bool,
     /// The proxy's own namespace (`POD_NAMESPACE`): short names resolve in it.
     pub namespace: String,
     /// The proxy's DNS domain (`--domain`, default `<POD_NAMESPACE>.svc.cluster.local`).
@@ -82,6 +86,7 @@ impl Config {
             cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
             serve_stale: Some(crate::StalePolicy::default()),
             prefetch: true,
+            access_log: false,
             namespace: String::new(),
             domain: "svc.cluster.local".to_string(),
             respond_before_sync: false,

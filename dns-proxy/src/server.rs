@@ -128,6 +128,7 @@ impl DnsProxy {
                     .serving_stale(config.serve_stale, config.prefetch)
             }),
             upstream_failed_at: std::sync::Mutex::new(None),
+            access_log: config.access_log,
             metrics,
             respond_before_sync: config.respond_before_sync,
             forwards: Arc::new(Semaphore::new(config.max_in_flight.max(1))),

@@ -1,6 +1,6 @@
 //! The DNS sub-config ([`dns_proxy::Config`]): `DNS_PROXY_ADDR`, `DNS_FORWARD_*`,
 //! `DNS_PROXY_CACHE`; not in Istio: `DNS_PROXY_CACHE_MAX_BYTES`, `DNS_PROXY_SERVE_STALE`,
-//! `DNS_PROXY_STALE_MAX`, `DNS_PROXY_STALE_TTL`, `DNS_PROXY_PREFETCH`; the upstreams and search list of resolv.conf, and the proxy's domain
+//! `DNS_PROXY_STALE_MAX`, `DNS_PROXY_STALE_TTL`, `DNS_PROXY_PREFETCH`, `DNS_PROXY_ACCESS_LOG`; the upstreams and search list of resolv.conf, and the proxy's domain
 //! (`--domain`).
 
 use std::path::Path;
@@ -85,6 +85,7 @@ pub fn load(i: Inputs<'_>) -> Result<dns_proxy::Config, Error> {
         None
     };
     config.prefetch = env.bool("DNS_PROXY_PREFETCH", true)?;
+    config.access_log = env.bool("DNS_PROXY_ACCESS_LOG", false)?;
     config.cache_max_bytes = env.u32(
         "DNS_PROXY_CACHE_MAX_BYTES",
         u32::try_from(dns_proxy::DEFAULT_CACHE_MAX_BYTES).unwrap_or(u32::MAX),
@@ -245,6 +246,9 @@ mod tests {
             (Duration::from_secs(7200), Duration::from_secs(5))
         );
         assert!(!c.prefetch);
+        assert!(!c.access_log, "the access log is opt-in");
+        let c = simple(&env(&[("DNS_PROXY_ACCESS_LOG", "true")]), r.path()).expect("config");
+        assert!(c.access_log);
         let c = simple(&env(&[("DNS_PROXY_SERVE_STALE", "false")]), r.path()).expect("config");
         assert_eq!(c.serve_stale, None);
     }

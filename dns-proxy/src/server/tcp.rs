@@ -58,6 +58,7 @@ async fn connection(
     path: &AnswerPath,
     idle: Duration,
 ) -> std::io::Result<()> {
+    let peer = stream.peer_addr()?;
     stream.set_nodelay(true)?;
     let mut buf = Vec::new();
     loop {
@@ -75,7 +76,7 @@ async fn connection(
             }
             Err(_) => return Ok(()),
         }
-        if let Some(b) = path.tcp_query(&buf).await {
+        if let Some(b) = path.tcp_query(&buf, peer).await {
             let Ok(n) = u16::try_from(b.len()) else {
                 continue;
             };

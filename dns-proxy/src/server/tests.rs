@@ -28,6 +28,7 @@ fn config(upstreams: Vec<SocketAddr>) -> Config {
         // Istio's behaviour unless a test turns them on.
         serve_stale: None,
         prefetch: false,
+        access_log: false,
         namespace: "ns1".into(),
         domain: "ns1.svc.cluster.local".into(),
         respond_before_sync: false,
@@ -349,6 +350,67 @@ async fn prefetch_refreshes_a_name_before_it_expires() {
     let (m, _) = udp(p.addr, &q).await;
     assert!(m.answers[0].ttl >= 9, "{}", m.answers[0].ttl);
     assert_eq!(count.load(Ordering::SeqCst), 2);
+    p.shutdown.cancel();
+}
+
+/// `DNS_PROXY_ACCESS_LOG`: one line per query, saying where its answer came from.
+#[tokio::test]
+async fn access_log_says_where_each_answer_came_from() {
+    #[derive(Clone, Default)]
+    struct Buf(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Buf {
+        type Writer = Buf;
+        fn make_writer(&'a self) -> Buf {
+            self.clone()
+        }
+    }
+    let buf = Buf::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(buf.clone())
+        .with_ansi(false)
+        .finish();
+    // Global: the UDP listener's receive loops may run on other threads (each test is its own
+    // process under nextest).
+    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+    let (up, _count, _stop) = fake_upstream().await;
+    let mut c = config(vec![up]);
+    c.access_log = true;
+    let p = start(c).await;
+    p.table.update(&sample());
+    udp(p.addr, &query("productpage.", RecordType::A, None)).await;
+    udp(p.addr, &query("external.test.", RecordType::A, None)).await;
+    udp(p.addr, &query("external.test.", RecordType::A, None)).await;
+    tcp(p.addr, &query("other.test.", RecordType::A, None)).await;
+    let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("dns query")).collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    for (line, name, from) in [
+        (lines[0], "productpage.", "table"),
+        (lines[1], "external.test.", "upstream"),
+        (lines[2], "external.test.", "cache"),
+        // Over TCP the (UDP-only) fake upstream refuses: SERVFAIL made here.
+        (lines[3], "other.test.", "local"),
+    ] {
+        assert!(line.contains(&format!("name={name}")), "{line}");
+        assert!(
+            line.contains(&format!("from=\"{from}\"")) || line.contains(&format!("from={from}")),
+            "{line}"
+        );
+        assert!(
+            line.contains("qtype=A") && line.contains("client=127.0.0.1:"),
+            "{line}"
+        );
+        assert!(line.contains("latency_us="), "{line}");
+    }
     p.shutdown.cancel();
 }
 

@@ -320,20 +320,37 @@ fn enter_netns(path: &Path) {
         .unwrap_or_else(|e| fail("setns net", e));
 }
 
-/// Forks; the parent forwards signals to the child and exits with its status.
+/// Forks; the parent forwards signals to the child and exits with its status. With `pid_file`,
+/// the child's pid is written there once the child has exec'd its command (or died), as a
+/// runtime reports a container started: a hook that joins the container's namespaces before
+/// then would find the host's mount namespace, not the container's root.
 fn fork_and_wait(pid_file: Option<&Path>) {
+    // The child's copy of the write end closes at its execve (O_CLOEXEC) or exit: EOF here.
+    let started = pid_file.map(|_| {
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap_or_else(|e| fail("pipe2", e))
+    });
     // SAFETY: the launcher is single-threaded here (a fresh `kubelet __container` process), so
     // the child may run Rust code after fork.
     let pid = unsafe { libc::fork() };
     check("fork", pid);
     if pid == 0 {
+        if let Some((read, write)) = started {
+            drop(read);
+            // Kept open until the exec: leaked on purpose (closed by O_CLOEXEC).
+            std::mem::forget(write);
+        }
         // The container dies with its launcher, as with a runtime shim gone.
         // SAFETY: prctl(PR_SET_PDEATHSIG) takes no pointers.
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
         return;
     }
     CHILD.store(pid, Ordering::SeqCst);
-    if let Some(f) = pid_file {
+    if let (Some(f), Some((read, write))) = (pid_file, started) {
+        drop(write);
+        let mut done = [0u8; 1];
+        let mut read = fs::File::from(read);
+        // Blocks until every write end is closed: the child exec'd (or died).
+        let _ = std::io::Read::read(&mut read, &mut done);
         let _ = fs::write(f, pid.to_string());
     }
     for sig in [

@@ -133,22 +133,8 @@ where
     sender.send_request(req).await.map_err(http)
 }
 
-/// [`send`], then the whole body (at most `cap` bytes) within the same `timeout`.
-pub async fn fetch<B>(
-    addr: &str,
-    req: http::Request<B>,
-    cap: usize,
-    timeout: Duration,
-) -> Result<(u16, bytes::Bytes), Error>
-where
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    fetch_from(&Target::from(addr), req, cap, timeout).await
-}
-
-/// [`fetch`] from a TCP address or a Unix socket.
+/// [`send`] to a TCP address or a Unix socket, then the whole body (at most `cap` bytes) within
+/// the same `timeout`.
 pub async fn fetch_from<B>(
     target: &Target,
     req: http::Request<B>,
@@ -214,18 +200,33 @@ mod tests {
             let (_held2, _) = listener.accept().await.unwrap();
             std::future::pending::<()>().await;
         });
-        let (status, body) = fetch(&addr, get("/a"), 64, Duration::from_secs(5))
-            .await
-            .unwrap();
+        let (status, body) = fetch_from(
+            &Target::from(addr.as_str()),
+            get("/a"),
+            64,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
         assert_eq!((status, &body[..]), (200, &b"0123456789"[..]));
-        let e = fetch(&addr, get("/slow"), 64, Duration::from_millis(200))
-            .await
-            .unwrap_err();
+        let e = fetch_from(
+            &Target::from(addr.as_str()),
+            get("/slow"),
+            64,
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(e, Error::Timeout { .. }), "{e}");
         assert!(e.to_string().contains("/slow"), "{e}");
-        let e = fetch("127.0.0.1:1", get("/"), 64, Duration::from_secs(2))
-            .await
-            .unwrap_err();
+        let e = fetch_from(
+            &Target::from("127.0.0.1:1"),
+            get("/"),
+            64,
+            Duration::from_secs(2),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(e, Error::Connect { .. }), "{e}");
     }
 

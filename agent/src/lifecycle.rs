@@ -137,6 +137,7 @@ impl Readiness {
     }
 
     /// Names of the guards not ready yet (pending or failed), sorted.
+    #[cfg(test)]
     pub fn pending(&self) -> Vec<String> {
         self.states
             .lock()

@@ -42,6 +42,7 @@
 //!   another when it ends.
 
 mod authority;
+mod backoff;
 mod coalesce;
 mod codec;
 mod connect;
@@ -111,6 +112,11 @@ pub type Connect =
 /// quarter second). The address is read when called, the answer comes later.
 pub type Probe = Arc<dyn Fn() -> BoxFuture<'static, Option<&'static str>> + Send + Sync>;
 
+/// Between attempts after a loss: does the address of the last connection accept a TCP
+/// connection now (`Some(true)`), refuse it (`Some(false)`), or no answer/no address (`None`)?
+/// A refusal followed by an accept ends the wait for the next attempt (see `backoff.rs`).
+pub type Knock = Arc<dyn Fn() -> BoxFuture<'static, Option<bool>> + Send + Sync>;
+
 /// Returns the bearer token for the next upstream stream, if any.
 pub type TokenFn = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
@@ -126,6 +132,8 @@ pub struct Upstream {
     pub token: TokenFn,
     /// Labels a lost connection (`None`: `lost` / `keepalive` from the status alone).
     pub probe: Option<Probe>,
+    /// Watches for a restarted istiod between attempts (`None`: the backoff alone).
+    pub knock: Option<Knock>,
 }
 
 /// What the proxy needs.

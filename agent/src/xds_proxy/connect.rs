@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use sds::tls::failover::Failover;
 
-use super::{Connect, Probe, TokenFn, Upstream};
+use super::{Connect, Knock, Probe, TokenFn, Upstream};
 use crate::config::XdsUpstream;
 
 /// The proxy's [`Upstream`] for `config`. A new connection is only asked for after the previous
@@ -59,17 +59,25 @@ pub fn upstream(config: &XdsUpstream) -> Result<Upstream, String> {
             Ok(channel)
         })
     });
+    let last_knock = last.clone();
     let probe: Probe = Arc::new(move || {
         let addr = *last
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         Box::pin(async move { Some(probe(addr?).await) })
     });
+    let knock: Knock = Arc::new(move || {
+        let addr = *last_knock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Box::pin(async move { knock(addr?).await })
+    });
     Ok(Upstream {
         connect,
         metadata: config.metadata.clone(),
         token: token(config),
         probe: Some(probe),
+        knock: Some(knock),
     })
 }
 
@@ -112,9 +120,22 @@ async fn probe(addr: SocketAddr) -> &'static str {
     }
 }
 
+/// How long a knock waits for TCP (on loopback or a pod network a refusal takes microseconds).
+const KNOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Whether `addr` accepts a TCP connection now (see [`Knock`]); the connection is dropped at
+/// once, before any TLS.
+async fn knock(addr: SocketAddr) -> Option<bool> {
+    match tokio::time::timeout(KNOCK_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
+        Ok(Ok(_)) => Some(true),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(false),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::probe;
+    use super::{knock, probe};
 
     #[test]
     fn no_token_over_plaintext_unless_allowed() {
@@ -152,5 +173,14 @@ mod tests {
         let addr = stalled.local_addr().unwrap();
         drop(stalled);
         assert_eq!(probe(addr).await, "dead");
+    }
+
+    #[tokio::test]
+    async fn knock_tells_a_listening_address_from_a_closed_one() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        assert_eq!(knock(addr).await, Some(true));
+        drop(listener);
+        assert_eq!(knock(addr).await, Some(false));
     }
 }

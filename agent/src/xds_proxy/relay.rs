@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use super::backoff::Backoff;
 use super::codec::{Down, Head, RawResponse, forwarded};
 use super::streams::Stream;
 use super::subscriptions::{DeltaSubscriptions, SotwSubscriptions, Subscriptions};
@@ -455,23 +456,6 @@ async fn open<F: Flavor>(
     super::upstream::call(channel, F::PATH, headers, body, F::DELTA).await
 }
 
-/// Jittered exponential backoff between upstream attempts: from [`BACKOFF_START`] doubling up
-/// to [`BACKOFF_CAP`], each delay drawn in `[d/2, d]`.
-struct Backoff(u32);
-
-const BACKOFF_START: Duration = Duration::from_millis(100);
-const BACKOFF_CAP: Duration = Duration::from_secs(1);
-
-impl Backoff {
-    fn next(&mut self) -> Duration {
-        let d = BACKOFF_START
-            .saturating_mul(1 << self.0.min(16))
-            .min(BACKOFF_CAP);
-        self.0 = self.0.saturating_add(1);
-        d.mul_f64(rand::random_range(0.5..=1.0))
-    }
-}
-
 async fn upstream_to_downstream<F: Flavor>(
     inputs: Arc<Inputs>,
     first: mpsc::Receiver<F::Req>,
@@ -491,7 +475,7 @@ async fn upstream_to_downstream<F: Flavor>(
     };
     let mut body = (Vec::new(), first);
     let mut established = false;
-    let mut backoff = Backoff(0);
+    let mut backoff = Backoff::default();
     let mut generation = 0u64;
     loop {
         let (replay, rx) = body;
@@ -514,7 +498,7 @@ async fn upstream_to_downstream<F: Flavor>(
             Err(status) => {
                 inputs.metrics.istiod_connection_failures.inc();
                 // One warning per outage; the retries that follow are debug.
-                if backoff.0 <= 1 {
+                if backoff.attempts() <= 1 {
                     tracing::warn!(status = %status, "cannot open the upstream xDS stream (is istiod reachable?)");
                 } else {
                     tracing::debug!(status = %status, "cannot open the upstream xDS stream yet");
@@ -597,7 +581,7 @@ async fn upstream_to_downstream<F: Flavor>(
         tokio::select! {
             _ = done.cancelled() => break,
             _ = down_tx.closed() => { envoy_gone(); break }
-            _ = tokio::time::sleep(delay) => {}
+            _ = backoff.pause(delay, inputs.upstream.knock.as_ref()) => {}
         }
     }
     done.cancel();
@@ -658,7 +642,7 @@ async fn relay<F: Flavor>(
             Ok(Some(Piece::Part(bytes))) => held.push(bytes),
             Ok(Some(Piece::Last(bytes, resp))) => {
                 inputs.metrics.responses.inc();
-                *backoff = Backoff(0);
+                backoff.reset();
                 if let Some(subs) = lock(link).subs.as_mut() {
                     subs.on_response(&resp);
                 }
@@ -669,7 +653,7 @@ async fn relay<F: Flavor>(
             }
             Ok(Some(Piece::Whole(resp))) => {
                 inputs.metrics.responses.inc();
-                *backoff = Backoff(0);
+                backoff.reset();
                 if let Some(subs) = lock(link).subs.as_mut() {
                     subs.on_response(&resp);
                 }

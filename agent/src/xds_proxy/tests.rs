@@ -88,6 +88,7 @@ async fn proxy_streams(
             ],
             token: Arc::new(|| Some("tok123".into())),
             probe: None,
+            knock: None,
         },
         nds: nds.then_some(sink),
         metrics: metrics.clone(),

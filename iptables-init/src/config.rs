@@ -3,6 +3,7 @@
 
 mod flags;
 mod host;
+mod userdb;
 
 use std::collections::HashMap;
 use std::ffi::OsString;

@@ -14,9 +14,9 @@ pub struct HostInputs {
     pub addresses: Option<Vec<IpAddr>>,
     /// The resolver configuration to read nameservers from (normally `/etc/resolv.conf`).
     pub resolv_conf: PathBuf,
-    /// User name → uid; `None` uses the system user database.
+    /// User name → uid; `None` reads `/etc/passwd` (as Istio's Go binary does, not NSS).
     pub users: Option<HashMap<String, u32>>,
-    /// Group name → gid; `None` uses the system group database.
+    /// Group name → gid; `None` reads `/etc/group`.
     pub groups: Option<HashMap<String, u32>>,
 }
 
@@ -49,10 +49,7 @@ impl HostInputs {
     pub fn lookup_uid(&self, name: &str) -> Option<u32> {
         match &self.users {
             Some(m) => m.get(name).copied(),
-            None => nix::unistd::User::from_name(name)
-                .ok()
-                .flatten()
-                .map(|u| u.uid.as_raw()),
+            None => super::userdb::uid(std::path::Path::new("/etc/passwd"), name),
         }
     }
 
@@ -60,10 +57,7 @@ impl HostInputs {
     pub fn lookup_gid(&self, name: &str) -> Option<u32> {
         match &self.groups {
             Some(m) => m.get(name).copied(),
-            None => nix::unistd::Group::from_name(name)
-                .ok()
-                .flatten()
-                .map(|g| g.gid.as_raw()),
+            None => super::userdb::gid(std::path::Path::new("/etc/group"), name),
         }
     }
 }

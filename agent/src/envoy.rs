@@ -648,6 +648,17 @@ mod tests {
     }
 
     #[test]
+    fn only_sidecars_follow_the_app_and_the_switch_turns_it_off() {
+        let sidecar = config(&[], ProxyFlags::default());
+        assert!(follows_app(&sidecar));
+        let istio = config(&[("DRAIN_FOLLOWS_APP", "false")], ProxyFlags::default());
+        assert!(!follows_app(&istio));
+        let mut router = config(&[], ProxyFlags::default());
+        router.node.kind = NodeType::Router;
+        assert!(!follows_app(&router));
+    }
+
+    #[test]
     fn active_connections_skip_istio_listeners() {
         let c = config(&[], ProxyFlags::default());
         let stats: Vec<(String, String)> = [

@@ -1,11 +1,14 @@
 //! Envoy's command line, process and drain sequence.
 //!
 //! Envoy runs until it exits by itself (the agent then exits with Envoy's status: non-zero when
-//! Envoy crashed, unlike Istio) or until shutdown: drain inbound listeners, wait
-//! `terminationDrainDuration` (or, with `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`, until no downstream
-//! connection is left, bounded by `drainDuration`), then stop Envoy.
+//! Envoy crashed, unlike Istio) or until shutdown: drain inbound listeners, wait (a sidecar:
+//! while the app's outbound connections are open, then `terminationDrainDuration` without any,
+//! `follow.rs`; with `DRAIN_FOLLOWS_APP=false` or for routers, Istio's fixed
+//! `terminationDrainDuration`; with `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`, Istio's wait for no
+//! downstream connection), then stop Envoy.
 
 pub mod admin;
+pub mod follow;
 pub mod readiness;
 
 use std::net::SocketAddr;
@@ -391,10 +394,22 @@ async fn terminate(
         // With EXIT_ON_ZERO_ACTIVE_CONNECTIONS, as Istio: after MINIMUM_DRAIN_DURATION, wait
         // for the last connection however long it takes (the pod's grace period is the bound:
         // the kubelet's SIGKILL); without it, terminationDrainDuration.
+        // Ours (the default for sidecars): while the app's outbound connections are open, then
+        // terminationDrainDuration without any.
         let wait = async {
             if config.envoy.exit_on_zero_active_connections {
                 tokio::time::sleep(config.envoy.minimum_drain_duration).await;
                 wait_for_zero_connections(config, admin).await;
+            } else if follows_app(config) {
+                let waited = follow::until_quiet(
+                    follow::captured_outbound,
+                    config.proxy.termination_drain_duration,
+                )
+                .await;
+                tracing::info!(
+                    waited = ?waited,
+                    "no outbound connection of the app for terminationDrainDuration: stopping Envoy"
+                );
             } else {
                 tokio::time::sleep(config.proxy.termination_drain_duration).await;
             }
@@ -452,6 +467,12 @@ async fn stop(child: &mut tokio::process::Child) -> Result<(), Error> {
     let _ = child.start_kill();
     child.wait().await.map_err(Error::Wait)?;
     Ok(())
+}
+
+/// Whether a graceful shutdown waits for the app's outbound connections (`follow.rs`): sidecars
+/// with `DRAIN_FOLLOWS_APP` on; routers and waypoints have no app beside them.
+pub fn follows_app(config: &Config) -> bool {
+    config.envoy.drain_follows_app && config.node.kind == NodeType::Sidecar
 }
 
 /// Whether Envoy drains only inbound listeners for this node type.
@@ -624,6 +645,17 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("GOMEMLIMIT"), "{err}");
+    }
+
+    #[test]
+    fn only_sidecars_follow_the_app_and_the_switch_turns_it_off() {
+        let sidecar = config(&[], ProxyFlags::default());
+        assert!(follows_app(&sidecar));
+        let istio = config(&[("DRAIN_FOLLOWS_APP", "false")], ProxyFlags::default());
+        assert!(!follows_app(&istio));
+        let mut router = config(&[], ProxyFlags::default());
+        router.node.kind = NodeType::Router;
+        assert!(!follows_app(&router));
     }
 
     #[test]

@@ -24,6 +24,12 @@ pub struct EnvoyConfig {
     pub exit_on_zero_active_connections: bool,
     /// `MINIMUM_DRAIN_DURATION` (5 s).
     pub minimum_drain_duration: Duration,
+    /// `DRAIN_FOLLOWS_APP` (not in Istio; on by default): a sidecar SIGTERMed without an
+    /// earlier `/drain` keeps Envoy serving while the app's captured outbound connections are
+    /// open, and stops it once none has been open for `terminationDrainDuration`
+    /// (`agent/src/envoy/follow.rs`). `false` is Istio's fixed `terminationDrainDuration`;
+    /// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS=true` keeps Istio's wait for zero connections.
+    pub drain_follows_app: bool,
     /// `ISTIO_BOOTSTRAP_OVERRIDE`: a file merged over the generated bootstrap.
     pub bootstrap_override: String,
     /// `ENVOY_SKIP_DEPRECATED_LOGS` (true).
@@ -91,6 +97,7 @@ pub fn load(i: Inputs<'_>) -> Result<EnvoyConfig, Error> {
             Duration::from_secs(5),
             Duration::ZERO,
         )?,
+        drain_follows_app: env.bool("DRAIN_FOLLOWS_APP", true)?,
         bootstrap_override: env.str("ISTIO_BOOTSTRAP_OVERRIDE", ""),
         skip_deprecated_logs: env.bool("ENVOY_SKIP_DEPRECATED_LOGS", true)?,
         enable_core_dump: env.bool("ISTIO_ENVOY_ENABLE_CORE_DUMP", false)?,

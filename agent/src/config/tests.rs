@@ -99,6 +99,7 @@ fn invalid_values_name_variable_and_value() {
             "yes",
             "PROXY_LIFECYCLE_LOCKDOWN",
         ),
+        ("DRAIN_FOLLOWS_APP", "sometimes", "DRAIN_FOLLOWS_APP"),
         (
             "XDS_PROXY_KEEPALIVE_INTERVAL",
             "1ms",
@@ -452,6 +453,10 @@ fn config_dump_is_the_whole_tree() {
     assert_eq!(v["envoy"]["lifecycle_lockdown"], false);
     let locked = load(dir.path(), &env(&[("PROXY_LIFECYCLE_LOCKDOWN", "true")])).unwrap();
     assert_eq!(locked.dump()["envoy"]["lifecycle_lockdown"], true);
+    // Termination that follows the app: on by default, Istio's fixed wait one setting away.
+    assert_eq!(v["envoy"]["drain_follows_app"], true);
+    let istio = load(dir.path(), &env(&[("DRAIN_FOLLOWS_APP", "false")])).unwrap();
+    assert_eq!(istio.dump()["envoy"]["drain_follows_app"], false);
     assert!(
         v["envoy"].get("env").is_none(),
         "the raw environment is never dumped"

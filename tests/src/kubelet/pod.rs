@@ -2,9 +2,11 @@
 //! volumes, init containers in order and to completion, native sidecars (`restartPolicy:
 //! Always` init containers) started and their startup probe awaited before the next container,
 //! app containers started in order with `postStart` blocking the next, probes on their periods,
-//! and termination: every `preStop` at once, SIGTERM to app containers after theirs, native
-//! sidecars SIGTERMed in reverse order once the app containers are gone, SIGKILL at the end of
-//! `terminationGracePeriodSeconds`.
+//! and termination as the kubelet's `killContainer` does it for each container at once: its
+//! `preStop` first (native sidecars' too, at the start of termination), then, for a native
+//! sidecar, its turn (the app containers and the sidecars started after it gone: reverse order),
+//! then SIGTERM, with SIGKILL at the end of `terminationGracePeriodSeconds` or, for a container
+//! whose turn came late, never sooner than 2 s after its SIGTERM (the kubelet's minimum).
 
 use super::container::Launch;
 use super::container_spec::{Ctx, identity};
@@ -22,6 +24,10 @@ use std::time::{Duration, Instant};
 
 /// The runtime's open-file limit for containers (containerd 2: soft 1024, hard 524288).
 pub const CONTAINER_NOFILE: (u64, u64) = (1024, 524_288);
+
+/// The kubelet's `minimumGracePeriodInSeconds`: the least time a container gets between its
+/// SIGTERM and SIGKILL, even past the pod's grace period.
+pub const MINIMUM_GRACE: Duration = Duration::from_secs(2);
 
 /// What runs the pod: the node's namespace (probes come from there), the binaries, the CA.
 pub struct Node {
@@ -577,7 +583,7 @@ impl Pod {
         self.events
             .say(format!("pod {} terminating (grace {grace:?})", self.name));
         // Every preStop at once; an app container gets SIGTERM when its own hook is done.
-        let mut hooks = Vec::new();
+        let mut hooks = BTreeMap::new();
         for c in self.containers.iter().filter(|c| c.kind != Kind::Init) {
             c.state.stop.store(true, Ordering::SeqCst);
             let hook = c.spec.lifecycle.as_ref().and_then(|l| l.pre_stop.clone());
@@ -596,57 +602,97 @@ impl Pod {
                 child: None,
                 state: c.state.clone(),
             };
-            hooks.push(std::thread::spawn(move || {
-                if let Some(action) = action {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    let r = action.and_then(|a| act(&node_ns, &kubelet, &copy, &a, left));
-                    events.say(format!(
-                        "container {} preStop: {}",
-                        copy.spec.name,
-                        r.unwrap_or_else(|e| format!("failed: {e}"))
-                    ));
-                }
-                if term && pid > 0 {
-                    events.say(format!("container {} SIGTERM", copy.spec.name));
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid as i32),
-                        nix::sys::signal::Signal::SIGTERM,
-                    );
-                }
-            }));
+            let name = c.spec.name.clone();
+            hooks.insert(
+                name,
+                std::thread::spawn(move || {
+                    if let Some(action) = action {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        let r = action.and_then(|a| act(&node_ns, &kubelet, &copy, &a, left));
+                        events.say(format!(
+                            "container {} preStop: {}",
+                            copy.spec.name,
+                            r.unwrap_or_else(|e| format!("failed: {e}"))
+                        ));
+                    }
+                    if term && pid > 0 {
+                        events.say(format!("container {} SIGTERM", copy.spec.name));
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid as i32),
+                            nix::sys::signal::Signal::SIGTERM,
+                        );
+                    }
+                }),
+            );
         }
         let mut ended = Vec::new();
-        let wait = |c: &mut Running, ended: &mut Vec<Ended>| {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let child = c.child.as_mut().expect("child");
-            let status = child.wait_timeout(left);
-            let killed = status.is_none();
-            let code = status.and_then(|s| s.code());
-            ended.push(Ended {
-                name: c.spec.name.clone(),
-                code,
-                after: t0.elapsed(),
-                killed,
-            });
+        // Waits for the containers `which` together (each has its own SIGTERM and runs its own
+        // shutdown), each recorded when it exits; SIGKILL for those left at the deadline, which
+        // the kubelet never puts less than 2 s after their SIGTERM.
+        let wait = |containers: &mut [Running], which: &[usize], ended: &mut Vec<Ended>| {
+            let end = deadline.max(Instant::now() + MINIMUM_GRACE);
+            let mut left: Vec<usize> = which.to_vec();
+            loop {
+                left.retain(|&i| {
+                    let c = &mut containers[i];
+                    let child = c.child.as_mut().expect("child");
+                    let Some(status) = child.try_wait() else {
+                        return true;
+                    };
+                    let after = t0.elapsed();
+                    // What it printed last is read to its end.
+                    let _ = child.wait_timeout(Duration::from_secs(2));
+                    ended.push(Ended {
+                        name: c.spec.name.clone(),
+                        code: status.code(),
+                        after,
+                        killed: false,
+                    });
+                    false
+                });
+                if left.is_empty() || Instant::now() >= end {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            for i in left {
+                // The runtime's SIGKILL: the container is gone before the next one's turn.
+                let c = &mut containers[i];
+                let child = c.child.as_mut().expect("child");
+                child.signal(nix::sys::signal::Signal::SIGKILL);
+                let _ = child.wait_timeout(Duration::from_secs(5));
+                ended.push(Ended {
+                    name: c.spec.name.clone(),
+                    code: None,
+                    after: t0.elapsed(),
+                    killed: true,
+                });
+            }
         };
-        for c in self.containers.iter_mut().filter(|c| c.kind == Kind::App) {
-            wait(c, &mut ended);
-        }
+        let apps: Vec<usize> = (0..self.containers.len())
+            .filter(|i| self.containers[*i].kind == Kind::App)
+            .collect();
+        wait(&mut self.containers, &apps, &mut ended);
         // Native sidecars: reverse order, after the app containers.
         let order: Vec<usize> = (0..self.containers.len())
             .rev()
             .filter(|i| self.containers[*i].kind == Kind::Sidecar)
             .collect();
         for i in order {
-            let c = &mut self.containers[i];
+            let c = &self.containers[i];
+            // Its own preStop comes first: the kubelet's killContainer runs the hook, then waits
+            // for the container's turn, then stops it.
+            if let Some(h) = hooks.remove(&c.spec.name) {
+                let _ = h.join();
+            }
             self.events.say(format!("sidecar {} SIGTERM", c.spec.name));
             c.child
                 .as_ref()
                 .expect("child")
                 .signal(nix::sys::signal::Signal::SIGTERM);
-            wait(c, &mut ended);
+            wait(&mut self.containers, &[i], &mut ended);
         }
-        for h in hooks {
+        for h in hooks.into_values() {
             let _ = h.join();
         }
         for e in &ended {

@@ -7,3 +7,4 @@
 
 mod dns;
 mod dns_flood;
+mod istio_diff;

@@ -1,5 +1,5 @@
 //! The `dns` differential suite (issue #26): Istio's own Go `pilot-agent`, in a pod beside
-//! `istiod-lite`, answered 5,200 generated DNS queries once; its answers are committed under
+//! `istiod-lite`, answered 5,206 generated DNS queries once; its answers are committed under
 //! `tests/data/istio-diff/dns/` (how: that folder's README.md). This test builds the same world
 //! (the same istiod-lite config, so the same NDS table; the same dnsmasq upstream at the pod's
 //! resolv.conf nameserver; the pod's search list and ndots), runs our `pilot-agent` in the pod

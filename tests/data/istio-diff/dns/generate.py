@@ -171,6 +171,8 @@ up_lines += [
     "ptr-record=1.100.18.198.in-addr.arpa,up-1.upstream.test",
     "ptr-record=1.10.19.198.in-addr.arpa,mesh-ptr.upstream.test",
     "host-record=www.outside.test,198.18.102.1",
+    # An upstream that never answers (a closed port on the node): the agents' own timeout.
+    "server=/closed.test/198.18.1.1#5399",
 ]
 up_names += ["alias.upstream.test", "alias2.upstream.test", "alias3.upstream.test",
              "to-mesh.upstream.test", "txt.upstream.test", "_http._tcp.upstream.test",
@@ -331,6 +333,19 @@ for i in range(CASES):
     pkt = packet(qid, name, qtype, **kw)
     cases.append({"id": f"q{i + 1:04d}", "proto": proto, "query": pkt.hex(),
                   "what": " ".join([tname, name, *what])})
+
+# Names whose upstream never answers, each asked once (after the others, so the rest of the
+# cases do not depend on them): both agents give up after their forward timeout (5 s).
+late = random.Random(SEED + 1)
+for i, (tname, proto, edns) in enumerate([("A", "udp", None), ("AAAA", "udp", (1232, False, 0)),
+                                          ("TXT", "udp", (4096, True, 0)), ("A", "tcp", None),
+                                          ("A", "udp", None), ("SRV", "tcp", (1232, False, 0))]):
+    name = f"t{i + 1}.closed.test."
+    kw = {"edns": edns} if edns else {}
+    pkt = packet(late.randrange(1, 65536), name, TYPES[tname], **kw)
+    what = [tname, name] + ([f"edns={edns[0]}{'/do' if edns[1] else ''}"] if edns else [])
+    cases.append({"id": f"q{len(cases) + 1:04d}", "proto": proto, "query": pkt.hex(),
+                  "what": " ".join(what)})
 
 with open(os.path.join(HERE, "cases.jsonl"), "w") as f:
     for c in cases:

@@ -16,8 +16,9 @@ use harness::{Child, assert_eventually, require_bin};
 
 use super::Case;
 
-/// How long one query waits for its answer.
-const ANSWER_WAIT: Duration = Duration::from_secs(2);
+/// How long one query waits for its answer: longer than both agents' forward timeout (5 s),
+/// which the `closed.test` cases wait out.
+const ANSWER_WAIT: Duration = Duration::from_secs(8);
 /// The name polled until the NDS table is in: a host of the last ServiceEntries in config.yaml.
 const SENTINEL: &str = "shared.example.com";
 

@@ -5,7 +5,7 @@
 //!    dropped; a plain A/AAAA query for a table host is answered on the wire
 //!    ([`local::wire`]); a plain UDP query the table does not answer is served from the cache
 //!    or forwarded on the wire path ([`WireQuery`], no parse); anything else is parsed into a
-//!    `Message`: FORMERR, NOTIMP, BADVERS, SERVFAIL (no question, or no table yet) where due,
+//!    `Message`: FORMERR (also for no question or several), NOTIMP, BADVERS, SERVFAIL (no table yet) where due,
 //!    else the table's answer ([`local::message`]), the cache's, or a forward.
 //! 2. Forwards, bounded by the in-flight limit (SERVFAIL beyond it): over UDP
 //!    ([`AnswerPath::udp_query`]) wire-path queries are relayed without a task of their own
@@ -155,11 +155,9 @@ impl AnswerPath {
             }
         };
         if req.metadata.op_code != OpCode::Query {
-            return reply(encode(
-                &respond(&req, ResponseCode::NotImp),
-                &req,
-                transport,
-            ));
+            // The header alone, as Istio's DNS server (miekg/dns) answers an opcode it does not
+            // implement.
+            return reply(respond::error_header(bytes, ResponseCode::NotImp));
         }
         if req.edns.as_ref().is_some_and(|e| e.version() > 0) {
             return reply(encode(
@@ -168,23 +166,10 @@ impl AnswerPath {
                 transport,
             ));
         }
-        match req.queries.len() {
-            // Istio answers a question-less query with SERVFAIL.
-            0 => {
-                return reply(encode(
-                    &respond(&req, ResponseCode::ServFail),
-                    &req,
-                    transport,
-                ));
-            }
-            1 => {}
-            _ => {
-                return reply(encode(
-                    &respond(&req, ResponseCode::FormErr),
-                    &req,
-                    transport,
-                ));
-            }
+        if req.queries.len() != 1 {
+            // No question, or more than one: FORMERR with the header alone, as Istio's DNS
+            // server (miekg/dns) rejects a query whose QDCOUNT is not 1 before it is served.
+            return reply(respond::error_header(bytes, ResponseCode::FormErr));
         }
         let Some(table) = table else {
             if self.respond_before_sync {

@@ -292,6 +292,18 @@ impl Mesh {
     /// as 1337:1337, or as 0:1337 (`runAsUser: 0`, `runAsGroup: 1337`) for TPROXY or
     /// `NET_BIND_SERVICE` (DNS on `:53`); the capture rules exclude gid 1337 too.
     pub fn inject_as(&self, pod: &mut Pod, (uid, gid): (u32, u32), extra: &[(&str, String)]) {
+        self.inject_agent(pod, &self.bin("pilot-agent"), (uid, gid), extra);
+    }
+
+    /// [`Mesh::inject_as`] with another `pilot-agent` binary (Istio's own, for the differential
+    /// suites), run with the same environment.
+    pub fn inject_agent(
+        &self,
+        pod: &mut Pod,
+        agent: &Path,
+        (uid, gid): (u32, u32),
+        extra: &[(&str, String)],
+    ) {
         let out = pod
             .ns
             .cmd(self.bin("istio-iptables"))
@@ -326,7 +338,7 @@ impl Mesh {
             )
             .expect("chmod");
         }
-        let mut cmd = pod.ns.cmd_as(uid, gid, self.bin("pilot-agent"));
+        let mut cmd = pod.ns.cmd_as(uid, gid, agent);
         cmd.args(proxy_args())
             .current_dir(&pod.dir)
             .env_clear()

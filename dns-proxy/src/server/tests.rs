@@ -209,6 +209,20 @@ async fn malformed_input_gets_formerr_or_is_dropped() {
     q.add_query(Query::query(Name::from_ascii("b.").unwrap(), RecordType::A));
     let (m, _) = udp(p.addr, &q).await;
     assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
+    assert!(m.queries.is_empty(), "the header alone, as Istio's: {m:?}");
+    // An opcode other than QUERY (STATUS): NOTIMP, the header alone.
+    let mut q = query("productpage.", RecordType::A, Some(1232));
+    q.metadata.op_code = OpCode::Status;
+    let (m, _) = udp(p.addr, &q).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::NotImp);
+    assert_eq!(m.metadata.op_code, OpCode::Status);
+    assert!(m.queries.is_empty() && m.edns.is_none(), "{m:?}");
+    // No question (with EDNS): FORMERR, the header alone.
+    let mut q = query("productpage.", RecordType::A, Some(1232));
+    q.queries.clear();
+    let (m, _) = udp(p.addr, &q).await;
+    assert_eq!(m.metadata.response_code, ResponseCode::FormErr);
+    assert!(m.queries.is_empty() && m.edns.is_none(), "{m:?}");
     // Still serving.
     let (m, _) = udp(p.addr, &query("productpage.", RecordType::A, None)).await;
     assert_eq!(ips(&m), vec!["10.0.0.1"]);

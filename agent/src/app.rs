@@ -208,6 +208,7 @@ impl App {
                     prober: Prober {
                         destination,
                         http2: true,
+                        keepalive: None,
                     },
                     // As Istio: a VM is unhealthy while its Envoy is not ready.
                     envoy: (!config.envoy.disabled).then(|| {
@@ -510,6 +511,10 @@ fn bind_status_server(
             prober: Prober {
                 destination,
                 http2: config.status.http2_probing,
+                keepalive: config
+                    .status
+                    .probe_keepalive
+                    .then(status::probe::Connections::default),
             },
             registry: Arc::new(registry),
             metrics,

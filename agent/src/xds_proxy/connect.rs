@@ -25,6 +25,7 @@ pub fn upstream(config: &XdsUpstream) -> Result<Upstream, String> {
     );
     inputs.plaintext = config.plaintext;
     inputs.keepalive = Some(config.keepalive);
+    inputs.compliance = config.compliance;
     // A target that accepts TCP but never completes the handshake (a stopped istiod) is left
     // after the keepalive timeout, as a stalled connection would be.
     let per_target = config.keepalive.1;
@@ -133,6 +134,7 @@ mod tests {
             reconnect: true,
             keepalive: sds::tls::DEFAULT_KEEPALIVE,
             multi_stream: false,
+            compliance: sds::Compliance::None,
         };
         let token = |plaintext, allow| (super::token(&config(plaintext, allow)))();
         assert_eq!(token(true, false), None, "plaintext: withheld");

@@ -353,7 +353,8 @@ pub fn bind_uds(path: &Path) -> Result<UnixListener, Error> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e)),
     }
-    let listener = UnixListener::bind(path).map_err(err)?;
+    // However deep the path: Istio binds it relative to the working directory.
+    let listener = proto::uds::bind(path).map_err(err)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(err)?;
     Ok(listener)
 }

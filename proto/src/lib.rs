@@ -12,6 +12,7 @@
 #![deny(unsafe_code)]
 
 pub mod listen;
+pub mod uds;
 
 pub use envoy_types as envoy_types_crate;
 pub use envoy_types::pb::envoy;

@@ -786,3 +786,16 @@ async fn connections_without_a_stream_are_closed_and_open_streams_are_kept() {
     tx.send(req(type_url::CLUSTER, "n1")).await.unwrap();
     assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, "n1"));
 }
+
+/// `<configPath>/XDS` under a working directory past the 108-byte `sun_path` limit is bound
+/// (as Istio binds `./etc/istio/proxy/XDS`) and a client reaches it.
+#[tokio::test]
+async fn xds_socket_past_sun_path_is_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d".repeat(90)).join("etc/istio/proxy/XDS");
+    assert!(path.as_os_str().len() > 108);
+    let listener = bind_uds(&path).unwrap();
+    let accept = tokio::spawn(async move { listener.accept().await.map(|_| ()) });
+    proto::uds::connect(&path).await.unwrap();
+    accept.await.unwrap().unwrap();
+}

@@ -225,3 +225,42 @@ fn no_policy_is_the_default_provider() {
         aws_lc_rs::default_provider().cipher_suites.len()
     );
 }
+
+/// The CA client dials under the policy of its config: against a server offering only X25519
+/// in TLS 1.3, no policy gets past the handshake (the server is no CA, so the call then fails
+/// on gRPC) and `pqc` is refused at the handshake.
+#[tokio::test]
+async fn the_ca_client_dials_under_the_policy() {
+    use crate::ca::CaClient;
+    use crate::{Config, Metrics};
+    let (addr, root) = server(offer(AES128_TLS13, X25519, TLS13)).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csr = crate::csr::generate(
+        "spiffe://cluster.local/ns/a/sa/b",
+        crate::KeyAlgorithm::EcdsaP256,
+        false,
+    )
+    .expect("csr")
+    .csr_pem;
+    for (policy, refused_at_handshake) in [(Compliance::None, false), (Compliance::Pqc, true)] {
+        let cfg = Config {
+            ca_addr: addr.to_string(),
+            ca_server_name: NAME.into(),
+            ca_root: RootSource::Pem(root.clone().into_bytes()),
+            compliance: policy,
+            ..Config::defaults(dir.path())
+        };
+        let mut reg = prometheus_client::registry::Registry::default();
+        let client = CaClient::new(&cfg, Arc::new(Metrics::new(&mut reg))).expect("client");
+        let e = client
+            .sign(&csr)
+            .await
+            .expect_err("the server is no CA")
+            .to_string();
+        assert_eq!(
+            e.contains("HandshakeFailure"),
+            refused_at_handshake,
+            "{policy:?}: {e}"
+        );
+    }
+}

@@ -55,7 +55,14 @@ pub(super) async fn get(
     };
     let status = resp.status().as_u16();
     let mut body = Vec::new();
-    let read = read_capped_prefix(resp.into_body(), cap, &mut body);
+    // With kept connections the rest of the body is read too (as Go's client drains it), so
+    // the connection can serve the next probe; up to a bound, past which it is dropped.
+    let drain = if prober.keepalive.is_some() {
+        DRAIN_MAX
+    } else {
+        0
+    };
+    let read = read_capped_prefix(resp.into_body(), cap, drain, &mut body);
     match deadline {
         // What arrived before the deadline is kept.
         Some(d) => {
@@ -66,14 +73,20 @@ pub(super) async fn get(
     Ok((status, bytes::Bytes::from(body)))
 }
 
-/// Reads at most `cap` bytes into `out`; a read error ends the body where it is.
-async fn read_capped_prefix(mut body: Incoming, cap: usize, out: &mut Vec<u8>) {
-    while out.len() < cap {
+/// How much of a body past what is kept is read to keep its connection for the next probe.
+const DRAIN_MAX: usize = 1 << 20;
+
+/// Reads at most `cap` bytes into `out`, then discards up to `drain` more bytes until the end;
+/// a read error ends the body where it is.
+async fn read_capped_prefix(mut body: Incoming, cap: usize, drain: usize, out: &mut Vec<u8>) {
+    let mut discarded = 0;
+    while out.len() < cap || (drain > 0 && discarded <= drain) {
         match body.frame().await {
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    let take = (cap - out.len()).min(data.len());
+                    let take = cap.saturating_sub(out.len()).min(data.len());
                     out.extend_from_slice(&data[..take]);
+                    discarded += data.len() - take;
                 }
             }
             Some(Err(_)) | None => break,

@@ -1344,8 +1344,10 @@ async fn probe_keepalive_connections_reuse_one_connection() {
                             .to_string();
                         counts.lock().unwrap().1.push(connection);
                         async {
+                            // Past the 10 KiB a probe keeps: the rest is drained to reuse
+                            // the connection.
                             Ok::<_, std::convert::Infallible>(::http::Response::new(Full::new(
-                                Bytes::from_static(b"ok"),
+                                Bytes::from(vec![b'x'; 20 * 1024]),
                             )))
                         }
                     });

@@ -899,3 +899,17 @@ fn probe_keepalive_connections_is_off_by_default() {
     let on = env(&[("ENABLE_PROBE_KEEPALIVE_CONNECTIONS", "true")]);
     assert!(load(dir.path(), &on).unwrap().status.probe_keepalive);
 }
+
+#[test]
+fn proxy_config_xds_agent_is_off_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(
+        !load(dir.path(), &env(&[]))
+            .unwrap()
+            .upstream
+            .proxy_config_xds
+    );
+    let on = env(&[("PROXY_CONFIG_XDS_AGENT", "true")]);
+    assert!(load(dir.path(), &on).unwrap().upstream.proxy_config_xds);
+    assert!(load(dir.path(), &env(&[("PROXY_CONFIG_XDS_AGENT", "maybe")])).is_err());
+}

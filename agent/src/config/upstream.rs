@@ -50,6 +50,9 @@ pub struct XdsUpstream {
     /// `COMPLIANCE_POLICY`: the TLS versions, suites and groups of the connection (the CA
     /// client's policy).
     pub compliance: sds::Compliance,
+    /// `PROXY_CONFIG_XDS_AGENT` (false): subscribe to ProxyConfig over xDS (PCDS) and merge its
+    /// `caCertificatesPem` into the trust bundle served as `ROOTCA`.
+    pub proxy_config_xds: bool,
 }
 
 /// What the upstream settings depend on besides the environment.
@@ -120,6 +123,7 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
         token_path: i.base_dir.join(sds::config::paths::TOKEN),
         allow_plaintext_token: i.allow_plaintext_token,
         compliance: i.compliance,
+        proxy_config_xds: i.env.bool("PROXY_CONFIG_XDS_AGENT", false)?,
     })
 }
 

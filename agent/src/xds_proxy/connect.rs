@@ -135,6 +135,7 @@ mod tests {
             keepalive: sds::tls::DEFAULT_KEEPALIVE,
             multi_stream: false,
             compliance: sds::Compliance::None,
+            proxy_config_xds: false,
         };
         let token = |plaintext, allow| (super::token(&config(plaintext, allow)))();
         assert_eq!(token(true, false), None, "plaintext: withheld");
@@ -224,6 +225,7 @@ mod tests {
                 ),
                 multi_stream: false,
                 compliance: policy,
+                proxy_config_xds: false,
             };
             let up = super::upstream(&config).unwrap();
             let result = (up.connect)().await;

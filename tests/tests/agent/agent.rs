@@ -140,6 +140,34 @@ fn sidecar_in_a_working_directory_past_sun_path_becomes_ready() {
     assert!(sds.exists(), "the SDS socket is where Istio puts it");
 }
 
+/// `COMPLIANCE_POLICY`: under each policy the agent's own connections to istiod-lite (CA and
+/// xDS) complete their handshakes within the policy (TLS 1.2 ECDHE AES-GCM on P-256 for
+/// fips-140-2, X25519MLKEM768 for pqc) and the sidecar becomes ready with its certificate.
+#[test]
+fn sidecar_becomes_ready_under_each_compliance_policy() {
+    if !prerequisites() {
+        return;
+    }
+    for policy in ["fips-140-2", "fips-140-3", "pqc"] {
+        let mut mesh = Mesh::new(&config("198.18.1.2"));
+        mesh.start_istiod();
+        let mut pod = mesh.pod("server", "httpbin");
+        mesh.start_app(&mut pod, "0.0.0.0:8080", "httpbin-v1");
+        inject_with(
+            &mesh,
+            &mut pod,
+            &[("COMPLIANCE_POLICY", policy.to_string())],
+        );
+        wait_ready(&mesh, &pod, Duration::from_secs(30));
+        let (code, certs) = pod.envoy_admin("/certs").expect("certs");
+        assert_eq!(code, 200, "{policy}");
+        assert!(
+            certs.contains("spiffe://cluster.local/ns/demo/sa/httpbin"),
+            "{policy}: {certs}"
+        );
+    }
+}
+
 /// Istio's injection with `extra` env on top (see [`Mesh::inject_with`]).
 fn inject_with(mesh: &Mesh, pod: &mut Pod, extra: &[(&str, String)]) {
     mesh.inject_with(pod, extra);

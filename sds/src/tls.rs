@@ -7,9 +7,8 @@ pub mod failover;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
 

@@ -183,7 +183,14 @@ impl App {
             .map(|_| tokio::sync::watch::channel(None));
         let health_rx = health_channel.as_ref().map(|(_, rx)| rx.clone());
         let table = dns.as_ref().map(dns_proxy::DnsProxy::table);
-        let xds = bind_xds(&config, registry, table.clone(), &readiness, health_rx)?;
+        let xds = bind_xds(
+            &config,
+            registry,
+            table.clone(),
+            &manager,
+            &readiness,
+            health_rx,
+        )?;
         sockets.0.push(xds.path.clone());
         let localhost = localhost_for(&config);
         let status = bind_status_server(
@@ -208,6 +215,7 @@ impl App {
                     prober: Prober {
                         destination,
                         http2: true,
+                        keepalive: None,
                     },
                     // As Istio: a VM is unhealthy while its Envoy is not ready.
                     envoy: (!config.envoy.disabled).then(|| {
@@ -417,6 +425,7 @@ fn bind_xds(
     config: &Config,
     registry: &mut Registry,
     table: Option<dns_proxy::TableHandle>,
+    manager: &sds::SecretManager,
     readiness: &Readiness,
     health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
 ) -> anyhow::Result<BoundXds> {
@@ -435,6 +444,12 @@ fn bind_xds(
     let proxy = XdsProxy::new(xds_proxy::Inputs {
         upstream: xds_proxy::upstream(&config.upstream).map_err(anyhow::Error::msg)?,
         nds,
+        pcds: config.upstream.proxy_config_xds.then(|| {
+            let manager = manager.clone();
+            let sink: xds_proxy::PcdsSink =
+                Arc::new(move |pems| manager.set_config_trust_bundle(&pems));
+            sink
+        }),
         metrics: xds_proxy::Metrics::new(registry),
         health,
         queue: 1,
@@ -510,6 +525,10 @@ fn bind_status_server(
             prober: Prober {
                 destination,
                 http2: config.status.http2_probing,
+                keepalive: config
+                    .status
+                    .probe_keepalive
+                    .then(status::probe::Connections::default),
             },
             registry: Arc::new(registry),
             metrics,

@@ -663,30 +663,6 @@ pub fn version_text(short: bool, output: &str) -> Result<String, Error> {
     })
 }
 
-/// Maps Istio's `--log_output_level` (`scope:level,...`) onto a tracing filter directive.
-/// The `default` scope sets the base level; other scopes are ignored (ours are not Istio's).
-pub fn log_filter(output_level: &str) -> String {
-    let mut base = "info".to_string();
-    for item in output_level.split(',') {
-        let (scope, level) = match item.split_once(':') {
-            Some((s, l)) => (s, l),
-            None => ("default", item),
-        };
-        if scope != "default" {
-            continue;
-        }
-        base = match level.trim() {
-            "none" => "off",
-            "fatal" => "error",
-            "warning" => "warn",
-            l @ ("debug" | "info" | "warn" | "error") => l,
-            _ => "info",
-        }
-        .to_string();
-    }
-    base
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -925,13 +901,5 @@ mod tests {
         );
         let err = version_text(false, "xml").unwrap_err().to_string();
         assert!(err.contains("--output must be 'yaml' or 'json'"), "{err}");
-    }
-
-    #[test]
-    fn log_levels_map() {
-        assert_eq!(log_filter("default:info,grpc:none"), "info");
-        assert_eq!(log_filter("default:debug"), "debug");
-        assert_eq!(log_filter("default:none"), "off");
-        assert_eq!(log_filter("warning"), "warn");
     }
 }

@@ -322,6 +322,8 @@ impl Config {
             .map(|d| sds::CertDir::istio(&resolve(&base_dir, d)));
         let istiod_san = env.get("ISTIOD_SAN");
         let file_mounted_certs = env.bool("FILE_MOUNTED_CERTS", false)?;
+        // One TLS policy for every connection the agent makes to istiod, and Envoy's share.
+        let compliance = compliance_policy(env);
         let identity = identity::load(identity::Inputs {
             env,
             base_dir: &base_dir,
@@ -333,12 +335,14 @@ impl Config {
             istiod_san,
             socket: &workload_socket,
             file_mounted_certs,
+            compliance,
         })?;
         let envoy = envoy::load(envoy::Inputs {
             env,
             flags: &flags,
             is_root: inputs.is_root,
             cgroup_memory_limit: inputs.cgroup_memory_limit,
+            compliance,
         })?;
         let upstream = upstream::load(upstream::Inputs {
             env,
@@ -352,6 +356,7 @@ impl Config {
             allow_plaintext_token: identity.allow_plaintext_token,
             proxyless: envoy.disabled || env.get("ISTIO_META_GENERATOR") == Some("grpc"),
             file_mounted: file_mounted_certs.then_some(&proxy.proxy_metadata),
+            compliance,
         })?;
         let dns = if dns_enabled {
             Some(dns::load(dns::Inputs {
@@ -382,6 +387,19 @@ impl Config {
             status,
         })
     }
+}
+
+/// `COMPLIANCE_POLICY`. A value Istio does not know is warned about and restricts nothing, as
+/// in Istio's agent (which warns and goes on without a restriction).
+fn compliance_policy(env: Env<'_>) -> sds::Compliance {
+    let value = env.str("COMPLIANCE_POLICY", "");
+    sds::Compliance::parse(&value).unwrap_or_else(|| {
+        tracing::warn!(
+            value = %value,
+            "unknown COMPLIANCE_POLICY (expected fips-140-2, fips-140-3 or pqc): no TLS restriction applied"
+        );
+        sds::Compliance::None
+    })
 }
 
 /// The ProxyConfig layers merged in Istio's order (defaults, mesh config `defaultConfig`,

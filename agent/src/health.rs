@@ -113,6 +113,7 @@ mod tests {
             Prober {
                 destination: "127.0.0.1".parse().unwrap(),
                 http2: true,
+                keepalive: None,
             },
             None,
             tx,
@@ -179,6 +180,7 @@ mod tests {
             Prober {
                 destination: "127.0.0.1".parse().unwrap(),
                 http2: true,
+                keepalive: None,
             },
             Some(envoy),
             tx,

@@ -93,7 +93,7 @@ where
                 exchange(stream, req, &addr).await
             }
             Target::Unix(p) => {
-                let stream = tokio::net::UnixStream::connect(p).await.map_err(connect)?;
+                let stream = proto::uds::connect(p).await.map_err(connect)?;
                 exchange(stream, req, &addr).await
             }
         }

@@ -9,10 +9,23 @@ use agent::app::{self, App};
 use agent::cli::{self, Command};
 use agent::lifecycle::Shutdown;
 
+/// Logging from `--log_output_level` (Istio's scopes, `agent::log_scopes`) unless `RUST_LOG`
+/// is set. A level Istio refuses stops `proxy`, as Istio's agent (whose other commands do not
+/// read the flag; here they log at `info`).
 #[allow(clippy::disallowed_methods)] // RUST_LOG, as tracing's EnvFilter reads it, before the rest
 fn init_logging(log: &cli::LogFlags, proxy: bool) {
     use tracing_subscriber::fmt::writer::BoxMakeWriter;
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| cli::log_filter(&log.output_level));
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(f) => f,
+        Err(_) => match agent::log_scopes::filter(&log.output_level) {
+            Ok(f) => f,
+            Err(e) if proxy => {
+                eprintln!("Error: --log_output_level: {e}");
+                std::process::exit(cli::USAGE_ERROR_CODE);
+            }
+            Err(_) => "info".to_string(),
+        },
+    };
     // `--log_target`: the first target (Istio's default for `proxy` is stdout).
     let target =
         log.target

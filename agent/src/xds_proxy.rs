@@ -10,7 +10,8 @@
 //!   While Envoy's queue is full, the parts that arrive are gathered (up to 256 KiB) and handed
 //!   over together, and the frames written to Envoy between two flushes go out in one write
 //!   ([`coalesce`]): a burst costs Envoy one wakeup, not one per 16 KiB frame.
-//! - Only NDS (the DNS name table) is the proxy's own: subscribed after Envoy's first LDS
+//! - NDS (the DNS name table) and, with `PROXY_CONFIG_XDS_AGENT`, PCDS (ProxyConfig's trust
+//!   anchors) are the proxy's own; NDS is subscribed after Envoy's first LDS
 //!   request when DNS capture is on, decoded in full, acked or nacked by the proxy (a malformed
 //!   table is nacked), never shown to Envoy.
 //! - Memory is bounded by construction: each direction is one bounded channel drained by its own
@@ -123,6 +124,9 @@ pub type TokenFn = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 /// Receives each NDS table; an error becomes a NACK.
 pub type NdsSink = Arc<dyn Fn(NameTable) -> Result<(), String> + Send + Sync>;
 
+/// Receives each PCDS `caCertificatesPem` (`PROXY_CONFIG_XDS_AGENT`); an error becomes a NACK.
+pub type PcdsSink = Arc<dyn Fn(Vec<String>) -> Result<(), String> + Send + Sync>;
+
 /// How to reach istiod.
 #[derive(Clone)]
 pub struct Upstream {
@@ -142,6 +146,9 @@ pub struct Inputs {
     pub upstream: Upstream,
     /// `Some` when DNS capture is on: the proxy subscribes to NDS and feeds this sink.
     pub nds: Option<NdsSink>,
+    /// `Some` with `PROXY_CONFIG_XDS_AGENT`: every stream subscribes to PCDS after its first
+    /// LDS request and feeds ProxyConfig's `caCertificatesPem` to this sink (the trust store).
+    pub pcds: Option<PcdsSink>,
     pub metrics: Metrics,
     /// Workload health (`readinessProbe`), sent upstream as `HealthInformation` after Envoy's
     /// first LDS request on each stream, and on every change.
@@ -361,7 +368,8 @@ pub fn bind_uds(path: &Path) -> Result<UnixListener, Error> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e)),
     }
-    let listener = UnixListener::bind(path).map_err(err)?;
+    // However deep the path: Istio binds it relative to the working directory.
+    let listener = proto::uds::bind(path).map_err(err)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(err)?;
     Ok(listener)
 }

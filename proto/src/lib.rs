@@ -12,6 +12,7 @@
 #![deny(unsafe_code)]
 
 pub mod listen;
+pub mod uds;
 
 pub use envoy_types as envoy_types_crate;
 pub use envoy_types::pb::envoy;
@@ -27,6 +28,28 @@ pub mod istio {
     /// `istio.networking.nds.v1`: the name table.
     pub mod nds {
         tonic::include_proto!("istio.networking.nds.v1");
+    }
+    /// `istio.mesh.v1alpha1`: what the agent reads of `ProxyConfig` over PCDS.
+    pub mod mesh {
+        /// The part of `istio.mesh.v1alpha1.ProxyConfig` the agent takes from PCDS: the extra
+        /// trust anchors `caCertificatesPem` (field 34). Other fields are skipped on decode;
+        /// encoded, it is a `ProxyConfig` carrying only them.
+        #[derive(Clone, PartialEq, prost::Message)]
+        pub struct ProxyConfigTrust {
+            #[prost(string, repeated, tag = "34")]
+            pub ca_certificates_pem: Vec<String>,
+        }
+
+        impl prost::Name for ProxyConfigTrust {
+            const NAME: &'static str = "ProxyConfig";
+            const PACKAGE: &'static str = "istio.mesh.v1alpha1";
+            fn full_name() -> String {
+                "istio.mesh.v1alpha1.ProxyConfig".into()
+            }
+            fn type_url() -> String {
+                crate::type_url::PROXY_CONFIG.into()
+            }
+        }
     }
 }
 

@@ -55,6 +55,7 @@ struct Inner {
     root: RootSource,
     server_name: String,
     keepalive: Option<(Duration, Duration)>,
+    compliance: crate::tls::Compliance,
     prov_cert: Option<CertDir>,
     token_path: std::path::PathBuf,
     cluster_id: String,
@@ -110,6 +111,7 @@ impl CaClient {
                 root: config.ca_root.clone(),
                 server_name: config.ca_server_name.clone(),
                 keepalive: config.grpc_keepalive,
+                compliance: config.compliance,
                 prov_cert: config.prov_cert.clone(),
                 token_path: config.token_path.clone(),
                 cluster_id: config.cluster_id.clone(),
@@ -161,6 +163,7 @@ impl CaClient {
             client_identity: self.inner.prov_cert.as_ref().and_then(load_client_identity),
             keepalive: self.inner.keepalive,
             window: crate::tls::DEFAULT_WINDOW,
+            compliance: self.inner.compliance,
         };
         let ch = grpc_channel_to(&inputs, target)?;
         debug!(addr = %self.inner.addr, target = %target.addr, server_name = %self.inner.server_name, root = %self.inner.root.describe(), "built CA channel");

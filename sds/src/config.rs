@@ -135,6 +135,8 @@ pub struct Config {
     pub max_backoff: Duration,
     /// HTTP/2 keepalive (interval, timeout) on the CA channel; Istio dials with 30s/10s.
     pub grpc_keepalive: Option<(Duration, Duration)>,
+    /// `COMPLIANCE_POLICY`: the TLS versions, suites and groups of the CA connection.
+    pub compliance: crate::tls::Compliance,
     /// Send the bearer token even when the CA is reached over plaintext (`CA_ADDR` ending in
     /// `:15010` or starting with `http://`). Default false: such a call fails with
     /// [`crate::Error::PlaintextToken`] before anything is sent. Env:
@@ -189,6 +191,7 @@ impl Config {
             crl_path: Some(base(paths::CRL)),
             max_backoff: Duration::from_secs(60),
             grpc_keepalive: Some(crate::tls::DEFAULT_KEEPALIVE),
+            compliance: crate::tls::Compliance::None,
             allow_plaintext_token: false,
             serve_only_files: false,
         }

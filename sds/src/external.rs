@@ -9,7 +9,6 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
@@ -66,7 +65,7 @@ pub fn check_socket(path: &Path, timeout: Duration) -> Result<SocketCheck, Error
 
 /// Connects and waits for the server's SETTINGS frame.
 fn answers_http2(path: &Path, timeout: Duration) -> std::io::Result<()> {
-    let mut s = UnixStream::connect(path)?;
+    let mut s = proto::uds::connect_std(path)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     s.write_all(CLIENT_PREFACE)?;

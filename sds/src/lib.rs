@@ -10,7 +10,7 @@
 //!   ca_root: RootSource, ca_server_name, prov_cert: Option<CertDir>, cluster_id, ca_headers,
 //!   cert_signer, token_path, secret_ttl, grace_ratio, grace_ratio_jitter, key_algorithm,
 //!   pkcs8_key, output_certs, socket_path, etc_certs: CertDir, file_mounted_certs: Option<CertDir>,
-//!   file_debounce, crl_path, max_backoff, grpc_keepalive,
+//!   file_debounce, crl_path, max_backoff, grpc_keepalive, compliance: Compliance,
 //!   allow_plaintext_token   // CA_ALLOW_PLAINTEXT_TOKEN, default false
 //!   serve_only_files        // an external SDS server (SPIRE) owns the workload socket
 //! Config::spiffe_id() -> String
@@ -26,9 +26,11 @@
 //!   .is_root()                                // ROOTCA / file-root:* (a validation context)
 //! SdsServer::bind(&socket_path, manager).await -> Result<SdsServer, Error>   // stale socket removed
 //!   .path(), .run(CancellationToken).await -> Result<(), Error>   // socket removed at the end
-//! ChannelInputs { addr, plaintext, root: RootSource, server_name, client_identity, keepalive, window }
+//! ChannelInputs { addr, plaintext, root: RootSource, server_name, client_identity, keepalive, window, compliance }
 //! ChannelInputs::new(addr, root, server_name)  // TLS, no client cert, Istio keepalive 30s/10s, 4 MiB windows
 //! RootSource::{System, Pem(Vec<u8>), File(PathBuf)}
+//! Compliance::{None, Fips1402, Fips1403, Pqc}   // COMPLIANCE_POLICY: ::parse(value) -> Option,
+//!                                           // .provider(), .versions(), .envoy_env()
 //! grpc_channel(&ChannelInputs) -> Result<tonic::transport::Channel, Error>   // lazy, non-blocking
 //! external::check_socket(&Path, timeout) -> Result<SocketCheck, Error>  // Absent | Healthy |
 //!                                           // RemovedStale (a socket nobody answers on)
@@ -99,7 +101,7 @@ pub use config::{CertDir, Config, KeyAlgorithm};
 pub use manager::{SecretItem, SecretManager};
 pub use metrics::Metrics;
 pub use server::SdsServer;
-pub use tls::{ChannelInputs, RootSource, grpc_channel, read_token};
+pub use tls::{ChannelInputs, Compliance, RootSource, grpc_channel, read_token};
 
 /// Resource name of the workload certificate.
 pub const WORKLOAD_KEY_CERT: &str = "default";

@@ -90,6 +90,9 @@ struct State {
     rotation_started: bool,
     watcher: Option<notify::RecommendedWatcher>,
     watched_dirs: HashSet<PathBuf>,
+    /// ProxyConfig `caCertificatesPem` from PCDS: extra trust anchors merged into `ROOTCA`
+    /// (one PEM certificate each, sorted, no duplicates).
+    config_trust: Vec<String>,
 }
 
 struct Inner {
@@ -180,13 +183,72 @@ impl SecretManager {
         }
         let initial = match &st.workload {
             Some(w) if self.inner.file_source(resource_name).is_none() => {
-                Some(Arc::new(workload_item(resource_name, w)))
+                Some(Arc::new(workload_item(resource_name, w, &st.config_trust)))
             }
             _ => None,
         };
         let (tx, rx) = watch::channel(initial);
         st.channels.insert(resource_name.to_string(), tx);
         rx
+    }
+
+    /// ProxyConfig `caCertificatesPem` from PCDS (`PROXY_CONFIG_XDS_AGENT`): extra trust
+    /// anchors merged into `ROOTCA`. As Istio's agent: an unchanged set does nothing; a new one
+    /// re-publishes `ROOTCA` and re-issues the workload certificate. An entry that holds no PEM
+    /// certificate is an error (the response is NACKed).
+    pub fn set_config_trust_bundle(&self, pems: &[String]) -> Result<(), String> {
+        let mut anchors = std::collections::BTreeSet::new();
+        for (i, pem) in pems.iter().enumerate() {
+            let blocks = pem_blocks(pem);
+            if blocks.is_empty() || blocks.iter().any(|b| parse_certs(b.as_bytes()).is_empty()) {
+                return Err(format!(
+                    "caCertificatesPem[{i}]: expected PEM certificates, got {} bytes that are not",
+                    pem.len()
+                ));
+            }
+            anchors.extend(blocks);
+        }
+        let anchors: Vec<String> = anchors.into_iter().collect();
+        let workload = {
+            let mut st = lock(&self.inner.state);
+            if st.config_trust == anchors {
+                return Ok(());
+            }
+            st.config_trust = anchors;
+            st.workload.clone()
+        };
+        info!(
+            anchors = lock(&self.inner.state).config_trust.len(),
+            "ProxyConfig trust anchors changed; pushing ROOTCA"
+        );
+        let rt = tokio::runtime::Handle::try_current();
+        let subscribed = lock(&self.inner.state).channels.contains_key(ROOT_CA);
+        if let Some(src) = self.inner.file_source(ROOT_CA) {
+            // A mounted root: read again, merged.
+            if subscribed && let Ok(rt) = &rt {
+                let inner = self.inner.clone();
+                rt.spawn(async move {
+                    if let Err(e) = inner.fetch_file(ROOT_CA, &src).await {
+                        warn!(error = %e, "re-reading ROOTCA after a trust change failed");
+                    }
+                });
+            }
+        }
+        let Some(w) = workload else {
+            return Ok(());
+        };
+        if self.inner.file_source(ROOT_CA).is_none() && subscribed {
+            self.inner.publish(ROOT_CA, self.inner.item(ROOT_CA, &w));
+        }
+        if let Ok(rt) = rt {
+            let inner = self.inner.clone();
+            rt.spawn(async move {
+                if let Err(e) = inner.generate(Some(w.created_time)).await {
+                    warn!(error = %e, "re-issuing the workload certificate after a trust change failed");
+                }
+            });
+        }
+        Ok(())
     }
 
     /// Stops background tasks (rotation, warm-up, file watches).
@@ -199,13 +261,13 @@ fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn workload_item(name: &str, w: &Workload) -> SecretItem {
+fn workload_item(name: &str, w: &Workload, config_trust: &[String]) -> SecretItem {
     if name == ROOT_CA {
         SecretItem {
             resource_name: name.to_string(),
             cert_chain_pem: Vec::new(),
             private_key_pem: Vec::new(),
-            root_cert_pem: w.root_cert_pem.clone(),
+            root_cert_pem: merge_trust(&w.root_cert_pem, config_trust),
             expire_time: w.expire_time,
             created_time: w.created_time,
         }
@@ -222,6 +284,12 @@ fn workload_item(name: &str, w: &Workload) -> SecretItem {
 }
 
 impl Inner {
+    /// The secret `name` of workload `w`, `ROOTCA` with the PCDS trust anchors merged in.
+    fn item(&self, name: &str, w: &Workload) -> SecretItem {
+        let config_trust = lock(&self.state).config_trust.clone();
+        workload_item(name, w, &config_trust)
+    }
+
     async fn fetch(self: &Arc<Self>, name: &str) -> Result<Arc<SecretItem>, Error> {
         if self.shutdown.is_cancelled() {
             return Err(Error::Closed);
@@ -238,10 +306,10 @@ impl Inner {
                 self.rotation_wake.notify_one();
                 self.generate(Some(w.created_time)).await?
             }
-            Some(w) => return Ok(self.publish(name, workload_item(name, &w))),
+            Some(w) => return Ok(self.publish(name, self.item(name, &w))),
             None => self.generate(None).await?,
         };
-        Ok(self.publish(name, workload_item(name, &w)))
+        Ok(self.publish(name, self.item(name, &w)))
     }
 
     /// Publishes `item` under `name` unless an equal value is already there; returns the
@@ -318,10 +386,10 @@ impl Inner {
             if name == ROOT_CA {
                 if root_changed {
                     info!("root certificate changed; pushing ROOTCA");
-                    self.publish(name, workload_item(name, &w));
+                    self.publish(name, self.item(name, &w));
                 }
             } else {
-                self.publish(name, workload_item(name, &w));
+                self.publish(name, self.item(name, &w));
             }
         }
         self.metrics.set_expiry(WORKLOAD_KEY_CERT, w.expire_time);
@@ -374,6 +442,40 @@ impl Inner {
             rotate_at,
         })
     }
+}
+
+/// The PEM certificate blocks of `pem`, each trimmed.
+fn pem_blocks(pem: &str) -> Vec<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut out = Vec::new();
+    let mut rest = pem;
+    while let Some(start) = rest.find("-----BEGIN CERTIFICATE-----") {
+        let Some(end) = rest[start..].find(END) else {
+            break;
+        };
+        let stop = start + end + END.len();
+        out.push(rest[start..stop].to_string());
+        rest = &rest[stop..];
+    }
+    out
+}
+
+/// `root` with the `extra` anchors, as Istio merges ProxyConfig's: every certificate once,
+/// sorted, one per line. `root` as it is when there are none.
+fn merge_trust(root: &[u8], extra: &[String]) -> Vec<u8> {
+    if extra.is_empty() {
+        return root.to_vec();
+    }
+    let mut all: std::collections::BTreeSet<String> = pem_blocks(&String::from_utf8_lossy(root))
+        .into_iter()
+        .collect();
+    all.extend(extra.iter().cloned());
+    let mut out = Vec::new();
+    for cert in all {
+        out.extend_from_slice(cert.as_bytes());
+        out.push(b'\n');
+    }
+    out
 }
 
 #[cfg(test)]

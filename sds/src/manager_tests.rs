@@ -553,3 +553,83 @@ async fn warm_fills_default_and_rootca_with_backoff() {
         "default is in the cache before any SDS request"
     );
 }
+
+/// PCDS trust anchors (ProxyConfig `caCertificatesPem`): merged into `ROOTCA` (each certificate
+/// once, sorted), pushed to its subscribers, and the workload certificate re-issued; the same
+/// set again changes nothing; an entry that is not a certificate is refused.
+#[tokio::test]
+async fn config_trust_bundle_is_merged_into_rootca() {
+    let ca = FakeCa::start();
+    let setup = Setup::new(&ca);
+    let m = setup.manager();
+    let mut roots = m.subscribe("ROOTCA");
+    let mut certs = m.subscribe("default");
+    let first = m.fetch("default").await.expect("cert");
+    let r1 = m.fetch("ROOTCA").await.expect("root");
+    roots.borrow_and_update();
+    certs.borrow_and_update();
+    let other = rcgen::CertificateParams::new(vec!["other-ca".to_string()])
+        .expect("params")
+        .self_signed(&rcgen::KeyPair::generate().expect("key"))
+        .expect("cert")
+        .pem();
+    // The CA's own root among the anchors appears once.
+    let own = String::from_utf8(r1.root_cert_pem.clone()).expect("utf8");
+    m.set_config_trust_bundle(&[other.clone(), own.clone()])
+        .expect("anchors");
+    roots.changed().await.expect("ROOTCA pushed");
+    let r2 = roots.borrow_and_update().clone().expect("value");
+    let merged = String::from_utf8(r2.root_cert_pem.clone()).expect("utf8");
+    assert_eq!(parse_certs(&r2.root_cert_pem).len(), 2, "{merged}");
+    assert!(merged.contains(other.trim()) && merged.contains(own.trim()));
+    let mut sorted = [other.trim().to_string(), own.trim().to_string()];
+    sorted.sort();
+    assert_eq!(merged, format!("{}\n{}\n", sorted[0], sorted[1]));
+    // As Istio: the workload certificate is re-issued too.
+    certs.changed().await.expect("default re-issued");
+    let second = certs.borrow_and_update().clone().expect("value");
+    assert_ne!(first.cert_chain_pem, second.cert_chain_pem);
+    // The same anchors again: nothing new.
+    m.set_config_trust_bundle(&[own, other]).expect("same");
+    assert!(!roots.has_changed().expect("open"));
+    // Not a certificate: refused, the anchors kept.
+    let e = m
+        .set_config_trust_bundle(&["garbage".to_string()])
+        .expect_err("not PEM");
+    assert!(e.contains("caCertificatesPem[0]"), "{e}");
+    let r3 = m.fetch("ROOTCA").await.expect("root");
+    assert_eq!(r3.root_cert_pem, r2.root_cert_pem);
+}
+
+/// A mounted root (`FILE_MOUNTED_CERTS`) gets the PCDS trust anchors merged in as well.
+#[tokio::test]
+async fn config_trust_bundle_is_merged_into_a_mounted_root() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = dir.path().join("etc/certs");
+    std::fs::create_dir_all(&certs).expect("mkdir");
+    let (c1, k1) = self_signed_pair("one.example");
+    std::fs::write(certs.join("cert-chain.pem"), &c1).expect("w");
+    std::fs::write(certs.join("key.pem"), &k1).expect("w");
+    std::fs::write(certs.join("root-cert.pem"), &c1).expect("w");
+    let defaults = Config::defaults(dir.path());
+    let cfg = Config {
+        file_mounted_certs: Some(defaults.etc_certs.clone()),
+        ..defaults
+    };
+    let mut reg = prometheus_client::registry::Registry::default();
+    let m = SecretManager::new(Arc::new(cfg), Arc::new(Metrics::new(&mut reg))).expect("manager");
+    let mut roots = m.subscribe("ROOTCA");
+    let root = m.fetch("ROOTCA").await.expect("root from files");
+    assert_eq!(parse_certs(&root.root_cert_pem).len(), 1);
+    roots.borrow_and_update();
+    let (other, _) = self_signed_pair("other-ca.example");
+    m.set_config_trust_bundle(std::slice::from_ref(&other))
+        .expect("anchors");
+    tokio::time::timeout(Duration::from_secs(10), roots.changed())
+        .await
+        .expect("in time")
+        .expect("ROOTCA pushed");
+    let merged = roots.borrow_and_update().clone().expect("value");
+    assert_eq!(parse_certs(&merged.root_cert_pem).len(), 2);
+    assert!(String::from_utf8_lossy(&merged.root_cert_pem).contains(other.trim()));
+}

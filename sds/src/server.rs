@@ -68,7 +68,7 @@ impl SdsServer {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(err(format!("removing the stale socket: {e}"))),
         }
-        let listener = UnixListener::bind(socket_path).map_err(|e| err(format!("bind: {e}")))?;
+        let listener = proto::uds::bind(socket_path).map_err(|e| err(format!("bind: {e}")))?;
         std::fs::set_permissions(socket_path, std::fs::Permissions::from_mode(0o660))
             .map_err(|e| err(format!("chmod 0660: {e}")))?;
         info!(path = %socket_path.display(), "SDS server listening");

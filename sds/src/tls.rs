@@ -1,15 +1,19 @@
 //! gRPC channels to Istio's CA and discovery server: one TLS policy for both, and one way to
 //! fail over between several istiod addresses ([`failover`]).
 
+pub mod client;
+pub mod compliance;
 pub mod failover;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{Channel, Endpoint};
 
 use crate::Error;
+pub use compliance::Compliance;
 use failover::{Failover, Target};
 
 /// Where the server's root of trust comes from.
@@ -54,6 +58,8 @@ pub struct ChannelInputs {
     pub keepalive: Option<(Duration, Duration)>,
     /// The HTTP/2 receive windows, stream and connection ([`DEFAULT_WINDOW`]).
     pub window: u32,
+    /// `COMPLIANCE_POLICY`: the TLS versions, suites and groups the handshake may use.
+    pub compliance: Compliance,
 }
 
 /// The HTTP/2 receive windows of istiod channels: a 10,000-cluster CDS (1.8 MB) arrives with
@@ -77,12 +83,13 @@ impl ChannelInputs {
             client_identity: None,
             keepalive: Some(DEFAULT_KEEPALIVE),
             window: DEFAULT_WINDOW,
+            compliance: Compliance::None,
         }
     }
 }
 
-/// Builds a lazy (non-blocking) channel: TLS 1.2+ with the given root and ServerName, or
-/// plaintext; windows and keepalive as given.
+/// Builds a lazy (non-blocking) channel: TLS under the inputs' compliance policy with the given
+/// root and ServerName, or plaintext; windows and keepalive as given.
 pub fn grpc_channel(inputs: &ChannelInputs) -> Result<Channel, Error> {
     let scheme = if inputs.plaintext { "http" } else { "https" };
     let uri = if inputs.addr.contains("://") {
@@ -90,15 +97,64 @@ pub fn grpc_channel(inputs: &ChannelInputs) -> Result<Channel, Error> {
     } else {
         format!("{scheme}://{}", inputs.addr)
     };
-    Ok(endpoint(inputs, uri)?.connect_lazy())
+    if inputs.plaintext {
+        return Ok(endpoint(inputs, uri)?.connect_lazy());
+    }
+    let origin = parse_uri(inputs, &uri)?;
+    let authority = origin
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .unwrap_or_default();
+    let ep = endpoint(inputs, format!("http://{authority}"))?.origin(origin);
+    Ok(ep.connect_with_connector_lazy(tls_connector(inputs, &authority, None)?))
 }
 
 /// A lazy channel to one resolved target of `inputs` (its `:authority` stays the address as
 /// configured; TLS checks `server_name` as for [`grpc_channel`]).
 pub fn grpc_channel_to(inputs: &ChannelInputs, target: &Target) -> Result<Channel, Error> {
-    Ok(endpoint(inputs, target.dial_uri())?
+    if inputs.plaintext {
+        return Ok(endpoint(inputs, target.dial_uri())?
+            .origin(target.origin.clone())
+            .connect_lazy());
+    }
+    let connector = tls_connector(inputs, &target.origin.to_string(), Some(target.addr))?;
+    Ok(endpoint(inputs, format!("http://{}", target.addr))?
         .origin(target.origin.clone())
-        .connect_lazy())
+        .connect_with_connector_lazy(connector))
+}
+
+/// The TLS connector of `inputs` (dialing `addr`, else the channel's URI), its config built now:
+/// a root file is read once per channel.
+fn tls_connector(
+    inputs: &ChannelInputs,
+    authority: &str,
+    addr: Option<SocketAddr>,
+) -> Result<
+    impl tower::Service<
+        tonic::codegen::http::Uri,
+        Response = client::Io,
+        Error = std::io::Error,
+        Future = impl Send,
+    > + Send
+    + Clone
+    + 'static,
+    Error,
+> {
+    let err = |reason: String| Error::Channel {
+        addr: inputs.addr.clone(),
+        reason,
+    };
+    let config = client::client_config(inputs)
+        .map_err(|e| err(format!("TLS config (root {}): {e}", inputs.root.describe())))?;
+    let name = client::server_name(inputs, authority).map_err(err)?;
+    Ok(client::connector(Arc::new(config), name, addr))
+}
+
+fn parse_uri(inputs: &ChannelInputs, uri: &str) -> Result<tonic::codegen::http::Uri, Error> {
+    uri.parse().map_err(|e| Error::Channel {
+        addr: inputs.addr.clone(),
+        reason: format!("invalid address: {e}"),
+    })
 }
 
 /// Connects (TCP, TLS, HTTP/2) to the first target of `failover` that answers within
@@ -117,13 +173,24 @@ pub async fn connect_failover(
     let targets = failover.targets().await.map_err(err)?;
     let mut failures = Vec::new();
     for target in &targets {
-        let ep = endpoint(inputs, target.dial_uri())?.origin(target.origin.clone());
-        let reason = match tokio::time::timeout(
-            per_target,
-            ep.connect_with_connector(buffered_tcp(target.addr)),
-        )
-        .await
-        {
+        let connecting = async {
+            if inputs.plaintext {
+                endpoint(inputs, target.dial_uri())?
+                    .origin(target.origin.clone())
+                    .connect_with_connector(buffered_tcp(target.addr))
+                    .await
+                    .map_err(|e| err(error_chain(&e)))
+            } else {
+                let connector =
+                    tls_connector(inputs, &target.origin.to_string(), Some(target.addr))?;
+                endpoint(inputs, format!("http://{}", target.addr))?
+                    .origin(target.origin.clone())
+                    .connect_with_connector(connector)
+                    .await
+                    .map_err(|e| err(error_chain(&e)))
+            }
+        };
+        let reason = match tokio::time::timeout(per_target, connecting).await {
             Ok(Ok(channel)) => {
                 failover.succeeded(target.addr);
                 if !failures.is_empty() || failover.is_list() {
@@ -131,7 +198,8 @@ pub async fn connect_failover(
                 }
                 return Ok((channel, target.addr));
             }
-            Ok(Err(e)) => error_chain(&e),
+            Ok(Err(Error::Channel { reason, .. })) => reason,
+            Ok(Err(e)) => return Err(e),
             Err(_) => format!("no connection within {per_target:?}"),
         };
         tracing::debug!(addr = %target.addr, %reason, "cannot connect to an istiod address; trying the next");
@@ -141,13 +209,10 @@ pub async fn connect_failover(
     Err(err(failures.join("; ")))
 }
 
-/// Reads from istiod go through a buffer this large, below TLS: rustls reads at most one record
-/// (16 KiB) per call, so without it a 1.8 MB push costs a `recv` (and an ACK, a wakeup of
-/// istiod) per record; with it each `recv` takes up to four records.
-const READ_BUFFER: usize = 64 << 10;
+use client::READ_BUFFER;
 
 /// A connector to `addr` (whatever URI the channel asks for: its `:authority` and TLS name come
-/// from the endpoint), TCP_NODELAY, reads buffered ([`READ_BUFFER`]).
+/// from the endpoint), TCP_NODELAY, reads buffered ([`READ_BUFFER`]): plaintext channels.
 fn buffered_tcp(
     addr: SocketAddr,
 ) -> impl tower::Service<
@@ -177,7 +242,7 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
-/// The endpoint for `uri` with the TLS policy, windows and keepalive of `inputs`.
+/// The endpoint for `uri` with the windows and keepalive of `inputs` (TLS is the connector's).
 fn endpoint(inputs: &ChannelInputs, uri: String) -> Result<Endpoint, Error> {
     let err = |reason: String| Error::Channel {
         addr: inputs.addr.clone(),
@@ -192,34 +257,6 @@ fn endpoint(inputs: &ChannelInputs, uri: String) -> Result<Endpoint, Error> {
         ep = ep
             .http2_keep_alive_interval(interval)
             .keep_alive_timeout(timeout);
-    }
-    if !inputs.plaintext {
-        let mut tls = ClientTlsConfig::new().domain_name(inputs.server_name.clone());
-        tls = match &inputs.root {
-            RootSource::System => tls.with_native_roots(),
-            RootSource::Pem(pem) => tls.ca_certificate(Certificate::from_pem(pem)),
-            RootSource::File(path) => {
-                let pem = std::fs::read(path).map_err(|e| {
-                    err(format!(
-                        "cannot read the root certificate {}: {e}",
-                        path.display()
-                    ))
-                })?;
-                if crate::pem::parse_certs(&pem).is_empty() {
-                    return Err(err(format!(
-                        "no certificate in root file {}",
-                        path.display()
-                    )));
-                }
-                tls.ca_certificate(Certificate::from_pem(pem))
-            }
-        };
-        if let Some((cert, key)) = &inputs.client_identity {
-            tls = tls.identity(Identity::from_pem(cert, key));
-        }
-        ep = ep
-            .tls_config(tls)
-            .map_err(|e| err(format!("TLS config (root {}): {e}", inputs.root.describe())))?;
     }
     Ok(ep)
 }

@@ -45,7 +45,7 @@ pub struct EnvoyConfig {
     /// stops accepting connections at it.
     pub heap_limit: Option<HeapLimit>,
     /// The environment the agent was started with, passed on to Envoy's process as it is (never
-    /// read for settings, never dumped).
+    /// read for settings, never dumped), plus `GRPC_SSL_CIPHER_SUITES` under a FIPS policy.
     #[serde(skip)]
     pub env: HashMap<String, String>,
 }
@@ -81,6 +81,9 @@ pub struct Inputs<'a> {
     pub is_root: bool,
     /// The memory limit of the agent's cgroup, when it has one.
     pub cgroup_memory_limit: Option<u64>,
+    /// `COMPLIANCE_POLICY`: under the FIPS policies Envoy's Google gRPC clients get
+    /// `GRPC_SSL_CIPHER_SUITES` (set over the agent's own value, as Istio's agent does).
+    pub compliance: sds::Compliance,
 }
 
 pub fn load(i: Inputs<'_>) -> Result<EnvoyConfig, Error> {
@@ -107,7 +110,13 @@ pub fn load(i: Inputs<'_>) -> Result<EnvoyConfig, Error> {
         } else {
             None
         },
-        env: env.0.clone(),
+        env: {
+            let mut envoy_env = env.0.clone();
+            if let Some((k, v)) = i.compliance.envoy_env() {
+                envoy_env.insert(k.to_string(), v.to_string());
+            }
+            envoy_env
+        },
     })
 }
 

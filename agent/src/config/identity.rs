@@ -29,6 +29,8 @@ pub struct Inputs<'a> {
     pub socket: &'a WorkloadSocket,
     /// `FILE_MOUNTED_CERTS`: no CA; certificates from `./etc/certs`.
     pub file_mounted_certs: bool,
+    /// `COMPLIANCE_POLICY`, parsed once for every connection to istiod.
+    pub compliance: sds::Compliance,
 }
 
 /// The workload identity socket as Istio's agent settles it at start.
@@ -245,6 +247,7 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
         file_debounce: env.duration("FILE_DEBOUNCE_DURATION", d.file_debounce, Duration::ZERO)?,
         crl_path: d.crl_path.clone().filter(|_| crl_enabled),
         allow_plaintext_token: env.bool(ALLOW_PLAINTEXT_TOKEN_ENV, d.allow_plaintext_token)?,
+        compliance: i.compliance,
         ..d
     })
 }

@@ -26,6 +26,9 @@ pub struct StatusConfig {
     pub rewrite_probe_legacy_localhost: bool,
     /// `ISTIO_ENABLE_HTTP2_PROBING` (true): HTTPS app probes offer HTTP/2 over ALPN.
     pub http2_probing: bool,
+    /// `ENABLE_PROBE_KEEPALIVE_CONNECTIONS` (false): HTTP app probes reuse an idle connection to
+    /// the app instead of a new one per probe.
+    pub probe_keepalive: bool,
     /// `METRICS_LOCALHOST_ACCESS_ONLY`: the merged metrics (and Envoy's prometheus listener)
     /// answer loopback peers only.
     pub metrics_localhost_only: bool,
@@ -65,6 +68,7 @@ pub fn load(env: Env<'_>, proxy: &ProxyConfig) -> Result<StatusConfig, Error> {
     Ok(StatusConfig {
         metrics_localhost_only: env.bool("METRICS_LOCALHOST_ACCESS_ONLY", false)?,
         http2_probing: env.bool("ISTIO_ENABLE_HTTP2_PROBING", true)?,
+        probe_keepalive: env.bool("ENABLE_PROBE_KEEPALIVE_CONNECTIONS", false)?,
         app_probers,
         health_probe,
         prometheus_annotations,

@@ -867,3 +867,54 @@ fn file_mounted_certs_name_the_xds_files() {
         "{err}"
     );
 }
+
+/// `COMPLIANCE_POLICY` is parsed once and reaches both connections to istiod and Envoy's
+/// environment; a value Istio does not know restricts nothing (Istio warns and goes on).
+#[test]
+fn compliance_policy_reaches_every_istiod_client_and_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    for (value, policy, grpc_suites) in [
+        ("fips-140-2", sds::Compliance::Fips1402, true),
+        ("fips-140-3", sds::Compliance::Fips1403, true),
+        ("pqc", sds::Compliance::Pqc, false),
+        ("", sds::Compliance::None, false),
+        ("fips-140-4", sds::Compliance::None, false),
+    ] {
+        let c = load(dir.path(), &env(&[("COMPLIANCE_POLICY", value)])).unwrap();
+        assert_eq!(c.identity.compliance, policy, "{value}: CA client");
+        assert_eq!(c.upstream.compliance, policy, "{value}: xDS upstream");
+        assert_eq!(
+            c.envoy
+                .env
+                .get("GRPC_SSL_CIPHER_SUITES")
+                .map(String::as_str),
+            grpc_suites.then_some(
+                "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:\
+                 ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384"
+            ),
+            "{value}: Envoy's environment"
+        );
+    }
+}
+
+#[test]
+fn probe_keepalive_connections_is_off_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(!load(dir.path(), &env(&[])).unwrap().status.probe_keepalive);
+    let on = env(&[("ENABLE_PROBE_KEEPALIVE_CONNECTIONS", "true")]);
+    assert!(load(dir.path(), &on).unwrap().status.probe_keepalive);
+}
+
+#[test]
+fn proxy_config_xds_agent_is_off_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(
+        !load(dir.path(), &env(&[]))
+            .unwrap()
+            .upstream
+            .proxy_config_xds
+    );
+    let on = env(&[("PROXY_CONFIG_XDS_AGENT", "true")]);
+    assert!(load(dir.path(), &on).unwrap().upstream.proxy_config_xds);
+    assert!(load(dir.path(), &env(&[("PROXY_CONFIG_XDS_AGENT", "maybe")])).is_err());
+}

@@ -47,6 +47,12 @@ pub struct XdsUpstream {
     /// `xds_proxy::MAX_STREAMS` at once (gRPC-Go 1.66+ opens one per channel target,
     /// istio#53532). `false` is Istio's one stream at a time: a new stream ends the previous.
     pub multi_stream: bool,
+    /// `COMPLIANCE_POLICY`: the TLS versions, suites and groups of the connection (the CA
+    /// client's policy).
+    pub compliance: sds::Compliance,
+    /// `PROXY_CONFIG_XDS_AGENT` (false): subscribe to ProxyConfig over xDS (PCDS) and merge its
+    /// `caCertificatesPem` into the trust bundle served as `ROOTCA`.
+    pub proxy_config_xds: bool,
 }
 
 /// What the upstream settings depend on besides the environment.
@@ -67,6 +73,8 @@ pub struct Inputs<'a> {
     /// `ISTIO_META_TLS_CLIENT_ROOT_CERT`, `_CERT_CHAIN` and `_KEY` are the xDS connection's root
     /// and client certificate (Istio's `FindRootCAForXDS`, `GetKeyCertsForXDS`).
     pub file_mounted: Option<&'a std::collections::BTreeMap<String, String>>,
+    /// `COMPLIANCE_POLICY`, parsed once for every connection to istiod.
+    pub compliance: sds::Compliance,
 }
 
 /// The ProxyConfig metadata keys of the xDS connection's files under `FILE_MOUNTED_CERTS`.
@@ -114,6 +122,8 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
         metadata,
         token_path: i.base_dir.join(sds::config::paths::TOKEN),
         allow_plaintext_token: i.allow_plaintext_token,
+        compliance: i.compliance,
+        proxy_config_xds: i.env.bool("PROXY_CONFIG_XDS_AGENT", false)?,
     })
 }
 

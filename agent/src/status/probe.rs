@@ -13,6 +13,7 @@
 
 mod grpc;
 mod http;
+pub use http::Connections;
 mod tls;
 
 /// Runs `command` (no shell), killed at `timeout` (1 s when unset, Istio's default): 200 when
@@ -107,6 +108,9 @@ pub struct Prober {
     pub destination: Destination,
     /// Offer HTTP/2 to HTTPS apps (`ISTIO_ENABLE_HTTP2_PROBING`, default true).
     pub http2: bool,
+    /// `ENABLE_PROBE_KEEPALIVE_CONNECTIONS` (default false: a new connection per HTTP probe,
+    /// `Connection: close`, as the kubelet): the idle connections kept for reuse.
+    pub keepalive: Option<Connections>,
 }
 
 /// Istio keeps at most 10 KiB of an app's probe answer.

@@ -192,6 +192,7 @@ async fn setup_locked(
             prober: Prober {
                 destination: "127.0.0.1".parse().unwrap(),
                 http2: true,
+                keepalive: None,
             },
             registry: Arc::new(registry),
             metrics,

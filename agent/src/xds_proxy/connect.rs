@@ -25,6 +25,7 @@ pub fn upstream(config: &XdsUpstream) -> Result<Upstream, String> {
     );
     inputs.plaintext = config.plaintext;
     inputs.keepalive = Some(config.keepalive);
+    inputs.compliance = config.compliance;
     // A target that accepts TCP but never completes the handshake (a stopped istiod) is left
     // after the keepalive timeout, as a stalled connection would be.
     let per_target = config.keepalive.1;
@@ -154,6 +155,8 @@ mod tests {
             reconnect: true,
             keepalive: sds::tls::DEFAULT_KEEPALIVE,
             multi_stream: false,
+            compliance: sds::Compliance::None,
+            proxy_config_xds: false,
         };
         let token = |plaintext, allow| (super::token(&config(plaintext, allow)))();
         assert_eq!(token(true, false), None, "plaintext: withheld");
@@ -182,5 +185,81 @@ mod tests {
         assert_eq!(knock(addr).await, Some(true));
         drop(listener);
         assert_eq!(knock(addr).await, Some(false));
+    }
+
+    /// The upstream connection dials under `COMPLIANCE_POLICY`: a server offering only X25519
+    /// in TLS 1.3 is reached with no policy and refused under `pqc` (X25519MLKEM768 only) and
+    /// `fips-140-2` (TLS 1.2 only).
+    #[tokio::test]
+    async fn the_compliance_policy_reaches_the_upstream_connection() {
+        use std::sync::Arc;
+        let name = "istiod.istio-system.svc";
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let cert = rcgen::CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+        provider.kx_groups = vec![rustls::crypto::aws_lc_rs::kx_group::X25519];
+        let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        tls.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let svc = hyper::service::service_fn(|_req| async {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                            http_body_util::Empty::<bytes::Bytes>::new(),
+                        ))
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                    .await;
+                });
+            }
+        });
+        for (policy, connects) in [
+            (sds::Compliance::None, true),
+            (sds::Compliance::Pqc, false),
+            (sds::Compliance::Fips1402, false),
+        ] {
+            let config = crate::config::XdsUpstream {
+                address: addr.to_string(),
+                plaintext: false,
+                root: sds::RootSource::Pem(cert.pem().into_bytes()),
+                server_name: name.into(),
+                prov_cert: None,
+                metadata: vec![],
+                token_path: "/nonexistent/token".into(),
+                allow_plaintext_token: false,
+                reconnect: true,
+                keepalive: (
+                    std::time::Duration::from_secs(30),
+                    std::time::Duration::from_secs(5),
+                ),
+                multi_stream: false,
+                compliance: policy,
+                proxy_config_xds: false,
+            };
+            let up = super::upstream(&config).unwrap();
+            let result = (up.connect)().await;
+            assert_eq!(result.is_ok(), connects, "{policy:?}: {:?}", result.err());
+        }
     }
 }

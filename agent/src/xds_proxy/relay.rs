@@ -6,7 +6,9 @@ use std::time::Duration;
 use proto::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
+use proto::envoy_types_crate::pb::google::protobuf::Any;
 use proto::google::rpc::Status as RpcStatus;
+use proto::istio::mesh::ProxyConfigTrust;
 use proto::istio::nds::NameTable;
 use proto::type_url;
 use tokio::sync::mpsc;
@@ -31,7 +33,7 @@ fn health_error(h: &Health) -> Option<RpcStatus> {
 /// What differs between SotW and Delta.
 pub(crate) trait Flavor: Send + Sync + 'static {
     type Req: prost::Message + Clone + Default + Send + Sync + 'static;
-    /// The full response message (decoded only for NDS).
+    /// The full response message (decoded only for the proxy's own types, NDS and PCDS).
     type Resp: prost::Message + Default;
     /// What a new upstream stream replays.
     type Subs: Subscriptions<Req = Self::Req>;
@@ -42,24 +44,32 @@ pub(crate) trait Flavor: Send + Sync + 'static {
     fn req_type(r: &Self::Req) -> &str;
     /// A NACK's nonce and error detail (`None` for a request or an ACK).
     fn req_nack(r: &Self::Req) -> Option<(&str, &RpcStatus)>;
-    /// The proxy's own initial NDS request.
-    fn nds_subscribe() -> Self::Req;
-    /// The proxy's ACK (error `None`) or NACK for an NDS response.
-    fn nds_ack(resp: &Head, error: Option<String>) -> Self::Req;
+    /// The proxy's own initial request for `type_url` (NDS, PCDS).
+    fn subscribe(type_url: &str) -> Self::Req;
+    /// The proxy's ACK (error `None`) or NACK for a response of its own type `type_url`.
+    fn ack(type_url: &str, resp: &Head, error: Option<String>) -> Self::Req;
     /// Workload health for istiod: a request with `error_detail` when unhealthy.
     fn health(h: &Health) -> Self::Req;
-    /// The first resource of a decoded NDS response.
+    /// The first resource of a decoded response of the proxy's own types.
     /// `None`: nothing changed (a Delta response without resources, e.g. after a reconnect
-    /// whose `initial_resource_versions` matched), so the table stays and is acked.
-    fn nds_table(resp: &Self::Resp) -> Result<Option<NameTable>, String>;
+    /// whose `initial_resource_versions` matched), so the value stays and is acked.
+    fn first_resource(resp: &Self::Resp) -> Option<Option<&Any>>;
 }
 
-/// The first resource of an NDS response, decoded from the raw response.
-fn nds_table<F: Flavor>(resp: &RawResponse) -> Result<Option<NameTable>, String> {
+/// The first resource of a response of the proxy's own types (`what`: NDS, PCDS), decoded
+/// from the raw response.
+fn own_resource<F: Flavor, M: prost::Name + Default>(
+    resp: &RawResponse,
+    what: &str,
+) -> Result<Option<M>, String> {
     let full = resp
         .decode::<F::Resp>()
-        .map_err(|e| format!("malformed NDS response: {e}"))?;
-    F::nds_table(&full)
+        .map_err(|e| format!("malformed {what} response: {e}"))?;
+    match F::first_resource(&full) {
+        Some(Some(any)) => proto::unpack::<M>(any).map(Some).map_err(|e| e.to_string()),
+        Some(None) => Err(format!("{what} response without a resource")),
+        None => Ok(None),
+    }
 }
 
 /// State-of-the-world ADS.
@@ -90,15 +100,15 @@ impl Flavor for Sotw {
             .as_ref()
             .map(|e| (r.response_nonce.as_str(), e))
     }
-    fn nds_subscribe() -> DiscoveryRequest {
+    fn subscribe(type_url: &str) -> DiscoveryRequest {
         DiscoveryRequest {
-            type_url: type_url::NAME_TABLE.into(),
+            type_url: type_url.into(),
             ..Default::default()
         }
     }
-    fn nds_ack(resp: &Head, error: Option<String>) -> DiscoveryRequest {
+    fn ack(type_url: &str, resp: &Head, error: Option<String>) -> DiscoveryRequest {
         DiscoveryRequest {
-            type_url: type_url::NAME_TABLE.into(),
+            type_url: type_url.into(),
             version_info: resp.version_info.clone(),
             response_nonce: resp.nonce.clone(),
             error_detail: error.map(nack_status),
@@ -112,14 +122,8 @@ impl Flavor for Sotw {
             ..Default::default()
         }
     }
-    fn nds_table(resp: &DiscoveryResponse) -> Result<Option<NameTable>, String> {
-        let any = resp
-            .resources
-            .first()
-            .ok_or("NDS response without a resource")?;
-        proto::unpack::<NameTable>(any)
-            .map(Some)
-            .map_err(|e| e.to_string())
+    fn first_resource(resp: &DiscoveryResponse) -> Option<Option<&Any>> {
+        Some(resp.resources.first())
     }
 }
 
@@ -138,15 +142,15 @@ impl Flavor for Delta {
             .as_ref()
             .map(|e| (r.response_nonce.as_str(), e))
     }
-    fn nds_subscribe() -> DeltaDiscoveryRequest {
+    fn subscribe(type_url: &str) -> DeltaDiscoveryRequest {
         DeltaDiscoveryRequest {
-            type_url: type_url::NAME_TABLE.into(),
+            type_url: type_url.into(),
             ..Default::default()
         }
     }
-    fn nds_ack(resp: &Head, error: Option<String>) -> DeltaDiscoveryRequest {
+    fn ack(type_url: &str, resp: &Head, error: Option<String>) -> DeltaDiscoveryRequest {
         DeltaDiscoveryRequest {
-            type_url: type_url::NAME_TABLE.into(),
+            type_url: type_url.into(),
             response_nonce: resp.nonce.clone(),
             error_detail: error.map(nack_status),
             ..Default::default()
@@ -159,18 +163,11 @@ impl Flavor for Delta {
             ..Default::default()
         }
     }
-    fn nds_table(resp: &DeltaDiscoveryResponse) -> Result<Option<NameTable>, String> {
+    fn first_resource(resp: &DeltaDiscoveryResponse) -> Option<Option<&Any>> {
         if resp.resources.is_empty() && resp.removed_resources.is_empty() {
-            return Ok(None);
+            return None;
         }
-        let any = resp
-            .resources
-            .first()
-            .and_then(|r| r.resource.as_ref())
-            .ok_or("NDS response without a resource")?;
-        proto::unpack::<NameTable>(any)
-            .map(Some)
-            .map_err(|e| e.to_string())
+        Some(resp.resources.first().and_then(|r| r.resource.as_ref()))
     }
 }
 
@@ -290,7 +287,7 @@ async fn downstream_to_upstream<F: Flavor>(
             () = stream.nds_free(), if lds_seen && inputs.nds.is_some() && !stream.owns_nds() => {
                 if stream.claim_nds() {
                     tracing::debug!("taking over the NDS subscription from a stream that ended");
-                    if !to_upstream(&link, F::nds_subscribe(), &done).await {
+                    if !to_upstream(&link, F::subscribe(type_url::NAME_TABLE), &done).await {
                         break;
                     }
                 }
@@ -333,9 +330,16 @@ async fn downstream_to_upstream<F: Flavor>(
                     // One open stream at a time holds the NDS subscription.
                     if inputs.nds.is_some() && stream.claim_nds() {
                         tracing::debug!("subscribing to NDS after Envoy's first LDS request");
-                        if !to_upstream(&link, F::nds_subscribe(), &done).await {
+                        if !to_upstream(&link, F::subscribe(type_url::NAME_TABLE), &done).await {
                             break;
                         }
+                    }
+                    // PCDS (`PROXY_CONFIG_XDS_AGENT`), as Istio: on every stream after its first
+                    // LDS request; the same anchors from two streams change nothing.
+                    if inputs.pcds.is_some()
+                        && !to_upstream(&link, F::subscribe(type_url::PROXY_CONFIG), &done).await
+                    {
+                        break;
                     }
                     // The last known health goes to every new upstream stream.
                     let current = health.as_mut().and_then(|h| h.borrow_and_update().clone());
@@ -663,14 +667,32 @@ async fn relay<F: Flavor>(
                         tracing::warn!("dropping an NDS response: DNS capture is off");
                         continue;
                     };
-                    let result = nds_table::<F>(&resp).and_then(|table| match table {
-                        Some(table) => sink(table),
-                        None => Ok(()),
-                    });
+                    let result =
+                        own_resource::<F, NameTable>(&resp, "NDS").and_then(|table| match table {
+                            Some(table) => sink(table),
+                            None => Ok(()),
+                        });
                     if let Err(e) = &result {
                         tracing::warn!(error = %e, "rejecting NDS response");
                     }
-                    if !to_upstream(link, F::nds_ack(&resp.head, result.err()), done).await {
+                    if !to_upstream(link, F::ack(t, &resp.head, result.err()), done).await {
+                        return Outcome::Done;
+                    }
+                } else if t == type_url::PROXY_CONFIG {
+                    let Some(sink) = &inputs.pcds else {
+                        tracing::warn!("dropping a PCDS response: PROXY_CONFIG_XDS_AGENT is off");
+                        continue;
+                    };
+                    let result = own_resource::<F, ProxyConfigTrust>(&resp, "PCDS").and_then(
+                        |pc| match pc {
+                            Some(pc) => sink(pc.ca_certificates_pem),
+                            None => Ok(()),
+                        },
+                    );
+                    if let Err(e) = &result {
+                        tracing::warn!(error = %e, "rejecting PCDS response");
+                    }
+                    if !to_upstream(link, F::ack(t, &resp.head, result.err()), done).await {
                         return Outcome::Done;
                     }
                 } else if forwarded(t) {

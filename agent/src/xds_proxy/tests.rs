@@ -61,6 +61,18 @@ async fn proxy_streams(
     reconnect: bool,
     streams: Streams,
 ) -> Harness {
+    proxy_pcds(connect, nds, health, reconnect, streams, None).await
+}
+
+/// [`proxy_streams`] with a PCDS sink (`PROXY_CONFIG_XDS_AGENT`).
+async fn proxy_pcds(
+    connect: Connect,
+    nds: bool,
+    health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
+    reconnect: bool,
+    streams: Streams,
+    pcds: Option<PcdsSink>,
+) -> Harness {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("debug,h2=info,hyper=info,tower=info")
         .with_test_writer()
@@ -91,6 +103,7 @@ async fn proxy_streams(
             knock: None,
         },
         nds: nds.then_some(sink),
+        pcds,
         metrics: metrics.clone(),
         health,
         queue: 1,
@@ -786,4 +799,81 @@ async fn connections_without_a_stream_are_closed_and_open_streams_are_kept() {
     assert_eq!(from_proxy.message().await.unwrap().unwrap(), cds);
     tx.send(req(type_url::CLUSTER, "n1")).await.unwrap();
     assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, "n1"));
+}
+
+/// `<configPath>/XDS` under a working directory past the 108-byte `sun_path` limit is bound
+/// (as Istio binds `./etc/istio/proxy/XDS`) and a client reaches it.
+#[tokio::test]
+async fn xds_socket_past_sun_path_is_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d".repeat(90)).join("etc/istio/proxy/XDS");
+    assert!(path.as_os_str().len() > 108);
+    let listener = bind_uds(&path).unwrap();
+    let accept = tokio::spawn(async move { listener.accept().await.map(|_| ()) });
+    proto::uds::connect(&path).await.unwrap();
+    accept.await.unwrap().unwrap();
+}
+
+/// PCDS (`PROXY_CONFIG_XDS_AGENT`): after Envoy's first LDS request the proxy subscribes to
+/// ProxyConfig, hands its `caCertificatesPem` to the trust store, acks it (nacks what the store
+/// refuses) and never shows it to Envoy.
+#[tokio::test]
+async fn pcds_feeds_the_trust_store_and_is_acked_by_the_proxy() {
+    use proto::istio::mesh::ProxyConfigTrust;
+    let mut ads = FakeAds::start().await.unwrap();
+    let got: Arc<std::sync::Mutex<Vec<Vec<String>>>> = Arc::default();
+    let seen = got.clone();
+    let sink: PcdsSink = Arc::new(move |pems: Vec<String>| {
+        if pems.iter().any(|p| p == "bad") {
+            return Err("caCertificatesPem[0]: not PEM".into());
+        }
+        seen.lock().unwrap().push(pems);
+        Ok(())
+    });
+    let h = proxy_pcds(ads.connect(), false, None, true, Streams::One, Some(sink)).await;
+    let mut client = envoy_client(&h.path).await;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(req(type_url::CLUSTER, "")).await.unwrap();
+    let mut from_proxy = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut up = next(&mut ads.sotw).await;
+    assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
+    tx.send(req(type_url::LISTENER, "")).await.unwrap();
+    assert_eq!(next(&mut up.requests).await, req(type_url::LISTENER, ""));
+    assert_eq!(
+        next(&mut up.requests).await,
+        req(type_url::PROXY_CONFIG, "")
+    );
+
+    let mut pcds = resp(type_url::PROXY_CONFIG, "p1");
+    pcds.resources.push(proto::pack(&ProxyConfigTrust {
+        ca_certificates_pem: vec!["anchor-1".into(), "anchor-2".into()],
+    }));
+    up.responses.send(Ok(pcds)).await.unwrap();
+    let ack = next(&mut up.requests).await;
+    assert_eq!(ack.type_url, type_url::PROXY_CONFIG);
+    assert_eq!(ack.response_nonce, "p1");
+    assert!(ack.error_detail.is_none());
+    assert_eq!(
+        *got.lock().unwrap(),
+        vec![vec!["anchor-1".to_string(), "anchor-2".to_string()]]
+    );
+
+    let mut bad = resp(type_url::PROXY_CONFIG, "p2");
+    bad.resources.push(proto::pack(&ProxyConfigTrust {
+        ca_certificates_pem: vec!["bad".into()],
+    }));
+    up.responses.send(Ok(bad)).await.unwrap();
+    let nack = next(&mut up.requests).await;
+    assert_eq!(nack.response_nonce, "p2");
+    assert!(nack.error_detail.is_some());
+
+    // Envoy saw neither; its own responses still arrive.
+    let cds = resp(type_url::CLUSTER, "n1");
+    up.responses.send(Ok(cds.clone())).await.unwrap();
+    assert_eq!(from_proxy.message().await.unwrap().unwrap(), cds);
+    drop(h);
 }

@@ -83,6 +83,16 @@ impl Inner {
         }
     }
 
+    /// A file `ROOTCA` with the PCDS trust anchors merged in, as Istio merges them into a
+    /// mounted root; other file secrets as they are.
+    fn with_config_trust(&self, name: &str, mut item: SecretItem) -> SecretItem {
+        if name == ROOT_CA {
+            let config_trust = lock(&self.state).config_trust.clone();
+            item.root_cert_pem = super::merge_trust(&item.root_cert_pem, &config_trust);
+        }
+        item
+    }
+
     pub(super) async fn fetch_file(
         self: &Arc<Self>,
         name: &str,
@@ -108,7 +118,7 @@ impl Inner {
             }
         };
         self.watch_files(src);
-        Ok(self.publish(name, item))
+        Ok(self.publish(name, self.with_config_trust(name, item)))
     }
 
     /// Watches the directories of `src`'s files; a change re-reads every subscribed file
@@ -195,7 +205,7 @@ impl Inner {
                             .channels
                             .get(&name)
                             .and_then(|t| t.borrow().clone());
-                        let now = self.publish(&name, item);
+                        let now = self.publish(&name, self.with_config_trust(&name, item));
                         if before.is_none_or(|b| !Arc::ptr_eq(&b, &now)) {
                             info!(resource = %name, "file certificate changed; pushing");
                         }

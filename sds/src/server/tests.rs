@@ -410,3 +410,34 @@ async fn a_connection_without_a_stream_is_closed_and_an_open_stream_is_kept() {
     .await;
     assert_eq!(names(&s.next().await), vec!["file-root:b.pem"]);
 }
+
+/// A socket path past the 108-byte `sun_path` limit (a deep working directory) is bound as
+/// Istio binds it, and the SDS server answers on it.
+#[tokio::test]
+async fn socket_path_past_sun_path_is_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = Config::defaults(dir.path());
+    let path = dir
+        .path()
+        .join("d".repeat(70))
+        .join("var/run/secrets/workload-spiffe-uds/socket");
+    assert!(path.as_os_str().len() > 108);
+    let mut reg = prometheus_client::registry::Registry::default();
+    let manager =
+        SecretManager::new(Arc::new(cfg), Arc::new(Metrics::new(&mut reg))).expect("manager");
+    let server = SdsServer::bind(&path, manager).await.expect("bind");
+    assert!(path.exists());
+    let token = CancellationToken::new();
+    let served = tokio::spawn(server.run(token.clone()));
+    // An HTTP/2 server answers the client preface with its SETTINGS.
+    let probe = path.clone();
+    let check = tokio::task::spawn_blocking(move || {
+        crate::external::check_socket(&probe, Duration::from_secs(2))
+    });
+    assert_eq!(
+        check.await.expect("join").expect("check"),
+        crate::external::SocketCheck::Healthy
+    );
+    token.cancel();
+    served.await.expect("join").expect("clean shutdown");
+}

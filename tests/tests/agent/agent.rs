@@ -100,6 +100,74 @@ fn injected_sidecar_becomes_ready_with_config_and_spiffe_cert() {
     assert!(agent < envoy && envoy < app, "order of merged metrics");
 }
 
+/// A pod whose working directory is nested past the 108-byte `sun_path` limit: the agent binds
+/// its SDS and XDS sockets and Envoy reaches them by Istio's relative paths
+/// (`./var/run/secrets/workload-spiffe-uds/socket`, `./etc/istio/proxy/XDS`), so the sidecar
+/// gets its config and certificate as anywhere else.
+#[test]
+fn sidecar_in_a_working_directory_past_sun_path_becomes_ready() {
+    if !prerequisites() {
+        return;
+    }
+    let mut mesh = Mesh::new(&config("198.18.1.2"));
+    mesh.start_istiod();
+    let mut pod = mesh.pod("server", "httpbin");
+    // The pod's files moved under a deep directory, traversable by the proxy user.
+    let deep = pod
+        .dir
+        .with_file_name(format!("{}/{}", "d".repeat(60), "e".repeat(60)));
+    std::fs::create_dir_all(deep.parent().expect("parent")).expect("deep dir");
+    std::fs::rename(&pod.dir, &deep).expect("move the pod dir");
+    pod.dir = deep;
+    let sds = pod.dir.join("var/run/secrets/workload-spiffe-uds/socket");
+    assert!(
+        sds.as_os_str().len() > 108,
+        "{} fits sun_path",
+        sds.display()
+    );
+    mesh.start_app(&mut pod, "0.0.0.0:8080", "httpbin-v1");
+    inject_with(&mesh, &mut pod, &[]);
+    wait_ready(&mesh, &pod, Duration::from_secs(30));
+    let (code, certs) = pod.envoy_admin("/certs").expect("certs");
+    assert_eq!(code, 200);
+    assert!(
+        certs.contains("spiffe://cluster.local/ns/demo/sa/httpbin"),
+        "certs: {certs}"
+    );
+    let (code, dump) = pod.envoy_admin("/config_dump").expect("config_dump");
+    assert_eq!(code, 200);
+    assert!(dump.contains(HOST), "config_dump lacks {HOST}");
+    assert!(sds.exists(), "the SDS socket is where Istio puts it");
+}
+
+/// `COMPLIANCE_POLICY`: under each policy the agent's own connections to istiod-lite (CA and
+/// xDS) complete their handshakes within the policy (TLS 1.2 ECDHE AES-GCM on P-256 for
+/// fips-140-2, X25519MLKEM768 for pqc) and the sidecar becomes ready with its certificate.
+#[test]
+fn sidecar_becomes_ready_under_each_compliance_policy() {
+    if !prerequisites() {
+        return;
+    }
+    for policy in ["fips-140-2", "fips-140-3", "pqc"] {
+        let mut mesh = Mesh::new(&config("198.18.1.2"));
+        mesh.start_istiod();
+        let mut pod = mesh.pod("server", "httpbin");
+        mesh.start_app(&mut pod, "0.0.0.0:8080", "httpbin-v1");
+        inject_with(
+            &mesh,
+            &mut pod,
+            &[("COMPLIANCE_POLICY", policy.to_string())],
+        );
+        wait_ready(&mesh, &pod, Duration::from_secs(30));
+        let (code, certs) = pod.envoy_admin("/certs").expect("certs");
+        assert_eq!(code, 200, "{policy}");
+        assert!(
+            certs.contains("spiffe://cluster.local/ns/demo/sa/httpbin"),
+            "{policy}: {certs}"
+        );
+    }
+}
+
 /// Istio's injection with `extra` env on top (see [`Mesh::inject_with`]).
 fn inject_with(mesh: &Mesh, pod: &mut Pod, extra: &[(&str, String)]) {
     mesh.inject_with(pod, extra);

@@ -1,10 +1,12 @@
 //! HTTP probes, sent as Istio's Go agent sends them: a fresh connection per request
-//! (`Connection: close`), HTTPS without certificate verification offering `h2` and `http/1.1`
+//! (`Connection: close`; with `ENABLE_PROBE_KEEPALIVE_CONNECTIONS` an idle connection is kept
+//! per scheme and address and reused, [`Connections`]), HTTPS without certificate verification offering `h2` and `http/1.1`
 //! over ALPN (HTTP/2 when the app picks it), plain HTTP always HTTP/1.1 (no h2c), and
 //! redirects followed the way the kubelet follows them: to the same host only, at most ten
 //! requests in all.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use http::{HeaderMap, HeaderValue, header};
 use http_body_util::{BodyExt, Empty};
@@ -53,7 +55,14 @@ pub(super) async fn get(
     };
     let status = resp.status().as_u16();
     let mut body = Vec::new();
-    let read = read_capped_prefix(resp.into_body(), cap, &mut body);
+    // With kept connections the rest of the body is read too (as Go's client drains it), so
+    // the connection can serve the next probe; up to a bound, past which it is dropped.
+    let drain = if prober.keepalive.is_some() {
+        DRAIN_MAX
+    } else {
+        0
+    };
+    let read = read_capped_prefix(resp.into_body(), cap, drain, &mut body);
     match deadline {
         // What arrived before the deadline is kept.
         Some(d) => {
@@ -64,14 +73,20 @@ pub(super) async fn get(
     Ok((status, bytes::Bytes::from(body)))
 }
 
-/// Reads at most `cap` bytes into `out`; a read error ends the body where it is.
-async fn read_capped_prefix(mut body: Incoming, cap: usize, out: &mut Vec<u8>) {
-    while out.len() < cap {
+/// How much of a body past what is kept is read to keep its connection for the next probe.
+const DRAIN_MAX: usize = 1 << 20;
+
+/// Reads at most `cap` bytes into `out`, then discards up to `drain` more bytes until the end;
+/// a read error ends the body where it is.
+async fn read_capped_prefix(mut body: Incoming, cap: usize, drain: usize, out: &mut Vec<u8>) {
+    let mut discarded = 0;
+    while out.len() < cap || (drain > 0 && discarded <= drain) {
         match body.frame().await {
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    let take = (cap - out.len()).min(data.len());
+                    let take = cap.saturating_sub(out.len()).min(data.len());
                     out.extend_from_slice(&data[..take]);
+                    discarded += data.len() - take;
                 }
             }
             Some(Err(_)) | None => break,
@@ -171,12 +186,40 @@ async fn send(
         other => return Err(format!("unsupported protocol scheme {other:?}")),
     };
     let port = url.port_or_known_default().unwrap_or(80);
-    let stream = prober.connect(port).await.map_err(|e| e.to_string())?;
     let target = match url.query() {
         Some(q) => format!("{}?{q}", url.path()),
         None => url.path().to_string(),
     };
     let host = host.unwrap_or(authority).to_string();
+    let Some(pool) = &prober.keepalive else {
+        let mut sender = open(prober, req, url, https, port).await?;
+        return sender.send(&host, &target, headers, true).await;
+    };
+    let key = (https, port, url.host_str().unwrap_or_default().to_string());
+    // An idle connection first; one the app closed meanwhile (or that fails before an answer)
+    // is replaced by a new one, as Go's transport retries a request on a reused connection.
+    if let Some(mut sender) = pool.take(&key)
+        && sender.ready().await
+        && let Ok(resp) = sender.send(&host, &target, headers, false).await
+    {
+        pool.put(key, sender);
+        return Ok(resp);
+    }
+    let mut sender = open(prober, req, url, https, port).await?;
+    let resp = sender.send(&host, &target, headers, false).await?;
+    pool.put(key, sender);
+    Ok(resp)
+}
+
+/// A new connection to `url`'s port, TLS when `https`, HTTP/2 when the app picks it by ALPN.
+async fn open(
+    prober: &Prober,
+    req: &Request,
+    url: &url::Url,
+    https: bool,
+    port: u16,
+) -> Result<Sender, String> {
+    let stream = prober.connect(port).await.map_err(|e| e.to_string())?;
     if https {
         let server_name = match url.host() {
             Some(url::Host::Domain(d)) => rustls_pki_types::ServerName::try_from(d.to_string())
@@ -192,18 +235,79 @@ async fn send(
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let io = hyper_util::rt::TokioIo::new(tls);
         if h2 {
-            send_h2(io, &host, &target, headers).await
+            handshake_h2(io).await
         } else {
-            send_h1(io, &host, &target, headers).await
+            handshake_h1(io).await
         }
     } else {
-        send_h1(
-            hyper_util::rt::TokioIo::new(stream),
-            &host,
-            &target,
-            headers,
-        )
-        .await
+        handshake_h1(hyper_util::rt::TokioIo::new(stream)).await
+    }
+}
+
+/// One connection to the app, HTTP/1.1 or HTTP/2.
+enum Sender {
+    H1(hyper::client::conn::http1::SendRequest<Empty<bytes::Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Empty<bytes::Bytes>>),
+}
+
+impl Sender {
+    /// Waits until the connection takes another request; false when it is closed (the app
+    /// closed it, or the previous answer's body was not read to its end).
+    async fn ready(&mut self) -> bool {
+        match self {
+            Sender::H1(s) => s.ready().await.is_ok(),
+            Sender::H2(s) => s.ready().await.is_ok(),
+        }
+    }
+
+    /// Sends the probe's GET; over HTTP/1.1 with `Connection: close` when `close`.
+    async fn send(
+        &mut self,
+        host: &str,
+        target: &str,
+        headers: &HeaderMap,
+        close: bool,
+    ) -> Result<http::Response<Incoming>, String> {
+        match self {
+            Sender::H1(s) => {
+                let req = request_h1(host, target, headers, close)?;
+                s.send_request(req).await.map_err(|e| e.to_string())
+            }
+            Sender::H2(s) => {
+                let req = request_h2(host, target, headers)?;
+                s.send_request(req).await.map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
+/// Idle probe connections kept for reuse (`ENABLE_PROBE_KEEPALIVE_CONNECTIONS`): at most one
+/// per scheme, port and host, taken while a probe uses it. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Connections(Arc<Mutex<HashMap<PoolKey, Sender>>>);
+
+/// HTTPS?, port, host.
+type PoolKey = (bool, u16, String);
+
+impl std::fmt::Debug for Connections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Connections")
+    }
+}
+
+impl Connections {
+    fn take(&self, key: &PoolKey) -> Option<Sender> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(key)
+    }
+
+    fn put(&self, key: PoolKey, sender: Sender) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key, sender);
     }
 }
 
@@ -221,21 +325,40 @@ fn tls_config(offer_h2: bool) -> Arc<rustls::ClientConfig> {
     }
 }
 
-async fn send_h1<IO>(
-    io: IO,
-    host: &str,
-    target: &str,
-    headers: &HeaderMap,
-) -> Result<http::Response<Incoming>, String>
+async fn handshake_h1<IO>(io: IO) -> Result<Sender, String>
 where
     IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+    let (sender, conn) = hyper::client::conn::http1::handshake(io)
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
+    Ok(Sender::H1(sender))
+}
+
+async fn handshake_h2<IO>(io: IO) -> Result<Sender, String>
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake(io)
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(Sender::H2(sender))
+}
+
+fn request_h1(
+    host: &str,
+    target: &str,
+    headers: &HeaderMap,
+    close: bool,
+) -> Result<http::Request<Empty<bytes::Bytes>>, String> {
     let mut req = http::Request::builder()
         .method(http::Method::GET)
         .uri(target)
@@ -261,29 +384,17 @@ where
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case("close"));
-    if !closes {
+    if close && !closes {
         h.append(header::CONNECTION, HeaderValue::from_static("close"));
     }
-    sender.send_request(req).await.map_err(|e| e.to_string())
+    Ok(req)
 }
 
-async fn send_h2<IO>(
-    io: IO,
+fn request_h2(
     host: &str,
     target: &str,
     headers: &HeaderMap,
-) -> Result<http::Response<Incoming>, String>
-where
-    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let (mut sender, conn) =
-        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-            .handshake(io)
-            .await
-            .map_err(|e| e.to_string())?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
+) -> Result<http::Request<Empty<bytes::Bytes>>, String> {
     let uri = format!("https://{host}{target}");
     let mut req = http::Request::builder()
         .method(http::Method::GET)
@@ -305,5 +416,5 @@ where
             HeaderValue::from_static(GO_USER_AGENT_H2),
         );
     }
-    sender.send_request(req).await.map_err(|e| e.to_string())
+    Ok(req)
 }

@@ -238,6 +238,7 @@ async fn exec_readiness_probe_is_healthy_when_the_command_exits_0() {
     let prober = Prober {
         destination: "127.0.0.1".parse().unwrap(),
         http2: true,
+        keepalive: None,
     };
     let probe = |cmd: &str, timeout: u64| AppProbe {
         action: ProbeAction::Exec {
@@ -494,6 +495,7 @@ async fn status_server_with(probers: &str, destination: &str, http2: bool) -> So
             prober: Prober {
                 destination: destination.parse().unwrap(),
                 http2,
+                keepalive: None,
             },
             registry: Arc::new(registry),
             metrics,
@@ -1246,6 +1248,7 @@ async fn legacy_localhost_probes_name_localhost() {
     let prober = Prober {
         destination: Destination::Localhost,
         http2: true,
+        keepalive: None,
     };
     let health = AppProbe {
         action: ProbeAction::Http {
@@ -1302,6 +1305,7 @@ async fn health_probe_sends_configured_headers() {
     let prober = Prober {
         destination: "127.0.0.1".parse().unwrap(),
         http2: true,
+        keepalive: None,
     };
     let r = prober.run(&probe, &HeaderMap::new()).await;
     assert_eq!(r.status, 200);
@@ -1314,4 +1318,75 @@ async fn health_probe_sends_configured_headers() {
         timeout: Duration::from_secs(1),
     };
     assert_eq!(prober.run(&tcp, &HeaderMap::new()).await.status, 200);
+}
+
+/// `ENABLE_PROBE_KEEPALIVE_CONNECTIONS`: off (Istio's default, as the kubelet), every HTTP probe
+/// opens its own connection and asks the app to close it; on, the probes reuse one connection.
+/// Counted by the connections the app accepts.
+#[tokio::test]
+async fn probe_keepalive_connections_reuse_one_connection() {
+    async fn app() -> (SocketAddr, Arc<Mutex<(usize, Vec<String>)>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Arc<Mutex<(usize, Vec<String>)>> = Arc::default();
+        let counts = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                counts.lock().unwrap().0 += 1;
+                let counts = counts.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: ::http::Request<_>| {
+                        let connection = req
+                            .headers()
+                            .get("connection")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_string();
+                        counts.lock().unwrap().1.push(connection);
+                        async {
+                            // Past the 10 KiB a probe keeps: the rest is drained to reuse
+                            // the connection.
+                            Ok::<_, std::convert::Infallible>(::http::Response::new(Full::new(
+                                Bytes::from(vec![b'x'; 20 * 1024]),
+                            )))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+        });
+        (addr, seen)
+    }
+    for keepalive in [false, true] {
+        let (addr, seen) = app().await;
+        let probe = AppProbe {
+            action: ProbeAction::Http {
+                path: "/ready".into(),
+                port: addr.port(),
+                host: String::new(),
+                https: false,
+                headers: vec![],
+            },
+            timeout: Duration::from_secs(2),
+        };
+        let prober = Prober {
+            destination: "127.0.0.1".parse().unwrap(),
+            http2: true,
+            keepalive: keepalive.then(Connections::default),
+        };
+        for _ in 0..3 {
+            assert_eq!(prober.run(&probe, &HeaderMap::new()).await.status, 200);
+        }
+        let (accepted, connection) = seen.lock().unwrap().clone();
+        assert_eq!(connection.len(), 3, "keepalive={keepalive}");
+        if keepalive {
+            assert_eq!(accepted, 1, "one connection, reused");
+            assert!(connection.iter().all(|c| c.is_empty()), "{connection:?}");
+        } else {
+            assert_eq!(accepted, 3, "a connection per probe");
+            assert!(connection.iter().all(|c| c == "close"), "{connection:?}");
+        }
+    }
 }

@@ -396,14 +396,15 @@ def unescape(s):
 
 def normalise_seen(seen):
     """Names of one thing spelled two ways: an admin call's query with or without percent
-    escapes (Envoy decodes them), and the scrape's Host `localhost:<port>` or
-    `127.0.0.1:<port>` (the same loopback address; Go dials `localhost`)."""
+    escapes (Envoy decodes them), and a scrape's Host `localhost:<port>` or `127.0.0.1:<port>`
+    (the same loopback address; Go dials `localhost`). No probe here sends `localhost`."""
     for call in seen.get("admin", []):
         call["target"] = unescape(call["target"])
-    for who in ("metrics", "envoy_prometheus"):
-        for r in seen.get(who, []):
-            r["headers"] = sorted([k, v.replace("localhost:", "127.0.0.1:", 1) if k == "host" else v]
-                                  for k, v in r["headers"])
+    for requests in seen.values():
+        for r in requests:
+            if "headers" in r:
+                r["headers"] = sorted([k, re.sub(r"^localhost:", "127.0.0.1:", v) if k == "host" else v]
+                                      for k, v in r["headers"])
     return seen
 
 

@@ -93,7 +93,8 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
     let timeout = scrape_timeout(&headers);
-    let gzip = compress::accepts_gzip(&headers);
+    // Not for HEAD, as Istio's gzip handler (nginx once mishandled a gzipped HEAD answer).
+    let gzip = req.method() != http::Method::HEAD && compress::accepts_gzip(&headers);
 
     let mut agent_text = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut agent_text, &inputs.registry) {

@@ -480,9 +480,12 @@ def inner(args):
             except OSError as e:
                 status, ctype, encoding, body = 0, None, None, f"connection failed: {e.__class__.__name__}"
             result = {"id": req["id"], **answer(req, status, ctype, encoding, body)}
-            if req["target"].startswith(("/app-health/", "/app-lifecycle/")):
+            prober = (run.get("probers") or {}).get(req["target"].split("?")[0], {})
+            if status == 200 and prober.get("tcpSocket", {}).get("port") == PORTS["tcp"]:
                 # The TCP app logs after accept(); the agent's connect returns before that.
-                settle(world, ["tcp"], quiet=0.1, limit=0.5)
+                deadline = time.time() + 5
+                while "tcp" not in world.seen and time.time() < deadline:
+                    time.sleep(0.02)
             if req["target"] in ("/drain", "/quitquitquit") and status == 200:
                 settle(world, ["admin"])
             if req.get("last"):

@@ -186,7 +186,7 @@ def make_run(rng, i):
         mode = rng.choice(METRIC_MODES)
         if rng.random() < 0.6:
             hs.append(["X-Prometheus-Scrape-Timeout-Seconds",
-                       "1.5" if mode == "slow" else rng.choice(["10", "10", "abc", "0.5"])])
+                       "1.5" if mode == "slow" else rng.choice(["10", "10", "abc", "2.5"])])
         if rng.random() < 0.3:
             hs.append(["Accept-Encoding", "gzip"])
         target = rng.choice(["/stats/prometheus", "/stats/prometheus", "/metrics",

@@ -163,6 +163,13 @@ fn status_server_answers_as_the_recorded_go_agent() {
         })
         .collect();
 
+    for id in known.keys() {
+        assert!(
+            recorded.contains_key(id),
+            "deliberate.txt lists {id}, which is no case of cases.jsonl"
+        );
+    }
+
     let scratch = tempfile::tempdir().expect("tempdir");
     let out = scratch.path().join("ours.jsonl");
     let run = Command::new("python3")

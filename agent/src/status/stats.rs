@@ -68,6 +68,13 @@ async fn get(
             req.headers_mut().insert(name, v.clone());
         }
     }
+    // A scraper that names itself not: Istio's agent's client names itself (as for probes).
+    if !headers.contains_key(http::header::USER_AGENT) {
+        req.headers_mut().insert(
+            http::header::USER_AGENT,
+            http::HeaderValue::from_static("Go-http-client/1.1"),
+        );
+    }
     crate::http1::send(&addr.to_string(), req, timeout)
         .await
         .map_err(|e| e.to_string())
@@ -94,7 +101,8 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
         .unwrap_or_default();
     let timeout = scrape_timeout(&headers);
     // Not for HEAD, as Istio's gzip handler (nginx once mishandled a gzipped HEAD answer).
-    let gzip = req.method() != http::Method::HEAD && compress::accepts_gzip(&headers);
+    let head = req.method() == http::Method::HEAD;
+    let gzip = !head && compress::accepts_gzip(&headers);
 
     let mut agent_text = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut agent_text, &inputs.registry) {
@@ -172,6 +180,20 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
         }
         text
     };
+
+    // A HEAD answer has no body: Envoy is not asked for one (the apps were, for the type).
+    if head {
+        let mut resp = http::Response::new(
+            Empty::<bytes::Bytes>::new()
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(content_type),
+        );
+        return resp;
+    }
 
     tokio::spawn(async move {
         if tx.send(Ok(Frame::data(agent.into()))).await.is_err() {

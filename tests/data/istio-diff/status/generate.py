@@ -205,6 +205,8 @@ def make_run(rng, i):
         ("POST", "/drain", [["Host", f"{POD}:15020"]], {"source": POD, "dial": POD}),
         ("GET", "/healthz/ready", KUBELET, {"source": POD, "dial": POD}),
         ("DELETE", "/app-health/x/readyz", KUBELET, {}),
+        ("HEAD", "/stats/prometheus", [["Host", f"{POD}:15020"], ["Accept-Encoding", "gzip"]], {}),
+        ("POST", "/drain", [["Host", "localhost:15020"]], {"dial": "127.0.0.1"}),
     ]
     mixed = []
     for path, state in ready_reqs:
@@ -234,7 +236,7 @@ def make_run(rng, i):
         else:
             req(o[2], method=o[1], headers=o[3], **o[4])
 
-    ending = rng.choice(["drain-quit", "quit", "none", "quit"])
+    ending = ["drain-quit", "quit", "none"][i % 3]
     if ending == "drain-quit":
         req("/drain", method="POST", headers=[["Host", "localhost:15020"], ["User-Agent", "curl/8.5.0"]])
     if ending in ("drain-quit", "quit"):

@@ -137,14 +137,75 @@ pub struct StatusServer {
     state: Arc<State>,
 }
 
+/// The `Content-Type` Istio's agent (Go's `net/http`) gives a body it did not type: sniffed
+/// from its first 512 bytes as `http.DetectContentType` does for the bodies a status answer
+/// carries (HTML, XML, binary, else plain text); none for an empty body.
+fn sniffed(body: &[u8]) -> Option<&'static str> {
+    if body.is_empty() {
+        return None;
+    }
+    let head = &body[..body.len().min(512)];
+    let start = head
+        .iter()
+        .position(|b| !matches!(b, b'\t' | b'\n' | b'\x0c' | b'\r' | b' '))
+        .unwrap_or(head.len());
+    let text = &head[start..];
+    const HTML: &[&str] = &[
+        "<!DOCTYPE HTML",
+        "<HTML",
+        "<HEAD",
+        "<SCRIPT",
+        "<IFRAME",
+        "<H1",
+        "<DIV",
+        "<FONT",
+        "<TABLE",
+        "<A",
+        "<STYLE",
+        "<TITLE",
+        "<B",
+        "<BODY",
+        "<BR",
+        "<P",
+        "<!--",
+    ];
+    let html = HTML.iter().any(|sig| {
+        text.len() > sig.len()
+            && text[..sig.len()].eq_ignore_ascii_case(sig.as_bytes())
+            && matches!(text[sig.len()], b' ' | b'>')
+    });
+    if html {
+        return Some("text/html; charset=utf-8");
+    }
+    if text.starts_with(b"<?xml") {
+        return Some("text/xml; charset=utf-8");
+    }
+    let binary = head
+        .iter()
+        .any(|b| matches!(b, 0x00..=0x08 | 0x0b | 0x0e..=0x1a | 0x1c..=0x1f));
+    Some(if binary {
+        "application/octet-stream"
+    } else {
+        "text/plain; charset=utf-8"
+    })
+}
+
 fn full(status: u16, body: impl Into<bytes::Bytes>) -> http::Response<Body> {
+    let body: bytes::Bytes = body.into();
+    let content_type = sniffed(&body);
     let mut resp = http::Response::new(
-        Full::new(body.into())
+        Full::new(body)
             .map_err(|never: Infallible| match never {})
             .boxed(),
     );
     *resp.status_mut() =
         http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    if let Some(t) = content_type {
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(t),
+        );
+    }
     resp
 }
 
@@ -342,8 +403,11 @@ async fn handle(
             let r = state.inputs.prober.run_app(probe, kubelet).await;
             full(r.status, r.body)
         }
+        // Istio's agent's words (Go's `http.Error` and `http.NotFound`).
+        Route::Refused(403) => full(403, "Only requests from localhost are allowed\n"),
+        Route::Refused(405) => full(405, "Method Not Allowed\n"),
         Route::Refused(status) => full(status, ""),
-        Route::NotFound => full(404, ""),
+        Route::NotFound => full(404, "404 page not found\n"),
     }
 }
 

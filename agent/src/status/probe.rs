@@ -134,6 +134,11 @@ pub(crate) fn forwarded(kubelet: &KubeletRequest<'_>, port: u16) -> (HeaderMap, 
             headers.append(k, v.clone());
         }
     }
+    // One User-Agent goes out, the kubelet's first (a probe's `httpHeaders` may repeat it; Go's
+    // client writes only the first value).
+    if let Some(first) = headers.get(header::USER_AGENT).cloned() {
+        headers.insert(header::USER_AGENT, first);
+    }
     let host = kubelet
         .host
         .filter(|h| !h.is_empty())

@@ -1,6 +1,11 @@
 //! Merged metrics: the agent's own registry, then Envoy's 15090 text (streamed, capped), then
 //! the application's targets (each capped, scraped in parallel). A failing part never fails the
-//! response; it counts in `scrape_failures_total{type}`.
+//! response; it counts in `scrape_failures_total{type}`. The answer's format is the app's
+//! (`format.rs`): an OpenMetrics app's `# EOF` ends the merged text, as in Istio's agent; a
+//! scraper that accepts gzip gets it gzipped (`compress.rs`).
+
+mod compress;
+mod format;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -13,7 +18,6 @@ use super::{Body, Inputs};
 
 /// Each scraped target is capped at this size.
 pub const TARGET_CAP: usize = 10 << 20;
-const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Strips OpenMetrics' `# EOF` and makes sure the text ends with a newline.
 pub(super) fn normalise(mut text: Vec<u8>) -> Vec<u8> {
@@ -42,17 +46,18 @@ fn find_eof(text: &[u8]) -> Option<usize> {
     None
 }
 
-/// Opens `GET http://addr/path[?query]` and returns the response.
+/// Opens `GET http://addr/path[?query]` asking for `accept`, and returns the response.
 async fn get(
     addr: SocketAddr,
     path_and_query: &str,
     headers: &http::HeaderMap,
+    accept: &str,
     timeout: Duration,
 ) -> Result<http::Response<Incoming>, String> {
     let mut req = http::Request::builder()
         .uri(path_and_query)
         .header(http::header::HOST, addr.to_string())
-        .header(http::header::ACCEPT, "text/plain;version=0.0.4")
+        .header(http::header::ACCEPT, accept)
         .body(Empty::<bytes::Bytes>::new())
         .map_err(|e| e.to_string())?;
     for name in [
@@ -62,6 +67,13 @@ async fn get(
         if let Some(v) = headers.get(&name) {
             req.headers_mut().insert(name, v.clone());
         }
+    }
+    // A scraper that names itself not: Istio's agent's client names itself (as for probes).
+    if !headers.contains_key(http::header::USER_AGENT) {
+        req.headers_mut().insert(
+            http::header::USER_AGENT,
+            http::HeaderValue::from_static("Go-http-client/1.1"),
+        );
     }
     crate::http1::send(&addr.to_string(), req, timeout)
         .await
@@ -88,6 +100,9 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
     let timeout = scrape_timeout(&headers);
+    // Not for HEAD, as Istio's gzip handler (nginx once mishandled a gzipped HEAD answer).
+    let head = req.method() == http::Method::HEAD;
+    let gzip = !head && compress::accepts_gzip(&headers);
 
     let mut agent_text = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut agent_text, &inputs.registry) {
@@ -104,23 +119,83 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
         .map(|a| a.targets.clone())
         .unwrap_or_default();
     let metrics = inputs.metrics.clone();
-    tokio::spawn(async move {
-        // App targets start at once, in parallel with the Envoy stream.
-        let app_tasks: Vec<_> = apps
-            .into_iter()
-            .map(|(port, path)| {
-                let headers = headers.clone();
-                tokio::spawn(async move {
-                    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-                    let resp = get(addr, &path, &headers, timeout).await?;
-                    match super::probe::read_capped(resp.into_body(), TARGET_CAP).await? {
-                        Some(b) => Ok(normalise(b.to_vec())),
-                        None => Err(format!("{addr}{path}: body larger than {TARGET_CAP} bytes")),
-                    }
-                })
-            })
-            .collect();
+    let accept = headers
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let envoy_accept = format::allowed_content_types(accept.as_deref(), format::ENVOY_TYPES);
+    let app_accept = format::allowed_content_types(accept.as_deref(), format::APP_TYPES);
 
+    // The apps first, in parallel: their formats make the answer's `Content-Type`.
+    let single = apps.len() == 1;
+    let app_tasks: Vec<_> = apps
+        .into_iter()
+        .map(|(port, path)| {
+            let (headers, accept) = (headers.clone(), app_accept.clone());
+            tokio::spawn(async move {
+                let addr = SocketAddr::from(([127, 0, 0, 1], port));
+                let resp = get(addr, &path, &headers, &accept, timeout).await?;
+                if resp.status() != http::StatusCode::OK {
+                    return Err(format!("{addr}{path}: status {}", resp.status()));
+                }
+                let content_type = resp
+                    .headers()
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                match super::probe::read_capped(resp.into_body(), TARGET_CAP).await? {
+                    Some(b) => Ok((content_type, b.to_vec())),
+                    None => Err(format!("{addr}{path}: body larger than {TARGET_CAP} bytes")),
+                }
+            })
+        })
+        .collect();
+    let mut app_bodies = Vec::new();
+    for task in app_tasks {
+        match task.await {
+            Ok(Ok(answer)) => app_bodies.push(answer),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "scraping the application failed");
+                metrics.failure("application");
+            }
+            Err(_) => metrics.failure("application"),
+        }
+    }
+    let content_type = format::negotiate_many(app_bodies.iter().map(|(ct, _)| ct.as_deref()));
+    // One target's answer goes out as it came; several lose their `# EOF`, and the merged
+    // text gets one at its end when it is OpenMetrics.
+    let app_text: Vec<u8> = if single {
+        app_bodies.into_iter().flat_map(|(_, b)| b).collect()
+    } else {
+        let mut text = Vec::new();
+        for (_, body) in &app_bodies {
+            let body = format::strip_eof(body);
+            text.extend_from_slice(body);
+            if !body.is_empty() && !body.ends_with(b"\n") {
+                text.push(b'\n');
+            }
+        }
+        if content_type != format::TEXT {
+            text.extend_from_slice(b"# EOF\n");
+        }
+        text
+    };
+
+    // A HEAD answer has no body: Envoy is not asked for one (the apps were, for the type).
+    if head {
+        let mut resp = http::Response::new(
+            Empty::<bytes::Bytes>::new()
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(content_type),
+        );
+        return resp;
+    }
+
+    tokio::spawn(async move {
         if tx.send(Ok(Frame::data(agent.into()))).await.is_err() {
             return;
         }
@@ -129,6 +204,7 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
                 addr,
                 &format!("/stats/prometheus{query}"),
                 &headers,
+                &envoy_accept,
                 timeout,
             )
             .await
@@ -192,19 +268,8 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
                 }
             }
         }
-        for task in app_tasks {
-            match task.await {
-                Ok(Ok(body)) => {
-                    if tx.send(Ok(Frame::data(body.into()))).await.is_err() {
-                        return;
-                    }
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "scraping the application failed");
-                    metrics.failure("application");
-                }
-                Err(_) => metrics.failure("application"),
-            }
+        if !app_text.is_empty() {
+            let _ = tx.send(Ok(Frame::data(app_text.into()))).await;
         }
     });
 
@@ -212,9 +277,13 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
     let mut resp = http::Response::new(StreamBody::new(stream).boxed());
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static(TEXT),
+        http::HeaderValue::from_static(content_type),
     );
-    resp
+    if gzip {
+        compress::gzip(resp).await
+    } else {
+        resp
+    }
 }
 
 #[cfg(test)]

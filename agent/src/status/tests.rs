@@ -437,7 +437,9 @@ async fn merged_metrics_app_probes_and_ndsz() {
     let envoy = body.find("envoy_up 1").expect("envoy metrics");
     let app_pos = body.find("app_requests_total 7").expect("app metrics");
     assert!(agent < envoy && envoy < app_pos, "order: {body}");
-    assert!(!body.contains("# EOF"), "{body}");
+    // One target's answer goes out as it came (as Istio's agent); untyped, it is text.
+    assert!(body.ends_with("app_requests_total 7\n# EOF\n"), "{body}");
+    assert!(!body[..app_pos].contains("# EOF"), "{body}");
     // Istio's process metrics (unprefixed) and its startup figure, set by the first ready answer.
     for name in [
         "process_cpu_seconds_total ",
@@ -732,4 +734,23 @@ async fn envoy_stats_over_the_cap_end_on_a_whole_line() {
         body.contains("istio_agent_scrape_failures_total{type=\"envoy\"} 1"),
         "the cut is counted"
     );
+}
+
+#[test]
+fn untyped_bodies_get_the_type_go_sniffs() {
+    assert_eq!(sniffed(b""), None);
+    assert_eq!(sniffed(b"ok\n"), Some("text/plain; charset=utf-8"));
+    assert_eq!(
+        sniffed(br#"{"status":"UP"}"#),
+        Some("text/plain; charset=utf-8")
+    );
+    assert_eq!(
+        sniffed(b"  <html><body>up</body></html>"),
+        Some("text/html; charset=utf-8")
+    );
+    assert_eq!(
+        sniffed(b"<?xml version=\"1.0\"?><up/>"),
+        Some("text/xml; charset=utf-8")
+    );
+    assert_eq!(sniffed(b"\x00\x01binary"), Some("application/octet-stream"));
 }

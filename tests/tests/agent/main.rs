@@ -15,6 +15,7 @@ mod identity_faults;
 mod image;
 mod istio_diff_bootstrap;
 mod istio_diff_cli;
+mod istio_diff_status;
 mod istiod_failover;
 mod live_istiod;
 mod lockdown;

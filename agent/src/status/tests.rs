@@ -13,6 +13,8 @@ use super::*;
 use crate::lifecycle::{DrainMode, Readiness, Shutdown};
 use crate::status::probe::{AppProbe, ProbeAction};
 
+mod merged;
+
 /// A fake HTTP server: path → (status, body); records request lines.
 async fn fake_http(
     routes: HashMap<String, (u16, String)>,
@@ -68,7 +70,8 @@ async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     let n = s.read(&mut buf).await.unwrap_or(0);
     let req = String::from_utf8_lossy(&buf[..n]).to_string();
     let line = req.lines().next().unwrap_or("").to_string();
-    seen.lock().unwrap().push(line.clone());
+    // The whole request head: its first line, then the headers.
+    seen.lock().unwrap().push(req.clone());
     let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
     let key = path.split('?').next().unwrap_or("").to_string();
     let (code, body) = routes
@@ -104,6 +107,8 @@ struct Setup {
     admin_routes: Arc<Mutex<HashMap<String, (u16, String)>>>,
     /// Envoy's prometheus listener's answers, changeable while the server runs.
     prom_routes: Arc<Mutex<HashMap<String, (u16, String)>>>,
+    /// The requests Envoy's prometheus listener got.
+    prom_seen: Arc<Mutex<Vec<String>>>,
 }
 
 async fn setup(envoy_stats: &str, ready_stats: &str, app_port: Option<u16>) -> Setup {
@@ -116,7 +121,16 @@ async fn setup_with(
     app_port: Option<u16>,
     limits: conn::Limits,
 ) -> Setup {
-    setup_locked(envoy_stats, ready_stats, app_port, limits, None, None).await
+    setup_locked(
+        envoy_stats,
+        ready_stats,
+        app_port,
+        limits,
+        None,
+        None,
+        vec![],
+    )
+    .await
 }
 
 /// [`setup_with`] with `PROXY_LIFECYCLE_LOCKDOWN`'s parts: a lockdown rule, and Envoy's admin on
@@ -128,6 +142,8 @@ async fn setup_locked(
     limits: conn::Limits,
     lockdown: Option<lockdown::Lockdown>,
     admin_socket: Option<&std::path::Path>,
+    // App metrics targets beyond `app_port`'s `/metrics`.
+    targets: Vec<(u16, String)>,
 ) -> Setup {
     let mut routes = HashMap::new();
     routes.insert(
@@ -135,7 +151,7 @@ async fn setup_locked(
         (200, "envoy_up 1\n".to_string()),
     );
     let prom_routes = Arc::new(Mutex::new(routes));
-    let (prom, _) = fake_http_shared(prom_routes.clone()).await;
+    let (prom, prom_seen) = fake_http_shared(prom_routes.clone()).await;
     // Envoy's admin answers every /stats query with both readiness parts.
     let mut routes = HashMap::new();
     routes.insert(
@@ -184,9 +200,10 @@ async fn setup_locked(
             node_type: NodeType::Sidecar,
             admin: Some(Admin { addr: admin }),
             envoy_prometheus: Some(prom),
-            app_metrics: app_port.map(|p| PrometheusAnnotations {
-                targets: vec![(p, "/metrics".into())],
-            }),
+            app_metrics: app_port
+                .map(|p| vec![(p, "/metrics".to_string())])
+                .or((!targets.is_empty()).then_some(targets))
+                .map(|targets| PrometheusAnnotations { targets }),
             metrics_localhost_only: false,
             probers,
             prober: Prober {
@@ -212,6 +229,7 @@ async fn setup_locked(
         envoy_seen: seen,
         admin_routes,
         prom_routes,
+        prom_seen,
     }
 }
 
@@ -348,6 +366,7 @@ async fn lockdown_admits_the_proxys_uid_and_talks_to_admin_over_its_socket() {
         conn::Limits::default(),
         Some(ours),
         Some(&sock),
+        vec![],
     )
     .await;
     assert_eq!(get(s.addr, "GET", "/healthz/ready").await, (200, "".into()));
@@ -391,6 +410,7 @@ async fn lockdown_admits_the_proxys_uid_and_talks_to_admin_over_its_socket() {
         conn::Limits::default(),
         Some(theirs),
         Some(&sock),
+        vec![],
     )
     .await;
     for path in ["/quitquitquit", "/drain"] {

@@ -133,6 +133,7 @@ mod tests {
             reconnect: true,
             keepalive: sds::tls::DEFAULT_KEEPALIVE,
             multi_stream: false,
+            wasm: None,
         };
         let token = |plaintext, allow| (super::token(&config(plaintext, allow)))();
         assert_eq!(token(true, false), None, "plaintext: withheld");

@@ -51,6 +51,16 @@ pub(crate) trait Flavor: Send + Sync + 'static {
     /// `None`: nothing changed (a Delta response without resources, e.g. after a reconnect
     /// whose `initial_resource_versions` matched), so the table stays and is acked.
     fn nds_table(resp: &Self::Resp) -> Result<Option<NameTable>, String>;
+    /// The version an ACK (a request without error) carries; empty for Delta.
+    fn req_version(r: &Self::Req) -> &str;
+    /// The proxy's NACK of an ECDS response whose Wasm it could not convert, with the last
+    /// version Envoy acknowledged.
+    fn ecds_nack(resp: &Head, last_version: &str, error: String) -> Self::Req;
+    /// Rewrites an ECDS response's remote Wasm ([`super::wasm`]).
+    fn convert_wasm<'a>(
+        bytes: &'a [u8],
+        cache: &'a super::wasm::Cache,
+    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, String>>;
 }
 
 /// The first resource of an NDS response, decoded from the raw response.
@@ -111,6 +121,24 @@ impl Flavor for Sotw {
             ..Default::default()
         }
     }
+    fn req_version(r: &DiscoveryRequest) -> &str {
+        &r.version_info
+    }
+    fn ecds_nack(resp: &Head, last_version: &str, error: String) -> DiscoveryRequest {
+        DiscoveryRequest {
+            version_info: last_version.into(),
+            type_url: resp.type_url.clone(),
+            response_nonce: resp.nonce.clone(),
+            error_detail: Some(nack_status(error)),
+            ..Default::default()
+        }
+    }
+    fn convert_wasm<'a>(
+        bytes: &'a [u8],
+        cache: &'a super::wasm::Cache,
+    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, String>> {
+        Box::pin(super::wasm::convert_sotw(bytes, cache))
+    }
     fn nds_table(resp: &DiscoveryResponse) -> Result<Option<NameTable>, String> {
         let any = resp
             .resources
@@ -158,6 +186,23 @@ impl Flavor for Delta {
             ..Default::default()
         }
     }
+    fn req_version(_: &DeltaDiscoveryRequest) -> &str {
+        ""
+    }
+    fn ecds_nack(resp: &Head, _: &str, error: String) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: resp.type_url.clone(),
+            response_nonce: resp.nonce.clone(),
+            error_detail: Some(nack_status(error)),
+            ..Default::default()
+        }
+    }
+    fn convert_wasm<'a>(
+        bytes: &'a [u8],
+        cache: &'a super::wasm::Cache,
+    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, String>> {
+        Box::pin(super::wasm::convert_delta(bytes, cache))
+    }
     fn nds_table(resp: &DeltaDiscoveryResponse) -> Result<Option<NameTable>, String> {
         if resp.resources.is_empty() && resp.removed_resources.is_empty() {
             return Ok(None);
@@ -189,6 +234,8 @@ fn termination(status: &tonic::Status) -> &'static str {
 struct Link<F: Flavor> {
     tx: mpsc::Sender<F::Req>,
     subs: Option<F::Subs>,
+    /// The last ECDS version Envoy acknowledged (the proxy's own ECDS NACKs carry it).
+    ecds_version: String,
 }
 
 type Shared<F> = Arc<std::sync::Mutex<Link<F>>>;
@@ -233,6 +280,7 @@ pub(crate) fn start<F: Flavor>(
     let link: Shared<F> = Arc::new(std::sync::Mutex::new(Link {
         tx: up_tx,
         subs: inputs.reconnect.then(F::Subs::default),
+        ecds_version: String::new(),
     }));
     tracing::info!(flavor = F::NAME, "Envoy connected to the xDS proxy");
     tokio::spawn(downstream_to_upstream::<F>(
@@ -324,6 +372,9 @@ async fn downstream_to_upstream<F: Flavor>(
                         code = error.code, error = %error.message, "Envoy rejected an xDS response (NACK)");
                 }
                 let first_lds = !lds_seen && F::req_type(&req) == type_url::LISTENER;
+                if F::req_type(&req) == type_url::ECDS && F::req_nack(&req).is_none() {
+                    lock(&link).ecds_version = F::req_version(&req).to_string();
+                }
                 if !to_upstream(&link, req, &done).await {
                     break;
                 }
@@ -687,6 +738,34 @@ async fn relay<F: Flavor>(
                         tracing::warn!(error = %e, "rejecting NDS response");
                     }
                     if !to_upstream(link, F::nds_ack(&resp.head, result.err()), done).await {
+                        return Outcome::Done;
+                    }
+                } else if t == type_url::ECDS
+                    && let Some(cache) = &inputs.wasm
+                {
+                    let converted = F::convert_wasm(&resp.bytes, cache).await;
+                    let out = match converted {
+                        Ok(None) => Some(resp),
+                        Ok(Some(bytes)) => match RawResponse::new(bytes) {
+                            Ok(r) => Some(r),
+                            Err(e) => {
+                                tracing::error!(error = %e, "re-encoded ECDS response does not decode");
+                                None
+                            }
+                        },
+                        Err(e) => {
+                            tracing::warn!(error = %e, nonce = resp.head.nonce, "NACKing an ECDS response: its Wasm could not be converted");
+                            let version = lock(link).ecds_version.clone();
+                            if !to_upstream(link, F::ecds_nack(&resp.head, &version, e), done).await
+                            {
+                                return Outcome::Done;
+                            }
+                            None
+                        }
+                    };
+                    if let Some(r) = out
+                        && !send(down_tx, Ok(Down::Whole(r)), done, "Envoy").await
+                    {
                         return Outcome::Done;
                     }
                 } else if forwarded(t) {

@@ -24,8 +24,8 @@ pub use convert::{ALLOW_PREFIX, DENY_PREFIX, convert_delta, convert_sotw};
 pub struct Options {
     /// Where modules are written (Istio's data directory, `./var/lib/istio/data`).
     pub dir: PathBuf,
-    /// `WASM_INSECURE_REGISTRIES`: hosts fetched without TLS verification (`*`: all). Read and
-    /// shown; this agent fetches over plain HTTP only, so it changes nothing yet.
+    /// `WASM_INSECURE_REGISTRIES`: hosts (`host` or `host:port`) fetched over HTTPS without
+    /// verifying their certificate (`*`: all).
     pub insecure_registries: Vec<String>,
     /// `WASM_MODULE_EXPIRY` (24h): a module unused this long is removed.
     pub module_expiry: Duration,
@@ -43,6 +43,13 @@ pub struct Options {
 }
 
 impl Options {
+    fn insecure(&self, host: &str, port: Option<u16>) -> bool {
+        let with_port = port.map(|p| format!("{host}:{p}"));
+        self.insecure_registries
+            .iter()
+            .any(|h| h == "*" || h == host || Some(h) == with_port.as_ref())
+    }
+
     /// Istio's defaults, with modules under `dir`.
     pub fn new(dir: PathBuf) -> Self {
         Options {

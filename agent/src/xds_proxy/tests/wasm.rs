@@ -745,3 +745,78 @@ async fn blocked_addresses_are_not_fetched() {
     assert!(err.to_string().contains("link-local"), "{err}");
     assert_eq!(files.hits("/m.wasm"), 0);
 }
+
+/// An HTTPS server with a self-signed certificate answering every request with `body`.
+async fn https_module(body: Vec<u8>) -> (std::net::SocketAddr, Arc<Mutex<usize>>) {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.cert.der().clone()],
+            rustls_pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into()),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = Arc::new(Mutex::new(0));
+    let (body, count) = (Arc::new(body), served.clone());
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let (acceptor, body, count) = (acceptor.clone(), body.clone(), count.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let mut buf = vec![0u8; 4096];
+                let _ = tls.read(&mut buf).await;
+                *count.lock().unwrap() += 1;
+                let h = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = tls.write_all(h.as_bytes()).await;
+                let _ = tls.write_all(&body).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (addr, served)
+}
+
+/// HTTPS: a server whose certificate the system's roots do not vouch for is refused (its
+/// module never fetched); listed in `WASM_INSECURE_REGISTRIES` (as `host:port`, or `*`) it is
+/// fetched without verification.
+#[tokio::test]
+async fn https_modules_are_verified_unless_the_host_is_insecure() {
+    let m = module("https");
+    let (addr, served) = https_module(m.clone()).await;
+    let url = format!("https://{addr}/m.wasm");
+    let req = wasm::Request {
+        checksum: sha256(&m),
+        timeout: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let data = tempfile::tempdir().unwrap();
+    let mut opts = wasm::Options::new(data.path().to_path_buf());
+    opts.http_max_retries = 1;
+    let strict = wasm::Cache::new(opts.clone());
+    let err = strict.get(&url, &req).await.unwrap_err().to_string();
+    assert!(
+        err.contains("TLS handshake") || err.contains("no system root"),
+        "{err}"
+    );
+    assert_eq!(
+        *served.lock().unwrap(),
+        0,
+        "nothing served to an unverified peer"
+    );
+    for insecure in [addr.to_string(), "*".to_string()] {
+        let mut o = opts.clone();
+        o.insecure_registries = vec![insecure.clone()];
+        let cache = wasm::Cache::new(o);
+        let path = cache.get(&url, &req).await.unwrap();
+        assert_eq!(std::fs::read(path).unwrap(), m, "{insecure}");
+    }
+}

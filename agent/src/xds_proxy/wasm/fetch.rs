@@ -1,4 +1,5 @@
-//! Fetching over HTTP: one capped GET to an address that passed the SSRF check, and Istio's
+//! Fetching over HTTP(S): one capped GET to an address that passed the SSRF check (HTTPS
+//! verified against the system's roots unless the host is in `WASM_INSECURE_REGISTRIES`), and Istio's
 //! HTTP module fetch on top (retries on connection errors and retryable 5xx with exponential
 //! backoff; a gzip or tar body is unpacked to the Wasm binary inside).
 
@@ -68,18 +69,44 @@ async fn resolve(opts: &Options, host: &str, port: u16) -> Result<SocketAddr, St
     Err(refused.unwrap_or_else(|| format!("{host} has no address")))
 }
 
-/// One GET: status, headers and body (at most `opts.max_binary_size` bytes).
+/// A TLS client for Wasm fetches: the system's roots, or no verification for a host in
+/// `WASM_INSECURE_REGISTRIES`.
+fn tls_config(insecure: bool) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+    if insecure {
+        return Ok(crate::status::probe::tls::insecure_client_config(vec![]));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    let found = rustls_native_certs::load_native_certs();
+    for cert in found.certs {
+        let _ = roots.add(cert);
+    }
+    if roots.is_empty() {
+        return Err("no system root certificates to verify the server with".into());
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(std::sync::Arc::new(config))
+}
+
+/// A TLS handshake answered by a plain-HTTP server (the registry fallback's cue).
+pub(super) const PLAIN_HTTP_ANSWER: &str = "the server answered the TLS handshake with plain HTTP";
+
+/// One GET over HTTP or HTTPS: status, headers and body (at most `opts.max_binary_size`
+/// bytes).
 pub(super) async fn get(
     opts: &Options,
     url: &url::Url,
     accept: Option<&str>,
 ) -> Result<(http::StatusCode, http::HeaderMap, bytes::Bytes), String> {
-    if url.scheme() != "http" {
-        return Err(format!(
-            "scheme {} is not supported for Wasm fetches by this agent (plain http and OCI registries over http only)",
-            url.scheme()
-        ));
-    }
+    let https = match url.scheme() {
+        "http" => false,
+        "https" => true,
+        other => return Err(format!("scheme {other} is not supported for Wasm fetches")),
+    };
     let host = url.host_str().ok_or("URL without a host")?;
     let port = url.port_or_known_default().unwrap_or(80);
     let addr = resolve(opts, host, port).await?;
@@ -100,13 +127,44 @@ pub(super) async fn get(
     let req = req
         .body(Empty::<bytes::Bytes>::new())
         .map_err(|e| e.to_string())?;
-    let resp = crate::http1::send_to(
-        &crate::http1::Target::Tcp(addr.to_string()),
-        req,
-        opts.http_timeout,
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    let resp = if https {
+        let config = tls_config(opts.insecure(host, url.port()))?;
+        let name = rustls_pki_types::ServerName::try_from(
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+        )
+        .map_err(|e| format!("server name {host}: {e}"))?;
+        let tls = async {
+            let tcp = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("connecting to {addr}: {e}"))?;
+            tokio_rustls::TlsConnector::from(config)
+                .connect(name, tcp)
+                .await
+                .map_err(|e| {
+                    if e.to_string().contains("InvalidContentType") {
+                        PLAIN_HTTP_ANSWER.to_string()
+                    } else {
+                        format!("TLS handshake with {addr}: {e}")
+                    }
+                })
+        };
+        let stream = tokio::time::timeout(opts.http_timeout, tls)
+            .await
+            .map_err(|_| format!("connecting to {addr} timed out"))??;
+        crate::http1::send_on(stream, req, &addr.to_string(), opts.http_timeout)
+            .await
+            .map_err(|e| e.to_string())?
+    } else {
+        crate::http1::send_to(
+            &crate::http1::Target::Tcp(addr.to_string()),
+            req,
+            opts.http_timeout,
+        )
+        .await
+        .map_err(|e| e.to_string())?
+    };
     let (parts, body) = resp.into_parts();
     let cap = usize::try_from(opts.max_binary_size).unwrap_or(usize::MAX);
     let body = tokio::time::timeout(opts.http_timeout, Limited::new(body, cap).collect())
@@ -156,7 +214,7 @@ pub(super) async fn http(opts: &Options, url: &str) -> Result<Vec<u8>, Error> {
                     )));
                 }
             }
-            Err(e) if e.starts_with("connection blocked") || e.contains("not supported") => {
+            Err(e) if e.starts_with("connection blocked") || e.contains("is not supported") => {
                 return Err(fail(e));
             }
             Err(e) => last = e,

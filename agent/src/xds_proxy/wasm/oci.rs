@@ -1,4 +1,5 @@
-//! Fetching a module from an OCI registry (the distribution API, over plain HTTP): the
+//! Fetching a module from an OCI registry (the distribution API over HTTPS, or plain HTTP
+//! when the registry answers in it): the
 //! manifest, whose sha256 is the module's checksum, then the Wasm layer. Istio's three image
 //! layouts: a Docker image or a standard OCI image whose last layer is a tar.gz holding
 //! `plugin.wasm`, and the Wasm artifact whose `application/vnd.module.wasm.content.layer.v1+wasm`
@@ -75,9 +76,9 @@ impl Reference {
         }
     }
 
-    fn url(&self, kind: &str, what: &str) -> Result<url::Url, String> {
+    fn url(&self, scheme: &str, kind: &str, what: &str) -> Result<url::Url, String> {
         url::Url::parse(&format!(
-            "http://{}/v2/{}/{kind}/{what}",
+            "{scheme}://{}/v2/{}/{kind}/{what}",
             self.registry, self.repository
         ))
         .map_err(|e| e.to_string())
@@ -101,11 +102,21 @@ pub(super) async fn fetch(
         url: url.to_string(),
         reason,
     })?;
-    let manifest_url = r.url("manifests", &r.reference()).map_err(&fail)?;
+    // HTTPS first; a registry that answers in plain HTTP is fetched over HTTP (Istio's
+    // fallback).
     let accept = format!("{OCI_MANIFEST}, {DOCKER_MANIFEST}");
-    let (status, _, manifest) = fetch::get(opts, &manifest_url, Some(&accept))
-        .await
-        .map_err(|e| fail(format!("could not fetch manifest: {e}")))?;
+    let mut scheme = "https";
+    let manifest_url = r.url(scheme, "manifests", &r.reference()).map_err(&fail)?;
+    let (status, _, manifest) = match fetch::get(opts, &manifest_url, Some(&accept)).await {
+        Err(e) if e == fetch::PLAIN_HTTP_ANSWER => {
+            tracing::info!(url, "fetching the image over plain HTTP");
+            scheme = "http";
+            let u = r.url(scheme, "manifests", &r.reference()).map_err(&fail)?;
+            fetch::get(opts, &u, Some(&accept)).await
+        }
+        other => other,
+    }
+    .map_err(|e| fail(format!("could not fetch manifest: {e}")))?;
     if status != http::StatusCode::OK {
         return Err(fail(format!(
             "could not fetch manifest: status code {}",
@@ -149,7 +160,8 @@ pub(super) async fn fetch(
     let blob_digest = layer["digest"]
         .as_str()
         .ok_or_else(|| fail("layer without a digest".into()))?;
-    let (status, _, blob) = fetch::get(opts, &r.url("blobs", blob_digest).map_err(&fail)?, None)
+    let blob_url = r.url(scheme, "blobs", blob_digest).map_err(&fail)?;
+    let (status, _, blob) = fetch::get(opts, &blob_url, None)
         .await
         .map_err(|e| fail(format!("could not fetch layer: {e}")))?;
     if status != http::StatusCode::OK {

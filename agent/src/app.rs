@@ -445,7 +445,7 @@ fn bind_xds(
             .upstream
             .wasm
             .clone()
-            .map(xds_proxy::wasm::Cache::new),
+            .map(|o| xds_proxy::wasm::Cache::new(o, xds_proxy::wasm::Metrics::new(registry))),
         streams: if config.upstream.multi_stream {
             xds_proxy::Streams::Many {
                 cap: xds_proxy::MAX_STREAMS,

@@ -14,10 +14,12 @@ use std::time::Duration;
 mod cache;
 mod convert;
 mod fetch;
+mod metrics;
 mod oci;
 
 pub use cache::{Cache, PullPolicy, Request};
 pub use convert::{ALLOW_PREFIX, DENY_PREFIX, convert_delta, convert_sotw};
+pub use metrics::Metrics;
 
 /// The cache and fetch settings (Istio's `WASM_*` variables).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

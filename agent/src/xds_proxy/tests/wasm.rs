@@ -264,6 +264,7 @@ fn got(r: &Any) -> Got {
 struct World {
     _data: tempfile::TempDir,
     cache: Arc<wasm::Cache>,
+    registry: Registry,
     h: Harness,
     ads: FakeAds,
 }
@@ -273,7 +274,8 @@ async fn world() -> World {
     let mut opts = wasm::Options::new(data.path().join("var/lib/istio/data"));
     opts.http_max_retries = 2;
     opts.http_timeout = Duration::from_secs(2);
-    let cache = wasm::Cache::new(opts);
+    let mut registry = Registry::default();
+    let cache = wasm::Cache::new(opts, wasm::Metrics::new(&mut registry));
     let ads = FakeAds::start().await.unwrap();
     let h = proxy_full(
         ads.connect(),
@@ -287,6 +289,7 @@ async fn world() -> World {
     World {
         _data: data,
         cache,
+        registry,
         h,
         ads,
     }
@@ -353,6 +356,18 @@ async fn http_module_with_matching_sha_is_fetched_cached_and_made_local() {
     };
     assert_eq!(again, path);
     assert_eq!(files.hits("/plugin.wasm"), 1, "served from the cache");
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &w.registry).unwrap();
+    for line in [
+        "wasm_cache_entries 1",
+        "wasm_cache_lookup_count_total{hit=\"false\"} 1",
+        "wasm_cache_lookup_count_total{hit=\"true\"} 1",
+        "wasm_remote_fetch_count_total{result=\"success\"} 1",
+        "wasm_config_conversion_count_total{result=\"success\"} 2",
+        "wasm_config_conversion_duration_count 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line}:\n{text}");
+    }
 }
 
 #[tokio::test]
@@ -446,6 +461,15 @@ async fn sha_mismatch_and_fetch_failure_follow_the_failure_policy() {
         }
     }
     assert_eq!(w.cache.len(), 0, "nothing mismatching is cached");
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &w.registry).unwrap();
+    for line in [
+        "wasm_remote_fetch_count_total{result=\"checksum_mismatched\"} 2",
+        "wasm_remote_fetch_count_total{result=\"download_failure\"} 4",
+        "wasm_config_conversion_count_total{result=\"fetch_failure\"} 6",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line}:\n{text}");
+    }
 }
 
 #[tokio::test]
@@ -661,7 +685,7 @@ async fn cache_remembers_checksums_per_resource_version_and_purges_expired_modul
     let data = tempfile::tempdir().unwrap();
     let mut opts = wasm::Options::new(data.path().to_path_buf());
     opts.module_expiry = Duration::from_secs(60);
-    let cache = wasm::Cache::new(opts);
+    let cache = wasm::Cache::new(opts, wasm::Metrics::default());
     let url = format!("http://{}/m.wasm", files.addr);
     let request = |version: &str, policy| wasm::Request {
         resource_name: "ext".into(),
@@ -725,7 +749,7 @@ async fn blocked_addresses_are_not_fetched() {
     let data = tempfile::tempdir().unwrap();
     let mut opts = wasm::Options::new(data.path().to_path_buf());
     opts.blocked_cidrs = vec![("127.0.0.0".parse().unwrap(), 8)];
-    let cache = wasm::Cache::new(opts);
+    let cache = wasm::Cache::new(opts, wasm::Metrics::default());
     let req = wasm::Request {
         timeout: Duration::from_secs(5),
         ..Default::default()
@@ -801,7 +825,7 @@ async fn https_modules_are_verified_unless_the_host_is_insecure() {
     let data = tempfile::tempdir().unwrap();
     let mut opts = wasm::Options::new(data.path().to_path_buf());
     opts.http_max_retries = 1;
-    let strict = wasm::Cache::new(opts.clone());
+    let strict = wasm::Cache::new(opts.clone(), wasm::Metrics::default());
     let err = strict.get(&url, &req).await.unwrap_err().to_string();
     assert!(
         err.contains("TLS handshake") || err.contains("no system root"),
@@ -815,7 +839,7 @@ async fn https_modules_are_verified_unless_the_host_is_insecure() {
     for insecure in [addr.to_string(), "*".to_string()] {
         let mut o = opts.clone();
         o.insecure_registries = vec![insecure.clone()];
-        let cache = wasm::Cache::new(o);
+        let cache = wasm::Cache::new(o, wasm::Metrics::default());
         let path = cache.get(&url, &req).await.unwrap();
         assert_eq!(std::fs::read(path).unwrap(), m, "{insecure}");
     }

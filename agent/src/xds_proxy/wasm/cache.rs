@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::metrics::{self, Metrics};
 use super::{Error, Options, fetch, oci, sha256_hex};
 
 /// `ISTIO_META_WASM_IMAGE_PULL_POLICY`.
@@ -73,6 +74,7 @@ struct State {
 pub struct Cache {
     opts: Options,
     state: Mutex<State>,
+    metrics: Metrics,
 }
 
 const OCI: &str = "oci://";
@@ -99,10 +101,11 @@ fn ignores_resource_version(policy: PullPolicy, url: &str) -> bool {
 
 impl Cache {
     /// A cache in `opts.dir`, with its purge task (ended when the cache is dropped).
-    pub fn new(opts: Options) -> Arc<Self> {
+    pub fn new(opts: Options, metrics: Metrics) -> Arc<Self> {
         let cache = Arc::new(Cache {
             opts,
             state: Mutex::new(State::default()),
+            metrics,
         });
         let weak = Arc::downgrade(&cache);
         let every = cache.opts.purge_interval.max(Duration::from_millis(10));
@@ -120,6 +123,16 @@ impl Cache {
 
     pub fn options(&self) -> &Options {
         &self.opts
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn entries_changed(&self, s: &State) {
+        self.metrics
+            .cache_entries
+            .set(i64::try_from(s.modules.len()).unwrap_or(i64::MAX));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -150,6 +163,7 @@ impl Cache {
                 }
             }
         }
+        self.entries_changed(&s);
     }
 
     /// How many modules the cache holds.
@@ -197,6 +211,7 @@ impl Cache {
         if hit.is_some() {
             remember(&mut s, url, req, &key);
         }
+        self.metrics.lookup(hit.is_some());
         (hit, checksum)
     }
 
@@ -214,12 +229,24 @@ impl Cache {
         }
         let fetched = async {
             match scheme {
-                "http" | "https" => {
-                    let b = fetch::http(&self.opts, url).await?;
-                    let sum = sha256_hex(&b);
-                    Ok((b, sum))
-                }
-                "oci" => oci::fetch(&self.opts, url, rest, &checksum).await,
+                "http" | "https" => match fetch::http(&self.opts, url).await {
+                    Ok(b) => {
+                        let sum = sha256_hex(&b);
+                        Ok((b, sum))
+                    }
+                    Err(e) => {
+                        self.metrics.fetch(metrics::DOWNLOAD_FAILURE);
+                        Err(e)
+                    }
+                },
+                "oci" => oci::fetch(&self.opts, url, rest, &checksum)
+                    .await
+                    .inspect_err(|e| {
+                        self.metrics.fetch(match e {
+                            Error::Checksum { .. } => metrics::CHECKSUM_MISMATCH,
+                            _ => metrics::MANIFEST_FAILURE,
+                        })
+                    }),
                 other => Err(bad(&format!(
                     "unsupported scheme {other:?} (expected http, https or oci)"
                 ))),
@@ -227,11 +254,15 @@ impl Cache {
         };
         let (binary, got) = tokio::time::timeout(req.timeout, fetched)
             .await
-            .map_err(|_| Error::Fetch {
-                url: url.to_string(),
-                reason: format!("timed out after {:?}", req.timeout),
+            .map_err(|_| {
+                self.metrics.fetch(metrics::DOWNLOAD_FAILURE);
+                Error::Fetch {
+                    url: url.to_string(),
+                    reason: format!("timed out after {:?}", req.timeout),
+                }
             })??;
         if !checksum.is_empty() && got != checksum {
+            self.metrics.fetch(metrics::CHECKSUM_MISMATCH);
             return Err(Error::Checksum {
                 url: url.to_string(),
                 got,
@@ -249,10 +280,12 @@ impl Cache {
             }
         }
         if !super::is_wasm(&binary) {
+            self.metrics.fetch(metrics::FETCH_FAILURE);
             return Err(Error::Invalid {
                 url: url.to_string(),
             });
         }
+        self.metrics.fetch(metrics::FETCH_SUCCESS);
         self.add(url, req, got, &binary)
     }
 
@@ -295,6 +328,7 @@ impl Cache {
                 urls,
             },
         );
+        self.entries_changed(&s);
         Ok(path)
     }
 }

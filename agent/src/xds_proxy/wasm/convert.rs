@@ -20,6 +20,7 @@ use proto::google::protobuf::Any;
 
 use super::Cache;
 use super::cache::{PullPolicy, Request};
+use super::metrics;
 
 const HTTP_WASM: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 const NETWORK_WASM: &str = "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm";
@@ -55,8 +56,13 @@ pub async fn convert_delta(bytes: &[u8], cache: &Cache) -> Result<Option<bytes::
 
 /// Converts every resource at once; every resource's error is named.
 async fn convert_all(resources: Vec<&mut Any>, cache: &Cache) -> Result<bool, String> {
+    let start = std::time::Instant::now();
     let results =
         futures::future::join_all(resources.into_iter().map(|r| convert_one(r, cache))).await;
+    cache
+        .metrics()
+        .conversion_duration
+        .observe(start.elapsed().as_secs_f64() * 1000.0);
     let mut changed = false;
     let mut errors = Vec::new();
     for r in results {
@@ -139,6 +145,28 @@ fn fail_open(c: &PluginConfig) -> bool {
 
 /// Converts one resource; `Ok(true)` when it was rewritten.
 async fn convert_one(resource: &mut Any, cache: &Cache) -> Result<bool, String> {
+    let m = cache.metrics();
+    let result = convert_inner(resource, cache).await;
+    m.conversion(match &result {
+        Ok(Converted::Unchanged) => metrics::NO_REMOTE_LOAD,
+        Ok(Converted::Local) => metrics::CONVERSION_SUCCESS,
+        Ok(Converted::Fallback(r)) => r,
+        Err(_) => metrics::UNMARSHAL_FAILURE,
+    });
+    result.map(|c| !matches!(c, Converted::Unchanged))
+}
+
+/// What became of a resource.
+enum Converted {
+    /// Not Wasm, or Wasm with local code.
+    Unchanged,
+    /// Remote code made local.
+    Local,
+    /// The module could not be had: the RBAC fallback, with the conversion's result label.
+    Fallback(&'static str),
+}
+
+async fn convert_inner(resource: &mut Any, cache: &Cache) -> Result<Converted, String> {
     let mut ec = TypedExtensionConfig::decode(&resource.value[..])
         .map_err(|e| format!("failed to unmarshal extension config resource: {e}"))?;
     let Some(typed) = ec.typed_config.as_ref() else {
@@ -155,7 +183,7 @@ async fn convert_one(resource: &mut Any, cache: &Cache) -> Result<bool, String> 
             format!("failed to unmarshal extension config resource into Wasm Network filter: {e}")
         })?),
         // Not Wasm (TypedStruct-wrapped Wasm included: istiod sends Wasm typed).
-        _ => return Ok(false),
+        _ => return Ok(Converted::Unchanged),
     };
     let Some(config) = filter.config() else {
         return Err(format!("Wasm filter {} has no config", ec.name));
@@ -171,7 +199,7 @@ async fn convert_one(resource: &mut Any, cache: &Cache) -> Result<bool, String> 
     };
     match vm.code.as_ref().and_then(|c| c.specifier.as_ref()) {
         Some(async_data_source::Specifier::Remote(_)) => {}
-        Some(async_data_source::Specifier::Local(_)) => return Ok(false),
+        Some(async_data_source::Specifier::Local(_)) => return Ok(Converted::Unchanged),
         None => {
             return Err(format!(
                 "no remote and local load found in Wasm filter {}",
@@ -182,18 +210,18 @@ async fn convert_one(resource: &mut Any, cache: &Cache) -> Result<bool, String> 
     let open = fail_open(config);
     let plugin = config.name.clone();
     let fetched = rewrite_vm(&ec.name, &plugin, config, cache).await;
-    let new_typed = match fetched {
-        Ok(()) => filter.encode(),
-        Err(e) => {
+    let (new_typed, converted) = match fetched {
+        Ok(()) => (filter.encode(), Converted::Local),
+        Err((result, e)) => {
             tracing::error!(resource = %ec.name, error = %e,
                 rbac = if open { "allow" } else { "deny" },
                 "error in converting the wasm config to local; applying the RBAC filter");
-            filter.fallback(open)
+            (filter.fallback(open), Converted::Fallback(result))
         }
     };
     ec.typed_config = Some(new_typed);
     resource.value = ec.encode_to_vec();
-    Ok(true)
+    Ok(converted)
 }
 
 /// Istio's `rewriteVMConfig`: reads and drops the `ISTIO_META_*` VM variables, fetches the
@@ -203,9 +231,10 @@ async fn rewrite_vm(
     plugin: &str,
     config: &mut PluginConfig,
     cache: &Cache,
-) -> Result<(), String> {
+) -> Result<(), (&'static str, String)> {
+    let fetch_failure = |e: String| (metrics::FETCH_FAILURE, e);
     let Some(plugin_config::Vm::VmConfig(vm)) = config.vm.as_mut() else {
-        return Err("no VM config".into());
+        return Err(fetch_failure("no VM config".into()));
     };
     let mut policy = PullPolicy::Unspecified;
     let mut version = String::new();
@@ -213,9 +242,9 @@ async fn rewrite_vm(
         if let Some(secret) = env.key_values.get(SECRET_ENV)
             && secret.is_empty()
         {
-            return Err(format!(
+            return Err(fetch_failure(format!(
                 "cannot fetch Wasm module {plugin}: missing image pulling secret"
-            ));
+            )));
         }
         if let Some(p) = env.key_values.get(POLICY_ENV) {
             policy = PullPolicy::parse(p);
@@ -229,11 +258,12 @@ async fn rewrite_vm(
     let Some(async_data_source::Specifier::Remote(remote)) =
         vm.code.as_ref().and_then(|c| c.specifier.as_ref())
     else {
-        return Err("no remote code".into());
+        return Err(fetch_failure("no remote code".into()));
     };
     let Some(uri) = remote.http_uri.as_ref() else {
-        return Err(format!(
-            "wasm remote fetch does not have httpUri specified for config {plugin}"
+        return Err((
+            metrics::MISS_REMOTE_FETCH_HINT,
+            format!("wasm remote fetch does not have httpUri specified for config {plugin}"),
         ));
     };
     let checksum = if remote.sha256 == "nil" {
@@ -262,7 +292,7 @@ async fn rewrite_vm(
     let path = cache
         .get(&uri.uri, &req)
         .await
-        .map_err(|e| format!("cannot fetch Wasm module {}: {e}", uri.uri))?;
+        .map_err(|e| fetch_failure(format!("cannot fetch Wasm module {}: {e}", uri.uri)))?;
     vm.code = Some(AsyncDataSource {
         specifier: Some(async_data_source::Specifier::Local(DataSource {
             specifier: Some(data_source::Specifier::Filename(path.display().to_string())),

@@ -456,6 +456,11 @@ fn bind_xds(
         reconnect: config.upstream.reconnect,
         // A stalled istiod is given as long to open a stream as to answer a ping.
         open_timeout: config.upstream.keepalive.0 + config.upstream.keepalive.1,
+        wasm: config
+            .upstream
+            .wasm
+            .clone()
+            .map(|o| xds_proxy::wasm::Cache::new(o, xds_proxy::wasm::Metrics::new(registry))),
         streams: if config.upstream.multi_stream {
             xds_proxy::Streams::Many {
                 cap: xds_proxy::MAX_STREAMS,

@@ -107,6 +107,29 @@ where
         })?
 }
 
+/// [`send`] on a stream the caller connected (a TLS stream, say), within `timeout`.
+pub async fn send_on<S, B>(
+    stream: S,
+    req: http::Request<B>,
+    addr: &str,
+    timeout: Duration,
+) -> Result<http::Response<Incoming>, Error>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let path = req.uri().to_string();
+    tokio::time::timeout(timeout, exchange(stream, req, addr))
+        .await
+        .map_err(|_| Error::Timeout {
+            addr: addr.to_string(),
+            path,
+            timeout,
+        })?
+}
+
 /// One request on a connected stream.
 async fn exchange<S, B>(
     stream: S,

@@ -55,6 +55,7 @@ mod sieve;
 mod streams;
 mod subscriptions;
 mod upstream;
+pub mod wasm;
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
@@ -164,6 +165,9 @@ pub struct Inputs {
     pub open_timeout: std::time::Duration,
     /// How many downstream streams are served at once.
     pub streams: Streams,
+    /// `ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION` (default on): ECDS Wasm filters with
+    /// remote code are rewritten to the module fetched into this cache; `None` relays ECDS as is.
+    pub wasm: Option<Arc<wasm::Cache>>,
 }
 
 /// How many downstream xDS streams the socket serves at once.

@@ -11,6 +11,9 @@ use super::stats::proto_duration;
 use super::telemetry::{Address, Tracer};
 use crate::config::{AuthPolicy, Config, split_host_port};
 
+/// The pod annotation Istio 1.28 reads for Envoy's stats compression.
+const STATS_COMPRESSION_ANNOTATION: &str = "sidecar.istio.io/statsCompression";
+
 fn text(v: &Value) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
@@ -119,6 +122,17 @@ pub fn template_data(config: &Config, o: &Options) -> Value {
         "envoy_metrics_stats_compression",
         json!(o.stats_compression),
     );
+    // Istio 1.28's template reads the pod's `sidecar.istio.io/statsCompression` annotation as
+    // `stats_compression` (1.28's agent passes gzip, zstd or brotli, and drops anything else);
+    // master's reads `envoy_metrics_stats_compression` above instead.
+    if let Some(c) = config
+        .node
+        .pod_annotations
+        .get(STATS_COMPRESSION_ANNOTATION)
+        .filter(|c| ["gzip", "zstd", "brotli"].contains(&c.as_str()))
+    {
+        put("stats_compression", json!(c));
+    }
     put(
         "workload_identity_socket_file",
         json!(o.workload_identity_socket_file),

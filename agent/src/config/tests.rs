@@ -110,6 +110,22 @@ fn invalid_values_name_variable_and_value() {
             "readinessProbe: {exec: {}}",
             "readinessProbe",
         ),
+        ("WASM_MODULE_EXPIRY", "soon", "WASM_MODULE_EXPIRY"),
+        (
+            "WASM_HTTP_REQUEST_MAX_RETRIES",
+            "-1",
+            "WASM_HTTP_REQUEST_MAX_RETRIES",
+        ),
+        (
+            "BLOCKED_CIDRS_IN_WASM_FETCH",
+            "10.0.0.0/8,10.1.2.3",
+            "BLOCKED_CIDRS_IN_WASM_FETCH",
+        ),
+        (
+            "ISTIO_WASM_MAX_BINARY_SIZE_BYTES",
+            "0",
+            "ISTIO_WASM_MAX_BINARY_SIZE_BYTES",
+        ),
         (
             "PROXY_CONFIG",
             r#"{"discoveryAddress":"a:15012,b:port"}"#,
@@ -141,6 +157,60 @@ fn xds_upstream_reconnect_and_keepalive() {
 
 /// Several xDS streams at once by default for proxyless gRPC (either marker of the grpc-agent
 /// template), Istio's one stream at a time with Envoy; `XDS_PROXY_MULTI_STREAM` overrides both.
+/// Wasm remote load: on by default with Istio's cache directory and `WASM_*` defaults; each
+/// variable read; the switch turns it off.
+#[test]
+fn wasm_remote_load_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = load(dir.path(), &env(&[])).unwrap();
+    let w = c.upstream.wasm.expect("on by default");
+    assert_eq!(w.dir, dir.path().join("var/lib/istio/data"));
+    assert_eq!(
+        (
+            w.module_expiry,
+            w.purge_interval,
+            w.http_timeout,
+            w.http_max_retries
+        ),
+        (
+            Duration::from_secs(86400),
+            Duration::from_secs(3600),
+            Duration::from_secs(15),
+            5
+        )
+    );
+    assert_eq!(w.max_binary_size, 256 << 20);
+    let c = load(
+        dir.path(),
+        &env(&[
+            ("WASM_MODULE_EXPIRY", "2h"),
+            ("WASM_PURGE_INTERVAL", "10m"),
+            ("WASM_HTTP_REQUEST_TIMEOUT", "3s"),
+            ("WASM_HTTP_REQUEST_MAX_RETRIES", "2"),
+            ("WASM_INSECURE_REGISTRIES", "a.io, b.io"),
+            ("ISTIO_WASM_MAX_BINARY_SIZE_BYTES", "1024"),
+            ("BLOCKED_CIDRS_IN_WASM_FETCH", "10.0.0.0/8, fd00::/8"),
+        ]),
+    )
+    .unwrap();
+    let w = c.upstream.wasm.unwrap();
+    assert_eq!(w.module_expiry, Duration::from_secs(7200));
+    assert_eq!(w.purge_interval, Duration::from_secs(600));
+    assert_eq!(w.http_timeout, Duration::from_secs(3));
+    assert_eq!(w.http_max_retries, 2);
+    assert_eq!(w.insecure_registries, ["a.io", "b.io"]);
+    assert_eq!(w.max_binary_size, 1024);
+    assert_eq!(
+        w.blocked_cidrs,
+        [
+            ("10.0.0.0".parse().unwrap(), 8),
+            ("fd00::".parse().unwrap(), 8)
+        ]
+    );
+    let off = env(&[("ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION", "false")]);
+    assert!(load(dir.path(), &off).unwrap().upstream.wasm.is_none());
+}
+
 #[test]
 fn multi_stream_defaults_to_proxyless_and_the_switch_overrides() {
     let dir = tempfile::tempdir().unwrap();

@@ -53,6 +53,9 @@ pub struct XdsUpstream {
     /// `PROXY_CONFIG_XDS_AGENT` (false): subscribe to ProxyConfig over xDS (PCDS) and merge its
     /// `caCertificatesPem` into the trust bundle served as `ROOTCA`.
     pub proxy_config_xds: bool,
+    /// `ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION` (default true) with the `WASM_*`
+    /// settings: ECDS Wasm filters with remote code are rewritten to a fetched local module.
+    pub wasm: Option<crate::xds_proxy::wasm::Options>,
 }
 
 /// What the upstream settings depend on besides the environment.
@@ -110,7 +113,16 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
         default_interval,
         Duration::from_millis(100),
     )?;
+    let wasm = if i
+        .env
+        .bool("ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION", true)?
+    {
+        Some(wasm_options(&i)?)
+    } else {
+        None
+    };
     Ok(XdsUpstream {
+        wasm,
         reconnect: i.env.bool("XDS_PROXY_RECONNECT", true)?,
         multi_stream: i.env.bool("XDS_PROXY_MULTI_STREAM", i.proxyless)?,
         keepalive: (interval, default_timeout.min(interval / 2)),
@@ -125,6 +137,60 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
         compliance: i.compliance,
         proxy_config_xds: i.env.bool("PROXY_CONFIG_XDS_AGENT", false)?,
     })
+}
+
+/// The Wasm cache's settings (Istio's `WASM_*` variables; modules in Istio's data directory).
+fn wasm_options(i: &Inputs<'_>) -> Result<crate::xds_proxy::wasm::Options, Error> {
+    let mut o = crate::xds_proxy::wasm::Options::new(resolve(i.base_dir, "./var/lib/istio/data"));
+    o.insecure_registries = i
+        .env
+        .str("WASM_INSECURE_REGISTRIES", "")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    let min = Duration::from_millis(1);
+    o.module_expiry = i.env.duration("WASM_MODULE_EXPIRY", o.module_expiry, min)?;
+    o.purge_interval = i
+        .env
+        .duration("WASM_PURGE_INTERVAL", o.purge_interval, min)?;
+    o.http_timeout = i
+        .env
+        .duration("WASM_HTTP_REQUEST_TIMEOUT", o.http_timeout, min)?;
+    o.http_max_retries = i
+        .env
+        .u32("WASM_HTTP_REQUEST_MAX_RETRIES", o.http_max_retries)?;
+    if let Some(v) = i.env.get("ISTIO_WASM_MAX_BINARY_SIZE_BYTES") {
+        o.max_binary_size = v.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+            i.env.invalid(
+                "ISTIO_WASM_MAX_BINARY_SIZE_BYTES",
+                v,
+                "a positive number of bytes",
+            )
+        })?;
+    }
+    for cidr in i
+        .env
+        .str("BLOCKED_CIDRS_IN_WASM_FETCH", "")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let parsed = cidr.split_once('/').and_then(|(ip, bits)| {
+            let ip: std::net::IpAddr = ip.parse().ok()?;
+            let bits: u8 = bits.parse().ok()?;
+            (bits <= if ip.is_ipv4() { 32 } else { 128 }).then_some((ip, bits))
+        });
+        o.blocked_cidrs.push(parsed.ok_or_else(|| {
+            i.env.invalid(
+                "BLOCKED_CIDRS_IN_WASM_FETCH",
+                cidr,
+                "comma-separated CIDRs (10.0.0.0/8)",
+            )
+        })?);
+    }
+    Ok(o)
 }
 
 /// The client certificate offered to istiod: `PROV_CERT`'s, else with `FILE_MOUNTED_CERTS`

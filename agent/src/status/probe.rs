@@ -14,7 +14,7 @@
 mod grpc;
 mod http;
 pub use http::Connections;
-mod tls;
+pub(crate) mod tls;
 
 /// Runs `command` (no shell), killed at `timeout` (1 s when unset, Istio's default): 200 when
 /// it exits 0, else 500 with what it printed.

@@ -157,6 +157,7 @@ mod tests {
             multi_stream: false,
             compliance: sds::Compliance::None,
             proxy_config_xds: false,
+            wasm: None,
         };
         let token = |plaintext, allow| (super::token(&config(plaintext, allow)))();
         assert_eq!(token(true, false), None, "plaintext: withheld");
@@ -256,6 +257,7 @@ mod tests {
                 multi_stream: false,
                 compliance: policy,
                 proxy_config_xds: false,
+                wasm: None,
             };
             let up = super::upstream(&config).unwrap();
             let result = (up.connect)().await;

@@ -3,11 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use proto::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
-use proto::envoy_types_crate::pb::google::protobuf::Any;
-use proto::google::rpc::Status as RpcStatus;
 use proto::istio::mesh::ProxyConfigTrust;
 use proto::istio::nds::NameTable;
 use proto::type_url;
@@ -16,160 +11,15 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::backoff::Backoff;
-use super::codec::{Down, Head, RawResponse, forwarded};
+use super::codec::{Down, RawResponse, forwarded};
 use super::streams::Stream;
-use super::subscriptions::{DeltaSubscriptions, SotwSubscriptions, Subscriptions};
+use super::subscriptions::Subscriptions;
 use super::upstream::{Piece, RequestStream, Responses};
 use super::{Inputs, ReconnectLabels, TerminationLabels};
-use crate::health::Health;
 
-fn health_error(h: &Health) -> Option<RpcStatus> {
-    match h {
-        Health::Healthy => None,
-        Health::Unhealthy(msg) => Some(nack_status(msg.clone())),
-    }
-}
-
-/// What differs between SotW and Delta.
-pub(crate) trait Flavor: Send + Sync + 'static {
-    type Req: prost::Message + Clone + Default + Send + Sync + 'static;
-    /// The full response message (decoded only for the proxy's own types, NDS and PCDS).
-    type Resp: prost::Message + Default;
-    /// What a new upstream stream replays.
-    type Subs: Subscriptions<Req = Self::Req>;
-    const NAME: &'static str;
-    const DELTA: bool;
-    /// The ADS method's gRPC path.
-    const PATH: &'static str;
-    fn req_type(r: &Self::Req) -> &str;
-    /// A NACK's nonce and error detail (`None` for a request or an ACK).
-    fn req_nack(r: &Self::Req) -> Option<(&str, &RpcStatus)>;
-    /// The proxy's own initial request for `type_url` (NDS, PCDS).
-    fn subscribe(type_url: &str) -> Self::Req;
-    /// The proxy's ACK (error `None`) or NACK for a response of its own type `type_url`.
-    fn ack(type_url: &str, resp: &Head, error: Option<String>) -> Self::Req;
-    /// Workload health for istiod: a request with `error_detail` when unhealthy.
-    fn health(h: &Health) -> Self::Req;
-    /// The first resource of a decoded response of the proxy's own types.
-    /// `None`: nothing changed (a Delta response without resources, e.g. after a reconnect
-    /// whose `initial_resource_versions` matched), so the value stays and is acked.
-    fn first_resource(resp: &Self::Resp) -> Option<Option<&Any>>;
-}
-
-/// The first resource of a response of the proxy's own types (`what`: NDS, PCDS), decoded
-/// from the raw response.
-fn own_resource<F: Flavor, M: prost::Name + Default>(
-    resp: &RawResponse,
-    what: &str,
-) -> Result<Option<M>, String> {
-    let full = resp
-        .decode::<F::Resp>()
-        .map_err(|e| format!("malformed {what} response: {e}"))?;
-    match F::first_resource(&full) {
-        Some(Some(any)) => proto::unpack::<M>(any).map(Some).map_err(|e| e.to_string()),
-        Some(None) => Err(format!("{what} response without a resource")),
-        None => Ok(None),
-    }
-}
-
-/// State-of-the-world ADS.
-pub(crate) struct Sotw;
-/// Incremental ADS.
-pub(crate) struct Delta;
-
-fn nack_status(error: String) -> RpcStatus {
-    RpcStatus {
-        code: tonic::Code::Internal as i32,
-        message: error,
-        details: vec![],
-    }
-}
-
-impl Flavor for Sotw {
-    type Req = DiscoveryRequest;
-    type Resp = DiscoveryResponse;
-    type Subs = SotwSubscriptions;
-    const NAME: &'static str = "sotw";
-    const DELTA: bool = false;
-    const PATH: &'static str = super::SOTW_PATH;
-    fn req_type(r: &DiscoveryRequest) -> &str {
-        &r.type_url
-    }
-    fn req_nack(r: &DiscoveryRequest) -> Option<(&str, &RpcStatus)> {
-        r.error_detail
-            .as_ref()
-            .map(|e| (r.response_nonce.as_str(), e))
-    }
-    fn subscribe(type_url: &str) -> DiscoveryRequest {
-        DiscoveryRequest {
-            type_url: type_url.into(),
-            ..Default::default()
-        }
-    }
-    fn ack(type_url: &str, resp: &Head, error: Option<String>) -> DiscoveryRequest {
-        DiscoveryRequest {
-            type_url: type_url.into(),
-            version_info: resp.version_info.clone(),
-            response_nonce: resp.nonce.clone(),
-            error_detail: error.map(nack_status),
-            ..Default::default()
-        }
-    }
-    fn health(h: &Health) -> DiscoveryRequest {
-        DiscoveryRequest {
-            type_url: type_url::HEALTH_INFO.into(),
-            error_detail: health_error(h),
-            ..Default::default()
-        }
-    }
-    fn first_resource(resp: &DiscoveryResponse) -> Option<Option<&Any>> {
-        Some(resp.resources.first())
-    }
-}
-
-impl Flavor for Delta {
-    type Req = DeltaDiscoveryRequest;
-    type Resp = DeltaDiscoveryResponse;
-    type Subs = DeltaSubscriptions;
-    const NAME: &'static str = "delta";
-    const DELTA: bool = true;
-    const PATH: &'static str = super::DELTA_PATH;
-    fn req_type(r: &DeltaDiscoveryRequest) -> &str {
-        &r.type_url
-    }
-    fn req_nack(r: &DeltaDiscoveryRequest) -> Option<(&str, &RpcStatus)> {
-        r.error_detail
-            .as_ref()
-            .map(|e| (r.response_nonce.as_str(), e))
-    }
-    fn subscribe(type_url: &str) -> DeltaDiscoveryRequest {
-        DeltaDiscoveryRequest {
-            type_url: type_url.into(),
-            ..Default::default()
-        }
-    }
-    fn ack(type_url: &str, resp: &Head, error: Option<String>) -> DeltaDiscoveryRequest {
-        DeltaDiscoveryRequest {
-            type_url: type_url.into(),
-            response_nonce: resp.nonce.clone(),
-            error_detail: error.map(nack_status),
-            ..Default::default()
-        }
-    }
-    fn health(h: &Health) -> DeltaDiscoveryRequest {
-        DeltaDiscoveryRequest {
-            type_url: type_url::HEALTH_INFO.into(),
-            error_detail: health_error(h),
-            ..Default::default()
-        }
-    }
-    fn first_resource(resp: &DeltaDiscoveryResponse) -> Option<Option<&Any>> {
-        if resp.resources.is_empty() && resp.removed_resources.is_empty() {
-            return None;
-        }
-        Some(resp.resources.first().and_then(|r| r.resource.as_ref()))
-    }
-}
+mod flavor;
+use flavor::own_resource;
+pub(crate) use flavor::{Delta, Flavor, Sotw};
 
 fn termination(status: &tonic::Status) -> &'static str {
     match status.code() {
@@ -187,6 +37,8 @@ fn termination(status: &tonic::Status) -> &'static str {
 struct Link<F: Flavor> {
     tx: mpsc::Sender<F::Req>,
     subs: Option<F::Subs>,
+    /// The last ECDS version Envoy acknowledged (the proxy's own ECDS NACKs carry it).
+    ecds_version: String,
 }
 
 type Shared<F> = Arc<std::sync::Mutex<Link<F>>>;
@@ -231,6 +83,7 @@ pub(crate) fn start<F: Flavor>(
     let link: Shared<F> = Arc::new(std::sync::Mutex::new(Link {
         tx: up_tx,
         subs: inputs.reconnect.then(F::Subs::default),
+        ecds_version: String::new(),
     }));
     tracing::info!(flavor = F::NAME, "Envoy connected to the xDS proxy");
     tokio::spawn(downstream_to_upstream::<F>(
@@ -322,6 +175,9 @@ async fn downstream_to_upstream<F: Flavor>(
                         code = error.code, error = %error.message, "Envoy rejected an xDS response (NACK)");
                 }
                 let first_lds = !lds_seen && F::req_type(&req) == type_url::LISTENER;
+                if F::req_type(&req) == type_url::ECDS && F::req_nack(&req).is_none() {
+                    lock(&link).ecds_version = F::req_version(&req).to_string();
+                }
                 if !to_upstream(&link, req, &done).await {
                     break;
                 }
@@ -693,6 +549,34 @@ async fn relay<F: Flavor>(
                         tracing::warn!(error = %e, "rejecting PCDS response");
                     }
                     if !to_upstream(link, F::ack(t, &resp.head, result.err()), done).await {
+                        return Outcome::Done;
+                    }
+                } else if t == type_url::ECDS
+                    && let Some(cache) = &inputs.wasm
+                {
+                    let converted = F::convert_wasm(&resp.bytes, cache).await;
+                    let out = match converted {
+                        Ok(None) => Some(resp),
+                        Ok(Some(bytes)) => match RawResponse::new(bytes) {
+                            Ok(r) => Some(r),
+                            Err(e) => {
+                                tracing::error!(error = %e, "re-encoded ECDS response does not decode");
+                                None
+                            }
+                        },
+                        Err(e) => {
+                            tracing::warn!(error = %e, nonce = resp.head.nonce, "NACKing an ECDS response: its Wasm could not be converted");
+                            let version = lock(link).ecds_version.clone();
+                            if !to_upstream(link, F::ecds_nack(&resp.head, &version, e), done).await
+                            {
+                                return Outcome::Done;
+                            }
+                            None
+                        }
+                    };
+                    if let Some(r) = out
+                        && !send(down_tx, Ok(Down::Whole(r)), done, "Envoy").await
+                    {
                         return Outcome::Done;
                     }
                 } else if forwarded(t) {

@@ -61,7 +61,7 @@ async fn proxy_streams(
     reconnect: bool,
     streams: Streams,
 ) -> Harness {
-    proxy_pcds(connect, nds, health, reconnect, streams, None).await
+    proxy_inner(connect, nds, health, reconnect, streams, None, None).await
 }
 
 /// [`proxy_streams`] with a PCDS sink (`PROXY_CONFIG_XDS_AGENT`).
@@ -72,6 +72,31 @@ async fn proxy_pcds(
     reconnect: bool,
     streams: Streams,
     pcds: Option<PcdsSink>,
+) -> Harness {
+    proxy_inner(connect, nds, health, reconnect, streams, pcds, None).await
+}
+
+/// [`proxy_streams`] with the Wasm remote load conversion's cache.
+async fn proxy_full(
+    connect: Connect,
+    nds: bool,
+    health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
+    reconnect: bool,
+    streams: Streams,
+    wasm: Option<Arc<crate::xds_proxy::wasm::Cache>>,
+) -> Harness {
+    proxy_inner(connect, nds, health, reconnect, streams, None, wasm).await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn proxy_inner(
+    connect: Connect,
+    nds: bool,
+    health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
+    reconnect: bool,
+    streams: Streams,
+    pcds: Option<PcdsSink>,
+    wasm: Option<Arc<crate::xds_proxy::wasm::Cache>>,
 ) -> Harness {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("debug,h2=info,hyper=info,tower=info")
@@ -110,6 +135,7 @@ async fn proxy_pcds(
         reconnect,
         open_timeout: Duration::from_secs(5),
         streams,
+        wasm,
     });
     let token = CancellationToken::new();
     tokio::spawn(serve(proxy, listener, token.clone()));
@@ -724,6 +750,7 @@ async fn responses_reach_envoy_as_sent() {
 mod hostile;
 mod reconnect;
 mod streams;
+mod wasm;
 
 /// Gathered writes never hold a response back: 300 small responses, each sent only after the
 /// previous one arrived, every one reaches Envoy promptly (a flush left pending would wait

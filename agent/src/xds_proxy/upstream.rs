@@ -198,7 +198,9 @@ impl Framer {
         let State::Held { len, .. } = self.state else {
             unreachable!("called in Held")
         };
-        let for_envoy = first_resource_type(&prefix, self.delta).is_some_and(|t| forwarded(&t));
+        // ECDS is held whole too: the proxy may rewrite its Wasm filters before Envoy sees it.
+        let for_envoy = first_resource_type(&prefix, self.delta)
+            .is_some_and(|t| forwarded(&t) && t != proto::type_url::ECDS);
         if !for_envoy {
             let mut buf = BytesMut::with_capacity(len.min(MAX_RESERVE));
             buf.extend_from_slice(&prefix);

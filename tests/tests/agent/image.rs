@@ -172,3 +172,71 @@ fn rootfs_runs_pilot_agent_istio_iptables_and_envoy() {
         );
     }
 }
+
+/// The image built with `ISTIO_VERSION=1.28.x` (the default): its `/var/lib/istio/envoy` is the
+/// proxyv2 1.28 image's, which holds 1.28's template (recorded in
+/// `tests/data/istio-bootstrap/release-1.28`). The agent in that tree, run from `/` as the
+/// image runs it with the environment the Dockerfile sets, renders that template on its own:
+/// 1.28's single compressor from the pod's annotation and its fixed connection limit.
+#[test]
+fn rootfs_with_istio_1_28_renders_1_28s_template() {
+    let Some(envoy) = envoy_bin() else { return };
+    let version = dockerfile()
+        .lines()
+        .find_map(|l| l.strip_prefix("ARG ISTIO_VERSION="))
+        .expect("ARG ISTIO_VERSION=<release>")
+        .trim()
+        .to_string();
+    assert!(
+        version.starts_with("1.28."),
+        "the recorded template is 1.28's; the Dockerfile builds {version}"
+    );
+    let template = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data/istio-bootstrap/release-1.28/envoy_bootstrap.json");
+    let istio = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(&template, istio.path().join("envoy_bootstrap_tmpl.json"))
+        .unwrap_or_else(|e| panic!("{}: {e}", template.display()));
+    let root = tempfile::tempdir().expect("tempdir");
+    lay_out(&envoy, root.path(), Some(istio.path()));
+    std::fs::write(
+        root.path().join("etc/istio/pod/annotations"),
+        "sidecar.istio.io/statsCompression=\"gzip\"\n",
+    )
+    .expect("annotations");
+    let out = Command::new(root.path().join("usr/local/bin/pilot-agent"))
+        .args(["bootstrap", "sidecar", "--output", "envoy-rev.json"])
+        .current_dir(root.path())
+        .env_clear()
+        .env("POD_NAME", "p")
+        .env("POD_NAMESPACE", "ns1")
+        .env("INSTANCE_IP", "10.3.3.3")
+        .env("ISTIO_META_ISTIO_VERSION", &version)
+        .output()
+        .expect("pilot-agent bootstrap");
+    assert!(out.status.success(), "bootstrap: {out:?}");
+    let text = std::fs::read_to_string(root.path().join("envoy-rev.json")).expect("bootstrap");
+    let b: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(b["node"]["metadata"]["ISTIO_VERSION"], version.as_str());
+    let prometheus = b["static_resources"]["listeners"]
+        .as_array()
+        .expect("listeners")
+        .iter()
+        .find(|l| l["name"] == "0.0.0.0_15090")
+        .expect("15090 listener");
+    let filters: Vec<&str> =
+        prometheus["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+            .as_array()
+            .expect("filters")
+            .iter()
+            .map(|f| f["name"].as_str().unwrap_or_default())
+            .collect();
+    assert_eq!(
+        filters,
+        ["envoy.filters.http.compressor", "envoy.filters.http.router"],
+        "1.28's one compressor (master's template has three)"
+    );
+    assert!(
+        text.contains("\"max_active_downstream_connections\": 2147483647"),
+        "1.28's fixed connection limit"
+    );
+}

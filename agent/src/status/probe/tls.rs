@@ -49,7 +49,7 @@ impl rustls::client::danger::ServerCertVerifier for NoVerify {
 }
 
 /// A client config that skips certificate verification and offers `alpn` (none when empty).
-pub(super) fn insecure_client_config(alpn: Vec<Vec<u8>>) -> Arc<rustls::ClientConfig> {
+pub(crate) fn insecure_client_config(alpn: Vec<Vec<u8>>) -> Arc<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

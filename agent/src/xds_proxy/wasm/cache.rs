@@ -1,0 +1,358 @@
+//! The on-disk module cache, keyed as Istio's: a module is its name (the URL; for OCI the
+//! repository without tag or digest) and its sha256. A URL fetched without a checksum
+//! remembers the checksum it had, per WasmPlugin resource version, so the next push of the
+//! same resource version is a hit without a fetch (unless the pull policy says `Always`, or
+//! says nothing and the image is `:latest`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::metrics::{self, Metrics};
+use super::{Error, Options, fetch, oci, sha256_hex};
+
+/// `ISTIO_META_WASM_IMAGE_PULL_POLICY`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PullPolicy {
+    #[default]
+    Unspecified,
+    IfNotPresent,
+    Always,
+}
+
+impl PullPolicy {
+    /// Istio's names; anything else is unspecified.
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "IfNotPresent" => PullPolicy::IfNotPresent,
+            "Always" => PullPolicy::Always,
+            _ => PullPolicy::Unspecified,
+        }
+    }
+}
+
+/// What one ECDS resource asks of the cache.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    /// The expected sha256 (hex); empty when the plugin names none.
+    pub checksum: String,
+    /// The ECDS resource's name.
+    pub resource_name: String,
+    /// `ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION`.
+    pub resource_version: String,
+    /// The whole fetch's deadline (the remote source's `http_uri.timeout`, else 5s).
+    pub timeout: Duration,
+    pub pull_policy: PullPolicy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct ModuleKey {
+    name: String,
+    checksum: String,
+}
+
+struct Entry {
+    path: PathBuf,
+    last: Instant,
+    /// URLs whose remembered checksum points here (forgotten when the entry is purged).
+    urls: BTreeSet<String>,
+}
+
+struct Remembered {
+    checksum: String,
+    version_by_resource: HashMap<String, String>,
+}
+
+#[derive(Default)]
+struct State {
+    modules: BTreeMap<ModuleKey, Entry>,
+    checksums: HashMap<String, Remembered>,
+}
+
+/// The module cache (Istio's `LocalFileCache`).
+pub struct Cache {
+    opts: Options,
+    state: Mutex<State>,
+    metrics: Metrics,
+}
+
+const OCI: &str = "oci://";
+
+/// The module name of a URL: for OCI the repository without tag or digest.
+fn module_name(url: &str) -> String {
+    match url.strip_prefix(OCI) {
+        Some(rest) => format!(
+            "{OCI}{}",
+            oci::Reference::parse(rest).map_or_else(|_| rest.to_string(), |r| r.name())
+        ),
+        None => url.to_string(),
+    }
+}
+
+/// Whether a remembered checksum serves every resource version (Istio's rule).
+fn ignores_resource_version(policy: PullPolicy, url: &str) -> bool {
+    match policy {
+        PullPolicy::Always => false,
+        PullPolicy::IfNotPresent => true,
+        PullPolicy::Unspecified => !(url.starts_with(OCI) && url.ends_with(":latest")),
+    }
+}
+
+impl Cache {
+    /// A cache in `opts.dir`, with its purge task (ended when the cache is dropped).
+    pub fn new(opts: Options, metrics: Metrics) -> Arc<Self> {
+        let cache = Arc::new(Cache {
+            opts,
+            state: Mutex::new(State::default()),
+            metrics,
+        });
+        let weak = Arc::downgrade(&cache);
+        let every = cache.opts.purge_interval.max(Duration::from_millis(10));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(cache) = weak.upgrade() else { return };
+                cache.purge(Instant::now());
+            }
+        });
+        cache
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn entries_changed(&self, s: &State) {
+        self.metrics
+            .cache_entries
+            .set(i64::try_from(s.modules.len()).unwrap_or(i64::MAX));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Removes modules unused for longer than the expiry, with their files.
+    pub fn purge(&self, now: Instant) {
+        let mut s = self.lock();
+        let expired: Vec<ModuleKey> = s
+            .modules
+            .iter()
+            .filter(|(_, e)| now.duration_since(e.last) > self.opts.module_expiry)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in expired {
+            let Some(e) = s.modules.get(&k) else { continue };
+            if let Err(err) = std::fs::remove_file(&e.path) {
+                tracing::warn!(error = %err, path = %e.path.display(), "failed to purge Wasm module");
+                continue;
+            }
+            tracing::debug!(path = %e.path.display(), "removed stale Wasm module");
+            if let Some(e) = s.modules.remove(&k) {
+                for url in e.urls {
+                    s.checksums.remove(&url);
+                }
+            }
+        }
+        self.entries_changed(&s);
+    }
+
+    /// How many modules the cache holds.
+    pub fn len(&self) -> usize {
+        self.lock().modules.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Looks the module up; the checksum it would have (known or remembered) comes back too.
+    fn lookup(&self, url: &str, req: &Request, ignore_version: bool) -> (Option<PathBuf>, String) {
+        let mut s = self.lock();
+        let mut checksum = req.checksum.clone();
+        if checksum.is_empty()
+            && let Some(rest) = url.strip_prefix(OCI)
+            && let Ok(r) = oci::Reference::parse(rest)
+            && let Some(d) = r.digest()
+        {
+            checksum = d.to_string();
+        }
+        if checksum.is_empty()
+            && let Some(rem) = s.checksums.get_mut(url)
+        {
+            if ignore_version
+                || rem.version_by_resource.get(&req.resource_name) == Some(&req.resource_version)
+            {
+                checksum = rem.checksum.clone();
+            }
+            rem.version_by_resource
+                .insert(req.resource_name.clone(), req.resource_version.clone());
+        }
+        let key = ModuleKey {
+            name: module_name(url),
+            checksum: checksum.clone(),
+        };
+        let hit = match s.modules.get_mut(&key) {
+            Some(e) => {
+                e.last = Instant::now();
+                Some(e.path.clone())
+            }
+            None => None,
+        };
+        if hit.is_some() {
+            remember(&mut s, url, req, &key);
+        }
+        self.metrics.lookup(hit.is_some());
+        (hit, checksum)
+    }
+
+    /// The local file of the module at `url`: from the cache, or fetched, checked and written.
+    pub async fn get(&self, url: &str, req: &Request) -> Result<PathBuf, Error> {
+        let bad = |reason: &str| Error::Url {
+            url: url.to_string(),
+            reason: reason.to_string(),
+        };
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
+        let ignore_version = ignores_resource_version(req.pull_policy, url);
+        let (hit, checksum) = self.lookup(url, req, ignore_version);
+        if let Some(path) = hit {
+            return Ok(path);
+        }
+        let fetched = async {
+            match scheme {
+                "http" | "https" => match fetch::http(&self.opts, url).await {
+                    Ok(b) => {
+                        let sum = sha256_hex(&b);
+                        Ok((b, sum))
+                    }
+                    Err(e) => {
+                        self.metrics.fetch(metrics::DOWNLOAD_FAILURE);
+                        Err(e)
+                    }
+                },
+                "oci" => oci::fetch(&self.opts, url, rest, &checksum)
+                    .await
+                    .inspect_err(|e| {
+                        self.metrics.fetch(match e {
+                            Error::Checksum { .. } => metrics::CHECKSUM_MISMATCH,
+                            _ => metrics::MANIFEST_FAILURE,
+                        })
+                    }),
+                other => Err(bad(&format!(
+                    "unsupported scheme {other:?} (expected http, https or oci)"
+                ))),
+            }
+        };
+        let (binary, got) = tokio::time::timeout(req.timeout, fetched)
+            .await
+            .map_err(|_| {
+                self.metrics.fetch(metrics::DOWNLOAD_FAILURE);
+                Error::Fetch {
+                    url: url.to_string(),
+                    reason: format!("timed out after {:?}", req.timeout),
+                }
+            })??;
+        if !checksum.is_empty() && got != checksum {
+            self.metrics.fetch(metrics::CHECKSUM_MISMATCH);
+            return Err(Error::Checksum {
+                url: url.to_string(),
+                got,
+                want: checksum,
+            });
+        }
+        if checksum.is_empty() {
+            // The URL's content may already be cached under the checksum it turned out to have.
+            let known = Request {
+                checksum: got.clone(),
+                ..req.clone()
+            };
+            if let (Some(path), _) = self.lookup(url, &known, true) {
+                return Ok(path);
+            }
+        }
+        if !super::is_wasm(&binary) {
+            self.metrics.fetch(metrics::FETCH_FAILURE);
+            return Err(Error::Invalid {
+                url: url.to_string(),
+            });
+        }
+        self.metrics.fetch(metrics::FETCH_SUCCESS);
+        self.add(url, req, got, &binary)
+    }
+
+    fn add(
+        &self,
+        url: &str,
+        req: &Request,
+        checksum: String,
+        binary: &[u8],
+    ) -> Result<PathBuf, Error> {
+        let key = ModuleKey {
+            name: module_name(url),
+            checksum,
+        };
+        let mut s = self.lock();
+        remember(&mut s, url, req, &key);
+        if let Some(e) = s.modules.get_mut(&key) {
+            e.last = Instant::now();
+            return Ok(e.path.clone());
+        }
+        let dir = self.opts.dir.join(sha256_hex(key.name.as_bytes()));
+        let path = dir.join(format!("{}.wasm", key.checksum));
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Write {
+            path: dir.clone(),
+            source,
+        })?;
+        std::fs::write(&path, binary).map_err(|source| Error::Write {
+            path: path.clone(),
+            source,
+        })?;
+        let mut urls = BTreeSet::new();
+        if remembers(url) {
+            urls.insert(url.to_string());
+        }
+        s.modules.insert(
+            key,
+            Entry {
+                path: path.clone(),
+                last: Instant::now(),
+                urls,
+            },
+        );
+        self.entries_changed(&s);
+        Ok(path)
+    }
+}
+
+/// Whether a URL's checksum is remembered: all but OCI references by digest.
+fn remembers(url: &str) -> bool {
+    !url.starts_with(OCI) || !url.contains('@')
+}
+
+fn remember(s: &mut State, url: &str, req: &Request, key: &ModuleKey) {
+    if !remembers(url) {
+        return;
+    }
+    let rem = s
+        .checksums
+        .entry(url.to_string())
+        .or_insert_with(|| Remembered {
+            checksum: String::new(),
+            version_by_resource: HashMap::new(),
+        });
+    rem.checksum = key.checksum.clone();
+    rem.version_by_resource
+        .insert(req.resource_name.clone(), req.resource_version.clone());
+    if let Some(e) = s.modules.get_mut(key) {
+        e.urls.insert(url.to_string());
+    }
+}

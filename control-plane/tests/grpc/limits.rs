@@ -137,6 +137,7 @@ async fn idle_connections_are_capped_overall_and_per_peer_address() {
 /// that answer's nonce.
 async fn ads_stream(
     channel: tonic::transport::Channel,
+    token: Option<&str>,
 ) -> (
     tokio::sync::mpsc::Sender<DiscoveryRequest>,
     tonic::Streaming<DiscoveryResponse>,
@@ -146,8 +147,13 @@ async fn ads_stream(
     tx.send(ads_request(proto::type_url::CLUSTER, ""))
         .await
         .unwrap();
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    if let Some(t) = token {
+        let bearer = format!("Bearer {t}").parse().expect("header");
+        request.metadata_mut().insert("authorization", bearer);
+    }
     let mut answers = AggregatedDiscoveryServiceClient::new(channel)
-        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .stream_aggregated_resources(request)
         .await
         .expect("stream")
         .into_inner();
@@ -200,7 +206,14 @@ async fn a_connection_without_a_stream_is_closed_and_ads_streams_are_kept() {
         .await
         .expect("TLS connect in time")
         .expect("tls connect");
-    let mut streams = vec![ads_stream(plain).await, ads_stream(secure).await];
+    // The secure port's ADS wants credentials (a token of the node's namespace).
+    let token = control_plane::ca::TokenIssuer::load_or_create(ca.path())
+        .expect("issuer")
+        .issue("ns", "sa", "istio-ca", Duration::from_secs(600));
+    let mut streams = vec![
+        ads_stream(plain, None).await,
+        ads_stream(secure, Some(&token)).await,
+    ];
 
     // No HTTP/2 preface on the plaintext port; no TLS ClientHello on the secure one.
     let closed = |addr: SocketAddr| async move {

@@ -397,6 +397,7 @@ pub async fn serve_sources(
             config_status: sources.config_status,
             snapshots: sources.snapshots,
             ready: ready_rx,
+            timeouts: listen::MONITORING_TIMEOUTS,
         },
         cancel.clone(),
     ));

@@ -40,7 +40,10 @@ use super::{FixedResources, SyncTable, XdsType};
 use crate::ca::Identity;
 use crate::model::{Proxy, Snapshot};
 
+mod fuzz;
 mod service;
+
+pub use fuzz::fuzz_ads_requests;
 
 pub use service::AdsService;
 use service::Wire;

@@ -116,9 +116,16 @@ pub fn fuzz_ads_requests(data: &[u8]) {
             let mut n = 0usize;
             while let Some(wire) = rx.recv().await {
                 n += 1;
-                assert!(n <= MAX_RESPONSES, "one stream sent over {MAX_RESPONSES} responses");
+                assert!(
+                    n <= MAX_RESPONSES,
+                    "one stream sent over {MAX_RESPONSES} responses"
+                );
                 if let Wire::End(status) = wire {
-                    assert_ne!(status.code(), tonic::Code::Ok, "a stream ends with a reason");
+                    assert_ne!(
+                        status.code(),
+                        tonic::Code::Ok,
+                        "a stream ends with a reason"
+                    );
                 }
             }
         };
@@ -159,7 +166,11 @@ mod tests {
         let stream = [
             sotw(proto::type_url::CLUSTER, "", &[]),
             sotw(proto::type_url::CLUSTER, "1", &[]),
-            sotw(proto::type_url::ENDPOINT, "", &["outbound|80||api.example.com", "x"]),
+            sotw(
+                proto::type_url::ENDPOINT,
+                "",
+                &["outbound|80||api.example.com", "x"],
+            ),
             sotw(proto::type_url::ENDPOINT, "2", &["nope"]),
             sotw("type.googleapis.com/unknown", "", &["*"]),
             b"\xff\xff".to_vec(),

@@ -94,9 +94,8 @@ fn make_room(channels: &mut HashMap<String, Slot>) {
     if channels.len() < MAX_UNWATCHED_NAMES {
         return;
     }
-    channels.retain(|name, tx| {
-        tx.receiver_count() > 0 || name == ROOT_CA || name == WORKLOAD_KEY_CERT
-    });
+    channels
+        .retain(|name, tx| tx.receiver_count() > 0 || name == ROOT_CA || name == WORKLOAD_KEY_CERT);
 }
 
 #[derive(Default)]

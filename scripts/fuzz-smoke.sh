@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Bounded fuzzing for CI: the cargo-fuzz project fuzz/ (DNS requests, iptables flags, xDS/NDS
+# Bounded fuzzing for CI: the cargo-fuzz project fuzz/ (DNS requests and upstream answers,
+# iptables flags, istiod-lite's ADS requests, SDS requests, xDS/NDS
 # decode, the XDS socket's HPACK rewriter, app probers, status-port requests, CSR/PEM in the CA,
 # Istio YAML) is built once (all targets in one build), then each runs for
 # FUZZ_SECONDS (default 20) starting from its committed seed corpus. Fails on any crash (the

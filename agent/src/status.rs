@@ -278,7 +278,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, counts: conn::Cou
             continue;
         };
         tokio::spawn(async move {
-            let limits = state.inputs.limits;
+            let timeouts = state.inputs.limits.timeouts();
             let requests = activity.clone();
             let svc = hyper::service::service_fn(move |req| {
                 let state = state.clone();
@@ -296,7 +296,7 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>, counts: conn::Cou
             let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc);
             tokio::select! {
                 _ = conn => {}
-                _ = activity.expired(&limits) => {
+                _ = activity.expired(&timeouts) => {
                     tracing::debug!(peer = %peer, "status connection timed out");
                 }
                 _ = admitted.evicted() => {

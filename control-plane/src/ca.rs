@@ -16,6 +16,7 @@
 //! Those old roots are kept in `previous-roots.json` (with the time each may leave the bundle),
 //! so a restart during that overlap still trusts them.
 
+mod authn;
 mod csr_policy;
 mod issued_until;
 mod previous_roots;
@@ -23,6 +24,7 @@ mod reload;
 mod service;
 mod token;
 
+pub use authn::{Authenticator, peer_certs};
 pub use issued_until::ISSUED_UNTIL;
 pub use previous_roots::PREVIOUS_ROOTS;
 pub use reload::{Reloaded, Reloader, SharedCa};

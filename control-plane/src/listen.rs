@@ -80,6 +80,16 @@ pub const MONITORING_CAPS: Caps = Caps {
     per_peer: 64,
 };
 
+/// The monitoring port's connections (HTTP/1.1 from Prometheus and operators): a request's
+/// headers within 10 s (they send them at once; istiod's monitoring server allows 30 s for the
+/// whole request, `ReadTimeout`), 90 s idle between two requests (istiod's `IdleTimeout`,
+/// Go's keep-alive default). See [`proto::listen::activity`].
+pub const MONITORING_TIMEOUTS: proto::listen::activity::Timeouts =
+    proto::listen::activity::Timeouts {
+        header: std::time::Duration::from_secs(10),
+        idle: std::time::Duration::from_secs(90),
+    };
+
 /// Descriptors kept for everything but the gRPC connections (the CA and config files, the
 /// watcher, the monitoring port's 256).
 pub const RESERVED_FDS: u64 = 512;

@@ -1,4 +1,7 @@
 //! The monitoring HTTP server: `/ready`, `/metrics`, `/debug/syncz`, `/debug/configz`.
+//!
+//! Bounded as the agent's status port: connection caps ([`crate::listen::MONITORING_CAPS`]), a
+//! header timeout and an idle timeout per connection ([`MonitoringInputs::timeouts`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -8,6 +11,7 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::registry::Registry;
+use proto::listen::activity::{Activity, Timeouts, Watched};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -24,6 +28,8 @@ pub struct MonitoringInputs {
     pub snapshots: watch::Receiver<Arc<Snapshot>>,
     /// Ready once every listener is serving.
     pub ready: watch::Receiver<bool>,
+    /// Header and idle timeouts of each connection ([`crate::listen::MONITORING_TIMEOUTS`]).
+    pub timeouts: Timeouts,
 }
 
 fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
@@ -121,13 +127,155 @@ pub async fn serve(listener: TcpListener, inputs: MonitoringInputs, cancel: Canc
         let inputs = inputs.clone();
         let cancel = cancel.clone();
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| handle(inputs.clone(), req));
+            // A slowloris peer, or one holding an idle keep-alive connection, keeps no slot
+            // past the timeouts; a request being answered is never cut.
+            let activity = Activity::new();
+            let timeouts = inputs.timeouts;
+            let requests = activity.clone();
+            let svc = hyper::service::service_fn(move |req| {
+                let guard = requests.request();
+                let inputs = inputs.clone();
+                async move {
+                    let resp = handle(inputs, req).await;
+                    drop(guard);
+                    resp
+                }
+            });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            let io = TokioIo::new(Watched::new(stream, activity.clone()));
+            let conn = builder.serve_connection(io, svc);
             tokio::select! {
                 _ = cancel.cancelled() => {}
+                _ = activity.expired(&timeouts) => tracing::debug!("monitoring connection timed out"),
                 r = conn => if let Err(e) = r { tracing::debug!(error = %e, "monitoring connection"); },
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::config::{Config, Revision};
+    use crate::model::MeshSettings;
+
+    const TIMEOUTS: Timeouts = Timeouts {
+        header: Duration::from_millis(600),
+        idle: Duration::from_millis(1500),
+    };
+
+    async fn start(cancel: &CancellationToken) -> std::net::SocketAddr {
+        let rev = Revision::new(Arc::new(Config::default()), 1);
+        let snap = Arc::new(Snapshot::from_revision(
+            &rev,
+            Arc::new(MeshSettings::default()),
+        ));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let inputs = MonitoringInputs {
+            registry: Arc::new(Registry::default()),
+            sync: SyncTable::default(),
+            config_status: watch::channel(Arc::new(ConfigStatus::default())).1,
+            snapshots: watch::channel(snap).1,
+            ready: watch::channel(true).1,
+            timeouts: TIMEOUTS,
+        };
+        tokio::spawn(serve(listener, inputs, cancel.clone()));
+        addr
+    }
+
+    /// Reads until the server closes the connection; what it sent, and when it closed.
+    async fn until_closed(c: &mut TcpStream) -> (String, Instant) {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf)).await {
+                Err(_) => panic!(
+                    "not closed within 10 s; got {:?}",
+                    String::from_utf8_lossy(&seen)
+                ),
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    return (String::from_utf8_lossy(&seen).into(), Instant::now());
+                }
+                Ok(Ok(n)) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slowloris_peer_is_closed_after_the_header_timeout() {
+        let cancel = CancellationToken::new();
+        let addr = start(&cancel).await;
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        let start = Instant::now();
+        c.write_all(b"GET /ready HTTP/1.1\r\n")
+            .await
+            .expect("write");
+        // One header byte every 100 ms, never the end of the headers.
+        let (mut rd, mut wr) = c.split();
+        let trickle = async {
+            for _ in 0..100 {
+                if wr.write_all(b"x").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        let closed = async {
+            let mut seen = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(10), rd.read_to_end(&mut seen)).await;
+            Instant::now()
+        };
+        let (_, closed) = tokio::join!(trickle, closed);
+        let took = closed - start;
+        assert!(
+            took >= TIMEOUTS.header && took < TIMEOUTS.header * 2 + Duration::from_millis(500),
+            "slowloris closed after {took:?}"
+        );
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn an_idle_keep_alive_connection_is_closed_and_a_busy_one_kept() {
+        let cancel = CancellationToken::new();
+        let addr = start(&cancel).await;
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        let request = b"GET /ready HTTP/1.1\r\nhost: istiod\r\n\r\n";
+        // Requests closer together than the idle timeout keep the connection (past it in all).
+        let first = Instant::now();
+        let mut last = first;
+        for _ in 0..3 {
+            c.write_all(request).await.expect("write");
+            let mut buf = [0u8; 1024];
+            let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+                .await
+                .expect("answer in time")
+                .expect("read");
+            let answer = String::from_utf8_lossy(&buf[..n]);
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            last = Instant::now();
+            tokio::time::sleep(TIMEOUTS.idle * 2 / 3).await;
+        }
+        assert!(
+            first.elapsed() > TIMEOUTS.idle,
+            "kept past one idle timeout while in use"
+        );
+        // Then idle: closed once the idle timeout has passed since the last response (which the
+        // server sent a moment before this side read it).
+        let (rest, closed) = until_closed(&mut c).await;
+        assert!(rest.is_empty(), "nothing more was sent: {rest:?}");
+        let took = closed - last;
+        assert!(
+            took >= TIMEOUTS.idle - Duration::from_millis(5)
+                && took < TIMEOUTS.idle + TIMEOUTS.header,
+            "idle connection closed {took:?} after its last response"
+        );
+        cancel.cancel();
     }
 }

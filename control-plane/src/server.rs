@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
 use crate::ca::{
-    self, Ca, CaMetrics, CaService, DEFAULT_SERVING_SANS, Reloader, SharedCa, TokenIssuer,
+    self, Authenticator, Ca, CaMetrics, CaService, DEFAULT_SERVING_SANS, Reloader, SharedCa,
+    TokenIssuer,
 };
 use crate::config::{ConfigStatus, Watcher, WatcherInputs};
 use crate::listen::{self, Acceptor};
@@ -330,13 +331,10 @@ pub async fn serve_sources(
         sync: sync.clone(),
         cancel: cancel.clone(),
     });
-    let ca_svc = CaService::new(
-        ca.clone(),
-        tokens,
-        &inputs.trust_domain,
-        "istio-ca",
-        ca_metrics,
-    );
+    // One authenticator for the CA and ADS on the secure port: istiod accepts the same
+    // credentials (a mesh certificate or the `istio-ca` token) for both.
+    let authn = Authenticator::new(tokens, &inputs.trust_domain, "istio-ca");
+    let ca_svc = CaService::new(ca.clone(), authn.clone(), ca_metrics);
 
     let tls_config = serving.server_config();
 
@@ -365,7 +363,9 @@ pub async fn serve_sources(
         let router = Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(Counted::new(IstioCertificateServiceServer::new(ca_svc)))
-            .add_service(Counted::new(ads.service(MAX_REQUEST_SIZE)));
+            .add_service(Counted::new(
+                ads.service(MAX_REQUEST_SIZE).authenticated(authn),
+            ));
         let c = cancel.clone();
         tasks.spawn(async move {
             if let Err(e) = router
@@ -397,6 +397,7 @@ pub async fn serve_sources(
             config_status: sources.config_status,
             snapshots: sources.snapshots,
             ready: ready_rx,
+            timeouts: listen::MONITORING_TIMEOUTS,
         },
         cancel.clone(),
     ));

@@ -18,7 +18,7 @@ mod nds;
 mod routes;
 mod status;
 
-pub use ads::{AdsInputs, AdsServer, XdsMetrics};
+pub use ads::{AdsInputs, AdsServer, XdsMetrics, fuzz_ads_requests};
 pub use cache::CachedSnapshot;
 pub use status::{SyncStatus, SyncTable};
 

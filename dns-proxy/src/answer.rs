@@ -17,6 +17,7 @@
 //!    the client's size with TC when cut ([`respond::encode`]); SERVFAIL when every upstream
 //!    failed.
 
+pub(crate) mod fuzz;
 mod local;
 mod respond;
 mod rewrite;
@@ -24,8 +25,7 @@ mod truncate;
 
 use std::cell::Cell;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::Arc;
 
 use hickory_proto::op::{Message, OpCode, ResponseCode};
 use tokio::net::UdpSocket;
@@ -38,7 +38,7 @@ use crate::cache::{Cache, Key, Lookup};
 use crate::datagrams::ClientReply;
 use crate::forward::{ForwardError, Forwarder, Raw, Relay};
 use crate::packet::{self, Question, Transport};
-use crate::table::{Expansion, LookupTable, TableHandle};
+use crate::table::{LookupTable, TableHandle};
 use respond::{encode, respond, upstream_to_client};
 
 /// Everything the answer path needs: the table, the cache, the forwarder and the bound on
@@ -679,56 +679,4 @@ impl Relay for Refresh {
 /// An upstream answer that is a server failure (SERVFAIL or REFUSED).
 fn failed_upstream(answer: &[u8]) -> bool {
     answer.get(3).is_some_and(|b| matches!(b & 0x0f, 2 | 5))
-}
-
-/// Runs one packet through the request path (table loaded, both transports) and, when it would
-/// be forwarded, runs it through the upstream-answer path with itself as the answer. Never
-/// touches the network. For the fuzz target.
-pub fn fuzz_request(data: &[u8]) {
-    static PATH: OnceLock<AnswerPath> = OnceLock::new();
-    let path = PATH.get_or_init(|| {
-        let mut registry = prometheus_client::registry::Registry::default();
-        let table = TableHandle::new(Expansion {
-            namespace: "ns1".into(),
-            proxy_domain: "svc.cluster.local".into(),
-            search: Some("ns1.svc.cluster.local".into()),
-        });
-        table.update(&crate::table::fuzz_table());
-        AnswerPath {
-            table,
-            forwarder: Forwarder::new(
-                vec![],
-                Duration::from_millis(1),
-                false,
-                1232,
-                CancellationToken::new(),
-            ),
-            cache: Some(Cache::new(64, 1 << 20)),
-            metrics: Arc::new(Metrics::new(&mut registry)),
-            respond_before_sync: false,
-            forwards: Arc::new(Semaphore::new(1)),
-            upstream_failed_at: std::sync::Mutex::new(None),
-            access_log: false,
-        }
-    });
-    for transport in [Transport::Udp, Transport::Tcp] {
-        let action = path.handle(data, transport);
-        if let Action::ForwardWire(w) = &action {
-            let mut answer = data.to_vec();
-            answer[2] |= 0x80;
-            let _ = path.wire_answer(w, answer, &Cell::new(Source::Upstream));
-        }
-        if let Action::Forward(req) = action {
-            // The same bytes, marked as a response, are the upstream's answer.
-            let mut answer = data.to_vec();
-            answer[2] |= 0x80;
-            let server: SocketAddr = ([127, 0, 0, 1], 53).into();
-            if let Ok(resp) = crate::forward::check_answer(server, &answer, &req) {
-                if let (Some(cache), Some(key)) = (&path.cache, Key::of(&req)) {
-                    cache.put(key, &resp, std::time::Instant::now());
-                }
-                let _ = encode(&upstream_to_client(resp, &req), &req, transport);
-            }
-        }
-    }
 }

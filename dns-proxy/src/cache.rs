@@ -293,13 +293,12 @@ impl Cache {
         );
     }
 
-    #[cfg(test)]
+    /// Entries held now.
     pub fn len(&self) -> usize {
         self.entries.lock().map(|e| e.map.len()).unwrap_or(0)
     }
 
     /// The bytes the entries cost (see [`cost`]).
-    #[cfg(test)]
     pub fn bytes(&self) -> usize {
         self.entries.lock().map(|e| e.bytes).unwrap_or(0)
     }

@@ -86,5 +86,5 @@ pub enum Error {
 /// Request-path entry points for the fuzz target; not part of the stable API.
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use crate::answer::fuzz_request;
+    pub use crate::answer::fuzz::{fuzz_request, fuzz_upstream_answer};
 }

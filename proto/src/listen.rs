@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+pub mod activity;
 pub mod idle;
 
 /// First pause after an accept failed for lack of resources.

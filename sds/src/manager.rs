@@ -83,6 +83,21 @@ struct Workload {
 
 type Slot = watch::Sender<Option<Arc<SecretItem>>>;
 
+/// Names kept before the unwatched ones are dropped: every name a peer on the SDS socket asks
+/// for gets a slot, so without a bound ever new names grow the map without end. A name no
+/// stream watches is dropped once this many are held (asked again, it is rebuilt from the
+/// workload certificate or its files); `default` and `ROOTCA` always stay.
+const MAX_UNWATCHED_NAMES: usize = 1024;
+
+/// Makes room for one more name (see [`MAX_UNWATCHED_NAMES`]).
+fn make_room(channels: &mut HashMap<String, Slot>) {
+    if channels.len() < MAX_UNWATCHED_NAMES {
+        return;
+    }
+    channels
+        .retain(|name, tx| tx.receiver_count() > 0 || name == ROOT_CA || name == WORKLOAD_KEY_CERT);
+}
+
 #[derive(Default)]
 struct State {
     workload: Option<Arc<Workload>>,
@@ -188,6 +203,7 @@ impl SecretManager {
             _ => None,
         };
         let (tx, rx) = watch::channel(initial);
+        make_room(&mut st.channels);
         st.channels.insert(resource_name.to_string(), tx);
         rx
     }
@@ -316,6 +332,9 @@ impl Inner {
     /// value now held (so equal items keep their identity).
     fn publish(&self, name: &str, item: SecretItem) -> Arc<SecretItem> {
         let mut st = lock(&self.state);
+        if !st.channels.contains_key(name) {
+            make_room(&mut st.channels);
+        }
         let tx = st
             .channels
             .entry(name.to_string())

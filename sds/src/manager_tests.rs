@@ -633,3 +633,33 @@ async fn config_trust_bundle_is_merged_into_a_mounted_root() {
     assert_eq!(parse_certs(&merged.root_cert_pem).len(), 2);
     assert!(String::from_utf8_lossy(&merged.root_cert_pem).contains(other.trim()));
 }
+
+/// A peer asking for ever new names (each watched, then dropped) does not grow the manager
+/// without end: unwatched names go once the bound is reached; watched ones, `default` and
+/// `ROOTCA` stay.
+#[test]
+fn names_nobody_watches_are_dropped_past_the_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = Config {
+        serve_only_files: true,
+        ..Config::defaults(dir.path())
+    };
+    let mut reg = prometheus_client::registry::Registry::default();
+    let m = SecretManager::new(Arc::new(cfg), Arc::new(Metrics::new(&mut reg))).expect("manager");
+    let _default = m.subscribe("default");
+    let _root = m.subscribe("ROOTCA");
+    let kept = m.subscribe("file-root:kept.pem");
+    for i in 0..10 * MAX_UNWATCHED_NAMES {
+        drop(m.subscribe(&format!("name-{i}")));
+    }
+    let st = lock(&m.inner.state);
+    assert!(
+        st.channels.len() <= MAX_UNWATCHED_NAMES,
+        "{} names held",
+        st.channels.len()
+    );
+    for name in ["default", "ROOTCA", "file-root:kept.pem"] {
+        assert!(st.channels.contains_key(name), "{name} kept");
+    }
+    drop(kept);
+}

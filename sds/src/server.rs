@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info};
 
+pub mod fuzz;
 mod stream;
 
 use crate::Error;

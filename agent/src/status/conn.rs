@@ -26,12 +26,10 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
+pub use proto::listen::activity::{Activity, RequestGuard, Timeouts, Watched};
 use proto::listen::{Caps, ConnCaps, Permit, Refused};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Envoy's inbound passthrough source address: a remote peer when 15020 is captured.
@@ -50,6 +48,16 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// 60 s between two requests on a keep-alive connection.
     pub idle_timeout: Duration,
+}
+
+impl Limits {
+    /// The header and idle timeouts a connection's [`Activity`] is held to.
+    pub fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            header: self.header_timeout,
+            idle: self.idle_timeout,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -213,194 +221,17 @@ impl Counts {
     }
 }
 
-#[derive(Debug)]
-struct State {
-    /// The connection's start or its last response.
-    since: Instant,
-    /// A byte arrived since `since`.
-    read: bool,
-    /// No request was complete yet.
-    first: bool,
-    /// Requests being handled.
-    in_flight: usize,
-}
-
-/// What a connection did last, shared by its I/O, its requests and its watchdog.
-#[derive(Debug, Clone)]
-pub struct Activity(Arc<Mutex<State>>);
-
-impl Activity {
-    pub fn new() -> Self {
-        Activity(Arc::new(Mutex::new(State {
-            since: Instant::now(),
-            read: false,
-            first: true,
-            in_flight: 0,
-        })))
-    }
-
-    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
-        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    /// A request's headers are in; the returned guard marks its end when dropped.
-    pub fn request(&self) -> RequestGuard {
-        self.with(|s| {
-            s.in_flight += 1;
-            s.first = false;
-        });
-        RequestGuard(self.clone())
-    }
-
-    /// Since when the connection has had no request running (`None`: one is running).
-    fn idle_since(&self) -> Option<Instant> {
-        self.with(|s| (s.in_flight == 0).then_some(s.since))
-    }
-
-    /// When the connection is to be closed if nothing changes (`None`: a request is running).
-    fn deadline(&self, limits: &Limits) -> Option<Instant> {
-        self.with(|s| {
-            if s.in_flight > 0 {
-                None
-            } else if s.read || s.first {
-                Some(s.since + limits.header_timeout)
-            } else {
-                Some(s.since + limits.idle_timeout)
-            }
-        })
-    }
-
-    /// Returns once the connection is past its deadline.
-    pub async fn expired(&self, limits: &Limits) {
-        let step = (limits.header_timeout / 2).max(Duration::from_millis(1));
-        loop {
-            let now = Instant::now();
-            match self.deadline(limits) {
-                Some(d) if d <= now => return,
-                Some(d) => tokio::time::sleep_until(d.min(now + step)).await,
-                None => tokio::time::sleep(step).await,
-            }
-        }
-    }
-}
-
-impl Default for Activity {
-    fn default() -> Self {
-        Activity::new()
-    }
-}
-
-/// Ends a request (see [`Activity::request`]).
-pub struct RequestGuard(Activity);
-
-impl Drop for RequestGuard {
-    fn drop(&mut self) {
-        self.0.with(|s| {
-            s.in_flight = s.in_flight.saturating_sub(1);
-            s.since = Instant::now();
-            s.read = false;
-        });
-    }
-}
-
-/// A connection whose reads are recorded in its [`Activity`].
-pub struct Watched<S> {
-    inner: S,
-    activity: Activity,
-}
-
-impl<S> Watched<S> {
-    pub fn new(inner: S, activity: Activity) -> Self {
-        Watched { inner, activity }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let r = std::pin::Pin::new(&mut this.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.activity.with(|s| s.read = true);
-        }
-        r
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn limits() -> Limits {
-        Limits {
-            header_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            ..Limits::default()
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_silent_connection_gets_the_header_timeout() {
-        let a = Activity::new();
-        let start = Instant::now();
-        a.expired(&limits()).await;
-        assert_eq!(start.elapsed(), Duration::from_secs(10));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn between_requests_idle_then_a_started_request_gets_the_header_timeout() {
-        let a = Activity::new();
-        drop(a.request());
-        let start = Instant::now();
-        a.expired(&limits()).await;
-        assert_eq!(start.elapsed(), Duration::from_secs(60), "idle");
-        drop(a.request());
-        let start = Instant::now();
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        a.with(|s| s.read = true);
-        a.expired(&limits()).await;
-        // The first byte came 2 s into the wait; the headers had 10 s from the last response.
-        assert_eq!(start.elapsed(), Duration::from_secs(10));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_running_request_is_never_cut() {
-        let a = Activity::new();
-        let guard = a.request();
-        let expired = tokio::time::timeout(Duration::from_secs(600), a.expired(&limits())).await;
-        assert!(expired.is_err(), "no deadline while a request runs");
-        drop(guard);
-        let start = Instant::now();
-        a.expired(&limits()).await;
-        assert_eq!(start.elapsed(), Duration::from_secs(60));
+    #[test]
+    fn the_status_port_timeouts_are_its_limits() {
+        let t = Limits::default().timeouts();
+        assert_eq!(
+            (t.header, t.idle),
+            (Duration::from_secs(10), Duration::from_secs(60))
+        );
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! `istio.v1.auth.IstioCertificateService/CreateCertificate`: authenticate the caller (JWT or
 //! mTLS client certificate), sign its CSR for its own identity.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -12,7 +11,7 @@ use proto::istio::ca::istio_certificate_service_server::IstioCertificateService;
 use proto::istio::ca::{IstioCertificateRequest, IstioCertificateResponse, Roots};
 use tonic::{Request, Response, Status};
 
-use super::{DEFAULT_WORKLOAD_TTL, Identity, SharedCa, TokenIssuer, identity_from_cert};
+use super::{Authenticator, DEFAULT_WORKLOAD_TTL, Identity, SharedCa};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
@@ -53,62 +52,22 @@ impl CaMetrics {
 #[derive(Clone)]
 pub struct CaService {
     ca: SharedCa,
-    tokens: Arc<TokenIssuer>,
-    trust_domain: String,
-    audience: String,
+    authn: Authenticator,
     metrics: CaMetrics,
 }
 
 impl CaService {
-    pub fn new(
-        ca: SharedCa,
-        tokens: Arc<TokenIssuer>,
-        trust_domain: &str,
-        audience: &str,
-        metrics: CaMetrics,
-    ) -> Self {
-        CaService {
-            ca,
-            tokens,
-            trust_domain: trust_domain.to_string(),
-            audience: audience.to_string(),
-            metrics,
-        }
+    pub fn new(ca: SharedCa, authn: Authenticator, metrics: CaMetrics) -> Self {
+        CaService { ca, authn, metrics }
     }
 
     /// Authenticates the caller: a client certificate issued by this CA, else a bearer token.
     fn authenticate<T>(&self, req: &Request<T>) -> Result<Identity, Status> {
-        if let Some(certs) = crate::server::tls::peer_certs(req)
-            && let Some(leaf) = certs.first()
-        {
-            let id = identity_from_cert(leaf.as_ref())
-                .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))?;
-            if id.trust_domain != self.trust_domain {
-                return Err(Status::permission_denied(format!(
-                    "client certificate identity {id} is outside trust domain {}",
-                    self.trust_domain
-                )));
-            }
-            return Ok(id);
-        }
-        let Some(auth) = req.metadata().get("authorization") else {
-            return Err(Status::unauthenticated(
-                "no credentials: send `authorization: Bearer <token>` or a client certificate issued by this CA",
-            ));
-        };
-        let auth = auth
-            .to_str()
-            .map_err(|_| Status::unauthenticated("authorization header is not ASCII"))?;
-        let token = auth
-            .strip_prefix("Bearer ")
-            .or_else(|| auth.strip_prefix("bearer "))
-            .ok_or_else(|| Status::unauthenticated("authorization header is not `Bearer <token>`"))?
-            .trim();
-        let (ns, sa) = self
-            .tokens
-            .verify(token, &self.audience)
-            .map_err(|e| Status::unauthenticated(format!("token rejected: {e}")))?;
-        Ok(Identity::new(&self.trust_domain, &ns, &sa))
+        let certs = crate::server::tls::peer_certs(req);
+        self.authn.authenticate(
+            req.metadata().as_ref(),
+            certs.as_deref().map(|c| c.as_slice()),
+        )
     }
 }
 

@@ -209,7 +209,7 @@ pub fn incoming(
             tokio::spawn(async move {
                 let peer = tcp.get_ref().peer_addr().ok();
                 // The stream deadline runs from the accept, over the handshake.
-                let tcp = Watched::new(tcp, crate::listen::GRPC_STREAM_LIMITS);
+                let tcp = Watched::encrypted(tcp, crate::listen::GRPC_STREAM_LIMITS);
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
                     Ok(Ok(stream)) => {
                         let _ = tx.send(Ok(stream)).await;

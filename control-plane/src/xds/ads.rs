@@ -37,9 +37,13 @@ use tonic::Status;
 use super::cache::{CacheSlot, CachedSnapshot};
 use super::encoded::{self, Encoded};
 use super::{FixedResources, SyncTable, XdsType};
+use crate::ca::Identity;
 use crate::model::{Proxy, Snapshot};
 
+mod fuzz;
 mod service;
+
+pub use fuzz::fuzz_ads_requests;
 
 pub use service::AdsService;
 use service::Wire;
@@ -213,6 +217,9 @@ struct Conn {
     /// A Delta stream (else SotW).
     delta: bool,
     conn_id: String,
+    /// Who opened the stream (the secure port authenticates every stream; `None` on the
+    /// plaintext port, as istiod's 15010).
+    identity: Option<Box<Identity>>,
     proxy: Option<Proxy>,
     snap: Arc<CachedSnapshot>,
     types: BTreeMap<XdsType, TypeState>,
@@ -304,6 +311,9 @@ impl Conn {
         if self.proxy.is_none() {
             let proxy = Proxy::from_node(req.node.as_ref())
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            if let Some(id) = &self.identity {
+                authorize(id, &proxy)?;
+            }
             self.conn_id = format!(
                 "{}-{}",
                 proxy.id,
@@ -577,13 +587,42 @@ impl Conn {
     }
 }
 
+/// istiod's authorization of an authenticated stream (`pilot/pkg/xds/auth.go`): the identity's
+/// namespace must be the proxy's config namespace and, when the node names a service account
+/// (metadata `SERVICE_ACCOUNT`), its service account that one. Else `PERMISSION_DENIED`, before
+/// anything is generated for the node.
+fn authorize(id: &Identity, proxy: &Proxy) -> Result<(), Status> {
+    let ns = &proxy.view.namespace;
+    let sa = &proxy.service_account;
+    if id.namespace == *ns && (sa.is_empty() || id.service_account == *sa) {
+        return Ok(());
+    }
+    tracing::warn!(identity = %id, node = %proxy.id, namespace = %ns, service_account = %sa, "unauthorized xDS stream");
+    Err(Status::permission_denied(format!(
+        "authorization failed: identity {id} does not match the node's namespace {ns:?} and service account {sa:?}"
+    )))
+}
+
 impl AdsServer {
-    /// Starts the task that serves one ADS stream: `requests` in, encoded responses to `out`.
-    fn spawn(&self, out: mpsc::Sender<Wire>, delta: bool, requests: ReqStream) {
-        let conn = Conn {
+    /// Starts the task that serves one ADS stream: `requests` in, encoded responses to `out`;
+    /// `identity` is the authenticated caller's (secure port), checked against the node.
+    fn spawn(
+        &self,
+        out: mpsc::Sender<Wire>,
+        delta: bool,
+        requests: ReqStream,
+        identity: Option<Identity>,
+    ) {
+        tokio::spawn(self.conn(out, delta, identity).run(requests));
+    }
+
+    /// A stream's state before its first request.
+    fn conn(&self, out: mpsc::Sender<Wire>, delta: bool, identity: Option<Identity>) -> Conn {
+        Conn {
             inner: self.inner.clone(),
             out,
             delta,
+            identity: identity.map(Box::new),
             conn_id: String::new(),
             proxy: None,
             snap: self
@@ -591,8 +630,7 @@ impl AdsServer {
                 .cache
                 .for_snapshot(&self.inner.snapshots.borrow()),
             types: BTreeMap::new(),
-        };
-        tokio::spawn(conn.run(requests));
+        }
     }
 
     /// The gRPC service (`envoy.service.discovery.v3.AggregatedDiscoveryService`, SotW and
@@ -630,6 +668,7 @@ mod tests {
             inner: ads.inner.clone(),
             out,
             delta: false,
+            identity: None,
             conn_id: String::new(),
             proxy: None,
             snap: ads.inner.cache.for_snapshot(&snap),

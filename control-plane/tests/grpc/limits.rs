@@ -137,6 +137,7 @@ async fn idle_connections_are_capped_overall_and_per_peer_address() {
 /// that answer's nonce.
 async fn ads_stream(
     channel: tonic::transport::Channel,
+    token: Option<&str>,
 ) -> (
     tokio::sync::mpsc::Sender<DiscoveryRequest>,
     tonic::Streaming<DiscoveryResponse>,
@@ -146,8 +147,13 @@ async fn ads_stream(
     tx.send(ads_request(proto::type_url::CLUSTER, ""))
         .await
         .unwrap();
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    if let Some(t) = token {
+        let bearer = format!("Bearer {t}").parse().expect("header");
+        request.metadata_mut().insert("authorization", bearer);
+    }
     let mut answers = AggregatedDiscoveryServiceClient::new(channel)
-        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .stream_aggregated_resources(request)
         .await
         .expect("stream")
         .into_inner();
@@ -200,7 +206,14 @@ async fn a_connection_without_a_stream_is_closed_and_ads_streams_are_kept() {
         .await
         .expect("TLS connect in time")
         .expect("tls connect");
-    let mut streams = vec![ads_stream(plain).await, ads_stream(secure).await];
+    // The secure port's ADS wants credentials (a token of the node's namespace).
+    let token = control_plane::ca::TokenIssuer::load_or_create(ca.path())
+        .expect("issuer")
+        .issue("ns", "sa", "istio-ca", Duration::from_secs(600));
+    let mut streams = vec![
+        ads_stream(plain, None).await,
+        ads_stream(secure, Some(&token)).await,
+    ];
 
     // No HTTP/2 preface on the plaintext port; no TLS ClientHello on the secure one.
     let closed = |addr: SocketAddr| async move {
@@ -234,6 +247,94 @@ async fn a_connection_without_a_stream_is_closed_and_ads_streams_are_kept() {
             .expect("LDS");
         assert_eq!(lds.type_url, proto::type_url::LISTENER);
     }
+    cancel.cancel();
+    running.wait().await;
+}
+
+/// HTTP/2 frames in `bytes` as (type, stream id, payload).
+fn frames(mut bytes: &[u8]) -> Vec<(u8, u32, Vec<u8>)> {
+    let mut out = Vec::new();
+    while bytes.len() >= 9 {
+        let len = usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]);
+        let id = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & 0x7fff_ffff;
+        let end = (9 + len).min(bytes.len());
+        out.push((bytes[3], id, bytes[9..end].to_vec()));
+        bytes = &bytes[end..];
+    }
+    out
+}
+
+/// A connection that opened no stream in time is closed as Go's and hyper's servers close an
+/// idle one: GOAWAY (NO_ERROR, last stream 0), then a clean close. A real HTTP/2 client (h2)
+/// sees its connection end without error, and a request raced onto the connection after the
+/// deadline is not taken (above the GOAWAY's last stream: retryable elsewhere), nor answered
+/// with a reset.
+#[tokio::test]
+async fn a_connection_without_a_stream_gets_a_goaway_before_it_closes() {
+    use tokio::io::AsyncWriteExt;
+    let (config, ca) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (running, cancel) = super::ca_grpc::start(config.path(), ca.path()).await;
+    let limits = control_plane::listen::GRPC_STREAM_LIMITS;
+    let addr = running.grpc_addr;
+
+    let h2_client = async {
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        let (client, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+        let start = tokio::time::Instant::now();
+        let ended = tokio::time::timeout(limits.first_stream * 2, conn)
+            .await
+            .expect("the server ends the connection");
+        (ended, start.elapsed(), client.ready().await.err())
+    };
+    let racing = async {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+        tokio::time::sleep(limits.first_stream + Duration::from_millis(200)).await;
+        // HEADERS on stream 1 (POST, http, /), END_STREAM | END_HEADERS, sent after the
+        // deadline and before reading what the server sent.
+        let _ = s
+            .write_all(&[0, 0, 3, 1, 5, 0, 0, 0, 1, 0x83, 0x86, 0x84])
+            .await;
+        let mut seen = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut seen))
+            .await
+            .expect("closed in time");
+        (read, seen)
+    };
+    let ((ended, took, refused), (read, seen)) = tokio::join!(h2_client, racing);
+
+    assert!(
+        ended.is_ok(),
+        "the h2 client's connection ends cleanly on the GOAWAY: {ended:?}"
+    );
+    assert!(took >= limits.first_stream, "after the deadline: {took:?}");
+    let refused = refused.expect("no new request on a connection that went away");
+    println!("h2 client after the GOAWAY: {refused:?}");
+    assert!(refused.is_go_away(), "{refused:?}");
+
+    read.expect("a clean close (FIN), no reset, even with the racing request unread");
+    let goaways: Vec<_> = frames(&seen)
+        .into_iter()
+        .filter(|(ty, _, _)| *ty == 7)
+        .collect();
+    assert_eq!(goaways.len(), 1, "one GOAWAY: {:?}", frames(&seen));
+    let (_, id, payload) = &goaways[0];
+    assert_eq!(*id, 0, "GOAWAY is a connection frame");
+    assert_eq!(
+        payload[..4],
+        [0, 0, 0, 0],
+        "last stream 0: stream 1 was not taken"
+    );
+    assert_eq!(payload[4..8], [0, 0, 0, 0], "NO_ERROR");
+    assert!(
+        !frames(&seen)
+            .iter()
+            .any(|(ty, id, _)| *id == 1 && (*ty == 1 || *ty == 3)),
+        "no answer or reset for the racing stream"
+    );
     cancel.cancel();
     running.wait().await;
 }

@@ -6,6 +6,7 @@
 //! `<module>::<test>` (`cargo nextest run -p control-plane --test grpc reconnect_burst::`).
 
 mod ads;
+mod ads_auth;
 mod ca_grpc;
 mod common;
 mod limits;

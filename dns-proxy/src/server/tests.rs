@@ -11,7 +11,7 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::answer::fuzz_request;
+use crate::answer::fuzz::{fuzz_request, fuzz_upstream_answer};
 use crate::packet::OUR_UDP_PAYLOAD;
 use crate::table::tests::sample;
 
@@ -549,6 +549,29 @@ fn fuzz_entry_point_survives_samples() {
         flipped[i] ^= 0xff;
         fuzz_request(&flipped);
     }
+}
+
+/// The answer target's seeds: A records (a name pointer to the question, 4 bytes of data)
+/// small, repeated to 64 KiB, truncated, over TCP and UDP; the entry point asserts the cache
+/// stays within its budget after each.
+#[test]
+fn upstream_answer_entry_point_keeps_the_cache_in_budget() {
+    let record = [0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 198, 18, 0, 1];
+    let mut seeds = Vec::new();
+    for pick in 0..=255u8 {
+        for flags in [0x00, 0x01, 0x02, 0x03, 0x80, 0x81, 0x82, 0xc2, 0x41] {
+            let mut d = vec![pick, flags, 0, 200, 0, 0, pick];
+            for _ in 0..(usize::from(pick) % 8 + 1) {
+                d.extend_from_slice(&record);
+            }
+            seeds.push(d);
+        }
+    }
+    for d in &seeds {
+        fuzz_upstream_answer(d);
+    }
+    fuzz_upstream_answer(&[]);
+    fuzz_upstream_answer(&[1, 2, 3]);
 }
 
 #[test]

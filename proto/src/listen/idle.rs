@@ -9,6 +9,9 @@
 //! Two halves, meeting through the connection info tonic puts in every request's extensions:
 //! - [`Watched`] wraps the accepted connection; once past its deadline its reads and writes fail
 //!   (`TimedOut`), which ends hyper's connection (and frees the connection's [`super::Permit`]).
+//!   On HTTP/2 in clear it first sends a GOAWAY (`NO_ERROR`, the last stream it took) and
+//!   closes gracefully ([`goaway`]), as Go's and hyper's servers do on their idle timeouts, so a
+//!   client racing its first request onto the connection sees a retryable refusal.
 //!   Its [`Connected::ConnectInfo`] is the connection's [`Streams`] (the inner connection's info
 //!   is not passed on: no server using this reads it).
 //! - [`Counted`] wraps the gRPC service: each request is an open stream until its response body
@@ -23,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use goaway::{Closing, Frames, goaway_frame};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 use tonic::body::Body;
@@ -127,19 +131,33 @@ impl Drop for StreamGuard {
     }
 }
 
-/// A connection closed once it has gone too long without an open stream (see the module docs).
+/// A connection closed once it has gone too long without an open stream (see the module docs):
+/// with a GOAWAY first ([`goaway`]) unless it carries TLS ([`Watched::encrypted`]).
 #[derive(Debug)]
 pub struct Watched<S> {
     inner: S,
     streams: Streams,
     limits: Limits,
     timer: Pin<Box<Sleep>>,
-    expired: bool,
+    /// The peer's frames (for the last stream id) and ours (for where a GOAWAY may go); `None`
+    /// when the bytes are not HTTP/2 frames (TLS records).
+    frames: Option<Box<(Frames, Frames)>>,
+    /// Past the deadline: how far the close is.
+    closing: Option<Closing>,
 }
 
 impl<S> Watched<S> {
-    /// Starts the connection's clock.
+    /// Starts the connection's clock; HTTP/2 in clear (h2c, Unix sockets): closed with a
+    /// GOAWAY.
     pub fn new(inner: S, limits: Limits) -> Self {
+        let mut w = Watched::encrypted(inner, limits);
+        w.frames = Some(Box::new((Frames::from_client(), Frames::from_server())));
+        w
+    }
+
+    /// [`Watched::new`] for a connection whose HTTP/2 runs inside TLS above this wrapper: the
+    /// frames are not visible here, so it is closed without a GOAWAY.
+    pub fn encrypted(inner: S, limits: Limits) -> Self {
         let streams = Streams::new();
         let start = Instant::now() + limits.first_stream;
         Watched {
@@ -147,7 +165,8 @@ impl<S> Watched<S> {
             streams,
             limits,
             timer: Box::pin(tokio::time::sleep_until(start)),
-            expired: false,
+            frames: None,
+            closing: None,
         }
     }
 
@@ -155,49 +174,99 @@ impl<S> Watched<S> {
         &self.inner
     }
 
-    /// The error every read and write returns once the connection is past its deadline.
-    fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        if !self.expired {
-            let Some((deadline, why)) = self.streams.deadline(&self.limits, cx.waker()) else {
-                return Ok(());
-            };
-            if self.timer.deadline() != deadline {
-                self.timer.as_mut().reset(deadline);
-            }
-            if self.timer.as_mut().poll(cx).is_pending() {
-                return Ok(());
-            }
-            tracing::debug!(reason = why, "closing an HTTP/2 connection without streams");
-            self.expired = true;
+    /// True while the connection is open; past its deadline starts the close.
+    fn open(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.closing.is_some() {
+            return false;
         }
-        Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "connection closed: no HTTP/2 stream open in time",
-        ))
+        let Some((deadline, why)) = self.streams.deadline(&self.limits, cx.waker()) else {
+            return true;
+        };
+        if self.timer.deadline() != deadline {
+            self.timer.as_mut().reset(deadline);
+        }
+        if self.timer.as_mut().poll(cx).is_pending() {
+            return true;
+        }
+        self.closing = Some(match &self.frames {
+            Some(f) if f.1.at_boundary() => {
+                tracing::debug!(
+                    reason = why,
+                    last_stream = f.0.last_headers,
+                    "closing an HTTP/2 connection without streams: GOAWAY"
+                );
+                Closing::Goaway {
+                    frame: goaway_frame(f.0.last_headers),
+                    sent: 0,
+                }
+            }
+            _ => {
+                tracing::debug!(reason = why, "closing an HTTP/2 connection without streams");
+                Closing::Closed
+            }
+        });
+        false
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> Watched<S> {
+    /// Drives the close; Ready once closed.
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.closing {
+            Some(c) => c.poll(&mut self.inner, &mut self.timer, cx),
+            None => Poll::Ready(()),
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        this.check(cx)?;
-        Pin::new(&mut this.inner).poll_read(cx, buf)
+        if !this.open(cx) {
+            // hyper waits here while the GOAWAY goes out and the peer's bytes are drained;
+            // nothing more reaches it, so no stream past the GOAWAY's is taken.
+            std::task::ready!(this.poll_close(cx));
+            return Poll::Ready(Err(goaway::closed()));
+        }
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Some(f) = &mut this.frames {
+            f.0.feed(&buf.filled()[before..]);
+        }
+        r
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> Watched<S> {
+    /// A write while closing: dropped (hyper's frames after the GOAWAY are not sent), failing
+    /// once the close is done.
+    fn write_while_closing(&mut self, cx: &mut Context<'_>, len: usize) -> Poll<io::Result<usize>> {
+        match self.poll_close(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(goaway::closed())),
+            Poll::Pending => Poll::Ready(Ok(len)),
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        this.check(cx)?;
-        Pin::new(&mut this.inner).poll_write(cx, buf)
+        if !this.open(cx) {
+            return this.write_while_closing(cx, buf.len());
+        }
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let (Poll::Ready(Ok(n)), Some(f)) = (&r, &mut this.frames) {
+            f.1.feed(&buf[..*n]);
+        }
+        r
     }
 
     fn poll_write_vectored(
@@ -206,8 +275,23 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        this.check(cx)?;
-        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+        if !this.open(cx) {
+            let len = bufs.iter().map(|b| b.len()).sum();
+            return this.write_while_closing(cx, len);
+        }
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if let (Poll::Ready(Ok(n)), Some(f)) = (&r, &mut this.frames) {
+            let mut left = *n;
+            for b in bufs {
+                let take = left.min(b.len());
+                f.1.feed(&b[..take]);
+                left -= take;
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -216,7 +300,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        this.check(cx)?;
+        if !this.open(cx) {
+            return match this.poll_close(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(goaway::closed())),
+                Poll::Pending => Poll::Ready(Ok(())),
+            };
+        }
         Pin::new(&mut this.inner).poll_flush(cx)
     }
 
@@ -316,5 +405,6 @@ impl tonic::codegen::Body for GuardedBody {
     }
 }
 
+pub mod goaway;
 #[cfg(test)]
 mod tests;

@@ -7,12 +7,13 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+use futures::{Stream, StreamExt};
 use proto::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tonic::{Status, Streaming};
+use tonic::Status;
 use tracing::{debug, warn};
 
 use super::{FETCH_BACKOFF_MAX, FETCH_BACKOFF_START, Sds, content_version, new_nonce, to_secret};
@@ -45,12 +46,14 @@ pub(super) trait Protocol: Send + 'static {
 }
 
 /// Serves one stream until the peer leaves, the stream fails or the server shuts down.
-pub(super) async fn serve<P: Protocol>(
+pub(super) async fn serve<P: Protocol, S>(
     sds: Sds,
     mut protocol: P,
-    mut inbound: Streaming<P::Request>,
+    mut inbound: S,
     out: mpsc::Sender<Result<P::Response, Status>>,
-) {
+) where
+    S: Stream<Item = Result<P::Request, Status>> + Unpin,
+{
     let (tx, mut updates) = mpsc::channel(64);
     let mut w = Watches {
         manager: sds.manager.clone(),
@@ -62,11 +65,11 @@ pub(super) async fn serve<P: Protocol>(
     loop {
         let batch = tokio::select! {
             _ = sds.shutdown.cancelled() => return,
-            req = inbound.message() => {
+            req = inbound.next() => {
                 let req = match req {
-                    Ok(Some(r)) => r,
-                    Ok(None) => return,
-                    Err(e) => {
+                    Some(Ok(r)) => r,
+                    None => return,
+                    Some(Err(e)) => {
                         debug!(error = %e, "SDS stream closed by peer");
                         return;
                     }

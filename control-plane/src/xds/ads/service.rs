@@ -29,6 +29,7 @@ use tonic::server::NamedService;
 
 use super::super::encoded::Frame;
 use super::{AdsServer, Req, ReqStream};
+use crate::ca::{Authenticator, Identity, peer_certs};
 
 /// What a stream's task sends to its response body.
 pub(crate) enum Wire {
@@ -54,6 +55,9 @@ const DELTA_PATH: &str =
 pub struct AdsService {
     ads: AdsServer,
     max_decoding_message_size: usize,
+    /// The secure port's: every stream must carry a client certificate or a token (see
+    /// [`AdsService::authenticated`]).
+    authn: Option<Authenticator>,
 }
 
 impl AdsService {
@@ -61,10 +65,25 @@ impl AdsService {
         AdsService {
             ads,
             max_decoding_message_size,
+            authn: None,
         }
     }
 
-    fn open<T, B>(&self, body: B, delta: bool) -> http::Response<tonic::body::Body>
+    /// Streams are refused `UNAUTHENTICATED` unless they carry a client certificate issued by
+    /// this CA or a valid bearer token (istiod's check on 15012); the identity then has to match
+    /// the proxy's node (namespace, service account) or the stream ends `PERMISSION_DENIED` at
+    /// its first request.
+    pub fn authenticated(mut self, authn: Authenticator) -> AdsService {
+        self.authn = Some(authn);
+        self
+    }
+
+    fn open<T, B>(
+        &self,
+        body: B,
+        delta: bool,
+        identity: Option<Identity>,
+    ) -> http::Response<tonic::body::Body>
     where
         T: prost::Message + Default + Send + 'static,
         Req: From<T>,
@@ -79,7 +98,7 @@ impl AdsService {
         );
         let requests: ReqStream = Box::pin(requests.map(|r| r.map(Req::from)));
         let (tx, rx) = mpsc::channel(QUEUED_RESPONSES);
-        self.ads.spawn(tx, delta, requests);
+        self.ads.spawn(tx, delta, requests, identity);
         let mut response = http::Response::new(tonic::body::Body::new(ResponseBody {
             rx,
             queued: None,
@@ -111,10 +130,28 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let response = match req.uri().path() {
-            SOTW_PATH => self.open::<DiscoveryRequest, B>(req.into_body(), false),
-            DELTA_PATH => self.open::<DeltaDiscoveryRequest, B>(req.into_body(), true),
-            _ => Status::unimplemented("").into_http(),
+        let delta = match req.uri().path() {
+            SOTW_PATH => false,
+            DELTA_PATH => true,
+            _ => return std::future::ready(Ok(Status::unimplemented("").into_http())),
+        };
+        let identity = match &self.authn {
+            None => None,
+            Some(authn) => {
+                let certs = peer_certs(req.extensions());
+                match authn.authenticate(req.headers(), certs.as_deref().map(|c| c.as_slice())) {
+                    Ok(id) => Some(id),
+                    Err(status) => {
+                        tracing::warn!(error = %status.message(), "xDS stream refused: authentication");
+                        return std::future::ready(Ok(status.into_http()));
+                    }
+                }
+            }
+        };
+        let response = if delta {
+            self.open::<DeltaDiscoveryRequest, B>(req.into_body(), true, identity)
+        } else {
+            self.open::<DiscoveryRequest, B>(req.into_body(), false, identity)
         };
         std::future::ready(Ok(response))
     }

@@ -9,14 +9,82 @@ const LIMITS: Limits = Limits {
 
 #[tokio::test(start_paused = true)]
 async fn a_silent_connection_is_closed_at_the_first_stream_deadline() {
-    let (_peer, conn) = tokio::io::duplex(1024);
+    let (mut peer, conn) = tokio::io::duplex(1024);
     let mut conn = Watched::new(conn, LIMITS);
     let start = Instant::now();
     let err = conn.read(&mut [0; 16]).await.expect_err("closed");
     assert_eq!(err.kind(), io::ErrorKind::TimedOut);
-    assert_eq!(start.elapsed(), LIMITS.first_stream);
+    // A GOAWAY went out at the deadline; the peer, which never closed, had the grace to.
+    assert_eq!(start.elapsed(), LIMITS.first_stream + goaway::CLOSE_GRACE);
+    let mut seen = Vec::new();
+    peer.read_to_end(&mut seen)
+        .await
+        .expect("the write side was shut");
+    assert_eq!(seen, goaway_frame(0), "GOAWAY, NO_ERROR, no stream taken");
     // Writes fail as well from then on.
     assert!(conn.write_all(b"x").await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_peer_closing_after_the_goaway_ends_the_close_at_once() {
+    let (mut peer, conn) = tokio::io::duplex(1024);
+    let mut conn = Watched::new(conn, LIMITS);
+    let start = Instant::now();
+    let closer = async {
+        let mut frame = [0u8; 17];
+        peer.read_exact(&mut frame).await.expect("GOAWAY");
+        drop(peer);
+    };
+    let mut buf = [0; 16];
+    let (_, read) = tokio::join!(closer, conn.read(&mut buf));
+    assert_eq!(read.expect_err("closed").kind(), io::ErrorKind::TimedOut);
+    assert_eq!(start.elapsed(), LIMITS.first_stream, "no grace needed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_goaway_names_the_last_stream_and_waits_for_a_frame_boundary() {
+    let (mut peer, conn) = tokio::io::duplex(4096);
+    let mut conn = Watched::new(conn, LIMITS);
+    let streams = conn.connect_info();
+    // The client's preface and its HEADERS on stream 3; the server's SETTINGS, then half of a
+    // DATA frame when the stream ends.
+    peer.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    peer.write_all(&[0, 0, 1, 1, 4, 0, 0, 0, 3, 0x82])
+        .await
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let n = conn.read(&mut buf).await.unwrap();
+    assert_eq!(n, 24 + 10);
+    drop(streams.open());
+    conn.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    conn.write_all(&[0, 0, 4, 0, 1, 0, 0, 0, 3, b'a'])
+        .await
+        .unwrap();
+    // Mid-frame at the deadline: no GOAWAY can go, the connection is just closed.
+    let start = Instant::now();
+    let err = conn.read(&mut buf).await.expect_err("closed");
+    assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    assert_eq!(start.elapsed(), LIMITS.idle, "closed at once");
+
+    // At a boundary the GOAWAY names stream 3.
+    let (mut peer, conn) = tokio::io::duplex(4096);
+    let mut conn = Watched::new(conn, LIMITS);
+    let streams = conn.connect_info();
+    peer.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    peer.write_all(&[0, 0, 1, 1, 4, 0, 0, 0, 3, 0x82])
+        .await
+        .unwrap();
+    let _ = conn.read(&mut buf).await.unwrap();
+    drop(streams.open());
+    conn.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    let mut seen = [0u8; 9 + 17];
+    let (read, _) = tokio::join!(peer.read_exact(&mut seen), conn.read(&mut buf));
+    read.expect("SETTINGS then GOAWAY");
+    assert_eq!(seen[9..], goaway_frame(3));
 }
 
 #[tokio::test(start_paused = true)]
@@ -44,7 +112,8 @@ async fn bytes_without_a_stream_do_not_keep_a_connection() {
         () = writer => unreachable!("the peer writes until the connection closes"),
     };
     assert_eq!(res.expect_err("closed").kind(), io::ErrorKind::TimedOut);
-    assert_eq!(start.elapsed(), LIMITS.first_stream);
+    // The GOAWAY at the deadline, then the grace while the peer kept writing.
+    assert_eq!(start.elapsed(), LIMITS.first_stream + goaway::CLOSE_GRACE);
 }
 
 #[tokio::test(start_paused = true)]
@@ -70,8 +139,8 @@ async fn an_open_stream_is_never_cut_then_the_idle_timeout_runs() {
     assert_eq!(err.kind(), io::ErrorKind::TimedOut);
     assert_eq!(
         ended.elapsed(),
-        Duration::from_secs(5) + LIMITS.idle,
-        "idle counted from the stream's end"
+        Duration::from_secs(5) + LIMITS.idle + goaway::CLOSE_GRACE,
+        "idle counted from the stream's end (then the GOAWAY's grace)"
     );
 }
 

@@ -2,7 +2,7 @@
 //! the application's targets (each capped, scraped in parallel). A failing part never fails the
 //! response; it counts in `scrape_failures_total{type}`. The answer's format is the app's
 //! (`format.rs`): an OpenMetrics app's `# EOF` ends the merged text, as in Istio's agent; a
-//! scraper that accepts gzip gets it gzipped (`compress.rs`).
+//! scraper that accepts gzip or zstd gets it compressed (`compress.rs`).
 
 mod compress;
 mod format;
@@ -102,7 +102,7 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
     let timeout = scrape_timeout(&headers);
     // Not for HEAD, as Istio's gzip handler (nginx once mishandled a gzipped HEAD answer).
     let head = req.method() == http::Method::HEAD;
-    let gzip = !head && compress::accepts_gzip(&headers);
+    let coding = (!head).then(|| compress::choose(&headers)).flatten();
 
     let mut agent_text = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut agent_text, &inputs.registry) {
@@ -279,10 +279,9 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static(content_type),
     );
-    if gzip {
-        compress::gzip(resp).await
-    } else {
-        resp
+    match coding {
+        Some(coding) => compress::compress(resp, coding).await,
+        None => resp,
     }
 }
 

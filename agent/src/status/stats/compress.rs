@@ -1,6 +1,6 @@
-//! The merged metrics gzipped for a scraper that accepts gzip, as Istio's agent answers (its
-//! status port's gzip handler): an answer of at least [`MIN_SIZE`] bytes goes out compressed,
-//! streamed frame by frame; a shorter one as it is.
+//! The merged metrics compressed for a scraper that asks, as Istio's agent answers: gzip (its
+//! status port's gzip handler) and, since Istio 1.30, zstd. An answer of at least [`MIN_SIZE`]
+//! bytes goes out compressed, streamed frame by frame; a shorter one as it is.
 
 use std::io::Write;
 
@@ -15,7 +15,61 @@ use super::super::Body;
 /// Answers shorter than this are not worth compressing.
 pub const MIN_SIZE: usize = 1024;
 
+/// A content coding the merged metrics can be answered in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coding {
+    Gzip,
+    Zstd,
+}
+
+impl Coding {
+    fn name(self) -> &'static str {
+        match self {
+            Coding::Gzip => "gzip",
+            Coding::Zstd => "zstd",
+        }
+    }
+}
+
+/// The coding for the scraper's `Accept-Encoding`: the one it gives the highest `q` (above
+/// zero), gzip on a tie (what every scraper that names both has always been given);
+/// `None`: uncompressed.
+pub fn choose(headers: &http::HeaderMap) -> Option<Coding> {
+    let mut best: Option<(f64, Coding)> = None;
+    for coding in headers
+        .get_all(http::header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+    {
+        let mut parts = coding.split(';').map(str::trim);
+        let name = parts.next().unwrap_or_default();
+        let Some(q) = parts
+            .find_map(|p| p.strip_prefix("q="))
+            .map_or(Some(1.0), |q| q.trim().parse::<f64>().ok())
+        else {
+            continue;
+        };
+        let coding = if name.eq_ignore_ascii_case("gzip") {
+            Coding::Gzip
+        } else if name.eq_ignore_ascii_case("zstd") {
+            Coding::Zstd
+        } else {
+            continue;
+        };
+        let better = match best {
+            None => true,
+            Some((bq, bc)) => q > bq || (q == bq && coding == Coding::Gzip && bc != coding),
+        };
+        if q > 0.0 && better {
+            best = Some((q, coding));
+        }
+    }
+    best.map(|(_, c)| c)
+}
+
 /// True when `Accept-Encoding` lists `gzip` with a `q` above zero.
+#[cfg(test)]
 pub fn accepts_gzip(headers: &http::HeaderMap) -> bool {
     headers
         .get_all(http::header::ACCEPT_ENCODING)
@@ -32,9 +86,45 @@ pub fn accepts_gzip(headers: &http::HeaderMap) -> bool {
         })
 }
 
-/// `resp` gzipped when its body reaches [`MIN_SIZE`] bytes (`Content-Encoding: gzip`,
+/// One streaming encoder of either coding.
+enum Encoder {
+    Gzip(GzEncoder<Vec<u8>>),
+    Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
+}
+
+impl Encoder {
+    fn new(coding: Coding) -> std::io::Result<Self> {
+        Ok(match coding {
+            Coding::Gzip => Encoder::Gzip(GzEncoder::new(Vec::new(), Compression::default())),
+            Coding::Zstd => Encoder::Zstd(zstd::stream::write::Encoder::new(Vec::new(), 3)?),
+        })
+    }
+
+    /// Compresses `data`; returns what is ready to send.
+    fn push(&mut self, data: &[u8]) -> std::io::Result<Vec<u8>> {
+        match self {
+            Encoder::Gzip(e) => {
+                e.write_all(data)?;
+                Ok(std::mem::take(e.get_mut()))
+            }
+            Encoder::Zstd(e) => {
+                e.write_all(data)?;
+                Ok(std::mem::take(e.get_mut()))
+            }
+        }
+    }
+
+    fn finish(self) -> std::io::Result<Vec<u8>> {
+        match self {
+            Encoder::Gzip(e) => e.finish(),
+            Encoder::Zstd(e) => e.finish(),
+        }
+    }
+}
+
+/// `resp` in `coding` when its body reaches [`MIN_SIZE`] bytes (`Content-Encoding`,
 /// `Vary: Accept-Encoding`), else as it was.
-pub async fn gzip(resp: http::Response<Body>) -> http::Response<Body> {
+pub async fn compress(resp: http::Response<Body>, coding: Coding) -> http::Response<Body> {
     let (mut parts, mut body) = resp.into_parts();
     let mut head = Vec::new();
     let mut ended = false;
@@ -60,7 +150,7 @@ pub async fn gzip(resp: http::Response<Body>) -> http::Response<Body> {
     }
     parts.headers.insert(
         http::header::CONTENT_ENCODING,
-        http::HeaderValue::from_static("gzip"),
+        http::HeaderValue::from_static(coding.name()),
     );
     parts.headers.insert(
         http::header::VARY,
@@ -70,14 +160,22 @@ pub async fn gzip(resp: http::Response<Body>) -> http::Response<Body> {
 
     let (tx, rx) = mpsc::channel::<Result<Frame<bytes::Bytes>, std::io::Error>>(4);
     tokio::spawn(async move {
-        let mut encoder = GzEncoder::new(Vec::new(), Compression::default());
-        let mut chunk = head;
-        loop {
-            if let Err(e) = encoder.write_all(&chunk) {
+        let mut encoder = match Encoder::new(coding) {
+            Ok(e) => e,
+            Err(e) => {
                 let _ = tx.send(Err(e)).await;
                 return;
             }
-            let out = std::mem::take(encoder.get_mut());
+        };
+        let mut chunk = head;
+        loop {
+            let out = match encoder.push(&chunk) {
+                Ok(out) => out,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
             if !out.is_empty() && tx.send(Ok(Frame::data(out.into()))).await.is_err() {
                 return;
             }
@@ -127,13 +225,13 @@ mod tests {
         assert!(!accepts_gzip(&http::HeaderMap::new()));
     }
 
-    async fn answer(body: Vec<u8>) -> (Option<String>, Vec<u8>) {
+    async fn answer(body: Vec<u8>, coding: Coding) -> (Option<String>, Vec<u8>) {
         let resp = http::Response::new(
             http_body_util::Full::new(bytes::Bytes::from(body))
                 .map_err(|never: std::convert::Infallible| match never {})
                 .boxed(),
         );
-        let resp = gzip(resp).await;
+        let resp = compress(resp, coding).await;
         let encoding = resp
             .headers()
             .get(http::header::CONTENT_ENCODING)
@@ -144,14 +242,14 @@ mod tests {
 
     #[tokio::test]
     async fn large_answers_are_compressed_small_ones_not() {
-        let (enc, body) = answer(b"a 1\n".to_vec()).await;
+        let (enc, body) = answer(b"a 1\n".to_vec(), Coding::Gzip).await;
         assert_eq!(enc, None);
         assert_eq!(body, b"a 1\n");
 
         let text: Vec<u8> = (0..500)
             .flat_map(|i| format!("metric_{i} {i}\n").into_bytes())
             .collect();
-        let (enc, body) = answer(text.clone()).await;
+        let (enc, body) = answer(text.clone(), Coding::Gzip).await;
         assert_eq!(enc.as_deref(), Some("gzip"));
         let mut inflated = Vec::new();
         flate2::read::GzDecoder::new(&body[..])
@@ -159,5 +257,23 @@ mod tests {
             .unwrap();
         assert_eq!(inflated, text);
         assert!(body.len() < text.len() / 2);
+
+        let (enc, body) = answer(text.clone(), Coding::Zstd).await;
+        assert_eq!(enc.as_deref(), Some("zstd"));
+        assert_eq!(zstd::stream::decode_all(&body[..]).unwrap(), text);
+        assert!(body.len() < text.len() / 2);
+    }
+
+    #[test]
+    fn the_coding_is_the_scrapers_first_choice() {
+        let choose = |v: &str| choose(&headers(v));
+        assert_eq!(choose("gzip"), Some(Coding::Gzip));
+        assert_eq!(choose("zstd"), Some(Coding::Zstd));
+        assert_eq!(choose("gzip;q=0.5, zstd"), Some(Coding::Zstd));
+        assert_eq!(choose("zstd;q=0.5, GZIP"), Some(Coding::Gzip));
+        assert_eq!(choose("zstd, gzip"), Some(Coding::Gzip), "a tie: gzip");
+        assert_eq!(choose("zstd;q=0, gzip;q=0"), None);
+        assert_eq!(choose("br, identity"), None);
+        assert_eq!(choose(""), None);
     }
 }

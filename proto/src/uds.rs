@@ -129,13 +129,13 @@ mod tests {
 }
 
 /// Run in a child process whose working directory is deeper than `sun_path`
-/// ([`deep_working_directory`]): the sockets under it are bound and dialed by relative paths.
+/// ([`deep_cwd::deep_working_directory`]): the sockets under it are bound and dialed by relative
+/// paths.
 #[cfg(test)]
 mod deep_cwd {
     use super::*;
 
-    #[test]
-    #[ignore = "run by deep_working_directory in a deep working directory"]
+    /// The child's part, in the deep working directory.
     fn child_in_deep_working_directory() {
         let cwd = std::env::current_dir().unwrap();
         assert!(cwd.as_os_str().len() > SUN_PATH_MAX, "{}", cwd.display());
@@ -163,18 +163,25 @@ mod deep_cwd {
         });
     }
 
+    /// Set in the child run of [`deep_working_directory`].
+    const CHILD: &str = "PROTO_UDS_DEEP_CWD_CHILD";
+
     #[test]
     fn deep_working_directory() {
+        #[allow(clippy::disallowed_methods)] // the test re-runs itself as its own child
+        if std::env::var_os(CHILD).is_some() {
+            return child_in_deep_working_directory();
+        }
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("a".repeat(60)).join("b".repeat(60));
         std::fs::create_dir_all(&dir).unwrap();
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "uds::deep_cwd::child_in_deep_working_directory",
-                "--ignored",
+                "uds::deep_cwd::deep_working_directory",
                 "--nocapture",
             ])
+            .env(CHILD, "1")
             .current_dir(&dir)
             .output()
             .unwrap();

@@ -33,7 +33,11 @@ fn lay_out(envoy: &Path, out: &Path, istio_envoy_dir: Option<&Path>) {
 fn dockerfile_final_stage_is_the_rootfs_script_tree() {
     let dockerfile = dockerfile();
     for needle in [
-        "cargo build --profile dist --locked -p agent -p iptables-init --bins",
+        "cargo build --profile dist --locked -p agent --bins",
+        // istio-iptables static and non-PIE, put where the rootfs script takes it from.
+        r#"RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static""#,
+        r#"cargo build --profile dist --locked -p iptables-init --bin istio-iptables --target "$triple""#,
+        r#"cp "target/$triple/dist/istio-iptables" target/dist/istio-iptables"#,
         "scripts/image-rootfs.sh target/dist /envoy/usr/local/bin/envoy /rootfs /envoy/var/lib/istio/envoy",
         "COPY --from=build /rootfs/ /",
         "useradd -m --uid 1337 --user-group istio-proxy",

@@ -136,7 +136,7 @@ fn seed() -> u64 {
 }
 
 /// A standard query (RD set) for `name`, type `qtype`, class IN.
-fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
+pub(crate) fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
     let mut q = Vec::with_capacity(64);
     q.extend_from_slice(&id.to_be_bytes());
     q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);

@@ -10,7 +10,11 @@
 //! - NDS: istiod's ServiceEntries resolve through our DNS proxy;
 //! - istiod SIGKILLed and started again: Envoy's ADS stream to the agent is kept, the agent
 //!   replays its subscriptions, and Envoy is SYNCED again (the time is printed; the 1 s goal is
-//!   checked by `scripts/bench-side-by-side.sh`, not here).
+//!   checked by `scripts/bench-side-by-side.sh`, not here);
+//! - two istiods on the same files (CA root and key, config folder) as a comma-separated
+//!   `discoveryAddress`, the one in use SIGKILLed: Envoy is SYNCED via the other within 2 s (goal
+//!   1 s, printed as `FIGURE`), its ADS stream to the agent never re-opened, and the next
+//!   certificate signed by the other's CA (`live_istiods_failover`).
 //!
 //! Skips with a message when `ISTIO_GO_BIN` is unset, also under `CI=true`: CI never has
 //! Istio's binaries.
@@ -67,45 +71,28 @@ struct Istiod {
     istio_extensions: bool,
     http: SocketAddr,
     secure_grpc: SocketAddr,
+    monitoring: SocketAddr,
 }
 
 impl Istiod {
     /// Writes its files under `dir` (cacerts from `ca_dir`) and starts it.
     fn start(go_bin: &Path, dir: &Path, ca_dir: &Path, api: SocketAddr) -> Istiod {
-        let data = repo_root().join("tests/data/live-istiod");
-        std::fs::create_dir_all(dir.join("config")).expect("mkdir");
-        for f in ["services.yaml", "policy.yaml"] {
-            std::fs::copy(data.join("config").join(f), dir.join("config").join(f)).expect("copy");
-        }
-        std::fs::copy(data.join("mesh.yaml"), dir.join("mesh.yaml")).expect("copy mesh");
-        write_file(&dir.join("meshNetworks"), "");
-        for f in [
-            "ca-cert.pem",
-            "ca-key.pem",
-            "root-cert.pem",
-            "cert-chain.pem",
-        ] {
-            std::fs::copy(ca_dir.join(f), dir.join("cacerts").join(f))
-                .or_else(|_| {
-                    std::fs::create_dir_all(dir.join("cacerts"))?;
-                    std::fs::copy(ca_dir.join(f), dir.join("cacerts").join(f))
-                })
-                .expect("copy cacerts");
-        }
-        write_file(
-            &dir.join("kubeconfig"),
-            &format!(
-                "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"http://{api}\"}}}}]\nusers: [{{name: fake, user: {{}}}}]\ncontexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\ncurrent-context: fake\n"
-            ),
-        );
+        write_files(dir, ca_dir, api);
+        Istiod::start_on(go_bin, dir, api, true)
+    }
+
+    /// Starts one on the files [`write_files`] wrote under `dir` (several may share them), on
+    /// fresh loopback ports.
+    fn start_on(go_bin: &Path, dir: &Path, api: SocketAddr, istio_extensions: bool) -> Istiod {
         let mut istiod = Istiod {
             child: None,
             bin: go_bin.join("pilot-discovery"),
             dir: dir.to_path_buf(),
             api,
-            istio_extensions: true,
+            istio_extensions,
             http: loopback(free_port()),
             secure_grpc: loopback(free_port()),
+            monitoring: loopback(free_port()),
         };
         istiod.spawn();
         istiod
@@ -134,7 +121,7 @@ impl Istiod {
             .arg(format!("--secureGRPCAddr={}", self.secure_grpc))
             .arg(format!("--grpcAddr={}", loopback(free_port())))
             .arg(format!("--httpsAddr={}", loopback(free_port())))
-            .arg(format!("--monitoringAddr={}", loopback(free_port())))
+            .arg(format!("--monitoringAddr={}", self.monitoring))
             .args(["--ctrlz_port=0", "--log_output_level=default:warn"]);
         if !self.istio_extensions {
             cmd.env("PILOT_ENABLE_METADATA_EXCHANGE", "false")
@@ -158,6 +145,20 @@ impl Istiod {
         let mut child = self.child.take().expect("running");
         child.signal(nix::sys::signal::Signal::SIGKILL);
         assert!(child.wait_timeout(Duration::from_secs(10)).is_some());
+    }
+
+    /// Certificates its CA signed so far (`citadel_server_success_cert_issuance_count` on the
+    /// monitoring port).
+    fn issued(&self) -> Result<u64, String> {
+        let (code, body) = http_get(self.monitoring, "/metrics")?;
+        if code != 200 {
+            return Err(format!("/metrics {code}"));
+        }
+        Ok(body
+            .lines()
+            .filter(|l| l.starts_with("citadel_server_success_cert_issuance_count"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64)
     }
 
     /// `/debug/syncz` for our proxy: Ok when CDS, LDS, RDS and EDS were sent and the last of
@@ -188,11 +189,39 @@ impl Istiod {
     }
 }
 
+/// istiod's files under `dir`: the config folder, mesh config, cacerts (from `ca_dir`) and a
+/// kubeconfig for the fake API server at `api`.
+fn write_files(dir: &Path, ca_dir: &Path, api: SocketAddr) {
+    let data = repo_root().join("tests/data/live-istiod");
+    std::fs::create_dir_all(dir.join("config")).expect("mkdir");
+    std::fs::create_dir_all(dir.join("cacerts")).expect("mkdir");
+    for f in ["services.yaml", "policy.yaml"] {
+        std::fs::copy(data.join("config").join(f), dir.join("config").join(f)).expect("copy");
+    }
+    std::fs::copy(data.join("mesh.yaml"), dir.join("mesh.yaml")).expect("copy mesh");
+    write_file(&dir.join("meshNetworks"), "");
+    for f in [
+        "ca-cert.pem",
+        "ca-key.pem",
+        "root-cert.pem",
+        "cert-chain.pem",
+    ] {
+        std::fs::copy(ca_dir.join(f), dir.join("cacerts").join(f)).expect("copy cacerts");
+    }
+    write_file(
+        &dir.join("kubeconfig"),
+        &format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"http://{api}\"}}}}]\nusers: [{{name: fake, user: {{}}}}]\ncontexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\ncurrent-context: fake\n"
+        ),
+    );
+}
+
 fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-/// The agent and Envoy in a scratch folder, against `istiod`.
+/// The agent and Envoy in a scratch folder, against `istiods` (several: a comma-separated
+/// `discoveryAddress`, in this order).
 struct Sidecar {
     agent: Child,
     envoy: Child,
@@ -204,10 +233,11 @@ struct Sidecar {
 fn start_sidecar(
     scratch: &Path,
     envoy_path: &Path,
-    istiod: &Istiod,
+    istiods: &[&Istiod],
     token: &str,
     extra_env: &[(&str, &str)],
 ) -> Sidecar {
+    let istiod = istiods[0];
     write_file(&scratch.join("var/run/secrets/tokens/istio-token"), token);
     write_file(
         &scratch.join("var/run/secrets/istio/root-cert.pem"),
@@ -218,9 +248,19 @@ fn start_sidecar(
     let dns = loopback(free_port());
     let env = |cmd: &mut Command| {
         agent_env(cmd, istiod.secure_grpc, SERVICE_ACCOUNT, &ports);
-        cmd.env("ISTIO_META_DNS_CAPTURE", "true")
-            .env("DNS_PROXY_ADDR", dns.to_string())
-            .envs(extra_env.iter().copied());
+        let discovery: Vec<String> = istiods.iter().map(|i| i.secure_grpc.to_string()).collect();
+        cmd.env(
+            "PROXY_CONFIG",
+            format!(
+                r#"{{"discoveryAddress":"{}","statusPort":{},"proxyAdminPort":{}}}"#,
+                discovery.join(","),
+                ports.status,
+                ports.admin
+            ),
+        )
+        .env("ISTIO_META_DNS_CAPTURE", "true")
+        .env("DNS_PROXY_ADDR", dns.to_string())
+        .envs(extra_env.iter().copied());
     };
     let mut boot = user.command("pilot-agent");
     boot.args(["bootstrap", "sidecar"]).current_dir(scratch);
@@ -309,7 +349,7 @@ fn live_istiod_certificate_xds_nds_and_restart() {
     // 1. With Istio's defaults, upstream Envoy rejects the Istio-only extensions in CDS and LDS.
     {
         let scratch = work.path().join("defaults");
-        let sidecar = start_sidecar(&scratch, &envoy_path, &istiod, &token, &[]);
+        let sidecar = start_sidecar(&scratch, &envoy_path, &[&istiod], &token, &[]);
         let nacks = assert_eventually(Duration::from_secs(30), || {
             let nacks = lines(&sidecar.agent, "Envoy rejected an xDS response");
             let cds = nacks.iter().any(|l| {
@@ -341,7 +381,7 @@ fn live_istiod_certificate_xds_nds_and_restart() {
     let sidecar = start_sidecar(
         &scratch,
         &envoy_path,
-        &istiod,
+        &[&istiod],
         &token,
         &[("SECRET_TTL", "10s")],
     );
@@ -425,6 +465,113 @@ fn live_istiod_certificate_xds_nds_and_restart() {
         nacks.is_empty(),
         "Envoy NACKed after the restart: {nacks:#?}"
     );
+    drop(sidecar.envoy);
+}
+
+/// Two istiods on one set of files (the same plugged-in CA root and key, the same config
+/// folder), given to the agent as a comma-separated `discoveryAddress`; the one in use is
+/// SIGKILLed. Envoy is SYNCED via the other within the bound, its ADS stream to the agent is
+/// never re-opened, and the next certificate is signed by the other's CA.
+#[test]
+fn live_istiods_failover() {
+    let Some(go_bin) = istio_go_bin() else {
+        return;
+    };
+    let Some(envoy_path) = envoy_bin() else {
+        return;
+    };
+    let work = tempfile::Builder::new()
+        .prefix("live-istiods-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let lite = harness::local::LocalIstiod::start("");
+    let api = FakeApi::start();
+    let files = work.path().join("istiod");
+    write_files(&files, lite.ca_dir.path(), api.addr);
+    let mut istiods = vec![
+        Istiod::start_on(&go_bin, &files, api.addr, false),
+        Istiod::start_on(&go_bin, &files, api.addr, false),
+    ];
+    let token = api.token("demo", SERVICE_ACCOUNT);
+    // 8 s certificates: a rotation every 4 s (grace ratio 0.5).
+    let sidecar = start_sidecar(
+        &work.path().join("sidecar"),
+        &envoy_path,
+        &[&istiods[0], &istiods[1]],
+        &token,
+        &[("SECRET_TTL", "8s")],
+    );
+    assert_eventually(Duration::from_secs(30), || sidecar.ready());
+    let in_use = assert_eventually(Duration::from_secs(30), || {
+        istiods
+            .iter()
+            .position(|i| i.synced().is_ok())
+            .ok_or_else(|| "not SYNCED on either istiod".to_string())
+    });
+    let streams = super::xds_reconnect::ads_streams(sidecar.admin);
+    let mut dead = istiods.remove(in_use);
+    let other = &istiods[0];
+    assert!(
+        other.synced().is_err(),
+        "the other istiod already has our proxy"
+    );
+    // Both connections (ADS and CA) take the addresses in order: until the kill, the one in use
+    // signed every certificate.
+    let issued_before = other.issued().expect("the other istiod's /metrics");
+    let signed_by_dead = dead.issued().expect("/metrics of the istiod in use");
+    assert!(
+        signed_by_dead >= 1 && issued_before == 0,
+        "before the kill the istiod in use signed {signed_by_dead}, the other {issued_before}"
+    );
+
+    let killed = Instant::now();
+    dead.kill();
+    assert_eventually(Duration::from_secs(20), || other.synced());
+    let on_other = killed.elapsed();
+    eprintln!(
+        "FIGURE live_istiods_failover: Envoy SYNCED via the other istiod {on_other:?} after SIGKILL of the one in use"
+    );
+    // Goal 1 s; the margin absorbs a loaded 2-core host (as tests/tests/agent/istiod_failover.rs).
+    assert!(
+        on_other <= Duration::from_millis(2000),
+        "Envoy SYNCED via the other istiod only {on_other:?} after the kill"
+    );
+    assert_eq!(
+        super::xds_reconnect::ads_streams(sidecar.admin),
+        streams,
+        "Envoy re-opened its ADS stream to the agent"
+    );
+
+    // The next certificate is signed by the other istiod's CA and reaches Envoy.
+    let spiffe = format!("spiffe://cluster.local/ns/demo/sa/{SERVICE_ACCOUNT}");
+    let serials_before =
+        harness::envoy::cert_serials((200, sidecar.admin("/certs")), &spiffe).expect("serials");
+    assert_eventually(Duration::from_secs(30), || {
+        let issued = other.issued()?;
+        (issued > issued_before)
+            .then_some(())
+            .ok_or(format!("the other istiod signed {issued} certificates"))
+    });
+    let rotated = killed.elapsed();
+    assert_eventually(Duration::from_secs(20), || {
+        let serials = harness::envoy::cert_serials((200, sidecar.admin("/certs")), &spiffe)?;
+        serials
+            .iter()
+            .any(|s| !serials_before.contains(s))
+            .then_some(())
+            .ok_or(format!("Envoy still has {serials:?}"))
+    });
+    eprintln!(
+        "FIGURE live_istiods_failover: certificate signed by the other istiod {rotated:?} after the kill (SECRET_TTL 8s)"
+    );
+    assert_eq!(
+        super::xds_reconnect::ads_streams(sidecar.admin),
+        streams,
+        "Envoy re-opened its ADS stream to the agent"
+    );
+    assert_eventually(Duration::from_secs(10), || sidecar.ready());
+    let nacks = lines(&sidecar.agent, "Envoy rejected an xDS response");
+    assert!(nacks.is_empty(), "Envoy NACKed: {nacks:#?}");
     drop(sidecar.envoy);
 }
 

@@ -17,6 +17,7 @@
 //!    the client's size with TC when cut ([`respond::encode`]); SERVFAIL when every upstream
 //!    failed.
 
+pub(crate) mod bench;
 pub(crate) mod fuzz;
 mod local;
 mod respond;
@@ -33,12 +34,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::Metrics;
 use crate::cache::{Cache, Key, Lookup};
 use crate::datagrams::ClientReply;
 use crate::forward::{ForwardError, Forwarder, Raw, Relay};
 use crate::packet::{self, Question, Transport};
-use crate::table::{LookupTable, TableHandle};
+use crate::table::{Expansion, LookupTable, TableHandle};
+use crate::{Config, Metrics};
 use respond::{encode, respond, upstream_to_client};
 
 /// Everything the answer path needs: the table, the cache, the forwarder and the bound on
@@ -120,6 +121,35 @@ pub(crate) struct Outgoing {
 }
 
 impl AnswerPath {
+    /// The answer path `config` asks for: an empty name table until the first NDS push, the
+    /// forwarder (stopped by `stop`), the cache when on, the bound on forwards in flight.
+    pub fn new(config: &Config, metrics: Arc<Metrics>, stop: CancellationToken) -> AnswerPath {
+        let expansion = Expansion {
+            namespace: config.namespace.to_ascii_lowercase(),
+            proxy_domain: config.proxy_domain(),
+            search: config.search_domains.first().cloned(),
+        };
+        AnswerPath {
+            table: TableHandle::new(expansion),
+            forwarder: Forwarder::new(
+                config.upstreams.clone(),
+                config.forward_timeout,
+                config.forward_parallel,
+                config.upstream_udp_payload,
+                stop,
+            ),
+            cache: config.cache_enabled.then(|| {
+                Cache::new(config.cache_max_entries, config.cache_max_bytes)
+                    .serving_stale(config.serve_stale, config.prefetch)
+            }),
+            upstream_failed_at: std::sync::Mutex::new(None),
+            access_log: config.access_log,
+            metrics,
+            respond_before_sync: config.respond_before_sync,
+            forwards: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
+        }
+    }
+
     /// The synchronous part of the request path: everything except the upstream exchange.
     pub fn handle(&self, bytes: &[u8], transport: Transport) -> Action {
         self.handle_from(bytes, transport, &Cell::new(Source::Local))

@@ -88,3 +88,9 @@ pub enum Error {
 pub mod fuzzing {
     pub use crate::answer::fuzz::{fuzz_request, fuzz_upstream_answer};
 }
+
+/// The answer path without sockets, for the cache flood bench; not part of the stable API.
+#[doc(hidden)]
+pub mod bench {
+    pub use crate::answer::bench::{PushError, UpstreamAnswers};
+}

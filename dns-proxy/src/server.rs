@@ -15,9 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::answer::AnswerPath;
-use crate::cache::Cache;
-use crate::forward::Forwarder;
-use crate::table::{Expansion, TableHandle};
+use crate::table::TableHandle;
 use crate::{Config, Error, Metrics};
 
 /// The DNS proxy: bound listeners plus the shared request path. Build with [`DnsProxy::bind`],
@@ -108,31 +106,8 @@ impl DnsProxy {
             cache = config.cache_enabled,
             "DNS proxy listening"
         );
-        let expansion = Expansion {
-            namespace: config.namespace.to_ascii_lowercase(),
-            proxy_domain: config.proxy_domain(),
-            search: config.search_domains.first().cloned(),
-        };
         let stop = CancellationToken::new();
-        let path = Arc::new(AnswerPath {
-            table: TableHandle::new(expansion),
-            forwarder: Forwarder::new(
-                config.upstreams.clone(),
-                config.forward_timeout,
-                config.forward_parallel,
-                config.upstream_udp_payload,
-                stop.clone(),
-            ),
-            cache: config.cache_enabled.then(|| {
-                Cache::new(config.cache_max_entries, config.cache_max_bytes)
-                    .serving_stale(config.serve_stale, config.prefetch)
-            }),
-            upstream_failed_at: std::sync::Mutex::new(None),
-            access_log: config.access_log,
-            metrics,
-            respond_before_sync: config.respond_before_sync,
-            forwards: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
-        });
+        let path = Arc::new(AnswerPath::new(&config, metrics, stop.clone()));
         let limits = TcpLimits {
             conns: Arc::new(Semaphore::new(config.max_tcp_connections.max(1))),
             idle: config.tcp_idle_timeout,

@@ -209,6 +209,15 @@ impl SecretDiscoveryService for Sds {
         request: Request<DiscoveryRequest>,
     ) -> Result<Response<DiscoveryResponse>, Status> {
         let req = request.into_inner();
+        let distinct: std::collections::HashSet<&str> =
+            req.resource_names.iter().map(String::as_str).collect();
+        if distinct.len() > stream::MAX_WATCHED_NAMES {
+            return Err(Status::resource_exhausted(format!(
+                "SDS fetch names {} resources; at most {} per request (MAX_WATCHED_NAMES)",
+                distinct.len(),
+                stream::MAX_WATCHED_NAMES
+            )));
+        }
         let crl = self.manager.config().crl_path.clone();
         let mut resources = Vec::new();
         for n in &req.resource_names {

@@ -23,13 +23,35 @@ use crate::manager::{SecretItem, SecretManager};
 /// A name's new value.
 pub(super) type Update = (String, Arc<SecretItem>);
 
+/// Distinct resource names one stream may watch at once. Each watched name costs a task and a
+/// watch on the secret manager, and one request (up to the 4 MiB message limit) can name
+/// hundreds of thousands, so a request that would take a stream past this is refused with
+/// `RESOURCE_EXHAUSTED` and the stream ends. A sidecar's Envoy asks for `default` and `ROOTCA`;
+/// a gateway asks for one name per credential it terminates (`file-cert:`/`file-root:` or
+/// `kubernetes://` names), so 1,024 leaves a wide margin for the gateways we know of. Istio's
+/// agent has no such bound.
+pub(super) const MAX_WATCHED_NAMES: usize = 1024;
+
+/// The refusal of a request that would make a stream watch `names` names.
+fn too_many_names(names: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "SDS request would make the stream watch {names} resource names; at most \
+         {MAX_WATCHED_NAMES} per stream (MAX_WATCHED_NAMES)"
+    ))
+}
+
 /// What differs between the two protocols.
 pub(super) trait Protocol: Send + 'static {
     type Request: prost::Message + Default + Send + 'static;
     type Response: Send + 'static;
     /// Applies `req` to the watches; returns the names to answer now with their current
-    /// values (`None`: the request is ignored).
-    fn on_request(&mut self, req: Self::Request, w: &mut Watches) -> Option<Vec<String>>;
+    /// values (`None`: the request is ignored). A request that would take the stream past
+    /// [`MAX_WATCHED_NAMES`] changes nothing and is refused (`Err`: the stream ends with it).
+    fn on_request(
+        &mut self,
+        req: Self::Request,
+        w: &mut Watches,
+    ) -> Result<Option<Vec<String>>, Status>;
     /// The response carrying what in `batch` is news to the stream, and the values it carries
     /// (`None`: nothing to send).
     fn respond(
@@ -74,8 +96,14 @@ pub(super) async fn serve<P: Protocol, S>(
                         return;
                     }
                 };
-                let Some(names) = protocol.on_request(req, &mut w) else {
-                    continue;
+                let names = match protocol.on_request(req, &mut w) {
+                    Ok(Some(names)) => names,
+                    Ok(None) => continue,
+                    Err(status) => {
+                        warn!(error = %status.message(), "SDS request refused; closing the stream");
+                        let _ = out.send(Err(status)).await;
+                        return;
+                    }
                 };
                 names
                     .into_iter()
@@ -122,22 +150,29 @@ impl Protocol for Sotw {
     type Request = DiscoveryRequest;
     type Response = DiscoveryResponse;
 
-    fn on_request(&mut self, req: DiscoveryRequest, w: &mut Watches) -> Option<Vec<String>> {
+    fn on_request(
+        &mut self,
+        req: DiscoveryRequest,
+        w: &mut Watches,
+    ) -> Result<Option<Vec<String>>, Status> {
         if !req.type_url.is_empty() && req.type_url != proto::type_url::SECRET {
             warn!(type_url = %req.type_url, "SDS request for an unexpected type; ignored");
-            return None;
+            return Ok(None);
         }
         if !req.response_nonce.is_empty() {
             if req.response_nonce != self.last_nonce {
                 debug!(nonce = %req.response_nonce, "stale nonce; ignored");
-                return None;
+                return Ok(None);
             }
             if let Some(err) = &req.error_detail {
-                warn!(names = ?req.resource_names, version = %req.version_info, error = %err.message, "Envoy rejected (NACK) a secret");
-                return None;
+                warn!(names = req.resource_names.len(), version = %req.version_info, error = %err.message, "Envoy rejected (NACK) a secret");
+                return Ok(None);
             }
         }
-        let wanted: HashSet<String> = req.resource_names.iter().cloned().collect();
+        let wanted: HashSet<String> = req.resource_names.into_iter().collect();
+        if wanted.len() > MAX_WATCHED_NAMES {
+            return Err(too_many_names(wanted.len()));
+        }
         let current = w.names();
         for gone in current.difference(&wanted) {
             debug!(resource = %gone, "unsubscribed");
@@ -153,7 +188,7 @@ impl Protocol for Sotw {
                 answer.push(n);
             }
         }
-        Some(answer)
+        Ok(Some(answer))
     }
 
     fn respond(
@@ -209,13 +244,37 @@ impl Protocol for Delta {
     type Request = DeltaDiscoveryRequest;
     type Response = DeltaDiscoveryResponse;
 
-    fn on_request(&mut self, req: DeltaDiscoveryRequest, w: &mut Watches) -> Option<Vec<String>> {
+    fn on_request(
+        &mut self,
+        req: DeltaDiscoveryRequest,
+        w: &mut Watches,
+    ) -> Result<Option<Vec<String>>, Status> {
         if !req.type_url.is_empty() && req.type_url != proto::type_url::SECRET {
             warn!(type_url = %req.type_url, "delta SDS request for an unexpected type; ignored");
-            return None;
+            return Ok(None);
         }
         if let Some(err) = &req.error_detail {
             warn!(nonce = %req.response_nonce, error = %err.message, "Envoy rejected (NACK) a delta secret");
+        }
+        // The names watched once the request is applied (initial versions, then unsubscribes,
+        // then subscribes, as below), counted before anything changes.
+        let watched_after = {
+            let unsubscribe: HashSet<&str> = req
+                .resource_names_unsubscribe
+                .iter()
+                .map(String::as_str)
+                .collect();
+            w.tasks
+                .keys()
+                .chain(req.initial_resource_versions.keys())
+                .map(String::as_str)
+                .filter(|n| !unsubscribe.contains(n))
+                .chain(req.resource_names_subscribe.iter().map(String::as_str))
+                .collect::<HashSet<&str>>()
+                .len()
+        };
+        if watched_after > MAX_WATCHED_NAMES {
+            return Err(too_many_names(watched_after));
         }
         for (n, v) in req.initial_resource_versions {
             w.add(&n);
@@ -232,7 +291,7 @@ impl Protocol for Delta {
                 answer.push(n);
             }
         }
-        Some(answer)
+        Ok(Some(answer))
     }
 
     fn respond(
@@ -375,5 +434,102 @@ impl Drop for Watches {
         for t in self.tasks.values() {
             t.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream's watches on a manager with no CA reachable (names wait, never answered).
+    fn watches(dir: &Path) -> (Watches, mpsc::Receiver<Update>) {
+        let mut reg = prometheus_client::registry::Registry::default();
+        let manager = SecretManager::new(
+            Arc::new(crate::Config::defaults(dir)),
+            Arc::new(crate::Metrics::new(&mut reg)),
+        )
+        .expect("manager");
+        let (tx, rx) = mpsc::channel(64);
+        let w = Watches {
+            manager,
+            tx,
+            tasks: HashMap::new(),
+            sent: HashMap::new(),
+        };
+        (w, rx)
+    }
+
+    fn names(range: std::ops::Range<usize>) -> Vec<String> {
+        range
+            .map(|i| format!("file-cert:/c/{i}.pem~/c/{i}.key"))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn sotw_request_over_the_cap_changes_no_watch() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut w, _rx) = watches(dir.path());
+        let mut sotw = Sotw::default();
+        let req = |names: Vec<String>| DiscoveryRequest {
+            resource_names: names,
+            type_url: proto::type_url::SECRET.to_string(),
+            ..Default::default()
+        };
+        let answered = sotw
+            .on_request(req(names(0..2)), &mut w)
+            .expect("served")
+            .expect("answered");
+        assert_eq!(answered.len(), 2);
+        let err = sotw
+            .on_request(req(names(0..MAX_WATCHED_NAMES + 1)), &mut w)
+            .expect_err("over the cap");
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(w.tasks.len(), 2, "no task added or removed");
+        // A duplicated name counts once: cap distinct names are served.
+        let mut at = names(0..MAX_WATCHED_NAMES);
+        at.push(at[0].clone());
+        sotw.on_request(req(at), &mut w).expect("served");
+        assert_eq!(w.tasks.len(), MAX_WATCHED_NAMES);
+    }
+
+    #[tokio::test]
+    async fn delta_requests_count_what_the_stream_watches_after_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut w, _rx) = watches(dir.path());
+        let mut delta = Delta::default();
+        let req = |sub: Vec<String>, unsub: Vec<String>| DeltaDiscoveryRequest {
+            resource_names_subscribe: sub,
+            resource_names_unsubscribe: unsub,
+            type_url: proto::type_url::SECRET.to_string(),
+            ..Default::default()
+        };
+        let cap = MAX_WATCHED_NAMES;
+        delta
+            .on_request(req(names(0..cap - 24), vec![]), &mut w)
+            .expect("served");
+        assert_eq!(w.tasks.len(), cap - 24);
+        // 25 more: one over. Refused whole; nothing changes.
+        let err = delta
+            .on_request(req(names(cap - 24..cap + 1), vec![]), &mut w)
+            .expect_err("over the cap");
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert!(err.message().contains(&format!("{}", cap + 1)), "{err:?}");
+        assert_eq!(w.tasks.len(), cap - 24);
+        // Names already watched, and names unsubscribed in the same request, make room.
+        delta
+            .on_request(req(names(0..cap), vec![]), &mut w)
+            .expect("served at the cap");
+        assert_eq!(w.tasks.len(), cap);
+        delta
+            .on_request(req(names(cap..cap + 10), names(0..10)), &mut w)
+            .expect("ten out, ten in");
+        assert_eq!(w.tasks.len(), cap);
+        // Initial versions (a reconnect) count too.
+        let mut reconnect = req(vec![], vec![]);
+        reconnect
+            .initial_resource_versions
+            .insert("file-root:/c/extra.pem".into(), "v1".into());
+        assert!(delta.on_request(reconnect, &mut w).is_err());
+        assert_eq!(w.tasks.len(), cap);
     }
 }

@@ -441,3 +441,62 @@ async fn socket_path_past_sun_path_is_served() {
     token.cancel();
     served.await.expect("join").expect("clean shutdown");
 }
+
+#[tokio::test]
+async fn a_request_over_the_name_cap_is_refused_and_one_at_the_cap_is_served() {
+    use super::stream::MAX_WATCHED_NAMES;
+    let ca = FakeCa::start();
+    let f = start(&ca, |_| {}).await;
+    // The workload certificate first: every other name is then served from it at once.
+    let mut first = Sotw::open(&f.path).await;
+    first.send(&["default"], "", "", false).await;
+    assert_eq!(names(&first.next().await), vec!["default"]);
+    let credential = |i: usize| format!("gateway-credential-{i}");
+
+    // cap + 1 names: RESOURCE_EXHAUSTED naming the cap, and the stream ends.
+    let over: Vec<String> = (0..=MAX_WATCHED_NAMES).map(credential).collect();
+    let over: Vec<&str> = over.iter().map(String::as_str).collect();
+    let mut s = Sotw::open(&f.path).await;
+    s.send(&over, "", "", false).await;
+    let status = tokio::time::timeout(WAIT, s.rx.message())
+        .await
+        .expect("an answer in time")
+        .expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains(&format!("{}", MAX_WATCHED_NAMES + 1))
+            && status
+                .message()
+                .contains(&format!("at most {MAX_WATCHED_NAMES}")),
+        "{}",
+        status.message()
+    );
+
+    // Exactly cap names on a new stream: every one answered (over several responses).
+    let at: Vec<String> = (0..MAX_WATCHED_NAMES).map(credential).collect();
+    let at_refs: Vec<&str> = at.iter().map(String::as_str).collect();
+    let mut s = Sotw::open(&f.path).await;
+    s.send(&at_refs, "", "", false).await;
+    let mut got = std::collections::HashSet::new();
+    while got.len() < MAX_WATCHED_NAMES {
+        got.extend(names(&s.next().await));
+    }
+    assert_eq!(got, at.into_iter().collect());
+
+    // FetchSecrets is bounded the same way.
+    let req = |n: usize| DiscoveryRequest {
+        resource_names: (0..n).map(credential).collect(),
+        type_url: proto::type_url::SECRET.to_string(),
+        ..Default::default()
+    };
+    let mut c = client(&f.path).await;
+    let status = c
+        .fetch_secrets(req(MAX_WATCHED_NAMES + 1))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    let served = c.fetch_secrets(req(3)).await.expect("served").into_inner();
+    assert_eq!(secrets(&served).len(), 3);
+}

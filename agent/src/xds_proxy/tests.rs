@@ -61,35 +61,13 @@ async fn proxy_streams(
     reconnect: bool,
     streams: Streams,
 ) -> Harness {
-    proxy_inner(connect, nds, health, reconnect, streams, None, None).await
+    proxy_full(connect, nds, health, reconnect, streams, None, None).await
 }
 
-/// [`proxy_streams`] with a PCDS sink (`PROXY_CONFIG_XDS_AGENT`).
-async fn proxy_pcds(
-    connect: Connect,
-    nds: bool,
-    health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
-    reconnect: bool,
-    streams: Streams,
-    pcds: Option<PcdsSink>,
-) -> Harness {
-    proxy_inner(connect, nds, health, reconnect, streams, pcds, None).await
-}
-
-/// [`proxy_streams`] with the Wasm remote load conversion's cache.
-async fn proxy_full(
-    connect: Connect,
-    nds: bool,
-    health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
-    reconnect: bool,
-    streams: Streams,
-    wasm: Option<Arc<crate::xds_proxy::wasm::Cache>>,
-) -> Harness {
-    proxy_inner(connect, nds, health, reconnect, streams, None, wasm).await
-}
-
+/// [`proxy_streams`] with the optional parts: a PCDS sink (`PROXY_CONFIG_XDS_AGENT`), the Wasm
+/// remote load conversion's cache.
 #[allow(clippy::too_many_arguments)]
-async fn proxy_inner(
+async fn proxy_full(
     connect: Connect,
     nds: bool,
     health: Option<tokio::sync::watch::Receiver<Option<crate::health::Health>>>,
@@ -857,7 +835,16 @@ async fn pcds_feeds_the_trust_store_and_is_acked_by_the_proxy() {
         seen.lock().unwrap().push(pems);
         Ok(())
     });
-    let h = proxy_pcds(ads.connect(), false, None, true, Streams::One, Some(sink)).await;
+    let h = proxy_full(
+        ads.connect(),
+        false,
+        None,
+        true,
+        Streams::One,
+        Some(sink),
+        None,
+    )
+    .await;
     let mut client = envoy_client(&h.path).await;
     let (tx, rx) = mpsc::channel(8);
     tx.send(req(type_url::CLUSTER, "")).await.unwrap();

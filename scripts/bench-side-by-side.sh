@@ -4,6 +4,7 @@
 #   our pilot-agent: default target/dist/pilot-agent, else target/release/pilot-agent;
 #   ISTIOD_LITE (default target/release/istiod-lite), ENVOY_BIN (default .tools/bin/envoy);
 #   EDS_HOSTS (default 2000): endpoints of the ServiceEntry pushed for the EDS memory figure;
+#   AGENT_LOG: RUST_LOG for our agent (default warn); KEEP_WORK=1 keeps the logs and files;
 #   CONTROL_PLANE: istiod-lite (default) or istiod: Istio's own pilot-discovery from
 #   ISTIO_GO_BIN, run without Kubernetes as docs/istiod.md says (the fake API server of
 #   tests/data/live-istiod issues the RS256 token, istiod's CA is plugged in with istiod-lite's
@@ -23,7 +24,9 @@
 #              outstanding, DNS_SECONDS) against the agent's DNS proxy: q/s and agent CPU per
 #              query (utime + stime of the agent process; Envoy is a separate process), and the
 #              user-space part alone (utime); dnsperf's own CPU (per cent of a core) shows
-#              whether the agent or the load generator is what limits the q/s.
+#              whether the agent or the load generator is what limits the q/s;
+#   fwd        the same for DNS_NAMES names only the upstream (dnsmasq on 127.0.0.1:53, the
+#              namespace's resolv.conf) knows: every query forwarded (our answer cache is off).
 # Timed intervals are polled every 2 ms by scripts/lib/side_by_side_poll.py, started before the
 # interval begins, so no process start falls inside one.
 # Then the ratios ours / Istio's with the issue's goals. Nothing leaves 127.0.0.1.
@@ -54,6 +57,14 @@ esac
 for f in "$ours" "$peer" "$istiod" "$envoy" "$template"; do
   [ -e "$f" ] || { echo "missing: $f" >&2; exit 1; }
 done
+# Everything runs in a network and mount namespace of its own: loopback only, nothing else's ports,
+# and a resolv.conf that sends both agents' forwarded queries to the upstream started below on
+# 127.0.0.1:53 (Istio's agent reads /etc/resolv.conf and forwards to port 53).
+if [ -z "${SIDE_BY_SIDE_NS:-}" ]; then
+  [ "$(id -u)" = 0 ] || { echo "needs root: the bench runs in a network and mount namespace of its own" >&2; exit 2; }
+  exec unshare --net --mount --propagation private env SIDE_BY_SIDE_NS=1 bash "$0" "$@"
+fi
+ip link set lo up
 ours="$(realpath "$ours")" peer="$(realpath "$peer")" istiod="$(realpath "$istiod")"
 envoy="$(realpath "$envoy")" template="$(realpath "$template")"
 work="$(mktemp -d)"
@@ -61,9 +72,23 @@ groups=()
 cleanup() {
   for g in "${groups[@]}"; do kill -KILL -- "-$g" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$work"
+  if [ -n "${KEEP_WORK:-}" ]; then echo "work dir kept: $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
+echo "nameserver 127.0.0.1" >"$work/resolv.conf"
+mount --bind "$work/resolv.conf" /etc/resolv.conf
+
+# The forwarding upstream: dnsmasq on 127.0.0.1:53 answering fwd-N.fwd.test from a hosts file,
+# pinned to no core (as the agents and dnsperf).
+dns_names="${DNS_NAMES:-200}"
+for i in $(seq 0 $((dns_names - 1))); do
+  echo "198.18.$((100 + i / 250)).$((1 + i % 250)) fwd-$i.fwd.test"
+done >"$work/fwd-hosts"
+setsid dnsmasq --keep-in-foreground --no-resolv --no-hosts --conf-file=/dev/null --pid-file= \
+  --user=root --bind-interfaces --listen-address=127.0.0.1 --port=53 \
+  --addn-hosts="$work/fwd-hosts" --local-ttl=30 --cache-size=10000 >"$work/dnsmasq.log" 2>&1 &
+groups+=("$!")
+until [ -n "$(dig +short +tries=1 +time=1 @127.0.0.1 fwd-0.fwd.test)" ]; do sleep 0.05; done
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 status_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
@@ -138,7 +163,6 @@ for i in range(n):
 EOF
 }
 
-dns_names="${DNS_NAMES:-200}"
 dns_secs="${DNS_SECONDS:-5}"
 dns_config() { # $dns_names ServiceEntries with one address each, for the NDS table
   python3 - "$dns_names" <<'EOF'
@@ -150,6 +174,25 @@ for i in range(int(sys.argv[1])):
     print("  ports: [{ number: 80, name: http, protocol: HTTP }]\n  location: MESH_INTERNAL\n  resolution: STATIC")
     print("  endpoints: [{ address: 198.18.200.%d }]" % (1 + i % 250))
 EOF
+}
+
+# dnsperf with the queries in $1 against the agent's DNS proxy for DNS_SECONDS; sets dns_qps,
+# dns_cpu and dns_user (the agent's CPU, and its user-space part, per query, ns) and dns_client
+# (dnsperf's own CPU, per cent of one core: near 100, dnsperf is what limits the q/s).
+dns_run() {
+  local cpu0 cpu1 user0 user1 ticks
+  ticks=$(getconf CLK_TCK)
+  cpu0=$(awk '{print $14 + $15}' "/proc/$agent/stat")
+  user0=$(awk '{print $14}' "/proc/$agent/stat")
+  dns_qps=$(/usr/bin/time -f '%U %S' -o "$w/dnsperf-cpu" \
+    dnsperf -s 127.0.0.1 -p 37053 -d "$1" -l "$dns_secs" -c 4 -q 64 -n 1000000 2>/dev/null \
+    | awk '/Queries per second/ {print int($4)}')
+  cpu1=$(awk '{print $14 + $15}' "/proc/$agent/stat")
+  user1=$(awk '{print $14}' "/proc/$agent/stat")
+  [ "${dns_qps:-0}" -gt 0 ] || { echo "$label: dnsperf got no answers for $1" >&2; exit 1; }
+  dns_cpu=$(( (cpu1 - cpu0) * 1000000000 / ticks / (dns_qps * dns_secs) ))
+  dns_user=$(( (user1 - user0) * 1000000000 / ticks / (dns_qps * dns_secs) ))
+  dns_client=$(awk -v s="$dns_secs" '{printf "%d", ($1 + $2) * 100 / s}' "$w/dnsperf-cpu")
 }
 
 run_one() { # $1: label, $2: agent binary
@@ -182,10 +225,10 @@ run_one() { # $1: label, $2: agent binary
   echo "$(date +%s%N)" >"$w/go"
   setsid env -i PATH="$PATH" POD_NAME=bench POD_NAMESPACE=demo SERVICE_ACCOUNT=sa INSTANCE_IP=127.0.0.1 \
     ISTIOD_SAN=istiod.istio-system.svc ECC_SIGNATURE_ALGORITHM=ECDSA \
-    ISTIO_META_DNS_CAPTURE=true DNS_PROXY_ADDR=127.0.0.1:37053 \
+    ISTIO_META_DNS_CAPTURE=true DNS_PROXY_ADDR=127.0.0.1:37053 DNS_PROXY_CACHE=false \
     ENVOY_STATUS_PORT=37021 ENVOY_PROMETHEUS_PORT=37090 \
     PROXY_CONFIG="{\"binaryPath\":\"$envoy\",\"discoveryAddress\":\"$xds_addr\",\"proxyAdminPort\":37000,\"statusPort\":37020,\"terminationDrainDuration\":\"1s\"}" \
-    RUST_LOG=warn "$bin" proxy sidecar >"$w/agent.log" 2>&1 &
+    RUST_LOG="${AGENT_LOG:-warn}" "$bin" proxy sidecar >"$w/agent.log" 2>&1 &
   local agent=$!
   groups+=("$agent")
   cd "$repo"
@@ -233,20 +276,14 @@ run_one() { # $1: label, $2: agent binary
     sleep 0.05
   done
   for i in $(seq 0 $((dns_names - 1))); do echo "svc-$i.demo.svc.cluster.local A"; done >"$w/queries"
-  local cpu0 cpu1 user0 user1 qps
-  cpu0=$(awk '{print $14 + $15}' "/proc/$agent/stat")
-  user0=$(awk '{print $14}' "/proc/$agent/stat")
-  qps=$(/usr/bin/time -f '%U %S' -o "$w/dnsperf-cpu" \
-    dnsperf -s 127.0.0.1 -p 37053 -d "$w/queries" -l "$dns_secs" -c 4 -q 64 -n 1000000 2>/dev/null \
-    | awk '/Queries per second/ {print int($4)}')
-  cpu1=$(awk '{print $14 + $15}' "/proc/$agent/stat")
-  user1=$(awk '{print $14}' "/proc/$agent/stat")
-  local ticks; ticks=$(getconf CLK_TCK)
-  local dns_cpu_ns=$(( (cpu1 - cpu0) * 1000000000 / ticks / (qps * dns_secs) ))
-  local dns_user_ns=$(( (user1 - user0) * 1000000000 / ticks / (qps * dns_secs) ))
-  # dnsperf's own CPU over the run, per cent of one core: near 100, dnsperf is what limits q/s.
-  local client_pct; client_pct=$(awk -v s="$dns_secs" '{printf "%d", ($1 + $2) * 100 / s}' "$w/dnsperf-cpu")
-  echo "$label ready_ms=$ready_ms cert_ms=$cert_ms rss5_kib=$rss5 rss35_kib=$rss35 start_peak_kib=$peak resync_ms=$resync_ms eds_rss_kib=$eds_rss eds_peak_kib=$eds_peak dns_qps=$qps dns_cpu_ns_per_query=$dns_cpu_ns dns_user_ns_per_query=$dns_user_ns dnsperf_cpu_pct=$client_pct"
+  # Forwarded: names only the upstream knows. Ours runs with its answer cache off
+  # (DNS_PROXY_CACHE=false above; Istio's agent has none), so every query is forwarded.
+  for i in $(seq 0 $((dns_names - 1))); do echo "fwd-$i.fwd.test A"; done >"$w/queries-fwd"
+  dns_run "$w/queries"
+  local qps=$dns_qps dns_cpu_ns=$dns_cpu dns_user_ns=$dns_user client_pct=$dns_client
+  dns_run "$w/queries-fwd"
+  local fwd_qps=$dns_qps fwd_cpu_ns=$dns_cpu fwd_client_pct=$dns_client
+  echo "$label ready_ms=$ready_ms cert_ms=$cert_ms rss5_kib=$rss5 rss35_kib=$rss35 start_peak_kib=$peak resync_ms=$resync_ms eds_rss_kib=$eds_rss eds_peak_kib=$eds_peak dns_qps=$qps dns_cpu_ns_per_query=$dns_cpu_ns dns_user_ns_per_query=$dns_user_ns dnsperf_cpu_pct=$client_pct fwd_qps=$fwd_qps fwd_cpu_ns_per_query=$fwd_cpu_ns fwd_dnsperf_cpu_pct=$fwd_client_pct"
   kill -KILL -- "-$agent" "-$cp_pid" 2>/dev/null || true
   wait "$agent" "$cp_pid" 2>/dev/null || true
   sleep 1
@@ -276,12 +313,13 @@ def med(xs):
     xs = sorted(xs); return xs[len(xs) // 2]
 goals = {"dns_qps": 3, "dns_cpu_ns_per_query": 0.3, "rss5_kib": 0.25, "rss35_kib": 0.25, "start_peak_kib": 0.25, "ready_ms": 0.5,
          "resync_ms": 0.2, "cert_ms": None, "eds_rss_kib": None, "eds_peak_kib": None,
-         "dns_user_ns_per_query": None, "dnsperf_cpu_pct": None}
+         "dns_user_ns_per_query": None, "dnsperf_cpu_pct": None,
+         "fwd_qps": 3, "fwd_cpu_ns_per_query": 0.3, "fwd_dnsperf_cpu_pct": None}
 print(f"{'figure':16} {'ours':>16} {'Istio agent':>16} {'ratio (medians)':>16}  goal")
 for k, goal in goals.items():
     a = [r[k] for r in rows["ours"]]; b = [r[k] for r in rows["istio"]]
     ratio = med(a) / med(b) if med(b) else float("inf")
-    if k == "dns_qps":
+    if k in ("dns_qps", "fwd_qps"):
         g = f">= {goal}x {'met' if ratio >= goal else 'NOT met'}"
     else:
         g = f"<= {goal}x {'met' if ratio <= goal else 'NOT met'}" if goal else ""

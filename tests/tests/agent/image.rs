@@ -33,11 +33,8 @@ fn lay_out(envoy: &Path, out: &Path, istio_envoy_dir: Option<&Path>) {
 fn dockerfile_final_stage_is_the_rootfs_script_tree() {
     let dockerfile = dockerfile();
     for needle in [
-        "cargo build --profile dist --locked -p agent --bins",
-        // istio-iptables static and non-PIE, put where the rootfs script takes it from.
-        r#"RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static""#,
-        r#"cargo build --profile dist --locked -p iptables-init --bin istio-iptables --target "$triple""#,
-        r#"cp "target/$triple/dist/istio-iptables" target/dist/istio-iptables"#,
+        // Both binaries static and non-PIE, put where the rootfs script takes them from.
+        "RUN scripts/build-dist.sh --locked",
         "scripts/image-rootfs.sh target/dist /envoy/usr/local/bin/envoy /rootfs /envoy/var/lib/istio/envoy",
         "COPY --from=build /rootfs/ /",
         "useradd -m --uid 1337 --user-group istio-proxy",
@@ -47,6 +44,22 @@ fn dockerfile_final_stage_is_the_rootfs_script_tree() {
         r#"ENTRYPOINT ["/usr/local/bin/pilot-agent"]"#,
     ] {
         assert!(dockerfile.contains(needle), "Dockerfile lacks {needle:?}");
+    }
+}
+
+#[test]
+fn dist_build_script_links_both_shipped_binaries_static_and_non_pie() {
+    let script = std::fs::read_to_string(repo_root().join("scripts/build-dist.sh"))
+        .expect("scripts/build-dist.sh");
+    for needle in [
+        r#"RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static""#,
+        // RUSTFLAGS reach the target only with --target: build scripts and proc macros stay
+        // dynamic.
+        r#"--target "$triple""#,
+        "-p agent --bin pilot-agent -p iptables-init --bin istio-iptables",
+        r#"cp "target/$triple/dist/pilot-agent" "target/$triple/dist/istio-iptables" target/dist/"#,
+    ] {
+        assert!(script.contains(needle), "build-dist.sh lacks {needle:?}");
     }
 }
 

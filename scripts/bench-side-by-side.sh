@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Our pilot-agent and Istio's Go pilot-agent side by side, same scenario, same run (issue 27).
 # Usage: PEER_AGENT=<Istio's pilot-agent> scripts/bench-side-by-side.sh [our-pilot-agent] [rounds]
-#   our pilot-agent: default target/dist/pilot-agent, else target/release/pilot-agent;
+#   our pilot-agent: default target/dist/pilot-agent (scripts/build-dist.sh), else target/release/pilot-agent;
 #   ISTIOD_LITE (default target/release/istiod-lite), ENVOY_BIN (default .tools/bin/envoy);
 #   EDS_HOSTS (default 2000): endpoints of the ServiceEntry pushed for the EDS memory figure;
 #   AGENT_LOG: RUST_LOG for our agent (default warn); KEEP_WORK=1 keeps the logs and files;

@@ -8,6 +8,6 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
-cargo build --profile dist -q -p agent --bin pilot-agent
+scripts/build-dist.sh -q
 cargo build --release -q -p control-plane --bin istiod-lite
 cargo bench -q -p agent --bench cds_relay

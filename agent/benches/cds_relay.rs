@@ -415,7 +415,7 @@ impl Agent {
             )
             .stdout(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {} (build it: cargo build --profile dist -p agent --bin pilot-agent): {e}", bin.display()));
+            .unwrap_or_else(|e| panic!("starting {} (build it: scripts/build-dist.sh): {e}", bin.display()));
         let pid = agent.id();
         procs.0.push(agent);
         let xds = w.join(dir).join("etc/istio/proxy/XDS");

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Agent idle footprint and start-to-ready time, against a local istiod-lite and real Envoy.
 # Usage: agent/benches/idle.sh [pilot-agent-dir]   (default target/dist, the shipped build; build
-#   first: cargo build --profile dist -p agent --bin pilot-agent
+#   first: scripts/build-dist.sh
 #          cargo build --release -p control-plane --bin istiod-lite)
 # Prints: ms from agent exec to /healthz/ready 200 on Envoy's 15021 listener (through the xDS
 # proxy, SDS and NDS); the agent's RSS after 5 s idle with Envoy connected (anon/file split), and

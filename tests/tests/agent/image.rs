@@ -33,11 +33,8 @@ fn lay_out(envoy: &Path, out: &Path, istio_envoy_dir: Option<&Path>) {
 fn dockerfile_final_stage_is_the_rootfs_script_tree() {
     let dockerfile = dockerfile();
     for needle in [
-        "cargo build --profile dist --locked -p agent --bins",
-        // istio-iptables static and non-PIE, put where the rootfs script takes it from.
-        r#"RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static""#,
-        r#"cargo build --profile dist --locked -p iptables-init --bin istio-iptables --target "$triple""#,
-        r#"cp "target/$triple/dist/istio-iptables" target/dist/istio-iptables"#,
+        // Both binaries static and non-PIE, put where the rootfs script takes them from.
+        "RUN scripts/build-dist.sh --locked",
         "scripts/image-rootfs.sh target/dist /envoy/usr/local/bin/envoy /rootfs /envoy/var/lib/istio/envoy",
         "COPY --from=build /rootfs/ /",
         "useradd -m --uid 1337 --user-group istio-proxy",
@@ -47,6 +44,50 @@ fn dockerfile_final_stage_is_the_rootfs_script_tree() {
         r#"ENTRYPOINT ["/usr/local/bin/pilot-agent"]"#,
     ] {
         assert!(dockerfile.contains(needle), "Dockerfile lacks {needle:?}");
+    }
+}
+
+#[test]
+fn dist_build_script_links_both_shipped_binaries_static_and_non_pie() {
+    let script = std::fs::read_to_string(repo_root().join("scripts/build-dist.sh"))
+        .expect("scripts/build-dist.sh");
+    for needle in [
+        r#"RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static""#,
+        // RUSTFLAGS reach the target only with --target: build scripts and proc macros stay
+        // dynamic.
+        r#"--target "$triple""#,
+        r#"cargo build --profile dist "$@" -p iptables-init --bin istio-iptables --target "$triple""#,
+        // pilot-agent's start code first in its text segment.
+        r#"order="target/start-order-$(sha256sum agent/link/start-order.ld | cut -c1-16).ld""#,
+        r#"link=(-C "link-arg=-Wl,-T,$repo/$order")"#,
+        r#"cargo rustc --profile dist "$@" -p agent --bin pilot-agent --target "$triple" -- "${link[@]}""#,
+        r#"cp "target/$triple/dist/pilot-agent" "target/$triple/dist/istio-iptables" target/dist/"#,
+    ] {
+        assert!(script.contains(needle), "build-dist.sh lacks {needle:?}");
+    }
+}
+
+#[test]
+fn start_order_script_puts_listed_text_sections_before_text() {
+    // A linker script that only adds an output section (INSERT): lld's and GNU ld's default
+    // layout stays, and a pattern that matches nothing is ignored.
+    let ld = std::fs::read_to_string(repo_root().join("agent/link/start-order.ld"))
+        .expect("agent/link/start-order.ld");
+    assert!(ld.contains("SECTIONS\n{\n  .text.start : {\n"), "{ld:.200}");
+    assert!(ld.trim_end().ends_with("}\n}\nINSERT BEFORE .text;"));
+    let patterns: Vec<&str> = ld
+        .lines()
+        .filter(|l| l.starts_with("    ") && l.ends_with(')'))
+        .collect();
+    assert!(patterns.len() > 1000, "{} patterns", patterns.len());
+    for p in &patterns {
+        let (file, section) = p.trim().split_once('(').expect("file(section)");
+        assert!(!file.is_empty() && section.starts_with(".text"), "{p}");
+        // Hash-free: the 16-hex hash of a Rust symbol would match one build only.
+        assert!(
+            !section.contains("17h") || section.ends_with("17h*)"),
+            "{p}"
+        );
     }
 }
 

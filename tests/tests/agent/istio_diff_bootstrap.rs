@@ -16,7 +16,7 @@ mod compare;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use harness::{Netns, in_ci, repo_root, require_bin, require_root, workspace_bin};
+use harness::{Netns, require_bin, require_root, workspace_bin};
 use serde_json::{Map, Value};
 
 /// The stand-in Envoy's path as the recorder gave it in `binaryPath` (it shows in the
@@ -36,21 +36,11 @@ fn data_dir() -> PathBuf {
     )
 }
 
+/// Istio's bootstrap template, through the one loader of the shared conformance data (absent:
+/// skip, or fail under `CI=true`).
 fn template() -> Option<PathBuf> {
-    let p = repo_root().join("../shared/conformance/istio-bootstrap/envoy_bootstrap.json");
-    if p.is_file() {
-        return Some(p);
-    }
-    assert!(
-        !in_ci(),
-        "Istio's bootstrap template missing at {} (required under CI=true)",
-        p.display()
-    );
-    eprintln!(
-        "SKIP: Istio's bootstrap template not found at {}",
-        p.display()
-    );
-    None
+    harness::conformance::dir(env!("CARGO_MANIFEST_DIR"), "istio-bootstrap")
+        .map(|d| d.join("envoy_bootstrap.json"))
 }
 
 fn json_lines(path: &Path) -> Vec<Value> {

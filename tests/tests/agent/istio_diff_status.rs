@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use harness::prereq::{py_grpc_dir, require_grpcio};
-use harness::{in_ci, repo_root, require_bin, require_root, workspace_bin};
+use harness::{require_bin, require_root, workspace_bin};
 use serde_json::Value;
 
 fn data_dir() -> PathBuf {
@@ -34,21 +34,11 @@ fn data_dir() -> PathBuf {
     )
 }
 
+/// Istio's bootstrap template, through the one loader of the shared conformance data (absent:
+/// skip, or fail under `CI=true`).
 fn template() -> Option<PathBuf> {
-    let p = repo_root().join("../shared/conformance/istio-bootstrap/envoy_bootstrap.json");
-    if p.is_file() {
-        return Some(p);
-    }
-    assert!(
-        !in_ci(),
-        "Istio's bootstrap template missing at {} (required under CI=true)",
-        p.display()
-    );
-    eprintln!(
-        "SKIP: Istio's bootstrap template not found at {}",
-        p.display()
-    );
-    None
+    harness::conformance::dir(env!("CARGO_MANIFEST_DIR"), "istio-bootstrap")
+        .map(|d| d.join("envoy_bootstrap.json"))
 }
 
 fn answers(path: &Path) -> BTreeMap<String, Value> {

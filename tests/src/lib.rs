@@ -8,12 +8,15 @@
 //! - [`envoy`]: a real Envoy started from a YAML config, with its admin address read back.
 //! - [`http`]: a tiny HTTP/1.0 client for admin and status endpoints.
 //! - [`kubelet`]: pods run from Istio's injected specs the way a kubelet and containerd run them.
+//! - [`cluster`]: the real one-node cluster of `scripts/cluster.sh` (kubelet, containerd,
+//!   Istio's istiod), driven with kubectl and istioctl.
 //! - [`assert_eventually`]: bounded polling; tests never sleep a fixed time to wait for a state.
 
 // unsafe only where a module allows it: the container runtime (kubelet/container.rs).
 #![deny(unsafe_code)]
 
 pub mod app;
+pub mod cluster;
 /// The one loader of Istio's conformance data, shared by every crate's tests.
 pub mod conformance;
 pub mod envoy;

@@ -1,0 +1,3 @@
+module meshagent.local/pause
+
+go 1.25.0

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Builds the cluster's images as OCI archives (no registry, no container engine), named
+# $IMAGE_HUB/<name>:$IMAGE_TAG as the Istio chart's global.hub/global.tag point at them:
+#   pause, coredns           the node's sandbox and cluster DNS
+#   pilot                    istiod (pilot-discovery from the pinned istio module)
+#   app                      Istio's echo server and client, the app of Istio's own tests
+#   proxyv2                  this project's pilot-agent and istio-iptables, upstream Envoy and
+#                            release-1.31's bootstrap template, laid out by scripts/image-rootfs.sh
+#                            exactly as the Dockerfile lays them out
+#   proxyv2-istio            the same image with Istio's Go pilot-agent instead of ours: the control
+#   install-cni              Istio's CNI installer and plugin (its `cni` chart's image)
+#   usage: scripts/cluster/images.sh <dir with our pilot-agent and istio-iptables> <out dir>
+#          scripts/cluster/images.sh --base   (only the Debian base layer; prints its path)
+# Archives whose inputs did not change are kept (the name carries a hash of the inputs).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+CACHE=${MESH_CACHE:-/var/cache/mesh-agent}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+bin() { "$here/build.sh" --dir "$1"; }
+istio_src=$(go mod download -json "$ISTIO_MODULE@$ISTIO_VERSION" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
+envoy=${ENVOY_BIN:-$repo/.tools/bin/envoy}
+
+# Debian bookworm with what Istio's proxy base has (iptables, nftables, iproute2, CA roots) and
+# its users: the base layer of proxyv2, proxyv2-istio, app and install-cni. Built once.
+base_layer() {
+  local packages=iptables,nftables,iproute2,ca-certificates,curl,procps
+  local tar="$CACHE/rootfs/debian-bookworm-$(echo "$packages" | sha256sum | cut -c1-12).tar"
+  if [[ ! -f $tar ]]; then
+    mkdir -p "$CACHE/rootfs" "$CACHE/logs"
+    local root="$work/base" log="$CACHE/logs/rootfs-base.log"
+    echo "images: debootstrap bookworm (log: $log)" >&2
+    debootstrap --variant=minbase --include="$packages" bookworm "$root" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$log" 2>&1 ||
+      { echo "images: debootstrap failed; its log: $log" >&2; tail -n 20 "$log" >&2; exit 1; }
+    chroot "$root" useradd -m --uid 1337 --user-group istio-proxy
+    chroot "$root" useradd -m --uid 1338 --user-group application
+    rm -rf "$root"/var/cache/apt/* "$root"/var/lib/apt/lists/* "$root"/dev/* "$root"/proc/* "$root"/sys/*
+    tar --numeric-owner -C "$root" -cf "$tar.partial" . && mv "$tar.partial" "$tar"
+    rm -rf "$root"
+  fi
+  echo "$tar"
+}
+
+# A root holding only what a static Go binary needs: users, /tmp, CA roots.
+scratch_layer() {
+  local dir=$1
+  install -d -m 0755 "$dir/etc/ssl/certs" "$dir/usr/local/bin"
+  install -d -m 1777 "$dir/tmp"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nistio-proxy:x:1337:1337::/tmp:/sbin/nologin\n' >"$dir/etc/passwd"
+  printf 'root:x:0:\nistio-proxy:x:1337:\n' >"$dir/etc/group"
+  cp /etc/ssl/certs/ca-certificates.crt "$dir/etc/ssl/certs/"
+}
+
+# image NAME HASH-INPUTS… -- OCI.PY-ARGS…: writes $out/NAME.tar unless its inputs are unchanged.
+image() {
+  local name=$1 key
+  shift
+  local inputs=()
+  while [[ $1 != -- ]]; do inputs+=("$1"); shift; done
+  shift
+  key=$( (echo "$IMAGE_TAG"; sha256sum "$here/oci.py"; cat "${inputs[@]}" | sha256sum) | sha256sum | cut -c1-16)
+  if [[ -f $out/$name.tar && $(cat "$out/$name.key" 2>/dev/null) == "$key" ]]; then return 0; fi
+  python3 "$here/oci.py" --name "$IMAGE_HUB/$name:$IMAGE_TAG" "$@" -o "$out/$name.tar" >&2
+  echo "$key" >"$out/$name.key"
+}
+
+if [[ ${1:-} == --base ]]; then base_layer; exit 0; fi
+agent_bin=$(cd "$1" && pwd) out=$2
+mkdir -p "$out"
+base=$(base_layer)
+
+mkdir -p "$work/pause"
+install -D -m 0755 "$(bin pause)/pause" "$work/pause/pause"
+image pause "$work/pause/pause" -- --layer "$work/pause" --entrypoint /pause
+
+mkdir -p "$work/coredns" && scratch_layer "$work/coredns"
+install -m 0755 "$(bin coredns)/coredns" "$work/coredns/coredns"
+image coredns "$work/coredns/coredns" -- --layer "$work/coredns" --entrypoint /coredns
+
+mkdir -p "$work/pilot" && scratch_layer "$work/pilot"
+install -m 0755 "$(bin istio)/pilot-discovery" "$work/pilot/usr/local/bin/"
+image pilot "$work/pilot/usr/local/bin/pilot-discovery" -- --layer "$work/pilot" \
+  --user 1337:1337 --entrypoint /usr/local/bin/pilot-discovery
+
+mkdir -p "$work/app/usr/local/bin"
+install -m 0755 "$(bin istio)/server" "$(bin istio)/client" "$work/app/usr/local/bin/"
+install -m 0644 "$istio_src/tests/testdata/certs/dns/cert-chain.pem" "$work/app/cert.crt"
+install -m 0644 "$istio_src/tests/testdata/certs/dns/key.pem" "$work/app/cert.key"
+image app "$base" "$work/app/usr/local/bin/server" "$work/app/usr/local/bin/client" -- \
+  --layer "$base" --layer "$work/app" --user 1338 --entrypoint /usr/local/bin/server
+
+# proxyv2: the Dockerfile's final stage is scripts/image-rootfs.sh's tree over a Debian base with
+# the istio-proxy user; the same script lays out this image, with Istio's release template.
+mkdir -p "$work/template"
+cp "$istio_src/tools/packaging/common/envoy_bootstrap.json" "$work/template/envoy_bootstrap_tmpl.json"
+proxy_image() {
+  local name=$1 agent_dir=$2
+  [[ -x $envoy ]] || { echo "images: no Envoy at $envoy (scripts/setup.sh installs it)" >&2; exit 1; }
+  "$repo/scripts/image-rootfs.sh" "$agent_dir" "$envoy" "$work/$name" "$work/template"
+  image "$name" "$base" "$work/$name/usr/local/bin/pilot-agent" "$work/$name/usr/local/bin/istio-iptables" \
+    "$envoy" "$work/template/envoy_bootstrap_tmpl.json" "$repo/scripts/image-rootfs.sh" -- \
+    --layer "$base" --layer "$work/$name" \
+    --owner /etc/istio=1337:1337 --owner /var/lib/istio=1337:1337 --owner /etc/certs=1337:1337 \
+    --env "ISTIO_META_ISTIO_VERSION=$ISTIO_BUILD_VERSION" --user 1337:1337 --workdir / \
+    --entrypoint /usr/local/bin/pilot-agent
+}
+proxy_image proxyv2 "$agent_bin"
+# The control: Istio's Go pilot-agent, everything else the same. Istio's injected istio-init runs
+# `pilot-agent istio-iptables`, so the separate istio-iptables binary image-rootfs.sh installs
+# (ours) is never run in this image.
+mkdir -p "$work/istio-agent"
+cp "$(bin istio)/pilot-agent" "$agent_bin/istio-iptables" "$work/istio-agent/"
+proxy_image proxyv2-istio "$work/istio-agent"
+
+mkdir -p "$work/install-cni/opt/cni/bin"
+install -D -m 0755 "$(bin istio)/install-cni" "$work/install-cni/usr/local/bin/install-cni"
+install -m 0755 "$(bin istio)/istio-cni" "$work/install-cni/opt/cni/bin/istio-cni"
+image install-cni "$base" "$work/install-cni/usr/local/bin/install-cni" -- \
+  --layer "$base" --layer "$work/install-cni" --entrypoint /usr/local/bin/install-cni
+
+ls "$out"/*.tar

@@ -62,12 +62,37 @@ else
   cargo test --workspace --locked --no-run
 fi
 
+# Istio's, Kubernetes' and the node's components from pinned versions (scripts/cluster/
+# versions.env), built once per machine outside the clone: the live-istiod tests and the
+# differential oracle use Istio's pilot-discovery and pilot-agent, the cluster step all of it.
+step "pinned components (scripts/cluster/build.sh; cached in ${MESH_CACHE:-/var/cache/mesh-agent})"
+scripts/cluster/setup.sh
+scripts/cluster/build.sh
+ISTIO_GO_BIN=$(scripts/cluster/build.sh --dir istio)
+export ISTIO_GO_BIN
+
+profile=$([[ ${CI:-} == true ]] && echo ci || echo default)
 step "tests (unit, conformance, end-to-end)"
 if $nextest; then
-  cargo nextest run --workspace --locked --profile "$([[ ${CI:-} == true ]] && echo ci || echo default)"
+  cargo nextest run --workspace --locked --profile "$profile" -E 'not binary(cluster)'
 else
   cargo test --workspace --locked
 fi
+
+# The real cluster: built from pinned versions once per machine (scripts/cluster/build.sh), up
+# for its own tests only, and always taken down again.
+step "cluster up (scripts/cluster.sh: kubelet, containerd, Istio's istiod, our proxyv2 image)"
+trap 'scripts/cluster.sh down' EXIT
+MESH_AGENT_BIN=target/debug scripts/cluster.sh up
+step "cluster tests (ours, and Istio's agent as the control)"
+if $nextest; then
+  cargo nextest run --locked --profile "$profile" -p tests --test cluster
+else
+  cargo test --locked -p tests --test cluster
+fi
+step "cluster down"
+scripts/cluster.sh down
+trap - EXIT
 
 step "fuzz (bounded: each target FUZZ_SECONDS, default 20)"
 scripts/fuzz-smoke.sh

@@ -1,5 +1,5 @@
-//! Our agent against Istio's own istiod (issue 27): `pilot-discovery discovery` from
-//! `ISTIO_GO_BIN`, run without Kubernetes as docs/istiod.md says (file config source, the CA
+//! Our agent against Istio's own istiod: `pilot-discovery discovery` from `ISTIO_GO_BIN` (the
+//! pinned istio module's build, `scripts/cluster/build.sh istio`), run without Kubernetes as docs/istiod.md says (file config source, the CA
 //! plugged in from istiod-lite's cacerts folder, JWT_RULE tokens, and the empty API server of
 //! `tests/data/live-istiod/fake-apiserver.py` that istiod at this commit cannot start without).
 //! With upstream Envoy through `pilot-agent proxy sidecar --external-envoy`:
@@ -16,8 +16,8 @@
 //!   1 s, printed as `FIGURE`), its ADS stream to the agent never re-opened, and the next
 //!   certificate signed by the other's CA (`live_istiods_failover`).
 //!
-//! Skips with a message when `ISTIO_GO_BIN` is unset, also under `CI=true`: CI never has
-//! Istio's binaries.
+//! The test command builds Istio's binaries first and sets `ISTIO_GO_BIN`; without them these
+//! tests skip, and fail under `CI=true`.
 
 use harness::local::{Ports, Unprivileged, agent_env, free_port, start_envoy, write_file};
 use harness::{Child, assert_eventually, envoy_bin, http_get, istio_go_bin, repo_root};

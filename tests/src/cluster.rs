@@ -98,6 +98,13 @@ impl Cluster {
         cmd
     }
 
+    /// A kubectl command against the cluster, not yet run.
+    pub fn kubectl_command(&self, args: &[&str]) -> Command {
+        let mut cmd = self.tool("kubectl");
+        cmd.args(args);
+        cmd
+    }
+
     /// Runs kubectl; stdout on success, stderr (with the command) as the error.
     pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
         run(

@@ -4,6 +4,7 @@
 //! (`proxyv2-istio`) as the control. Driven as a user drives a cluster: kubectl and istioctl.
 
 mod image;
+mod lifecycle;
 mod scenario;
 
 use harness::cluster::{Agent, Cluster};

@@ -85,11 +85,94 @@ impl<'a> Scenario<'a> {
     }
 
     fn pod(&self, app: &str) -> Result<String, String> {
+        self.pod_of(&format!("app={app}"))
+    }
+
+    /// The first running pod of the scenario matching a label selector.
+    pub fn pod_of(&self, selector: &str) -> Result<String, String> {
         self.cluster
-            .pods(&self.ns, &format!("app={app}"))?
+            .pods(&self.ns, selector)?
             .into_iter()
             .next()
-            .ok_or_else(|| format!("no {app} pod in {}", self.ns))
+            .ok_or_else(|| format!("no pod {selector} in {}", self.ns))
+    }
+
+    /// The scenario's namespace.
+    pub fn ns(&self) -> &str {
+        &self.ns
+    }
+
+    /// `ours` or `istio`, for messages and figures.
+    pub fn agent_word(&self) -> &'static str {
+        self.agent.word()
+    }
+
+    /// Starts Istio's echo client in the client pod's app container, output captured.
+    pub fn spawn_call(&self, args: &[&str]) -> std::process::Child {
+        let pod = self.pod("client").expect("a client pod");
+        let mut cmd = vec![
+            "exec",
+            "-n",
+            &self.ns,
+            &pod,
+            "-c",
+            "app",
+            "--",
+            "/usr/local/bin/client",
+        ];
+        cmd.extend_from_slice(args);
+        self.cluster
+            .kubectl_command(&cmd)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl exec")
+    }
+
+    /// Ok when every proxy of the scenario is SYNCED for CDS, LDS, EDS and RDS with `istiod`.
+    pub fn all_synced_with(&self, istiod: &str) -> Result<(), String> {
+        let out = self
+            .cluster
+            .istioctl(&["proxy-status", "-v", "1", "-n", &self.ns])?;
+        let rows: Vec<&str> = out.lines().filter(|l| l.contains(&self.ns)).collect();
+        if rows.len() < 3 {
+            return Err(format!("fewer than 3 proxies of {} in:\n{out}", self.ns));
+        }
+        match rows
+            .iter()
+            .find(|r| r.matches("SYNCED").count() < 4 || !r.contains(istiod))
+        {
+            None => Ok(()),
+            Some(r) => Err(format!(
+                "not SYNCED with {istiod} for CDS, LDS, EDS and RDS: {r}"
+            )),
+        }
+    }
+
+    /// The serial number of the workload certificate Envoy holds in the client pod.
+    pub fn client_cert_serial(&self) -> Result<String, String> {
+        let pod = self.pod("client")?;
+        let certs = self.cluster.exec(
+            &self.ns,
+            &pod,
+            "istio-proxy",
+            &["curl", "-sf", "http://127.0.0.1:15000/certs"],
+        )?;
+        let certs: serde_json::Value =
+            serde_json::from_str(&certs).map_err(|e| format!("/certs: {e}"))?;
+        certs["certificates"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["cert_chain"].as_array().cloned().unwrap_or_default())
+            .find(|c| {
+                c["subject_alt_names"].as_array().is_some_and(|sans| {
+                    sans.iter()
+                        .any(|s| s["uri"].as_str().is_some_and(|u| u.contains("/sa/client")))
+                })
+            })
+            .and_then(|c| c["serial_number"].as_str().map(str::to_string))
+            .ok_or_else(|| format!("no workload certificate in Envoy's /certs of {pod}"))
     }
 
     /// Runs Istio's echo client in the client pod's app container.
@@ -249,19 +332,13 @@ fn dns_forwarded(s: &Scenario) -> Result<(), String> {
 }
 
 fn proxy_status(s: &Scenario) -> Result<(), String> {
-    assert_eventually_result(PROPAGATION, || {
-        let out = s
-            .cluster
-            .istioctl(&["proxy-status", "-v", "1", "-n", &s.ns])?;
-        let rows: Vec<&str> = out.lines().filter(|l| l.contains(&s.ns)).collect();
-        if rows.len() < 3 {
-            return Err(format!("fewer than 3 proxies of {} in:\n{out}", s.ns));
-        }
-        match rows.iter().find(|r| r.matches("SYNCED").count() < 4) {
-            None => Ok(()),
-            Some(r) => Err(format!("not SYNCED for CDS, LDS, EDS and RDS: {r}\n{out}")),
-        }
-    })
+    let istiod = s
+        .cluster
+        .pods("istio-system", "app=istiod")?
+        .into_iter()
+        .next()
+        .ok_or("no istiod pod")?;
+    assert_eventually_result(PROPAGATION, || s.all_synced_with(&istiod))
 }
 
 fn proxy_config(s: &Scenario) -> Result<(), String> {

@@ -299,6 +299,12 @@ install_istio() {
     die "applying Istio's manifest failed; its log: $STATE/logs/istio-apply.log"
   wait_for istiod 180 kubectl_ -n istio-system wait --for=condition=Available deployment/istiod --timeout=1s
   wait_for "istiod's injection webhook" 60 webhook_ready
+  in_node "$(bin istio)/istioctl" manifest generate -f "$here/manifests/istio-cni.yaml" \
+    --set hub="$IMAGE_HUB" --set tag="$IMAGE_TAG" >"$STATE/istio-cni.yaml" 2>>"$STATE/logs/istioctl.log" ||
+    die "istioctl manifest generate (CNI) failed; its log: $STATE/logs/istioctl.log"
+  kubectl_ apply --server-side -f "$STATE/istio-cni.yaml" >>"$STATE/logs/istio-apply.log" 2>&1 ||
+    die "applying Istio's CNI manifest failed; its log: $STATE/logs/istio-apply.log"
+  wait_for "Istio's CNI node agent" 120 kubectl_ -n kube-system rollout status daemonset/istio-cni-node --timeout=1s
 }
 
 # The injector's CA bundle is patched in by istiod once it runs.

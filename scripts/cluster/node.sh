@@ -11,9 +11,11 @@ mkdir -p "$root"/{run,var-lib,var-log,etc-cni,etc-kubernetes} "$state/sysctl"
 mount --bind "$root/run" /run
 mount --bind "$root/var-lib" /var/lib
 mount --bind "$root/var-log" /var/log
-mkdir -p /etc/cni/net.d /opt/cni/bin
+mkdir -p /etc/cni/net.d /opt/cni/bin "$root/opt-cni-bin"
 mount --bind "$root/etc-cni" /etc/cni/net.d
-mount --bind "$cni_bin" /opt/cni/bin
+# The node's own copy: Istio's CNI installer adds its plugin there.
+cp -a "$cni_bin/." "$root/opt-cni-bin/"
+mount --bind "$root/opt-cni-bin" /opt/cni/bin
 mount --bind "$state/node-resolv.conf" /etc/resolv.conf
 mount --bind "$state/node-hosts" /etc/hosts
 # kubelet (protectKernelDefaults) refuses to start unless these read 1 / 10 / 1.

@@ -201,6 +201,40 @@ impl Cluster {
         ])
     }
 
+    /// Sets one value of istiod's injection values (the `istio-sidecar-injector` ConfigMap,
+    /// which istiod watches), e.g. `["pilot", "cni", "enabled"]` to `true`.
+    pub fn set_injector_value(
+        &self,
+        path: &[&str],
+        value: serde_json::Value,
+    ) -> Result<(), String> {
+        let cm = self.get_json(&["configmap", "-n", "istio-system", "istio-sidecar-injector"])?;
+        let text = cm["data"]["values"]
+            .as_str()
+            .ok_or("the injector has no values")?;
+        let mut values: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("injector values: {e}"))?;
+        let (last, parents) = path.split_last().ok_or("an empty path")?;
+        let mut at = &mut values;
+        for key in parents {
+            at = &mut at[*key];
+        }
+        at[*last] = value;
+        let patch = serde_json::json!({"data": {"values": values.to_string()}});
+        self.kubectl(&[
+            "patch",
+            "configmap",
+            "-n",
+            "istio-system",
+            "istio-sidecar-injector",
+            "--type",
+            "merge",
+            "-p",
+            &patch.to_string(),
+        ])
+        .map(|_| ())
+    }
+
     /// Deletes a namespace without waiting for it to go.
     pub fn delete_namespace(&self, ns: &str) {
         let _ = self.kubectl(&[

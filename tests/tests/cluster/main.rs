@@ -3,6 +3,7 @@
 //! `istio-init` and `istio-proxy` containers, and the same scenario with Istio's Go agent
 //! (`proxyv2-istio`) as the control. Driven as a user drives a cluster: kubectl and istioctl.
 
+mod cni;
 mod image;
 mod lifecycle;
 mod scenario;

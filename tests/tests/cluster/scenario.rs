@@ -25,7 +25,11 @@ type Check = fn(&Scenario) -> Result<(), String>;
 impl<'a> Scenario<'a> {
     /// Creates (or brings back to its start) the scenario's namespace and waits for its pods.
     pub fn deploy(cluster: &'a Cluster, agent: Agent) -> Scenario<'a> {
-        let ns = format!("mesh-{}", agent.word());
+        Self::deploy_in(cluster, agent, format!("mesh-{}", agent.word()))
+    }
+
+    /// [`Scenario::deploy`] into the namespace `ns`.
+    pub fn deploy_in(cluster: &'a Cluster, agent: Agent, ns: String) -> Scenario<'a> {
         let s = Scenario { cluster, agent, ns };
         let c = s.cluster;
         c.apply(&namespace(&s.ns, true)).expect("namespace");
@@ -255,7 +259,7 @@ fn injected(s: &Scenario) -> Result<(), String> {
     Ok(())
 }
 
-fn certificate(s: &Scenario) -> Result<(), String> {
+pub fn certificate(s: &Scenario) -> Result<(), String> {
     let pod = s.pod("client")?;
     let want = format!("spiffe://cluster.local/ns/{}/sa/client", s.ns);
     assert_eventually_result(PROPAGATION, || {
@@ -288,7 +292,7 @@ fn certificate(s: &Scenario) -> Result<(), String> {
     })
 }
 
-fn http(s: &Scenario) -> Result<(), String> {
+pub fn http(s: &Scenario) -> Result<(), String> {
     let out = s.call(&["http://echo/", "--count", "10"])?;
     expect_ok(&out, 10)?;
     // The server's sidecar hands the app the caller's verified identity.
@@ -305,7 +309,7 @@ fn grpc(s: &Scenario) -> Result<(), String> {
     expect_ok(&s.call(&["grpc://echo:7070", "--count", "5"])?, 5)
 }
 
-fn tcp(s: &Scenario) -> Result<(), String> {
+pub fn tcp(s: &Scenario) -> Result<(), String> {
     expect_ok(&s.call(&["tcp://echo:9090", "--count", "5"])?, 5)
 }
 

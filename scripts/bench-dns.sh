@@ -10,7 +10,7 @@
 #
 # Our proxy runs the crate's `serve` example on a single-threaded tokio runtime (the server has
 # one core). Prints QPS, average and p99 latency, server CPU seconds per million queries, and the ratios
-# against the goals. Needs: dnsperf, dnsmasq, unbound, taskset (scripts/setup.sh).
+# against the goals. Needs: dnsperf, dnsmasq, unbound, taskset (scripts/setup.sh --test-tools).
 # The machine is shared, so every measurement is repeated ROUNDS times, interleaved across the
 # servers (all started up front, idle while another is measured), and the best round is kept;
 # ratios are also given as the median over rounds of the two servers measured back to back in
@@ -28,7 +28,7 @@ CLIENT_CPU="${CLIENT_CPU:-1}"
 NAMES=1000
 
 for bin in dnsperf dnsmasq unbound taskset; do
-  command -v "$bin" >/dev/null || { echo "missing $bin (run scripts/setup.sh)" >&2; exit 1; }
+  command -v "$bin" >/dev/null || { echo "missing $bin (run scripts/setup.sh --test-tools)" >&2; exit 1; }
 done
 
 # The release build keeps envoy-types (a dependency of `proto`) unoptimised: it is not on the DNS

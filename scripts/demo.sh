@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: sets everything up, then runs the mesh and prints what happens step by step.
+# The main job: sets up what the demo needs (scripts/setup.sh: Debian packages and Envoy, none of
+# the test tools), then runs the mesh and prints what happens step by step.
 # As root: the mesh in a box (istiod-lite + two injected pods with pilot-agent and real Envoy in
 # network namespaces). Without root: a local Envoy from the bootstrap `pilot-agent bootstrap`
 # writes, with the agent in --external-envoy mode against istiod-lite on loopback.

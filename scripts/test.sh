@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up everything and runs every check: formatting, clippy, unit, end-to-end and conformance
+# Sets up the tests' tools and runs every check: formatting, clippy, unit, end-to-end and conformance
 # tests. Run as root (the end-to-end tests create network namespaces and program iptables);
 # with CI=true a test whose prerequisite is missing fails instead of skipping.
 set -euo pipefail
@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 start=$SECONDS
 step() { echo; echo "==> $* ($((SECONDS - start))s)"; }
 
-step "setup"
-scripts/setup.sh
+step "setup (the demo's packages and Envoy, and the test tools)"
+scripts/setup.sh --test-tools
 
 # A check whose tool is missing (setup.sh installs them where it can) is said plainly; under
 # CI=true it fails the run instead of passing silently.

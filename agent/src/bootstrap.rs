@@ -79,7 +79,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// `ISTIO_META_ISTIO_VERSION` sets one, so istiod enables the features of that release. The
 /// Dockerfile's `ISTIO_VERSION` build argument (the proxyv2 image Envoy and the bootstrap
 /// template come from) defaults to the same value.
-pub const ISTIO_RELEASE: &str = "1.28.1";
+pub const ISTIO_RELEASE: &str = "1.31.0";
 
 /// Envoy's `--local-address-ip-version`: v6 only if every node IP is v6.
 pub fn local_address_ip_version(config: &Config) -> &'static str {

@@ -92,12 +92,15 @@ struct Generated {
 /// The README's "How to run a case", through the agent's own entry points (`Config::load`
 /// with the case's environment, then `bootstrap::write`).
 fn generate(corpus: &Path, name: &str, case: &Path, way: Way) -> Result<Generated, String> {
-    generate_with(corpus, name, case, way, &|_, _| {})
+    let template = corpus.join("envoy_bootstrap.json");
+    generate_with(corpus, &template, name, case, way, &|_, _| {})
 }
 
-/// [`generate`], with `prepare` run on the scratch directory and the environment last.
+/// [`generate`] with Istio's template `template`, and `prepare` run on the scratch directory
+/// and the environment last.
 fn generate_with(
     corpus: &Path,
+    template: &Path,
     name: &str,
     case: &Path,
     way: Way,
@@ -127,10 +130,7 @@ fn generate_with(
     pc["configPath"] = json!(config_dir.display().to_string());
     env.insert("PROXY_CONFIG".into(), pc.to_string());
     if way == Way::IstioTemplate {
-        env.insert(
-            "ISTIO_BOOTSTRAP".into(),
-            corpus.join("envoy_bootstrap.json").display().to_string(),
-        );
+        env.insert("ISTIO_BOOTSTRAP".into(), template.display().to_string());
     }
     prepare(&s, &mut env);
     let config = Config::load(Inputs {
@@ -328,14 +328,48 @@ fn check(name: &str, golden_text: &str, generated: &mut Value) -> (Vec<String>, 
     (diffs, reported)
 }
 
-/// Generates and compares every case one way; panics with every difference.
+/// One golden to meet: the case's name, the corpus folder with its inputs (`env`,
+/// `proxy-config.json`, `pod/annotations`) and the golden file.
+struct Golden {
+    name: String,
+    inputs: PathBuf,
+    golden: PathBuf,
+}
+
+/// Generates and compares every case of the corpus one way; panics with every difference.
 fn run_way(way: Way) {
     let Some(dir) = corpus() else { return };
+    let goldens = cases(&dir)
+        .into_iter()
+        .map(|(name, inputs)| Golden {
+            golden: inputs.join("expected.json"),
+            name,
+            inputs,
+        })
+        .collect();
+    run_goldens(
+        way,
+        "Istio's goldens",
+        &dir,
+        &dir.join("envoy_bootstrap.json"),
+        goldens,
+    );
+}
+
+/// Generates each of `goldens` one way (Istio's `template` for [`Way::IstioTemplate`]) and
+/// compares it with its golden; panics with every difference.
+fn run_goldens(way: Way, label: &str, dir: &Path, template: &Path, goldens: Vec<Golden>) {
+    let total = goldens.len();
     let mut failures = Vec::new();
     let mut passed = 0;
     let mut reported = Vec::new();
-    for (name, case) in cases(&dir) {
-        let g = match generate(&dir, &name, &case, way) {
+    for Golden {
+        name,
+        inputs: case,
+        golden,
+    } in goldens
+    {
+        let g = match generate_with(dir, template, &name, &case, way, &|_, _| {}) {
             Ok(g) => g,
             Err(e) => {
                 failures.push(format!("{name}: {e}"));
@@ -350,7 +384,8 @@ fn run_way(way: Way) {
                 continue;
             }
         };
-        let golden = std::fs::read_to_string(case.join("expected.json")).expect("golden");
+        let golden = std::fs::read_to_string(&golden)
+            .unwrap_or_else(|e| panic!("{}: {e}", golden.display()));
         let (mut diffs, extra) = check(&name, &golden, &mut generated);
         if !extra.is_empty() {
             reported.push(format!("{name}: {}", extra.join(",")));
@@ -370,7 +405,7 @@ fn run_way(way: Way) {
             failures.push(format!("{name}:\n  {}", diffs.join("\n  ")));
         }
     }
-    eprintln!("{way:?}: {passed}/{CASES} cases equal to Istio's goldens");
+    eprintln!("{way:?}: {passed}/{total} cases equal to {label}");
     if !reported.is_empty() {
         eprintln!(
             "{way:?}: extra node metadata from the agent's defaults: {}",
@@ -379,7 +414,7 @@ fn run_way(way: Way) {
     }
     assert!(
         failures.is_empty(),
-        "{way:?}: {} of {CASES} cases differ from Istio's goldens:\n{}",
+        "{way:?}: {} of {total} cases differ from {label}:\n{}",
         failures.len(),
         failures.join("\n")
     );
@@ -393,6 +428,95 @@ fn istio_template_renders_every_golden() {
 #[test]
 fn builtin_bootstrap_matches_every_golden() {
     run_way(Way::BuiltIn);
+}
+
+mod istio_release {
+    include!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/src/istio_release.rs"
+    ));
+}
+
+/// Cases of Istio's `TestGolden` at the targeted release.
+const RELEASE_CASES: usize = 27;
+
+/// The goldens of Istio's `TestGolden` at the targeted release (`pkg/bootstrap/testdata` of the
+/// release's module), with the template that release ships
+/// (`tools/packaging/common/envoy_bootstrap.json`). The cases are the `base:` names of the
+/// release's `instance_test.go`; each one's inputs are the corpus case of that name, used only
+/// when the release's `.proxycfg` is byte for byte the corpus' (`secure_metrics` reads
+/// `default.proxycfg`, as Istio's test does).
+fn release_goldens() -> Option<(PathBuf, PathBuf, Vec<Golden>)> {
+    let corpus = corpus()?;
+    let module = istio_release::dir()?;
+    let testdata = module.join("pkg/bootstrap/testdata");
+    let test = std::fs::read_to_string(module.join("pkg/bootstrap/instance_test.go"))
+        .expect("instance_test.go");
+    let mut names: Vec<String> = Vec::new();
+    for line in test.lines() {
+        let Some(rest) = line.trim().strip_prefix("base:") else {
+            continue;
+        };
+        let name = rest
+            .trim()
+            .trim_end_matches(',')
+            .trim_matches('"')
+            .to_string();
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    assert_eq!(
+        names.len(),
+        RELEASE_CASES,
+        "Istio {}'s TestGolden cases: {names:?}",
+        istio_release::RELEASE
+    );
+    let goldens = names
+        .into_iter()
+        .map(|name| {
+            let inputs = corpus.join(&name);
+            let proxycfg = [format!("{name}.proxycfg"), "default.proxycfg".into()]
+                .into_iter()
+                .map(|f| testdata.join(f))
+                .find(|p| p.is_file())
+                .expect("a proxycfg");
+            let release = std::fs::read(&proxycfg).expect("release proxycfg");
+            let ours = std::fs::read(inputs.join("proxycfg"))
+                .unwrap_or_else(|e| panic!("corpus case {name}: {e}"));
+            assert!(
+                release == ours,
+                "{}: the corpus' inputs for {name} were derived from another ProxyConfig",
+                proxycfg.display()
+            );
+            Golden {
+                golden: testdata.join(format!("{name}_golden.json")),
+                name,
+                inputs,
+            }
+        })
+        .collect();
+    let template = module.join("tools/packaging/common/envoy_bootstrap.json");
+    Some((corpus, template, goldens))
+}
+
+/// [`release_goldens`], generated one way and compared.
+fn run_release(way: Way) {
+    let Some((corpus, template, goldens)) = release_goldens() else {
+        return;
+    };
+    let label = format!("Istio {}'s goldens", istio_release::RELEASE);
+    run_goldens(way, &label, &corpus, &template, goldens);
+}
+
+#[test]
+fn release_template_renders_every_release_golden() {
+    run_release(Way::IstioTemplate);
+}
+
+#[test]
+fn builtin_bootstrap_matches_every_release_golden() {
+    run_release(Way::BuiltIn);
 }
 
 /// The Envoy binary: `ENVOY_BIN`, else `<repo>/.tools/bin/envoy`; missing fails under CI.
@@ -550,8 +674,16 @@ fn external_sds_socket_gives_the_golden_plus_the_file_only_cluster() {
             rt.spawn(server.run(stop.clone()));
             env.insert("WORKLOAD_IDENTITY_SOCKET_FILE".into(), "test.sock".into());
         };
-        let g = generate_with(&dir, "default", &dir.join("default"), way, &prepare)
-            .unwrap_or_else(|e| panic!("{way:?}: {e}"));
+        let template = dir.join("envoy_bootstrap.json");
+        let g = generate_with(
+            &dir,
+            &template,
+            "default",
+            &dir.join("default"),
+            way,
+            &prepare,
+        )
+        .unwrap_or_else(|e| panic!("{way:?}: {e}"));
         let text = std::fs::read_to_string(&g.bootstrap).expect("read");
         let mut generated = rewrite_generated("default", &g.scratch, &text).expect("json");
         // The golden's own socket file is kept (check() then maps both sides to `socket`).

@@ -22,6 +22,8 @@ pub mod conformance;
 pub mod envoy;
 pub mod http;
 pub mod istio_diff;
+/// Istio's source at the targeted release, from Go's module cache.
+pub mod istio_release;
 pub mod kubelet;
 pub mod local;
 pub mod mesh;

@@ -56,7 +56,7 @@ pub fn require_bin(name: &str) -> bool {
     } else {
         missing(
             &format!("program `{name}`"),
-            "run scripts/setup.sh, which installs it with apt-get",
+            "run scripts/setup.sh --test-tools, which installs it with apt-get",
         );
         false
     }
@@ -96,7 +96,7 @@ pub fn require_grpcio() -> bool {
     if !ok {
         missing(
             &format!("python3 with grpcio in {}", py_grpc_dir().display()),
-            "run scripts/setup.sh, which installs grpcio from PyPI there",
+            "run scripts/setup.sh --test-tools, which installs grpcio from PyPI there",
         );
     }
     ok

@@ -172,7 +172,8 @@ pub fn template_data(config: &Config, o: &Options) -> Value {
         put("histogram_buckets", super::stats::histogram_buckets(s));
     }
     // Protobuf JSON durations (`60s`, `0.5s`), which the template puts in the bootstrap as they
-    // are: Go's `1m0s` or `500ms` (what Istio wrote before 1.31.1) are not valid there.
+    // are: Go's `1m0s` or `500ms` (what Istio's agent writes, release-1.31 included) are not
+    // valid there.
     if let Some(f) = s.flush_interval {
         put("stats_flush_interval", json!(proto_duration(f)));
     }

@@ -516,8 +516,8 @@ fn runtime_flags_follow_policy_and_values() {
 }
 
 /// Stats durations reach the bootstrap as protobuf JSON durations on both paths: a flush of
-/// a minute or more, or under a second, is `60s` / `0.5s` (Istio before 1.31.1 wrote Go's
-/// `1m0s` / `500ms` into the template, which Envoy rejects), and the eviction interval keeps
+/// a minute or more, or under a second, is `60s` / `0.5s` (Istio's agent, release-1.31 included,
+/// writes Go's `1m0s` / `500ms` into the template, which Envoy rejects), and the eviction interval keeps
 /// its fraction (Istio cuts it to whole seconds, which can break "a multiple of the flush").
 #[test]
 fn stats_durations_are_protobuf_durations() {

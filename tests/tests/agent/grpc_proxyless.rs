@@ -1,7 +1,7 @@
 //! Proxyless gRPC, as Istio's `grpc-agent` injection template runs it: `pilot-agent proxy
 //! sidecar` with `ISTIO_META_GENERATOR=grpc`, `DISABLE_ENVOY=true`, `OUTPUT_CERTS` and
 //! `GRPC_XDS_BOOTSTRAP`, and readiness on the status port. The app is a real gRPC C-core client
-//! (Python `grpcio`, installed by `scripts/setup.sh` into `.tools/py-grpc`) dialing
+//! (Python `grpcio`, installed by `scripts/setup.sh --test-tools` into `.tools/py-grpc`) dialing
 //! `xds:///<host>:<port>` with the agent's bootstrap: it talks to the agent's xDS socket, which
 //! relays to istiod-lite's gRPC generator (LDS API listener, RDS, CDS, EDS), and calls a real
 //! grpcio server (the health service) found through EDS. With a DestinationRule `ISTIO_MUTUAL`

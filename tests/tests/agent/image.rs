@@ -218,13 +218,13 @@ fn rootfs_runs_pilot_agent_istio_iptables_and_envoy() {
     }
 }
 
-/// The image built with `ISTIO_VERSION=1.28.x` (the default): its `/var/lib/istio/envoy` is the
-/// proxyv2 1.28 image's, which holds 1.28's template (recorded in
-/// `tests/data/istio-bootstrap/release-1.28`). The agent in that tree, run from `/` as the
-/// image runs it with the environment the Dockerfile sets, renders that template on its own:
-/// 1.28's single compressor from the pod's annotation and its fixed connection limit.
+/// The image built with the Dockerfile's default `ISTIO_VERSION`: its `/var/lib/istio/envoy`
+/// is that proxyv2 image's, which holds the release's template (read here from the release's
+/// Go module, `tools/packaging/common/envoy_bootstrap.json`). The agent in that tree, run from
+/// `/` as the image runs it with the environment the Dockerfile sets, renders that template on
+/// its own: the release's three stats compressors on 15090, and the version the image claims.
 #[test]
-fn rootfs_with_istio_1_28_renders_1_28s_template() {
+fn rootfs_with_the_default_istio_release_renders_its_template() {
     let Some(envoy) = envoy_bin() else { return };
     let version = dockerfile()
         .lines()
@@ -232,22 +232,20 @@ fn rootfs_with_istio_1_28_renders_1_28s_template() {
         .expect("ARG ISTIO_VERSION=<release>")
         .trim()
         .to_string();
+    let release = harness::istio_release::RELEASE;
     assert!(
-        version.starts_with("1.28."),
-        "the recorded template is 1.28's; the Dockerfile builds {version}"
+        version.starts_with(&format!("{release}.")),
+        "the tests read Istio {release}'s template; the Dockerfile builds {version}"
     );
-    let template = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("data/istio-bootstrap/release-1.28/envoy_bootstrap.json");
+    let Some(module) = harness::istio_release::dir() else {
+        return;
+    };
+    let template = module.join("tools/packaging/common/envoy_bootstrap.json");
     let istio = tempfile::tempdir().expect("tempdir");
     std::fs::copy(&template, istio.path().join("envoy_bootstrap_tmpl.json"))
         .unwrap_or_else(|e| panic!("{}: {e}", template.display()));
     let root = tempfile::tempdir().expect("tempdir");
     lay_out(&envoy, root.path(), Some(istio.path()));
-    std::fs::write(
-        root.path().join("etc/istio/pod/annotations"),
-        "sidecar.istio.io/statsCompression=\"gzip\"\n",
-    )
-    .expect("annotations");
     let out = Command::new(root.path().join("usr/local/bin/pilot-agent"))
         .args(["bootstrap", "sidecar", "--output", "envoy-rev.json"])
         .current_dir(root.path())
@@ -277,11 +275,12 @@ fn rootfs_with_istio_1_28_renders_1_28s_template() {
             .collect();
     assert_eq!(
         filters,
-        ["envoy.filters.http.compressor", "envoy.filters.http.router"],
-        "1.28's one compressor (master's template has three)"
-    );
-    assert!(
-        text.contains("\"max_active_downstream_connections\": 2147483647"),
-        "1.28's fixed connection limit"
+        [
+            "envoy.filters.http.compressor.brotli",
+            "envoy.filters.http.compressor.zstd",
+            "envoy.filters.http.compressor.gzip",
+            "envoy.filters.http.router"
+        ],
+        "Istio {release}'s three compressors"
     );
 }

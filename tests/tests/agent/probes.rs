@@ -6,7 +6,7 @@
 //! is the pod IP and status port, `User-Agent: kube-probe/<version>`, `Accept: */*`, the
 //! probe's `httpHeaders`, `Connection: close`. The apps are a plain HTTP/1.1 server and a TCP
 //! listener in this test, and a real gRPC health server (Python `grpcio`'s
-//! `grpc_health.v1`, installed by `scripts/setup.sh` into `.tools/py-grpc`).
+//! `grpc_health.v1`, installed by `scripts/setup.sh --test-tools` into `.tools/py-grpc`).
 //!
 //! No root, no namespaces, no Envoy: everything on 127.0.0.1 (the pod IP), every port free.
 

@@ -272,12 +272,20 @@ struct World {
 }
 
 async fn world() -> World {
+    world_with(|opts| {
+        opts.http_max_retries = 2;
+        opts.http_timeout = Duration::from_secs(2);
+    })
+    .await
+}
+
+/// [`world`] with the cache's options as `tune` leaves Istio's defaults.
+async fn world_with(tune: impl FnOnce(&mut wasm::Options)) -> World {
     let data = tempfile::tempdir().unwrap();
     let mut opts = wasm::Options::new(data.path().join("var/lib/istio/data"));
-    opts.http_max_retries = 2;
-    opts.http_timeout = Duration::from_secs(2);
     // The test registry serves plain HTTP.
     opts.plain_http_registries = vec!["127.0.0.1".into()];
+    tune(&mut opts);
     let mut registry = Registry::default();
     let cache = wasm::Cache::new(opts, wasm::Metrics::new(&mut registry));
     let ads = FakeAds::start().await.unwrap();

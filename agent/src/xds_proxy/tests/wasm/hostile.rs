@@ -532,9 +532,10 @@ fn nested_gzip_streamed(size: usize, layers: usize) -> Vec<u8> {
 #[tokio::test]
 #[ignore = "measurement; prints FIGURE lines"]
 async fn wasm_figures() {
-    // 1. LDS pushed 0.2 s after an ECDS whose module server never answers (istiod's 30 s).
+    // 1. LDS pushed 0.2 s after an ECDS whose module server never answers (istiod's 30 s
+    // timeout, Istio's default request timeout and retries).
     let (addr, _) = silent_server().await;
-    let mut w = world().await;
+    let mut w = world_with(|_| {}).await;
     let mut client = envoy_client(&w.h.path).await;
     let resource = with_timeout(
         wasm_resource(

@@ -524,8 +524,8 @@ mod tests {
         assert_eq!(http(b.clone(), 1 << 20).unwrap(), b);
     }
 
-    /// Every layer is capped as it streams, the innermost of nested gzip included; before,
-    /// a layer was cut at the cap and the cut module accepted.
+    /// Every layer is capped as it streams, the innermost of nested gzip included; a layer
+    /// past the cap is an error, never a module cut at the cap.
     #[test]
     fn a_layer_past_the_cap_is_refused() {
         let m = module(5001);

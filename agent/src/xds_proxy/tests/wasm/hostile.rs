@@ -194,7 +194,7 @@ fn request() -> wasm::Request {
 }
 
 /// A nested-gzip body that unpacks past `ISTIO_WASM_MAX_BINARY_SIZE_BYTES` is refused as it
-/// streams (a cut-short module was accepted before), for an HTTP module and an OCI layer.
+/// streams, never cut short and accepted, for an HTTP module and an OCI layer.
 #[tokio::test]
 async fn layers_unpacking_past_the_cap_are_refused() {
     let bomb = nested_gzip(3 << 20, 2);
@@ -276,7 +276,7 @@ async fn unpacking_does_not_stall_the_runtime() {
     );
 }
 
-/// A manifest past 4 MiB is refused unread (a 64 MiB one aborted the agent); a valid one
+/// A manifest past 4 MiB is refused without being parsed; a valid one
 /// of a million layers is parsed in constant space, its last layer picked.
 #[tokio::test]
 async fn huge_manifests_are_refused_and_many_layers_cost_nothing() {

@@ -2,7 +2,7 @@
 # Bounded fuzzing for CI: the cargo-fuzz project fuzz/ (DNS requests and upstream answers,
 # iptables flags, istiod-lite's ADS requests, SDS requests, xDS/NDS
 # decode, the XDS socket's HPACK rewriter, app probers, status-port requests, CSR/PEM in the CA,
-# Istio YAML) is built once (all targets in one build), then each runs for
+# Istio YAML, Wasm OCI manifests and layers) is built once (all targets in one build), then each runs for
 # FUZZ_SECONDS (default 20) starting from its committed seed corpus. Fails on any crash (the
 # reproducer is left in <project>/artifacts/<target>/), prints executions per target.
 #

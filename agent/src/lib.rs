@@ -38,5 +38,6 @@ pub mod fuzzing {
     pub use crate::status::route::check_request as check_status_request;
     pub use crate::xds_proxy::fuzzing::{
         ResponseHead, check_against_prost, decode_response_head, fuzz_rewrite, relay_frames,
+        wasm_manifest, wasm_unpack,
     };
 }

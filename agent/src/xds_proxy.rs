@@ -81,6 +81,7 @@ pub(crate) mod fuzzing {
     pub use super::codec::{ResponseHead, decode_response_head};
     pub use super::sieve::check_against_prost;
     pub use super::upstream::relay_frames;
+    pub use super::wasm::fuzzing::{manifest as wasm_manifest, unpack as wasm_unpack};
 }
 
 /// The ADS service's gRPC name and its two methods.

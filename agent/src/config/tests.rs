@@ -126,6 +126,8 @@ fn invalid_values_name_variable_and_value() {
             "0",
             "ISTIO_WASM_MAX_BINARY_SIZE_BYTES",
         ),
+        ("WASM_CACHE_MAX_BYTES", "1G", "WASM_CACHE_MAX_BYTES"),
+        ("WASM_CACHE_MAX_ENTRIES", "0", "WASM_CACHE_MAX_ENTRIES"),
         (
             "PROXY_CONFIG",
             r#"{"discoveryAddress":"a:15012,b:port"}"#,
@@ -180,6 +182,11 @@ fn wasm_remote_load_settings() {
         )
     );
     assert_eq!(w.max_binary_size, 256 << 20);
+    assert!(
+        w.plain_http_registries.is_empty(),
+        "no plain HTTP unless asked"
+    );
+    assert_eq!((w.max_cache_bytes, w.max_cache_entries), (1 << 30, 64));
     let c = load(
         dir.path(),
         &env(&[
@@ -190,6 +197,9 @@ fn wasm_remote_load_settings() {
             ("WASM_INSECURE_REGISTRIES", "a.io, b.io"),
             ("ISTIO_WASM_MAX_BINARY_SIZE_BYTES", "1024"),
             ("BLOCKED_CIDRS_IN_WASM_FETCH", "10.0.0.0/8, fd00::/8"),
+            ("WASM_PLAIN_HTTP_REGISTRIES", "reg.local:5000"),
+            ("WASM_CACHE_MAX_BYTES", "4096"),
+            ("WASM_CACHE_MAX_ENTRIES", "3"),
         ]),
     )
     .unwrap();
@@ -200,6 +210,8 @@ fn wasm_remote_load_settings() {
     assert_eq!(w.http_max_retries, 2);
     assert_eq!(w.insecure_registries, ["a.io", "b.io"]);
     assert_eq!(w.max_binary_size, 1024);
+    assert_eq!(w.plain_http_registries, ["reg.local:5000"]);
+    assert_eq!((w.max_cache_bytes, w.max_cache_entries), (4096, 3));
     assert_eq!(
         w.blocked_cidrs,
         [

@@ -170,6 +170,26 @@ fn wasm_options(i: &Inputs<'_>) -> Result<crate::xds_proxy::wasm::Options, Error
             )
         })?;
     }
+    o.plain_http_registries = i
+        .env
+        .str("WASM_PLAIN_HTTP_REGISTRIES", "")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    if let Some(v) = i.env.get("WASM_CACHE_MAX_BYTES") {
+        o.max_cache_bytes = v.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+            i.env
+                .invalid("WASM_CACHE_MAX_BYTES", v, "a positive number of bytes")
+        })?;
+    }
+    if let Some(v) = i.env.get("WASM_CACHE_MAX_ENTRIES") {
+        o.max_cache_entries = v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
+            i.env
+                .invalid("WASM_CACHE_MAX_ENTRIES", v, "a positive number of modules")
+        })?;
+    }
     for cidr in i
         .env
         .str("BLOCKED_CIDRS_IN_WASM_FETCH", "")

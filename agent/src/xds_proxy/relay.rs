@@ -1,5 +1,6 @@
 //! One Envoy stream relayed to one upstream stream; generic over SotW and Delta.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -471,6 +472,87 @@ impl Held {
     }
 }
 
+/// Most ECDS responses of one stream being rewritten at once.
+const MAX_REWRITES: usize = 8;
+
+/// One ECDS response's Wasm rewrite, on a task of its own so that the responses istiod sends
+/// after it (LDS, CDS, ...) reach Envoy while a module is fetched, as Istio's agent does
+/// (`rewriteAndForward` runs on a goroutine). The relay hands rewritten responses to Envoy in
+/// the order istiod sent them (Istio's goroutines may swap two ECDS pushes, so a stale filter
+/// could win), each between two whole messages. What is not guaranteed, by Istio or here, is
+/// an ECDS response reaching Envoy before a later LDS that names its filter: Envoy keeps such
+/// a listener warming until the filter's config arrives (istiod's `config_discovery` has no
+/// default config), so a listener never serves without its Wasm filter or its RBAC fallback.
+/// The task is aborted when dropped and ends with the stream's `done`; its fetch is bounded
+/// by the plugin's `httpUri.timeout`.
+struct Rewrite(tokio::task::JoinHandle<Option<Rewritten>>);
+
+/// The original response and what the rewrite made of it.
+type Rewritten = (RawResponse, Result<Option<bytes::Bytes>, String>);
+
+impl Rewrite {
+    fn start<F: Flavor>(
+        resp: RawResponse,
+        cache: Arc<super::wasm::Cache>,
+        done: CancellationToken,
+    ) -> Self {
+        Rewrite(tokio::spawn(async move {
+            let converted = tokio::select! {
+                _ = done.cancelled() => None,
+                r = F::convert_wasm(&resp.bytes, &cache) => Some(r),
+            };
+            converted.map(|r| (resp, r))
+        }))
+    }
+}
+
+impl Drop for Rewrite {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The oldest rewrite's outcome (`None`: cancelled).
+async fn next_rewrite(q: &mut VecDeque<Rewrite>) -> Option<Rewritten> {
+    let front = q.front_mut()?;
+    match (&mut front.0).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "the ECDS rewrite task failed; dropping the response");
+            None
+        }
+    }
+}
+
+/// Sends a rewritten ECDS response to Envoy, or NACKs it upstream with the last version Envoy
+/// acknowledged. False when the relay is over.
+async fn forward_rewrite<F: Flavor>(
+    link: &Shared<F>,
+    rewritten: Option<Rewritten>,
+    down_tx: &mpsc::Sender<Result<Down, tonic::Status>>,
+    done: &CancellationToken,
+) -> bool {
+    let Some((resp, converted)) = rewritten else {
+        return !done.is_cancelled();
+    };
+    let out = match converted {
+        Ok(None) => resp,
+        Ok(Some(bytes)) => match RawResponse::new(bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "re-encoded ECDS response does not decode");
+                return true;
+            }
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, nonce = resp.head.nonce, "NACKing an ECDS response: its Wasm could not be converted");
+            let version = lock(link).ecds_version.clone();
+            return to_upstream(link, F::ecds_nack(&resp.head, &version, e), done).await;
+        }
+    };
+    send(down_tx, Ok(Down::Whole(out)), done, "Envoy").await
+}
+
 /// Relays one upstream generation's responses until it ends.
 async fn relay<F: Flavor>(
     inputs: &Inputs,
@@ -481,6 +563,11 @@ async fn relay<F: Flavor>(
     backoff: &mut Backoff,
 ) -> Outcome {
     let mut held = Held::default();
+    // ECDS responses being rewritten, oldest first; dropped (their work aborted) when this
+    // generation ends: the next one's replay gets ECDS again.
+    let mut rewrites: VecDeque<Rewrite> = VecDeque::new();
+    // Between a response's first part and its last: nothing else may go to Envoy until it ends.
+    let mut mid_message = false;
     loop {
         if held.bytes >= HELD_MAX && !send(down_tx, Ok(held.take()), done, "Envoy").await {
             return Outcome::Done;
@@ -496,11 +583,23 @@ async fn relay<F: Flavor>(
                 }
                 continue;
             }
-            m = upstream.next() => m,
+            rewritten = next_rewrite(&mut rewrites), if !mid_message && !rewrites.is_empty() => {
+                rewrites.pop_front();
+                if !forward_rewrite::<F>(link, rewritten, down_tx, done).await {
+                    return Outcome::Done;
+                }
+                continue;
+            }
+            // With MAX_REWRITES pending, istiod is read again once the oldest is done.
+            m = upstream.next(), if mid_message || rewrites.len() < MAX_REWRITES => m,
         };
         match msg {
-            Ok(Some(Piece::Part(bytes))) => held.push(bytes),
+            Ok(Some(Piece::Part(bytes))) => {
+                mid_message = true;
+                held.push(bytes);
+            }
             Ok(Some(Piece::Last(bytes, resp))) => {
+                mid_message = false;
                 inputs.metrics.responses.inc();
                 backoff.reset();
                 if let Some(subs) = lock(link).subs.as_mut() {
@@ -554,31 +653,7 @@ async fn relay<F: Flavor>(
                 } else if t == type_url::ECDS
                     && let Some(cache) = &inputs.wasm
                 {
-                    let converted = F::convert_wasm(&resp.bytes, cache).await;
-                    let out = match converted {
-                        Ok(None) => Some(resp),
-                        Ok(Some(bytes)) => match RawResponse::new(bytes) {
-                            Ok(r) => Some(r),
-                            Err(e) => {
-                                tracing::error!(error = %e, "re-encoded ECDS response does not decode");
-                                None
-                            }
-                        },
-                        Err(e) => {
-                            tracing::warn!(error = %e, nonce = resp.head.nonce, "NACKing an ECDS response: its Wasm could not be converted");
-                            let version = lock(link).ecds_version.clone();
-                            if !to_upstream(link, F::ecds_nack(&resp.head, &version, e), done).await
-                            {
-                                return Outcome::Done;
-                            }
-                            None
-                        }
-                    };
-                    if let Some(r) = out
-                        && !send(down_tx, Ok(Down::Whole(r)), done, "Envoy").await
-                    {
-                        return Outcome::Done;
-                    }
+                    rewrites.push_back(Rewrite::start::<F>(resp, cache.clone(), done.clone()));
                 } else if forwarded(t) {
                     if !send(down_tx, Ok(Down::Whole(resp)), done, "Envoy").await {
                         return Outcome::Done;

@@ -68,16 +68,18 @@ async fn serve_files(files: HashMap<String, (String, Vec<u8>)>) -> Files {
                 let head = String::from_utf8_lossy(&buf[..n]).to_string();
                 let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
                 *hits.lock().unwrap().entry(path.clone()).or_default() += 1;
-                let (status, ct, body) = match files.get(&path) {
-                    Some((ct, b)) => (200, ct.clone(), b.clone()),
-                    None => (404, "text/plain".into(), b"not found".to_vec()),
+                // Served from the shared map, never copied (the figures measure the agent's
+                // memory, not this server's).
+                let (status, ct, body): (u16, &str, &[u8]) = match files.get(&path) {
+                    Some((ct, b)) => (200, ct, b),
+                    None => (404, "text/plain", b"not found"),
                 };
                 let h = format!(
                     "HTTP/1.1 {status} X\r\ncontent-type: {ct}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
                     body.len()
                 );
                 let _ = s.write_all(h.as_bytes()).await;
-                let _ = s.write_all(&body).await;
+                let _ = s.write_all(body).await;
             });
         }
     });
@@ -270,10 +272,20 @@ struct World {
 }
 
 async fn world() -> World {
+    world_with(|opts| {
+        opts.http_max_retries = 2;
+        opts.http_timeout = Duration::from_secs(2);
+    })
+    .await
+}
+
+/// [`world`] with the cache's options as `tune` leaves Istio's defaults.
+async fn world_with(tune: impl FnOnce(&mut wasm::Options)) -> World {
     let data = tempfile::tempdir().unwrap();
     let mut opts = wasm::Options::new(data.path().join("var/lib/istio/data"));
-    opts.http_max_retries = 2;
-    opts.http_timeout = Duration::from_secs(2);
+    // The test registry serves plain HTTP.
+    opts.plain_http_registries = vec!["127.0.0.1".into()];
+    tune(&mut opts);
     let mut registry = Registry::default();
     let cache = wasm::Cache::new(opts, wasm::Metrics::new(&mut registry));
     let ads = FakeAds::start().await.unwrap();
@@ -845,3 +857,5 @@ async fn https_modules_are_verified_unless_the_host_is_insecure() {
         assert_eq!(std::fs::read(path).unwrap(), m, "{insecure}");
     }
 }
+
+mod hostile;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::metrics::{self, Metrics};
-use super::{Error, Options, fetch, oci, sha256_hex};
+use super::{Error, Options, fetch, oci, sha256_hex, unpack};
 
 /// `ISTIO_META_WASM_IMAGE_PULL_POLICY`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -57,6 +57,8 @@ struct Entry {
     last: Instant,
     /// URLs whose remembered checksum points here (forgotten when the entry is purged).
     urls: BTreeSet<String>,
+    /// The file's size.
+    size: u64,
 }
 
 struct Remembered {
@@ -68,6 +70,8 @@ struct Remembered {
 struct State {
     modules: BTreeMap<ModuleKey, Entry>,
     checksums: HashMap<String, Remembered>,
+    /// The modules' bytes on disk.
+    bytes: u64,
 }
 
 /// The module cache (Istio's `LocalFileCache`).
@@ -75,6 +79,7 @@ pub struct Cache {
     opts: Options,
     state: Mutex<State>,
     metrics: Metrics,
+    work: super::Work,
 }
 
 const OCI: &str = "oci://";
@@ -100,12 +105,15 @@ fn ignores_resource_version(policy: PullPolicy, url: &str) -> bool {
 }
 
 impl Cache {
-    /// A cache in `opts.dir`, with its purge task (ended when the cache is dropped).
+    /// A cache in `opts.dir`, with its purge task (ended when the cache is dropped). Staging
+    /// files a killed agent left are removed.
     pub fn new(opts: Options, metrics: Metrics) -> Arc<Self> {
+        unpack::remove_staging(&opts.dir);
         let cache = Arc::new(Cache {
             opts,
             state: Mutex::new(State::default()),
             metrics,
+            work: super::Work::new(super::WORKERS),
         });
         let weak = Arc::downgrade(&cache);
         let every = cache.opts.purge_interval.max(Duration::from_millis(10));
@@ -151,17 +159,10 @@ impl Cache {
             .map(|(k, _)| k.clone())
             .collect();
         for k in expired {
-            let Some(e) = s.modules.get(&k) else { continue };
-            if let Err(err) = std::fs::remove_file(&e.path) {
-                tracing::warn!(error = %err, path = %e.path.display(), "failed to purge Wasm module");
-                continue;
+            if let Some(e) = s.modules.get(&k) {
+                tracing::debug!(path = %e.path.display(), "removing stale Wasm module");
             }
-            tracing::debug!(path = %e.path.display(), "removed stale Wasm module");
-            if let Some(e) = s.modules.remove(&k) {
-                for url in e.urls {
-                    s.checksums.remove(&url);
-                }
-            }
+            remove(&mut s, &k);
         }
         self.entries_changed(&s);
     }
@@ -227,32 +228,51 @@ impl Cache {
         if let Some(path) = hit {
             return Ok(path);
         }
+        let fail = |reason: String| Error::Fetch {
+            url: url.to_string(),
+            reason,
+        };
         let fetched = async {
-            match scheme {
+            // The body, and the checksum the module has when it is known before unpacking
+            // (an OCI manifest's digest).
+            let (body, manifest_digest) = match scheme {
                 "http" | "https" => match fetch::http(&self.opts, url).await {
-                    Ok(b) => {
-                        let sum = sha256_hex(&b);
-                        Ok((b, sum))
-                    }
+                    Ok(b) => (unpack::Body::Http(b), None),
                     Err(e) => {
                         self.metrics.fetch(metrics::DOWNLOAD_FAILURE);
-                        Err(e)
+                        return Err(e);
                     }
                 },
-                "oci" => oci::fetch(&self.opts, url, rest, &checksum)
-                    .await
-                    .inspect_err(|e| {
+                "oci" => match oci::fetch(&self.opts, &self.work, url, rest, &checksum).await {
+                    Ok((b, digest)) => (b, Some(digest)),
+                    Err(e) => {
                         self.metrics.fetch(match e {
                             Error::Checksum { .. } => metrics::CHECKSUM_MISMATCH,
                             _ => metrics::MANIFEST_FAILURE,
-                        })
-                    }),
-                other => Err(bad(&format!(
-                    "unsupported scheme {other:?} (expected http, https or oci)"
-                ))),
-            }
+                        });
+                        return Err(e);
+                    }
+                },
+                other => {
+                    return Err(bad(&format!(
+                        "unsupported scheme {other:?} (expected http, https or oci)"
+                    )));
+                }
+            };
+            let (dir, cap) = (self.opts.dir.clone(), self.opts.max_binary_size);
+            let staged = self
+                .work
+                .run(move || unpack::stage(body, &dir, cap))
+                .await
+                .map_err(&fail)?
+                .map_err(|e| {
+                    self.metrics.fetch(metrics::FETCH_FAILURE);
+                    fail(e.to_string())
+                })?;
+            let got = manifest_digest.unwrap_or_else(|| staged.sha256.clone());
+            Ok((staged, got))
         };
-        let (binary, got) = tokio::time::timeout(req.timeout, fetched)
+        let (staged, got) = tokio::time::timeout(req.timeout, fetched)
             .await
             .map_err(|_| {
                 self.metrics.fetch(metrics::DOWNLOAD_FAILURE);
@@ -279,14 +299,14 @@ impl Cache {
                 return Ok(path);
             }
         }
-        if !super::is_wasm(&binary) {
+        if !staged.wasm {
             self.metrics.fetch(metrics::FETCH_FAILURE);
             return Err(Error::Invalid {
                 url: url.to_string(),
             });
         }
         self.metrics.fetch(metrics::FETCH_SUCCESS);
-        self.add(url, req, got, &binary)
+        self.add(url, req, got, staged)
     }
 
     fn add(
@@ -294,7 +314,7 @@ impl Cache {
         url: &str,
         req: &Request,
         checksum: String,
-        binary: &[u8],
+        staged: unpack::Staged,
     ) -> Result<PathBuf, Error> {
         let key = ModuleKey {
             name: module_name(url),
@@ -312,7 +332,8 @@ impl Cache {
             path: dir.clone(),
             source,
         })?;
-        std::fs::write(&path, binary).map_err(|source| Error::Write {
+        let size = staged.size;
+        staged.keep(&path).map_err(|source| Error::Write {
             path: path.clone(),
             source,
         })?;
@@ -320,16 +341,54 @@ impl Cache {
         if remembers(url) {
             urls.insert(url.to_string());
         }
+        s.bytes = s.bytes.saturating_add(size);
         s.modules.insert(
-            key,
+            key.clone(),
             Entry {
                 path: path.clone(),
                 last: Instant::now(),
                 urls,
+                size,
             },
         );
+        self.evict(&mut s, &key);
         self.entries_changed(&s);
         Ok(path)
+    }
+
+    /// Removes the modules used longest ago (never `keep`, the one just added) until the cache
+    /// is within `WASM_CACHE_MAX_BYTES` and `WASM_CACHE_MAX_ENTRIES`.
+    fn evict(&self, s: &mut State, keep: &ModuleKey) {
+        while s.bytes > self.opts.max_cache_bytes || s.modules.len() > self.opts.max_cache_entries {
+            let Some(oldest) = s
+                .modules
+                .iter()
+                .filter(|(k, _)| *k != keep)
+                .min_by_key(|(_, e)| e.last)
+                .map(|(k, _)| k.clone())
+            else {
+                return;
+            };
+            if let Some(e) = s.modules.get(&oldest) {
+                tracing::info!(path = %e.path.display(), bytes = s.bytes, entries = s.modules.len(),
+                    "Wasm module cache full; removing the module used longest ago");
+            }
+            remove(s, &oldest);
+        }
+    }
+}
+
+/// Forgets a module and removes its file.
+fn remove(s: &mut State, k: &ModuleKey) {
+    let Some(e) = s.modules.remove(k) else { return };
+    if let Err(err) = std::fs::remove_file(&e.path)
+        && err.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(error = %err, path = %e.path.display(), "failed to remove a Wasm module");
+    }
+    s.bytes = s.bytes.saturating_sub(e.size);
+    for url in e.urls {
+        s.checksums.remove(&url);
     }
 }
 

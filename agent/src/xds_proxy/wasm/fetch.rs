@@ -3,35 +3,76 @@
 //! HTTP module fetch on top (retries on connection errors and retryable 5xx with exponential
 //! backoff; a gzip or tar body is unpacked to the Wasm binary inside).
 
-use std::io::Read;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty, Limited};
 
-use super::{Error, Options, is_wasm};
+use super::{Error, Options};
 
-/// Addresses never fetched from: link-local (cloud metadata at 169.254.169.254, fe80::/10) and
-/// the metadata services outside it (Alibaba's 100.100.100.200, AWS's fd00:ec2::254).
-fn always_blocked(ip: IpAddr) -> bool {
+/// Addresses never fetched from, whatever `BLOCKED_CIDRS_IN_WASM_FETCH` says: link-local
+/// unicast (cloud metadata at 169.254.169.254; fe80::/10), link-local multicast (224.0.0.0/24,
+/// ff02::/16), the unspecified address, and the metadata services outside link-local (AWS's
+/// IPv6 fd00:ec2::/32, Alibaba's 100.100.100.200). Istio's release-1.31 Wasm fetch has no
+/// such filter; these are the ranges its registry bearer-realm check and its platform
+/// metadata clients name, with multicast added.
+const ALWAYS_BLOCKED: &[(IpAddr, u8)] = &[
+    (IpAddr::V4(Ipv4Addr::new(169, 254, 0, 0)), 16),
+    (IpAddr::V4(Ipv4Addr::new(224, 0, 0, 0)), 24),
+    (IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)), 32),
+    (IpAddr::V4(Ipv4Addr::UNSPECIFIED), 32),
+    (IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)), 10),
+    (IpAddr::V6(Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 0)), 16),
+    (
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0)),
+        32,
+    ),
+    (IpAddr::V6(Ipv6Addr::UNSPECIFIED), 128),
+];
+
+/// An address as the filter judges it: IPv4-mapped (`::ffff:a.b.c.d`) and IPv4-compatible
+/// (`::a.b.c.d`, deprecated but still routed to the IPv4 address by some stacks) IPv6
+/// addresses become their IPv4 address, so one IPv4 range covers both spellings. `::` and
+/// `::1` stay IPv6.
+pub(super) fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
-        IpAddr::V4(v4) => v4.is_link_local() || v4.octets() == [100, 100, 100, 200],
         IpAddr::V6(v6) => {
-            (v6.segments()[0] & 0xffc0) == 0xfe80
-                || v6 == std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return IpAddr::V4(v4);
+            }
+            let bits = u128::from(v6);
+            if bits >> 32 == 0 && bits > 1 {
+                return IpAddr::V4(Ipv4Addr::from(u32::try_from(bits).unwrap_or(0)));
+            }
+            ip
         }
+        IpAddr::V4(_) => ip,
     }
 }
 
-fn in_cidr(ip: IpAddr, (net, bits): (IpAddr, u8)) -> bool {
-    match (ip, net) {
-        (IpAddr::V4(a), IpAddr::V4(n)) => {
+/// A CIDR as the filter applies it: an IPv4-mapped or -compatible IPv6 range of /96 or
+/// longer is the IPv4 range it spells, so a configured range blocks both families' spellings.
+pub(super) fn canonical_cidr((net, bits): (IpAddr, u8)) -> (IpAddr, u8) {
+    match (net, canonical(net)) {
+        (IpAddr::V6(_), IpAddr::V4(v4)) if bits >= 96 => (IpAddr::V4(v4), bits - 96),
+        _ => (net, bits),
+    }
+}
+
+/// Whether `ip` is in `cidr`, spelled as given or as the IPv4 address both may stand for.
+pub(super) fn in_cidr(ip: IpAddr, cidr: (IpAddr, u8)) -> bool {
+    contains(ip, cidr) || contains(canonical(ip), canonical_cidr(cidr))
+}
+
+fn contains(ip: IpAddr, cidr: (IpAddr, u8)) -> bool {
+    match (ip, cidr) {
+        (IpAddr::V4(a), (IpAddr::V4(n), bits)) => {
             let mask = u32::MAX
                 .checked_shl(32 - u32::from(bits.min(32)))
                 .unwrap_or(0);
             u32::from(a) & mask == u32::from(n) & mask
         }
-        (IpAddr::V6(a), IpAddr::V6(n)) => {
+        (IpAddr::V6(a), (IpAddr::V6(n), bits)) => {
             let mask = u128::MAX
                 .checked_shl(128 - u32::from(bits.min(128)))
                 .unwrap_or(0);
@@ -41,7 +82,27 @@ fn in_cidr(ip: IpAddr, (net, bits): (IpAddr, u8)) -> bool {
     }
 }
 
-/// The first resolved address of `host:port` that may be fetched from.
+/// Why `ip` may not be fetched from, if it may not.
+pub(super) fn blocked(opts: &Options, ip: IpAddr) -> Option<String> {
+    let ip = canonical(ip);
+    if ALWAYS_BLOCKED.iter().any(|c| in_cidr(ip, *c)) {
+        return Some(format!(
+            "connection blocked: {ip} is link-local, multicast, unspecified or a cloud metadata address"
+        ));
+    }
+    opts.blocked_cidrs
+        .iter()
+        .find(|c| in_cidr(ip, **c))
+        .map(|c| {
+            format!(
+                "connection blocked: {ip} is in blocked CIDR range {}/{}",
+                c.0, c.1
+            )
+        })
+}
+
+/// The first resolved address of `host:port` that may be fetched from: the address dialled,
+/// so a name cannot resolve to one address for the check and another for the connection.
 async fn resolve(opts: &Options, host: &str, port: u16) -> Result<SocketAddr, String> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
@@ -50,21 +111,10 @@ async fn resolve(opts: &Options, host: &str, port: u16) -> Result<SocketAddr, St
         .collect();
     let mut refused = None;
     for a in addrs {
-        let ip = a.ip();
-        if always_blocked(ip) {
-            refused = Some(format!(
-                "connection blocked: {ip} is link-local or a cloud metadata address"
-            ));
-            continue;
+        match blocked(opts, a.ip()) {
+            Some(why) => refused = Some(why),
+            None => return Ok(a),
         }
-        if let Some(c) = opts.blocked_cidrs.iter().find(|c| in_cidr(ip, **c)) {
-            refused = Some(format!(
-                "connection blocked: {ip} is in blocked CIDR range {}/{}",
-                c.0, c.1
-            ));
-            continue;
-        }
-        return Ok(a);
     }
     Err(refused.unwrap_or_else(|| format!("{host} has no address")))
 }
@@ -95,12 +145,13 @@ fn tls_config(insecure: bool) -> Result<std::sync::Arc<rustls::ClientConfig>, St
 /// A TLS handshake answered by a plain-HTTP server (the registry fallback's cue).
 pub(super) const PLAIN_HTTP_ANSWER: &str = "the server answered the TLS handshake with plain HTTP";
 
-/// One GET over HTTP or HTTPS: status, headers and body (at most `opts.max_binary_size`
-/// bytes).
+/// One GET over HTTP or HTTPS: status, headers and body (at most `cap` bytes). Redirects are
+/// not followed (a 3xx is the answer).
 pub(super) async fn get(
     opts: &Options,
     url: &url::Url,
     accept: Option<&str>,
+    cap: u64,
 ) -> Result<(http::StatusCode, http::HeaderMap, bytes::Bytes), String> {
     let https = match url.scheme() {
         "http" => false,
@@ -166,7 +217,7 @@ pub(super) async fn get(
         .map_err(|e| e.to_string())?
     };
     let (parts, body) = resp.into_parts();
-    let cap = usize::try_from(opts.max_binary_size).unwrap_or(usize::MAX);
+    let cap = usize::try_from(cap).unwrap_or(usize::MAX);
     let body = tokio::time::timeout(opts.http_timeout, Limited::new(body, cap).collect())
         .await
         .map_err(|_| format!("reading the body timed out after {:?}", opts.http_timeout))?
@@ -174,7 +225,7 @@ pub(super) async fn get(
             if e.downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some()
             {
-                format!("body larger than {cap} bytes (ISTIO_WASM_MAX_BINARY_SIZE_BYTES)")
+                format!("body larger than {cap} bytes")
             } else {
                 e.to_string()
             }
@@ -188,8 +239,8 @@ fn retryable(code: u16) -> bool {
     code >= 500 && !matches!(code, 501 | 505 | 511)
 }
 
-/// Fetches a module over HTTP (Istio's `HTTPFetcher`).
-pub(super) async fn http(opts: &Options, url: &str) -> Result<Vec<u8>, Error> {
+/// Fetches a module's body over HTTP (Istio's `HTTPFetcher`); unpacking is the cache's.
+pub(super) async fn http(opts: &Options, url: &str) -> Result<bytes::Bytes, Error> {
     let fail = |reason: String| Error::Fetch {
         url: url.to_string(),
         reason,
@@ -202,10 +253,8 @@ pub(super) async fn http(opts: &Options, url: &str) -> Result<Vec<u8>, Error> {
     let mut last = String::new();
     let attempts = opts.http_max_retries.max(1);
     for attempt in 1..=attempts {
-        match get(opts, &parsed, None).await {
-            Ok((status, _, body)) if status == http::StatusCode::OK => {
-                return Ok(unbox(body.to_vec(), opts.max_binary_size));
-            }
+        match get(opts, &parsed, None, opts.max_binary_size).await {
+            Ok((status, _, body)) if status == http::StatusCode::OK => return Ok(body),
             Ok((status, _, _)) => {
                 last = format!("status code {}", status.as_u16());
                 if !retryable(status.as_u16()) {
@@ -229,79 +278,78 @@ pub(super) async fn http(opts: &Options, url: &str) -> Result<Vec<u8>, Error> {
     )))
 }
 
-fn is_gzip(b: &[u8]) -> bool {
-    b.len() > 2 && b.starts_with(&[0x1f, 0x8b])
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn is_tar(b: &[u8]) -> bool {
-    b.len() > 262 && &b[257..262] == b"ustar"
-}
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
 
-/// Unpacks gzip and tar (first file) layers around a Wasm binary, as Istio's fetcher does;
-/// anything else, or an unpacking that fails, is returned as it came.
-pub(super) fn unbox(origin: Vec<u8>, cap: u64) -> Vec<u8> {
-    let mut b = origin.clone();
-    for _ in 0..8 {
-        if is_wasm(&b) {
-            return b;
+    #[test]
+    fn ipv4_in_ipv6_is_judged_as_ipv4() {
+        assert_eq!(
+            canonical(ip("::ffff:169.254.169.254")),
+            ip("169.254.169.254")
+        );
+        assert_eq!(canonical(ip("::169.254.169.254")), ip("169.254.169.254"));
+        assert_eq!(canonical(ip("::1")), ip("::1"));
+        assert_eq!(canonical(ip("::")), ip("::"));
+        assert_eq!(canonical(ip("2001:db8::1")), ip("2001:db8::1"));
+    }
+
+    #[test]
+    fn always_blocked_ranges() {
+        let opts = Options::new("/nonexistent".into());
+        for blocked_ip in [
+            "169.254.169.254",
+            "::ffff:169.254.169.254",
+            "::169.254.169.254",
+            "169.254.0.1",
+            "100.100.100.200",
+            "224.0.0.251",
+            "0.0.0.0",
+            "fe80::1",
+            "fd00:ec2::254",
+            "fd00:ec2:1::1",
+            "ff02::fb",
+            "::",
+        ] {
+            assert!(blocked(&opts, ip(blocked_ip)).is_some(), "{blocked_ip}");
         }
-        let next = if is_gzip(&b) {
-            gunzip(&b, cap)
-        } else if is_tar(&b) {
-            tar_file(&b, |_| true)
-        } else {
-            None
-        };
-        match next {
-            Some(n) => b = n,
-            None => return origin,
+        for allowed in [
+            "127.0.0.1",
+            "::1",
+            "10.0.0.1",
+            "fd00:ec3::1",
+            "224.0.1.1",
+            "ff05::1",
+        ] {
+            assert!(blocked(&opts, ip(allowed)).is_none(), "{allowed}");
         }
     }
-    origin
-}
 
-pub(super) fn gunzip(b: &[u8], cap: u64) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(b)
-        .take(cap)
-        .read_to_end(&mut out)
-        .ok()?;
-    Some(out)
-}
-
-/// The content of the first regular file in a tar archive that `wanted` accepts.
-pub(super) fn tar_file(b: &[u8], wanted: impl Fn(&str) -> bool) -> Option<Vec<u8>> {
-    let mut at = 0;
-    while at + 512 <= b.len() {
-        let h = &b[at..at + 512];
-        if h.iter().all(|x| *x == 0) {
-            return None;
+    /// A configured CIDR blocks both families' spellings of its addresses.
+    #[test]
+    fn configured_ranges_apply_to_both_families() {
+        let mut opts = Options::new("/nonexistent".into());
+        opts.blocked_cidrs = vec![(ip("10.0.0.0"), 8), (ip("::ffff:192.168.0.0"), 112)];
+        for b in [
+            "10.1.2.3",
+            "::ffff:10.1.2.3",
+            "::10.1.2.3",
+            "192.168.4.5",
+            "::ffff:192.168.9.9",
+        ] {
+            assert!(blocked(&opts, ip(b)).is_some(), "{b}");
         }
-        let name_end = h[..100].iter().position(|x| *x == 0).unwrap_or(100);
-        let mut name = String::from_utf8_lossy(&h[..name_end]).into_owned();
-        if &h[257..262] == b"ustar" {
-            let prefix_end = h[345..500].iter().position(|x| *x == 0).unwrap_or(155);
-            if prefix_end > 0 {
-                name = format!(
-                    "{}/{name}",
-                    String::from_utf8_lossy(&h[345..345 + prefix_end])
-                );
-            }
+        for a in ["11.0.0.1", "192.169.0.1", "2001:db8::10:0:0:1"] {
+            assert!(blocked(&opts, ip(a)).is_none(), "{a}");
         }
-        let size_text = String::from_utf8_lossy(&h[124..136]);
-        let size =
-            usize::from_str_radix(size_text.trim_matches(|c: char| c == '\0' || c == ' '), 8)
-                .ok()?;
-        let start = at + 512;
-        let end = start.checked_add(size)?;
-        if end > b.len() {
-            return None;
-        }
-        let kind = h[156];
-        if (kind == b'0' || kind == 0) && wanted(name.trim_start_matches("./")) {
-            return Some(b[start..end].to_vec());
-        }
-        at = start + size.div_ceil(512) * 512;
+        assert_eq!(
+            canonical_cidr((ip("::ffff:192.168.0.0"), 112)),
+            (ip("192.168.0.0"), 16)
+        );
+        assert_eq!(canonical_cidr((ip("fd00::"), 8)), (ip("fd00::"), 8));
     }
-    None
 }

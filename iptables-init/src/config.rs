@@ -748,6 +748,31 @@ mod tests {
         assert!(e.contains("--probe-timeout"), "{e}");
     }
 
+    /// Every typed flag of the table is read as its type: a bad value fails, naming the flag.
+    #[test]
+    fn every_flag_is_read_as_the_table_types_it() {
+        for f in FLAGS {
+            let bad = match f.value {
+                ValueType::Bool => "maybe",
+                ValueType::Port => "0",
+                ValueType::ProbePort => "70000",
+                ValueType::Ids => "no-such-user-xyz",
+                ValueType::Choice => "bogus",
+                ValueType::InboundPorts | ValueType::Ports => "80,x",
+                ValueType::Interfaces => "a/b",
+                ValueType::CidrsOrAll => "10.0.0.0/33",
+                ValueType::Cidrs => "*",
+                ValueType::Number => "abc",
+                ValueType::Duration => "5x",
+                ValueType::Int => "x",
+                ValueType::Text => continue,
+            };
+            let arg = format!("--{}={bad}", f.long);
+            let e = err(&[&arg], &[]);
+            assert!(e.contains(&format!("--{}", f.long)), "{arg}: {e}");
+        }
+    }
+
     #[test]
     fn trailing_commas_and_empty_values() {
         let c = run(

@@ -29,7 +29,9 @@ pub use issued_until::ISSUED_UNTIL;
 pub use previous_roots::PREVIOUS_ROOTS;
 pub use reload::{Reloaded, Reloader, SharedCa};
 pub use service::{CaMetrics, CaService};
-pub use token::{Claims, DEFAULT_CLOCK_SKEW as DEFAULT_TOKEN_CLOCK_SKEW, TokenError, TokenIssuer};
+pub use token::{
+    Claims, DEFAULT_CLOCK_SKEW as DEFAULT_TOKEN_CLOCK_SKEW, KeyError, TokenError, TokenIssuer,
+};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -71,6 +73,12 @@ pub enum Error {
     },
     #[error("{path}: {reason}")]
     BadFile { path: PathBuf, reason: String },
+    #[error("{path}: {source}")]
+    TokenKey {
+        path: PathBuf,
+        #[source]
+        source: KeyError,
+    },
     #[error(
         "{dir}: plug-in cacerts are incomplete: {missing} is missing (need ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem, or none of them)"
     )]

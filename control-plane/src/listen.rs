@@ -18,7 +18,7 @@
 //! together, [`MONITORING_CAPS`]): overall and per peer IP address, one over either closed as
 //! soon as it is accepted. So one peer (or a few) opening idle connections cannot take every
 //! descriptor and lock the fleet out; the secure port's TLS handshake must also finish within
-//! 10 s ([`crate::server::tls::HANDSHAKE_TIMEOUT`]), and a gRPC connection must open a stream
+//! 10 s (the server's TLS handshake timeout), and a gRPC connection must open a stream
 //! in time ([`GRPC_STREAM_LIMITS`]).
 
 use std::io;

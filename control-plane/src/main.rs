@@ -15,6 +15,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand};
+use control_plane::settings::{ServerSettings, Settings};
 use control_plane::{ca, listen, replay, server, vm_bundle};
 use tokio_util::sync::CancellationToken;
 
@@ -73,9 +74,9 @@ struct ServerArgs {
     max_connections_per_ip: usize,
 }
 
-impl From<ServerArgs> for server::ServerSettings {
+impl From<ServerArgs> for ServerSettings {
     fn from(a: ServerArgs) -> Self {
-        server::ServerSettings {
+        ServerSettings {
             ca_dir: a.ca_dir,
             trust_domain: a.trust_domain,
             grpc_addr: a.grpc_addr,
@@ -180,8 +181,9 @@ async fn shutdown_signal(cancel: CancellationToken) {
     cancel.cancel();
 }
 
-/// Logs the bound listeners, then serves until SIGTERM/SIGINT.
-async fn run(running: server::Running, cancel: CancellationToken) {
+/// Logs the bound listeners, then serves until SIGTERM/SIGINT, or until a component stops on
+/// its own (an error: the exit status is non-zero).
+async fn run(running: server::Running, cancel: CancellationToken) -> anyhow::Result<()> {
     tracing::info!("listening name=grpc addr={}", running.grpc_addr);
     tracing::info!(
         "listening name=secure-grpc addr={}",
@@ -189,7 +191,12 @@ async fn run(running: server::Running, cancel: CancellationToken) {
     );
     tracing::info!("listening name=monitoring addr={}", running.monitoring_addr);
     tokio::spawn(shutdown_signal(cancel));
-    running.wait().await;
+    Ok(running.wait().await?)
+}
+
+/// The settings tree, logged once at start (also served on `/debug/config_dump`).
+fn log_settings(settings: &Settings) {
+    tracing::info!(config = %settings.dump(), "istiod-lite configuration");
 }
 
 #[tokio::main]
@@ -204,20 +211,14 @@ async fn main() -> anyhow::Result<()> {
         } => {
             init_logging();
             let env: HashMap<String, String> = std::env::vars().collect();
+            let settings = Settings::serve(config_dir, mesh, server.into(), &env)
+                .context("istiod-lite serve")?;
+            log_settings(&settings);
             let cancel = CancellationToken::new();
-            let running = server::serve(
-                server::ServeInputs {
-                    config_dir,
-                    mesh_file: mesh,
-                    server: server.into(),
-                    env,
-                },
-                cancel.clone(),
-            )
-            .await
-            .context("istiod-lite serve")?;
-            run(running, cancel).await;
-            Ok(())
+            let running = server::serve(settings, cancel.clone())
+                .await
+                .context("istiod-lite serve")?;
+            run(running, cancel).await.context("istiod-lite serve")
         }
         Command::Replay {
             config_dump,
@@ -225,20 +226,16 @@ async fn main() -> anyhow::Result<()> {
             server,
         } => {
             init_logging();
+            let env: HashMap<String, String> = std::env::vars().collect();
+            let settings =
+                Settings::replay(config_dump, strip_istio_extensions, server.into(), &env)
+                    .context("istiod-lite replay")?;
+            log_settings(&settings);
             let cancel = CancellationToken::new();
-            let running = replay::serve(
-                replay::ReplayInputs {
-                    config_dump,
-                    strip_istio_extensions,
-                    server: server.into(),
-                    env: std::env::vars().collect(),
-                },
-                cancel.clone(),
-            )
-            .await
-            .context("istiod-lite replay")?;
-            run(running, cancel).await;
-            Ok(())
+            let running = replay::serve(settings, cancel.clone())
+                .await
+                .context("istiod-lite replay")?;
+            run(running, cancel).await.context("istiod-lite replay")
         }
         Command::Token {
             ca_dir,

@@ -8,7 +8,7 @@ mod follow;
 mod kube;
 mod proxy;
 
-pub use follow::follow;
+pub use follow::{Follower, follow};
 pub use kube::protocol as kube_port_protocol;
 pub use proxy::{Proxy, ProxyError, ProxyView};
 
@@ -24,7 +24,7 @@ use crate::config::kinds::{
 use crate::config::{Config, Object, Revision, export_to};
 
 /// Mesh-wide settings (from `--trust-domain`, `--mesh` and the environment).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct MeshSettings {
     pub trust_domain: String,
     /// Namespace whose namespace-wide policies apply mesh-wide.

@@ -1,4 +1,5 @@
-//! The monitoring HTTP server: `/ready`, `/metrics`, `/debug/syncz`, `/debug/configz`.
+//! The monitoring HTTP server: `/ready`, `/metrics`, `/debug/syncz`, `/debug/configz` (the
+//! proxies' configuration) and `/debug/config_dump` (istiod-lite's own, the settings tree).
 //!
 //! Bounded as the agent's status port: connection caps ([`crate::listen::MONITORING_CAPS`]), a
 //! header timeout and an idle timeout per connection ([`MonitoringInputs::timeouts`]).
@@ -26,8 +27,10 @@ pub struct MonitoringInputs {
     pub sync: SyncTable,
     pub config_status: watch::Receiver<Arc<ConfigStatus>>,
     pub snapshots: watch::Receiver<Arc<Snapshot>>,
-    /// Ready once every listener is serving.
+    /// Ready once every listener is serving, not ready once a component stopped.
     pub ready: watch::Receiver<bool>,
+    /// The settings tree ([`crate::settings::Settings::dump`]).
+    pub config_dump: serde_json::Value,
     /// Header and idle timeouts of each connection ([`crate::listen::MONITORING_TIMEOUTS`]).
     pub timeouts: Timeouts,
 }
@@ -80,7 +83,7 @@ async fn handle(
                 reply(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "text/plain",
-                    "not ready: listeners starting\n".into(),
+                    "not ready: listeners starting, or a component stopped\n".into(),
                 )
             }
         }
@@ -105,10 +108,16 @@ async fn handle(
             serde_json::to_string_pretty(&inputs.sync.rows()).unwrap_or_default(),
         ),
         "/debug/configz" => reply(StatusCode::OK, "application/json", configz(&inputs)),
+        "/debug/config_dump" => reply(
+            StatusCode::OK,
+            "application/json",
+            serde_json::to_string_pretty(&inputs.config_dump).unwrap_or_default(),
+        ),
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found; try /ready, /metrics, /debug/syncz, /debug/configz\n".into(),
+            "not found; try /ready, /metrics, /debug/syncz, /debug/configz, /debug/config_dump\n"
+                .into(),
         ),
     };
     Ok(resp)
@@ -184,6 +193,7 @@ mod tests {
             config_status: watch::channel(Arc::new(ConfigStatus::default())).1,
             snapshots: watch::channel(snap).1,
             ready: watch::channel(true).1,
+            config_dump: serde_json::json!({"tunables": {"push_throttle": 7}}),
             timeouts: TIMEOUTS,
         };
         tokio::spawn(serve(listener, inputs, cancel.clone()));
@@ -206,6 +216,29 @@ mod tests {
                 Ok(Ok(n)) => seen.extend_from_slice(&buf[..n]),
             }
         }
+    }
+
+    /// The settings tree is served as the agent serves its own configuration.
+    #[tokio::test]
+    async fn config_dump_serves_the_settings_tree() {
+        let cancel = CancellationToken::new();
+        let addr = start(&cancel).await;
+        let mut c = TcpStream::connect(addr).await.expect("connect");
+        c.write_all(
+            b"GET /debug/config_dump HTTP/1.1\r\nhost: istiod\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .expect("write");
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(5), c.read_to_string(&mut answer))
+            .await
+            .expect("answer in time")
+            .expect("read");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(body).expect("json");
+        assert_eq!(v["tunables"]["push_throttle"], 7);
+        cancel.cancel();
     }
 
     #[tokio::test]

@@ -19,7 +19,7 @@ mod strip;
 
 pub use strip::Removal;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,7 +29,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ConfigStatus};
 use crate::model::{MeshSettings, ProxyView, Snapshot};
-use crate::server::{self, CoreInputs, Running, Sources, Tunables};
+use crate::server::{self, Running, Sources};
+use crate::settings::{Settings, Source};
 use crate::xds::{FixedResources, Resource, Resources, XdsType};
 
 /// Errors loading a dump or starting the replay.
@@ -53,6 +54,8 @@ pub enum Error {
         "config dump {path}: holds no dynamic listeners, clusters, routes or endpoints (sections: {sections}); nothing to replay"
     )]
     Empty { path: PathBuf, sections: String },
+    #[error("`replay` needs a config dump; a config directory is served by `serve`")]
+    NotConfigDump,
     #[error(transparent)]
     Server(#[from] server::Error),
 }
@@ -201,32 +204,28 @@ impl Replay {
     }
 }
 
-/// Everything `replay` needs.
-#[derive(Clone, Debug)]
-pub struct ReplayInputs {
-    pub config_dump: PathBuf,
-    pub strip_istio_extensions: bool,
-    pub server: server::ServerSettings,
-    /// Environment (`PILOT_PUSH_THROTTLE`).
-    pub env: HashMap<String, String>,
-}
-
-/// Loads the dump, then serves it with the CA and monitoring; returns once every listener is
-/// bound.
-pub async fn serve(inputs: ReplayInputs, cancel: CancellationToken) -> Result<Running, Error> {
-    let tunables = Tunables::from_env(&inputs.env)?;
-    let replay = Replay::load(&inputs.config_dump, inputs.strip_istio_extensions)?;
+/// Loads the dump named by `settings` (a [`Source::ConfigDump`]), then serves it with the CA
+/// and monitoring; returns once every listener is bound.
+pub async fn serve(settings: Settings, cancel: CancellationToken) -> Result<Running, Error> {
+    let Source::ConfigDump {
+        config_dump,
+        strip_istio_extensions,
+    } = &settings.source
+    else {
+        return Err(Error::NotConfigDump);
+    };
+    let replay = Replay::load(config_dump, *strip_istio_extensions)?;
     for r in &replay.removals {
         tracing::info!(resource = %r.resource, path = %r.path, name = r.name.as_deref().unwrap_or(""),
             type_url = %r.type_url, "removed an Istio-only extension");
     }
     let counts = replay.counts();
-    tracing::info!(config_dump = %inputs.config_dump.display(), sections = %replay.sections.join(","),
-        resources = ?counts, removed = replay.removals.len(), strip = inputs.strip_istio_extensions,
+    tracing::info!(config_dump = %config_dump.display(), sections = %replay.sections.join(","),
+        resources = ?counts, removed = replay.removals.len(), strip = strip_istio_extensions,
         "replaying a recorded config dump");
     let objects = counts.values().sum();
     let mesh = Arc::new(MeshSettings {
-        trust_domain: inputs.server.trust_domain.clone(),
+        trust_domain: settings.server.trust_domain.clone(),
         ..Default::default()
     });
     // An empty config snapshot (versions, push timing); the resources come from the dump.
@@ -241,10 +240,7 @@ pub async fn serve(inputs: ReplayInputs, cancel: CancellationToken) -> Result<Ru
     let (snap_tx, snapshots) = tokio::sync::watch::channel(snap);
     let (status_tx, config_status) = tokio::sync::watch::channel(status);
     let running = server::serve_sources(
-        CoreInputs {
-            server: inputs.server,
-            push_throttle: tunables.push_throttle,
-        },
+        &settings,
         Sources {
             snapshots,
             config_status,

@@ -15,7 +15,7 @@ pub use backend::{Backend, Family, Variant};
 pub use state::{State, TableState, parse_save};
 
 use crate::builder::{Rule, RuleBuilder, declared_chains, is_built_in};
-use crate::config::{Config, InterceptionMode};
+use crate::config::{Config, InboundPorts, InterceptionMode};
 
 /// Why applying or removing the rules failed.
 #[derive(Debug, thiserror::Error)]
@@ -440,7 +440,7 @@ pub fn replace_script(state: &State, plan: &[Rule], deletes: &[Rule]) -> String 
 }
 
 pub(crate) fn tproxy_routes_wanted(cfg: &Config) -> bool {
-    !cfg.inbound_ports_include.is_empty()
+    cfg.inbound_ports_include != InboundPorts::Off
         && cfg.inbound_interception_mode == InterceptionMode::Tproxy
 }
 

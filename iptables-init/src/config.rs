@@ -3,6 +3,7 @@
 
 mod flags;
 mod host;
+mod lists;
 mod userdb;
 
 use std::collections::HashMap;
@@ -11,8 +12,9 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use flags::{FLAGS, FlagKind, FlagSpec, usage};
+pub use flags::{FLAGS, FlagKind, FlagSpec, ValueType, usage};
 pub use host::{HostInputs, detect_ipv6, parse_resolv_conf, system_addresses};
+pub use lists::{Cidr, InboundPorts, IpRanges, OwnerGroups, Port, Ranges};
 
 /// Why the command line, the environment or the host state cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -85,28 +87,30 @@ pub enum ForcedBinary {
     Nft,
 }
 
-/// The fully resolved configuration. List-valued settings keep Istio's comma-separated text
-/// (validated), because that is what the rules print.
+/// The fully resolved configuration. List-valued settings are parsed once into typed lists
+/// (`config/lists.rs`); a port prints as it was given, because that is what Istio's rules
+/// print.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub proxy_port: u16,
     pub inbound_capture_port: u16,
     pub inbound_tunnel_port: u16,
-    pub proxy_uid: String,
-    pub proxy_gid: String,
+    /// The proxy's users (`-u`; the uid of `ENVOY_USER` when empty), as given.
+    pub proxy_uids: Vec<String>,
+    /// The proxy's groups (`-g`; the users when empty), as given.
+    pub proxy_gids: Vec<String>,
     pub inbound_interception_mode: InterceptionMode,
     pub inbound_tproxy_mark: u32,
     pub inbound_tproxy_route_table: u32,
-    pub inbound_ports_include: String,
-    pub inbound_ports_exclude: String,
-    pub owner_groups_include: String,
-    pub owner_groups_exclude: String,
-    pub outbound_ports_include: String,
-    pub outbound_ports_exclude: String,
-    pub outbound_ip_ranges_include: String,
-    pub outbound_ip_ranges_exclude: String,
-    pub reroute_virtual_interfaces: String,
-    pub exclude_interfaces: String,
+    pub inbound_ports_include: InboundPorts,
+    pub inbound_ports_exclude: Vec<Port>,
+    pub owner_groups: OwnerGroups,
+    pub outbound_ports_include: Vec<Port>,
+    pub outbound_ports_exclude: Vec<Port>,
+    pub outbound_ip_ranges_include: IpRanges,
+    pub outbound_ip_ranges_exclude: IpRanges,
+    pub reroute_virtual_interfaces: Vec<String>,
+    pub exclude_interfaces: Vec<String>,
     pub iptables_probe_port: u16,
     pub probe_timeout: Duration,
     pub dry_run: bool,
@@ -153,7 +157,8 @@ pub fn split(s: &str) -> Vec<&str> {
 }
 
 /// Parses arguments (without the program name) and the environment into a validated config,
-/// reading host state (addresses, resolv.conf, user database) through `host`.
+/// reading host state (user database) through `host`. Settings are read in the order their
+/// errors are reported.
 pub fn parse<I>(args: I, env: &HashMap<String, String>, host: &HostInputs) -> Result<Parsed, Error>
 where
     I: IntoIterator<Item = OsString>,
@@ -162,182 +167,52 @@ where
         return Ok(Parsed::Help);
     };
     flags::check_typed(&values)?;
-    let get = |name: &str| -> Option<String> { flags::resolve(name, &values, env) };
-    let string = |name: &str| get(name).unwrap_or_default();
-    // Istio's typed flags (bool, uint16, duration) reject an unparsable command-line value
-    // as a usage error; the same value from the environment is a configuration error here.
-    let typed = |name: &str, v: &str, expected: &str| -> Error {
-        if values.contains_key(name) {
-            Error::InvalidArgument {
-                flag: format!("--{name}"),
-                value: v.to_string(),
-                expected: expected.to_string(),
-            }
-        } else {
-            Error::invalid(&flags::source_name(name, &values, env), v, expected)
-        }
+    let r = Reader {
+        values: &values,
+        env,
     };
-    let boolean = |name: &str| -> Result<bool, Error> {
-        match get(name) {
-            None => Ok(false),
-            Some(v) => go_syntax::parse_bool(&v).map_err(|_| typed(name, &v, "true or false")),
-        }
-    };
-    let port = |name: &str| -> Result<u16, Error> {
-        let v = string(name);
-        parse_port(&flags::source_name(name, &values, env), &v)
-    };
-    let number = |name: &str| -> Result<u32, Error> {
-        let v = string(name);
-        parse_c_u32(&v).ok_or_else(|| {
-            Error::invalid(
-                &flags::source_name(name, &values, env),
-                &v,
-                "an unsigned 32-bit integer (decimal, 0x hexadecimal or 0 octal)",
-            )
-        })
-    };
-    let port_list = |name: &str, allow_wildcard: bool| -> Result<String, Error> {
-        let v = string(name);
-        validate_port_list(&flags::source_name(name, &values, env), &v, allow_wildcard)?;
-        Ok(v)
-    };
-    let cidr_list = |name: &str, allow_wildcard: bool| -> Result<String, Error> {
-        let v = string(name);
-        validate_cidr_list(&flags::source_name(name, &values, env), &v, allow_wildcard)?;
-        Ok(v)
-    };
-
-    let mode_text = string("istio-inbound-interception-mode");
-    let inbound_interception_mode = match mode_text.as_str() {
-        "TPROXY" => InterceptionMode::Tproxy,
-        "" | "REDIRECT" => InterceptionMode::Redirect,
-        other => {
-            return Err(Error::invalid(
-                &flags::source_name("istio-inbound-interception-mode", &values, env),
-                other,
-                "REDIRECT or TPROXY",
-            ));
-        }
-    };
-
-    let force_iptables_binary = match string("force-iptables-binary").as_str() {
-        "" => None,
-        "legacy" => Some(ForcedBinary::Legacy),
-        "nft" => Some(ForcedBinary::Nft),
-        other => {
-            return Err(Error::invalid(
-                &flags::source_name("force-iptables-binary", &values, env),
-                other,
-                "legacy or nft",
-            ));
-        }
-    };
-
-    let probe_timeout_text = string("probe-timeout");
-    let probe_timeout = parse_go_duration(&probe_timeout_text).ok_or_else(|| {
-        typed(
-            "probe-timeout",
-            &probe_timeout_text,
-            "a duration such as 5s or 500ms",
-        )
-    })?;
-    let probe_port_text = string("iptables-probe-port");
-    if probe_port_text.parse::<u16>().is_err() {
-        return Err(typed(
-            "iptables-probe-port",
-            &probe_port_text,
-            "a port number in 1-65535",
-        ));
-    }
-
-    // Env-only settings.
-    let owner_groups_include = env
-        .get("ISTIO_OUTBOUND_OWNER_GROUPS")
-        .cloned()
-        .unwrap_or_else(|| "*".to_string());
-    let owner_groups_exclude = env
-        .get("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE")
-        .cloned()
-        .unwrap_or_default();
-    let host_ipv4_loopback_cidr = env
-        .get("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR")
-        .cloned()
-        .unwrap_or_else(|| "127.0.0.1/32".to_string());
-    validate_owner_groups(&owner_groups_include)?;
-    validate_group_names("ISTIO_OUTBOUND_OWNER_GROUPS", &owner_groups_include)?;
-    validate_group_names("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", &owner_groups_exclude)?;
-    validate_loopback_cidr(&host_ipv4_loopback_cidr)?;
-
-    // Proxy uid/gid: -u empty means the uid of ENVOY_USER (default istio-proxy), else 1337.
-    let mut proxy_uid = string("proxy-uid");
-    if proxy_uid.is_empty() {
-        let user = env
-            .get("ENVOY_USER")
-            .cloned()
-            .unwrap_or_else(|| "istio-proxy".to_string());
-        proxy_uid = host
-            .lookup_uid(&user)
-            .map(|u| u.to_string())
-            .unwrap_or_else(|| "1337".to_string());
-    } else {
-        validate_ids(
-            &flags::source_name("proxy-uid", &values, env),
-            &proxy_uid,
-            |n| host.lookup_uid(n).is_some(),
-            "a comma-separated list of numeric UIDs or existing user names",
-        )?;
-    }
-    let mut proxy_gid = string("proxy-gid");
-    if proxy_gid.is_empty() {
-        proxy_gid = proxy_uid.clone();
-    } else {
-        validate_ids(
-            &flags::source_name("proxy-gid", &values, env),
-            &proxy_gid,
-            |n| host.lookup_gid(n).is_some(),
-            "a comma-separated list of numeric GIDs or existing group names",
-        )?;
-    }
+    let inbound_interception_mode = r.choice("istio-inbound-interception-mode", MODES)?;
+    let force_iptables_binary = r.choice("force-iptables-binary", BINARIES)?;
+    let probe_timeout = r.duration("probe-timeout")?;
+    r.probe_port_is_uint16()?;
+    let env_only = EnvOnly::read(env)?;
+    let (proxy_uids, proxy_gids) = r.proxy_ids(env, host)?;
 
     let cfg = Config {
-        proxy_port: port("envoy-port")?,
-        inbound_capture_port: port("inbound-capture-port")?,
-        inbound_tunnel_port: port("inbound-tunnel-port")?,
-        proxy_uid,
-        proxy_gid,
+        proxy_port: r.port("envoy-port")?,
+        inbound_capture_port: r.port("inbound-capture-port")?,
+        inbound_tunnel_port: r.port("inbound-tunnel-port")?,
+        proxy_uids,
+        proxy_gids,
         inbound_interception_mode,
-        inbound_tproxy_mark: number("istio-inbound-tproxy-mark")?,
-        inbound_tproxy_route_table: number("istio-inbound-tproxy-route-table")?,
-        inbound_ports_include: port_list("istio-inbound-ports", true)?,
-        inbound_ports_exclude: port_list("istio-local-exclude-ports", false)?,
-        owner_groups_include,
-        owner_groups_exclude,
-        outbound_ports_include: port_list("istio-outbound-ports", false)?,
-        outbound_ports_exclude: port_list("istio-local-outbound-ports-exclude", false)?,
-        outbound_ip_ranges_include: cidr_list("istio-service-cidr", true)?,
-        outbound_ip_ranges_exclude: cidr_list("istio-service-exclude-cidr", false)?,
-        reroute_virtual_interfaces: string("kube-virt-interfaces"),
-        exclude_interfaces: string("istio-exclude-interfaces"),
-        iptables_probe_port: port("iptables-probe-port")?,
+        inbound_tproxy_mark: r.number("istio-inbound-tproxy-mark")?,
+        inbound_tproxy_route_table: r.number("istio-inbound-tproxy-route-table")?,
+        inbound_ports_include: r.inbound_ports("istio-inbound-ports")?,
+        inbound_ports_exclude: r.ports("istio-local-exclude-ports")?,
+        owner_groups: env_only.owner_groups,
+        outbound_ports_include: r.ports("istio-outbound-ports")?,
+        outbound_ports_exclude: r.ports("istio-local-outbound-ports-exclude")?,
+        outbound_ip_ranges_include: r.ranges("istio-service-cidr", true)?,
+        outbound_ip_ranges_exclude: r.ranges("istio-service-exclude-cidr", false)?,
+        iptables_probe_port: r.port("iptables-probe-port")?,
         probe_timeout,
-        dry_run: boolean("dry-run")?,
-        skip_rule_apply: boolean("skip-rule-apply")?,
-        run_validation: boolean("run-validation")?,
-        redirect_dns: boolean("redirect-dns")?,
-        drop_invalid: boolean("drop-invalid")?,
-        capture_all_dns: boolean("capture-all-dns")?,
-        dual_stack: boolean("dual-stack")?,
-        network_namespace: string("network-namespace"),
-        cni_mode: boolean("cni-mode")?,
-        reconcile: boolean("reconcile")?,
-        cleanup_only: boolean("cleanup-only")?,
-        force_apply: boolean("force-apply")?,
+        dry_run: r.boolean("dry-run")?,
+        skip_rule_apply: r.boolean("skip-rule-apply")?,
+        run_validation: r.boolean("run-validation")?,
+        redirect_dns: r.boolean("redirect-dns")?,
+        drop_invalid: r.boolean("drop-invalid")?,
+        capture_all_dns: r.boolean("capture-all-dns")?,
+        dual_stack: r.boolean("dual-stack")?,
+        network_namespace: r.text("network-namespace"),
+        cni_mode: r.boolean("cni-mode")?,
+        reconcile: r.boolean("reconcile")?,
+        cleanup_only: r.boolean("cleanup-only")?,
+        force_apply: r.boolean("force-apply")?,
         force_iptables_binary,
-        native_nftables: boolean("native-nftables")?,
-        host_ipv4_loopback_cidr,
-        log_output_level: string("log_output_level"),
-        log_as_json: boolean("log_as_json")?,
+        native_nftables: r.boolean("native-nftables")?,
+        host_ipv4_loopback_cidr: env_only.host_ipv4_loopback_cidr,
+        log_output_level: r.text("log_output_level"),
+        log_as_json: r.boolean("log_as_json")?,
         positional,
         dry_run_file_path: env
             .get("DRY_RUN_FILE_PATH")
@@ -347,14 +222,195 @@ where
         enable_ipv6: false,
         dns_servers_v4: Vec::new(),
         dns_servers_v6: Vec::new(),
+        exclude_interfaces: r.interfaces("istio-exclude-interfaces")?,
+        reroute_virtual_interfaces: r.interfaces("kube-virt-interfaces")?,
     };
-    for (name, list) in [
-        ("istio-exclude-interfaces", &cfg.exclude_interfaces),
-        ("kube-virt-interfaces", &cfg.reroute_virtual_interfaces),
-    ] {
-        validate_interfaces(&flags::source_name(name, &values, env), list)?;
-    }
     Ok(Parsed::Run(Box::new(cfg)))
+}
+
+/// The words a [`ValueType::Choice`] flag takes.
+struct Choices<T: 'static> {
+    words: &'static [(&'static str, T)],
+    expected: &'static str,
+}
+
+const MODES: Choices<InterceptionMode> = Choices {
+    words: &[
+        ("TPROXY", InterceptionMode::Tproxy),
+        ("", InterceptionMode::Redirect),
+        ("REDIRECT", InterceptionMode::Redirect),
+    ],
+    expected: "REDIRECT or TPROXY",
+};
+
+const BINARIES: Choices<Option<ForcedBinary>> = Choices {
+    words: &[
+        ("", None),
+        ("legacy", Some(ForcedBinary::Legacy)),
+        ("nft", Some(ForcedBinary::Nft)),
+    ],
+    expected: "legacy or nft",
+};
+
+/// Reads each flag's effective value (command line, environment, default: [`flags::resolve`])
+/// as the type the flag table gives it.
+struct Reader<'a> {
+    values: &'a HashMap<&'static str, String>,
+    env: &'a HashMap<String, String>,
+}
+
+impl Reader<'_> {
+    fn text(&self, name: &str) -> String {
+        flags::resolve(name, self.values, self.env).unwrap_or_default()
+    }
+
+    /// Where the value came from, for error messages.
+    fn source(&self, name: &str) -> String {
+        flags::source_name(name, self.values, self.env)
+    }
+
+    /// Istio's typed flags (bool, uint16, duration) reject an unparsable command-line value
+    /// as a usage error; the same value from the environment is a configuration error.
+    fn typed_error(&self, name: &str, value: &str, expected: &str) -> Error {
+        if self.values.contains_key(name) {
+            Error::InvalidArgument {
+                flag: format!("--{name}"),
+                value: value.to_string(),
+                expected: expected.to_string(),
+            }
+        } else {
+            Error::invalid(&self.source(name), value, expected)
+        }
+    }
+
+    fn boolean(&self, name: &str) -> Result<bool, Error> {
+        match flags::resolve(name, self.values, self.env) {
+            None => Ok(false),
+            Some(v) => {
+                go_syntax::parse_bool(&v).map_err(|_| self.typed_error(name, &v, "true or false"))
+            }
+        }
+    }
+
+    fn port(&self, name: &str) -> Result<u16, Error> {
+        parse_port(&self.source(name), &self.text(name))
+    }
+
+    /// `--iptables-probe-port` is a uint16 flag: a value outside 0-65535 is a usage error
+    /// before any other setting is looked at.
+    fn probe_port_is_uint16(&self) -> Result<(), Error> {
+        const NAME: &str = "iptables-probe-port";
+        let v = self.text(NAME);
+        match v.parse::<u16>() {
+            Ok(_) => Ok(()),
+            Err(_) => Err(self.typed_error(NAME, &v, "a port number in 1-65535")),
+        }
+    }
+
+    fn number(&self, name: &str) -> Result<u32, Error> {
+        let v = self.text(name);
+        parse_c_u32(&v).ok_or_else(|| {
+            Error::invalid(
+                &self.source(name),
+                &v,
+                "an unsigned 32-bit integer (decimal, 0x hexadecimal or 0 octal)",
+            )
+        })
+    }
+
+    fn duration(&self, name: &str) -> Result<Duration, Error> {
+        let v = self.text(name);
+        parse_go_duration(&v)
+            .ok_or_else(|| self.typed_error(name, &v, "a duration such as 5s or 500ms"))
+    }
+
+    fn choice<T: Copy>(&self, name: &str, choices: Choices<T>) -> Result<T, Error> {
+        let v = self.text(name);
+        choices
+            .words
+            .iter()
+            .find(|(w, _)| *w == v)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| Error::invalid(&self.source(name), &v, choices.expected))
+    }
+
+    fn inbound_ports(&self, name: &str) -> Result<InboundPorts, Error> {
+        InboundPorts::parse(&self.source(name), &self.text(name))
+    }
+
+    fn ports(&self, name: &str) -> Result<Vec<Port>, Error> {
+        lists::ports(&self.source(name), &self.text(name))
+    }
+
+    fn ranges(&self, name: &str, allow_wildcard: bool) -> Result<IpRanges, Error> {
+        IpRanges::parse(&self.source(name), &self.text(name), allow_wildcard)
+    }
+
+    fn interfaces(&self, name: &str) -> Result<Vec<String>, Error> {
+        lists::interfaces(&self.source(name), &self.text(name))
+    }
+
+    /// `-u` empty means the uid of `ENVOY_USER` (default istio-proxy), else 1337; `-g` empty
+    /// means the same ids as the users.
+    fn proxy_ids(
+        &self,
+        env: &HashMap<String, String>,
+        host: &HostInputs,
+    ) -> Result<(Vec<String>, Vec<String>), Error> {
+        let uid_text = self.text("proxy-uid");
+        let uids = if uid_text.is_empty() {
+            let user = env.get("ENVOY_USER").map_or("istio-proxy", String::as_str);
+            let uid = host
+                .lookup_uid(user)
+                .map_or_else(|| "1337".to_string(), |u| u.to_string());
+            vec![uid]
+        } else {
+            lists::ids(
+                &self.source("proxy-uid"),
+                &uid_text,
+                |n| host.lookup_uid(n).is_some(),
+                "a comma-separated list of numeric UIDs or existing user names",
+            )?
+        };
+        let gid_text = self.text("proxy-gid");
+        let gids = if gid_text.is_empty() {
+            uids.clone()
+        } else {
+            lists::ids(
+                &self.source("proxy-gid"),
+                &gid_text,
+                |n| host.lookup_gid(n).is_some(),
+                "a comma-separated list of numeric GIDs or existing group names",
+            )?
+        };
+        Ok((uids, gids))
+    }
+}
+
+/// The settings read from the environment only.
+struct EnvOnly {
+    owner_groups: OwnerGroups,
+    host_ipv4_loopback_cidr: String,
+}
+
+impl EnvOnly {
+    fn read(env: &HashMap<String, String>) -> Result<EnvOnly, Error> {
+        let owner_groups = OwnerGroups::parse(
+            env.get("ISTIO_OUTBOUND_OWNER_GROUPS")
+                .map_or("*", String::as_str),
+            env.get("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE")
+                .map_or("", String::as_str),
+        )?;
+        let host_ipv4_loopback_cidr = env
+            .get("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR")
+            .cloned()
+            .unwrap_or_else(|| "127.0.0.1/32".to_string());
+        validate_loopback_cidr(&host_ipv4_loopback_cidr)?;
+        Ok(EnvOnly {
+            owner_groups,
+            host_ipv4_loopback_cidr,
+        })
+    }
 }
 
 impl Config {
@@ -388,154 +444,9 @@ fn parse_port(source: &str, v: &str) -> Result<u16, Error> {
     }
 }
 
-fn valid_port_item(item: &str) -> bool {
-    let ok = |p: &str| {
-        matches!(p.parse::<u16>(), Ok(n) if n > 0) && p.bytes().all(|b| b.is_ascii_digit())
-    };
-    // `80, 443`: the space is copied into the rules as Istio does; iptables-restore and nft
-    // read past it.
-    let item = item.trim();
-    match item.split_once(':') {
-        Some((a, b)) => ok(a) && ok(b),
-        None => ok(item),
-    }
-}
-
-fn validate_port_list(source: &str, v: &str, allow_wildcard: bool) -> Result<(), Error> {
-    if allow_wildcard && v == "*" {
-        return Ok(());
-    }
-    if split(v).into_iter().all(valid_port_item) {
-        Ok(())
-    } else {
-        let expected = if allow_wildcard {
-            "\"*\" or a comma-separated list of ports (1-65535) or port ranges (a:b)"
-        } else {
-            "a comma-separated list of ports (1-65535) or port ranges (a:b)"
-        };
-        Err(Error::invalid(source, v, expected))
-    }
-}
-
-/// Parses a CIDR the way Go's `netip.ParsePrefix` does (address not masked).
-pub fn parse_prefix(s: &str) -> Option<(IpAddr, u8)> {
-    let (addr, bits) = s.split_once('/')?;
-    if bits.is_empty() || bits.len() > 3 || !bits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    if bits.len() > 1 && bits.starts_with('0') {
-        return None;
-    }
-    let ip: IpAddr = addr.parse().ok()?;
-    let bits: u8 = bits.parse().ok()?;
-    let max = if ip.is_ipv4() { 32 } else { 128 };
-    (bits <= max).then_some((ip, bits))
-}
-
-fn validate_cidr_list(source: &str, v: &str, allow_wildcard: bool) -> Result<(), Error> {
-    if v == "*" {
-        if allow_wildcard {
-            return Ok(());
-        }
-        return Err(Error::invalid(
-            source,
-            v,
-            "a comma-separated list of CIDRs (the wildcard \"*\" is not allowed for exclusions)",
-        ));
-    }
-    for item in split(v) {
-        if parse_prefix(item).is_none() {
-            return Err(Error::invalid(
-                source,
-                v,
-                format!("a comma-separated list of CIDRs such as 10.0.0.0/8; {item:?} is not one"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn validate_ids(
-    source: &str,
-    v: &str,
-    exists: impl Fn(&str) -> bool,
-    expected: &str,
-) -> Result<(), Error> {
-    for item in split(v) {
-        let numeric = item.bytes().all(|b| b.is_ascii_digit()) && item.parse::<u32>().is_ok();
-        if !numeric && !exists(item) {
-            return Err(Error::invalid(source, item, expected));
-        }
-    }
-    Ok(())
-}
-
-fn validate_interfaces(source: &str, v: &str) -> Result<(), Error> {
-    for item in split(v) {
-        let ok = item.len() < 16
-            && item
-                .bytes()
-                .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':');
-        if !ok {
-            return Err(Error::invalid(
-                source,
-                item,
-                "interface names (at most 15 printable characters, no '/' or ':')",
-            ));
-        }
-    }
-    Ok(())
-}
-
-const MAX_OWNER_GROUPS_INCLUDE: usize = 64;
-
-fn validate_owner_groups(include: &str) -> Result<(), Error> {
-    if include != "*" {
-        let n = split(include).len();
-        if n > MAX_OWNER_GROUPS_INCLUDE {
-            return Err(Error::invalid(
-                "ISTIO_OUTBOUND_OWNER_GROUPS",
-                include,
-                format!("at most {MAX_OWNER_GROUPS_INCLUDE} groups, got {n}"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Every group in an owner-group list must be a group name or gid: they become words of
-/// iptables-restore and `nft -f` input, where a space, newline, quote or `;` would add words,
-/// rules or whole lines of the caller's choosing. Names follow `useradd`'s rule: letters,
-/// digits, `.`, `_`, `-` (not first), an optional trailing `$`, at most 32 characters.
-fn validate_group_names(var: &str, list: &str) -> Result<(), Error> {
-    if list == "*" {
-        return Ok(());
-    }
-    for group in split(list) {
-        let body = group.strip_suffix('$').unwrap_or(group);
-        let valid = group.len() <= 32
-            && !body.is_empty()
-            && !body.starts_with('-')
-            && body
-                .bytes()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'));
-        if !valid {
-            return Err(Error::invalid(
-                var,
-                list,
-                format!(
-                    "comma-separated group names or gids (letters, digits, '.', '_', '-'; \
-                     at most 32 characters); {group:?} is not one"
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
 fn validate_loopback_cidr(cidr: &str) -> Result<(), Error> {
     const NAME: &str = "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR";
-    let Some((ip, bits)) = parse_prefix(cidr) else {
+    let Some(Cidr { addr: ip, bits }) = Cidr::parse(cidr) else {
         return Err(Error::invalid(
             NAME,
             cidr,
@@ -609,8 +520,12 @@ mod tests {
     fn ports_with_spaces_are_accepted() {
         let c = run(&["-p", "15001 ", "-b", "80, 443", "-q", " 3306"], &[]).unwrap();
         assert_eq!(c.proxy_port, 15001);
-        assert_eq!(c.inbound_ports_include, "80, 443");
-        assert_eq!(c.outbound_ports_include, " 3306");
+        let texts = |ports: &[Port]| -> Vec<String> { ports.iter().map(Port::to_string).collect() };
+        let InboundPorts::Only(inbound) = &c.inbound_ports_include else {
+            panic!("{:?}", c.inbound_ports_include)
+        };
+        assert_eq!(texts(inbound), ["80", " 443"]);
+        assert_eq!(texts(&c.outbound_ports_include), [" 3306"]);
         assert!(run(&["-b", "80, x"], &[]).is_err());
     }
 
@@ -679,18 +594,18 @@ mod tests {
         assert_eq!(c.inbound_tproxy_route_table, 133);
         assert_eq!(c.iptables_probe_port, 15002);
         assert_eq!(c.probe_timeout, Duration::from_secs(5));
-        assert_eq!(c.owner_groups_include, "*");
+        assert_eq!(c.owner_groups.include, None);
         assert_eq!(c.host_ipv4_loopback_cidr, "127.0.0.1/32");
         // -u empty: uid of ENVOY_USER (istio-proxy here), gid = uid.
-        assert_eq!(c.proxy_uid, "1234");
-        assert_eq!(c.proxy_gid, "1234");
+        assert_eq!(c.proxy_uids, ["1234"]);
+        assert_eq!(c.proxy_gids, ["1234"]);
         assert_eq!(c.inbound_interception_mode, InterceptionMode::Redirect);
     }
 
     #[test]
     fn envoy_user_unknown_falls_back_to_1337() {
         let c = run(&[], &[("ENVOY_USER", "nobody-here")]).unwrap();
-        assert_eq!(c.proxy_uid, "1337");
+        assert_eq!(c.proxy_uids, ["1337"]);
     }
 
     #[test]
@@ -715,7 +630,7 @@ mod tests {
         assert_eq!(c.proxy_port, 15101);
         assert_eq!(c.inbound_capture_port, 15106, "flag beats env");
         assert_eq!(c.inbound_tunnel_port, 15208, "env beats default");
-        assert_eq!(c.inbound_ports_include, "*");
+        assert_eq!(c.inbound_ports_include, InboundPorts::All);
         assert_eq!(c.inbound_interception_mode, InterceptionMode::Tproxy);
         assert!(c.dry_run);
     }
@@ -833,6 +748,31 @@ mod tests {
         assert!(e.contains("--probe-timeout"), "{e}");
     }
 
+    /// Every typed flag of the table is read as its type: a bad value fails, naming the flag.
+    #[test]
+    fn every_flag_is_read_as_the_table_types_it() {
+        for f in FLAGS {
+            let bad = match f.value {
+                ValueType::Bool => "maybe",
+                ValueType::Port => "0",
+                ValueType::ProbePort => "70000",
+                ValueType::Ids => "no-such-user-xyz",
+                ValueType::Choice => "bogus",
+                ValueType::InboundPorts | ValueType::Ports => "80,x",
+                ValueType::Interfaces => "a/b",
+                ValueType::CidrsOrAll => "10.0.0.0/33",
+                ValueType::Cidrs => "*",
+                ValueType::Number => "abc",
+                ValueType::Duration => "5x",
+                ValueType::Int => "x",
+                ValueType::Text => continue,
+            };
+            let arg = format!("--{}={bad}", f.long);
+            let e = err(&[&arg], &[]);
+            assert!(e.contains(&format!("--{}", f.long)), "{arg}: {e}");
+        }
+    }
+
     #[test]
     fn trailing_commas_and_empty_values() {
         let c = run(
@@ -843,8 +783,9 @@ mod tests {
             &[],
         )
         .unwrap();
-        assert_eq!(split(&c.inbound_ports_exclude), ["6000", "7000"]);
-        assert_eq!(c.inbound_ports_include, "");
+        let exclude: Vec<&str> = c.inbound_ports_exclude.iter().map(Port::as_str).collect();
+        assert_eq!(exclude, ["6000", "7000"]);
+        assert_eq!(c.inbound_ports_include, InboundPorts::Off);
     }
 
     #[test]
@@ -868,10 +809,10 @@ mod tests {
 
     #[test]
     fn prefixes_like_go() {
-        assert!(parse_prefix("10.1.2.3/8").is_some());
-        assert!(parse_prefix("2001:db8::/32").is_some());
-        assert!(parse_prefix("10.0.0.0").is_none());
-        assert!(parse_prefix("10.0.0.0/33").is_none());
-        assert!(parse_prefix("10.0.0.0/08").is_none());
+        assert!(Cidr::parse("10.1.2.3/8").is_some());
+        assert!(Cidr::parse("2001:db8::/32").is_some());
+        assert!(Cidr::parse("10.0.0.0").is_none());
+        assert!(Cidr::parse("10.0.0.0/33").is_none());
+        assert!(Cidr::parse("10.0.0.0/08").is_none());
     }
 }

@@ -11,6 +11,8 @@ pub mod builder;
 pub mod capture;
 pub mod config;
 pub mod dryrun;
+#[cfg(test)]
+mod floors;
 pub mod netlink;
 pub mod nft;
 pub mod validation;
@@ -69,9 +71,19 @@ pub fn run_cli_with<I: IntoIterator<Item = OsString>>(
     run_config(&mut cfg, host, env)
 }
 
-fn enter_netns(path: &str) -> Result<(), String> {
-    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| e.to_string())
+/// Why the network namespace cannot be entered.
+#[derive(Debug, thiserror::Error)]
+enum NetnsError {
+    #[error(transparent)]
+    Open(#[from] std::io::Error),
+    #[error(transparent)]
+    Setns(#[from] nix::Error),
+}
+
+fn enter_netns(path: &str) -> Result<(), NetnsError> {
+    let f = std::fs::File::open(path)?;
+    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)?;
+    Ok(())
 }
 
 fn run_config(cfg: &mut Config, host: &HostInputs, env: &HashMap<String, String>) -> i32 {

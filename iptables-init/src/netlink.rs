@@ -2,7 +2,7 @@
 //! process: interface addresses, policy routing rules (`ip rule`), nf_tables tables and
 //! chains (`nft list`); and the one address change every IPv6 run makes (`ip -6 addr replace
 //! ::6/128 dev lo`). Writing nf_tables (the `--native-nftables` apply) is
-//! [`crate::nft::kernel`]'s.
+//! `nft/kernel.rs`'s.
 //!
 //! Each dump is one request on a fresh socket; any failure (no nf_tables in the kernel, a
 //! truncated message) yields `None` and the caller decides what "unknown" means.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, split};
+use crate::config::Config;
 
 /// Exit status when validation fails (Istio's).
 pub const VALIDATION_ERROR_CODE: i32 = 126;
@@ -73,12 +73,8 @@ pub fn run(cfg: &Config) -> Result<(), Error> {
     }
     let done = Arc::new(AtomicBool::new(false));
     let probe = SocketAddr::new(probe_ip, cfg.iptables_probe_port);
-    let uid = split(&cfg.proxy_uid)
-        .first()
-        .and_then(|u| u.parse::<u32>().ok());
-    let gid = split(&cfg.proxy_gid)
-        .first()
-        .and_then(|g| g.parse::<u32>().ok());
+    let uid = cfg.proxy_uids.first().and_then(|u| u.parse::<u32>().ok());
+    let gid = cfg.proxy_gids.first().and_then(|g| g.parse::<u32>().ok());
     let client = {
         let done = done.clone();
         std::thread::spawn(move || client_loop(probe, uid, gid, &done))

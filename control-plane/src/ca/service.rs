@@ -11,7 +11,7 @@ use proto::istio::ca::istio_certificate_service_server::IstioCertificateService;
 use proto::istio::ca::{IstioCertificateRequest, IstioCertificateResponse, Roots};
 use tonic::{Request, Response, Status};
 
-use super::{Authenticator, DEFAULT_WORKLOAD_TTL, Identity, SharedCa};
+use super::{Authenticator, DEFAULT_WORKLOAD_TTL, Identity, SharedCa, peer_certs};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
@@ -63,7 +63,7 @@ impl CaService {
 
     /// Authenticates the caller: a client certificate issued by this CA, else a bearer token.
     fn authenticate<T>(&self, req: &Request<T>) -> Result<Identity, Status> {
-        let certs = crate::server::tls::peer_certs(req);
+        let certs = peer_certs(req.extensions());
         self.authn.authenticate(
             req.metadata().as_ref(),
             certs.as_deref().map(|c| c.as_slice()),

@@ -49,6 +49,17 @@ pub enum TokenError {
     BadSubject(String),
 }
 
+/// Why a PEM is not the issuer's key.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("not a private key: {0}")]
+    NotPrivateKey(#[source] rcgen::Error),
+    #[error("not a P-256 key: {0}")]
+    NotP256(#[source] jsonwebtoken::errors::Error),
+    #[error("public key: {0}")]
+    PublicKey(#[source] jsonwebtoken::errors::Error),
+}
+
 /// Signs and verifies tokens.
 pub struct TokenIssuer {
     encoding: EncodingKey,
@@ -86,16 +97,16 @@ impl TokenIssuer {
             path: path.clone(),
             source,
         })?;
-        Self::from_pem(&pem).map_err(|reason| Error::BadFile { path, reason })
+        Self::from_pem(&pem).map_err(|source| Error::TokenKey { path, source })
     }
 
     /// Builds an issuer from a PKCS#8 P-256 private key PEM.
-    pub fn from_pem(pem: &str) -> Result<TokenIssuer, String> {
-        let key = rcgen::KeyPair::from_pem(pem).map_err(|e| format!("not a private key: {e}"))?;
-        let encoding = EncodingKey::from_ec_pem(key.serialize_pem().as_bytes())
-            .map_err(|e| format!("not a P-256 key: {e}"))?;
+    pub fn from_pem(pem: &str) -> Result<TokenIssuer, KeyError> {
+        let key = rcgen::KeyPair::from_pem(pem).map_err(KeyError::NotPrivateKey)?;
+        let encoding =
+            EncodingKey::from_ec_pem(key.serialize_pem().as_bytes()).map_err(KeyError::NotP256)?;
         let decoding = DecodingKey::from_ec_pem(key.public_key_pem().as_bytes())
-            .map_err(|e| format!("public key: {e}"))?;
+            .map_err(KeyError::PublicKey)?;
         Ok(TokenIssuer {
             encoding,
             decoding,

@@ -145,14 +145,14 @@ fn bad_documents_name_file_document_field_and_reason() {
 /// a bad one is refused naming the value and what was expected.
 #[test]
 fn document_durations_follow_go() {
-    assert!(check_duration("timeout", &Some("1m30s".into())).is_ok());
-    assert!(check_duration("timeout", &None).is_ok());
+    assert!(validate::check_duration("timeout", &Some("1m30s".into())).is_ok());
+    assert!(validate::check_duration("timeout", &None).is_ok());
     for bad in ["10", "5 parsecs", "", "1d", "-1s"] {
-        let (field, reason) = check_duration("timeout", &Some(bad.into())).unwrap_err();
+        let (field, reason) = validate::check_duration("timeout", &Some(bad.into())).unwrap_err();
         assert_eq!(field, "timeout");
         assert!(reason.contains(go_syntax::DURATION_EXPECTED), "{reason}");
     }
-    let (_, reason) = check_duration("timeout", &Some("10".into())).unwrap_err();
+    let (_, reason) = validate::check_duration("timeout", &Some("10".into())).unwrap_err();
     assert!(
         reason.contains("\"10\"") && reason.contains("missing unit"),
         "{reason}"

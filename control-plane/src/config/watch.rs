@@ -50,7 +50,7 @@ pub struct ConfigStatus {
     pub errors: Vec<ConfigError>,
 }
 
-/// Inputs of [`Watcher::start`].
+/// Inputs of [`Watcher::bind`].
 pub struct WatcherInputs {
     pub dir: PathBuf,
     pub debounce_after: Duration,
@@ -77,15 +77,15 @@ pub enum WatchError {
 }
 
 impl Watcher {
-    /// Loads the directory once (version 1), then watches it until `cancel`.
-    pub fn start(inputs: WatcherInputs, cancel: CancellationToken) -> Result<Watcher, WatchError> {
+    /// Loads the directory once (version 1) and starts watching it; the returned
+    /// [`WatchLoop`] turns the changes into revisions once it runs.
+    pub fn bind(inputs: WatcherInputs) -> Result<(Watcher, WatchLoop), WatchError> {
         if !inputs.dir.is_dir() {
             return Err(WatchError::NotADir(inputs.dir));
         }
         let mut store = Store::default();
         let config = store.reload(&inputs.dir);
-        let mut version = 1u64;
-        let rev = Arc::new(Revision::new(Arc::new(config), version));
+        let rev = Arc::new(Revision::new(Arc::new(config), 1));
         let status = Arc::new(ConfigStatus {
             version: rev.version.clone(),
             objects: rev.config.len(),
@@ -95,7 +95,7 @@ impl Watcher {
         let (rev_tx, rev_rx) = watch::channel(rev);
         let (status_tx, status_rx) = watch::channel(status);
 
-        let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<()>();
+        let (ev_tx, ev_rx) = mpsc::unbounded_channel::<()>();
         let mut fs_watcher =
             notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
                 Ok(ev) if ev.kind.is_access() => {}
@@ -114,52 +114,89 @@ impl Watcher {
                 dir: inputs.dir.clone(),
                 source,
             })?;
-
-        let dir = inputs.dir;
-        let (after, max) = (inputs.debounce_after, inputs.debounce_max);
-        tokio::spawn(async move {
-            let _keep = fs_watcher;
-            loop {
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    ev = ev_rx.recv() => if ev.is_none() { return },
-                }
-                // Debounce: wait for `after` of quiet, but no longer than `max` in total.
-                let first = Instant::now();
-                let mut last = first;
-                let mut events = 1u64;
-                loop {
-                    let deadline = (last + after).min(first + max);
-                    tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        _ = tokio::time::sleep_until(deadline) => break,
-                        ev = ev_rx.recv() => match ev {
-                            Some(()) => { last = Instant::now(); events += 1; }
-                            None => return,
-                        },
-                    }
-                }
-                let config = store.reload(&dir);
-                let current = rev_tx.borrow().clone();
-                let changed = *current.config != config;
-                if changed {
-                    version += 1;
-                    let rev = Arc::new(Revision::new(Arc::new(config), version));
-                    tracing::info!(version = %rev.version, objects = rev.config.len(), events,
-                        debounced_ms = first.elapsed().as_millis() as u64, "config changed: new revision");
-                    rev_tx.send_replace(rev);
-                }
-                let rev = rev_tx.borrow().clone();
-                status_tx.send_replace(Arc::new(ConfigStatus {
-                    version: rev.version.clone(),
-                    objects: rev.config.len(),
-                    errors: store.errors().to_vec(),
-                }));
-            }
-        });
-        Ok(Watcher {
+        let watch_loop = WatchLoop {
+            _fs_watcher: fs_watcher,
+            events: ev_rx,
+            store,
+            version: 1,
+            dir: inputs.dir,
+            after: inputs.debounce_after,
+            max: inputs.debounce_max,
+            rev_tx,
+            status_tx,
+        };
+        let watcher = Watcher {
             revisions: rev_rx,
             status: status_rx,
-        })
+        };
+        Ok((watcher, watch_loop))
+    }
+}
+
+/// The watched directory's changes, debounced, turned into config revisions.
+pub struct WatchLoop {
+    /// Watching as long as the loop lives.
+    _fs_watcher: notify::RecommendedWatcher,
+    events: mpsc::UnboundedReceiver<()>,
+    store: Store,
+    version: u64,
+    dir: PathBuf,
+    after: Duration,
+    max: Duration,
+    rev_tx: watch::Sender<Arc<Revision>>,
+    status_tx: watch::Sender<Arc<ConfigStatus>>,
+}
+
+impl WatchLoop {
+    /// Runs until `cancel` (or until the file watcher is gone).
+    pub async fn run(mut self, cancel: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                ev = self.events.recv() => if ev.is_none() { return },
+            }
+            let Some((first, events)) = self.debounce(&cancel).await else {
+                return;
+            };
+            self.reload(first, events);
+        }
+    }
+
+    /// Waits for `after` of quiet, but no longer than `max` in total, counting the events;
+    /// `None` when cancelled or when the watcher is gone.
+    async fn debounce(&mut self, cancel: &CancellationToken) -> Option<(Instant, u64)> {
+        let first = Instant::now();
+        let mut last = first;
+        let mut events = 1u64;
+        loop {
+            let deadline = (last + self.after).min(first + self.max);
+            tokio::select! {
+                _ = cancel.cancelled() => return None,
+                _ = tokio::time::sleep_until(deadline) => return Some((first, events)),
+                ev = self.events.recv() => match ev {
+                    Some(()) => { last = Instant::now(); events += 1; }
+                    None => return None,
+                },
+            }
+        }
+    }
+
+    /// Re-reads the directory: a new revision when the config changed, the status always.
+    fn reload(&mut self, first: Instant, events: u64) {
+        let config = self.store.reload(&self.dir);
+        let current = self.rev_tx.borrow().clone();
+        if *current.config != config {
+            self.version += 1;
+            let rev = Arc::new(Revision::new(Arc::new(config), self.version));
+            tracing::info!(version = %rev.version, objects = rev.config.len(), events,
+                debounced_ms = first.elapsed().as_millis() as u64, "config changed: new revision");
+            self.rev_tx.send_replace(rev);
+        }
+        let rev = self.rev_tx.borrow().clone();
+        self.status_tx.send_replace(Arc::new(ConfigStatus {
+            version: rev.version.clone(),
+            objects: rev.config.len(),
+            errors: self.store.errors().to_vec(),
+        }));
     }
 }

@@ -12,25 +12,51 @@ use crate::config::Revision;
 /// The snapshot of the current revision at once, then of every new one until `cancel` (or until
 /// the revisions' sender is gone). Needs a tokio runtime.
 pub fn follow(
-    mut revisions: watch::Receiver<Arc<Revision>>,
+    revisions: watch::Receiver<Arc<Revision>>,
     mesh: Arc<MeshSettings>,
     cancel: CancellationToken,
 ) -> watch::Receiver<Arc<Snapshot>> {
-    let first = revisions.borrow_and_update().clone();
-    let (tx, rx) = watch::channel(Arc::new(Snapshot::from_revision(&first, mesh.clone())));
-    tokio::spawn(async move {
+    let (rx, follower) = Follower::new(revisions, mesh);
+    tokio::spawn(follower.run(cancel));
+    rx
+}
+
+/// Turns each config revision into a snapshot, once it runs.
+pub struct Follower {
+    revisions: watch::Receiver<Arc<Revision>>,
+    mesh: Arc<MeshSettings>,
+    tx: watch::Sender<Arc<Snapshot>>,
+}
+
+impl Follower {
+    /// The snapshot of the current revision at once (the receiver's first value).
+    pub fn new(
+        mut revisions: watch::Receiver<Arc<Revision>>,
+        mesh: Arc<MeshSettings>,
+    ) -> (watch::Receiver<Arc<Snapshot>>, Follower) {
+        let first = revisions.borrow_and_update().clone();
+        let (tx, rx) = watch::channel(Arc::new(Snapshot::from_revision(&first, mesh.clone())));
+        let follower = Follower {
+            revisions,
+            mesh,
+            tx,
+        };
+        (rx, follower)
+    }
+
+    /// Runs until `cancel` (or until the revisions' sender is gone).
+    pub async fn run(mut self, cancel: CancellationToken) {
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                changed = revisions.changed() => if changed.is_err() { return },
+                changed = self.revisions.changed() => if changed.is_err() { return },
             }
-            let rev = revisions.borrow_and_update().clone();
-            let snap = Arc::new(Snapshot::from_revision(&rev, mesh.clone()));
+            let rev = self.revisions.borrow_and_update().clone();
+            let snap = Arc::new(Snapshot::from_revision(&rev, self.mesh.clone()));
             tracing::debug!(version = %snap.version, services = snap.services.len(), "new snapshot");
-            tx.send_replace(snap);
+            self.tx.send_replace(snap);
         }
-    });
-    rx
+    }
 }
 
 #[cfg(test)]

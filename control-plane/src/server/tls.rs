@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::Stream;
 use proto::listen::Capped;
-use proto::listen::idle::{Streams, Watched};
+use proto::listen::idle::Watched;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -221,12 +221,4 @@ pub fn incoming(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
-}
-
-/// The client's certificate chain on the secure port: tonic's `Request::peer_certs` looks for
-/// the TLS info of a plain TCP connection, ours is that of a [`Watched`] one.
-pub fn peer_certs<T>(req: &tonic::Request<T>) -> Option<Arc<Vec<CertificateDer<'static>>>> {
-    req.extensions()
-        .get::<tonic::transport::server::TlsConnectInfo<Streams>>()
-        .and_then(|i| i.peer_certs())
 }

@@ -470,24 +470,8 @@ impl Conn {
         let Some(st) = self.types.get_mut(&ty) else {
             return Ok(());
         };
-        // As Istio: a requested cluster with no service gets an empty assignment, so Envoy does
-        // not keep a cluster from a superseded config warming until its initial-fetch timeout
-        // (15 s) — a slow Envoy applies such configs.
         let empty = if ty == XdsType::Eds && !st.wildcard {
-            let have: BTreeSet<&str> = all.resources.iter().map(|r| r.name.as_str()).collect();
-            let missing: Vec<super::Resource> = st
-                .names
-                .iter()
-                .filter(|n| !have.contains(n.as_str()))
-                .map(|n| {
-                    let cla = ClusterLoadAssignment {
-                        cluster_name: n.clone(),
-                        ..Default::default()
-                    };
-                    super::resource(n.clone(), &cla)
-                })
-                .collect();
-            (!missing.is_empty()).then(|| Encoded::new(Arc::new(missing)))
+            empty_assignments(&all, st)
         } else {
             None
         };
@@ -570,6 +554,12 @@ impl Conn {
         st.sent = new_map;
         st.last_nonce = nonce.clone();
         st.pending = Some(Pending { trigger });
+        self.pushed(ty, start, nonce, version, count);
+        Ok(())
+    }
+
+    /// Metrics, `/debug/syncz` and the log line of a push that was sent.
+    fn pushed(&self, ty: XdsType, start: Instant, nonce: String, version: String, count: usize) {
         let labels = TypeLabels { r#type: ty.short() };
         self.inner.metrics.pushes.get_or_create(&labels).inc();
         self.inner
@@ -583,8 +573,27 @@ impl Conn {
             t.sent_version = v;
         });
         tracing::debug!(conn = %self.conn_id, r#type = ty.short(), resources = count, version = %version, "pushed");
-        Ok(())
     }
+}
+
+/// As Istio: a requested cluster with no service gets an empty assignment, so Envoy does not
+/// keep a cluster from a superseded config warming until its initial-fetch timeout (15 s) — a
+/// slow Envoy applies such configs.
+fn empty_assignments(all: &Encoded, st: &TypeState) -> Option<Encoded> {
+    let have: BTreeSet<&str> = all.resources.iter().map(|r| r.name.as_str()).collect();
+    let missing: Vec<super::Resource> = st
+        .names
+        .iter()
+        .filter(|n| !have.contains(n.as_str()))
+        .map(|n| {
+            let cla = ClusterLoadAssignment {
+                cluster_name: n.clone(),
+                ..Default::default()
+            };
+            super::resource(n.clone(), &cla)
+        })
+        .collect();
+    (!missing.is_empty()).then(|| Encoded::new(Arc::new(missing)))
 }
 
 /// istiod's authorization of an authenticated stream (`pilot/pkg/xds/auth.go`): the identity's

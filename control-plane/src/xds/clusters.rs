@@ -233,10 +233,6 @@ fn raw_buffer_socket() -> TransportSocket {
 }
 
 fn outbound_cluster(snap: &Snapshot, spec: &OutboundSpec<'_>) -> Cluster {
-    let svc = spec.service;
-    let subset = spec.name.split('|').nth(2).unwrap_or_default().to_string();
-    let sni = format!("outbound_.{}_.{}_.{}", spec.port.number, subset, svc.host);
-    let tls = spec.policy.tls.clone();
     let tcp = spec
         .policy
         .connection_pool
@@ -252,63 +248,7 @@ fn outbound_cluster(snap: &Snapshot, spec: &OutboundSpec<'_>) -> Cluster {
         connect_timeout: Some(duration(connect_timeout)),
         ..Default::default()
     };
-    match spec.discovery {
-        Discovery::Eds => {
-            c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32));
-            c.eds_cluster_config = Some(EdsClusterConfig {
-                eds_config: Some(ads_config_source()),
-                service_name: spec.name.clone(),
-            });
-        }
-        Discovery::OriginalDst => {
-            c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(
-                DiscoveryType::OriginalDst as i32,
-            ));
-            c.lb_policy = LbPolicy::ClusterProvided as i32;
-        }
-        Discovery::StrictDns | Discovery::LogicalDns => {
-            let ty = if spec.discovery == Discovery::StrictDns {
-                DiscoveryType::StrictDns
-            } else {
-                DiscoveryType::LogicalDns
-            };
-            c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(ty as i32));
-            let mut targets: Vec<(String, u32)> = svc
-                .endpoints
-                .iter()
-                .filter(|e| !e.address.is_empty())
-                .map(|e| (e.address.clone(), e.port_for(&spec.port)))
-                .collect();
-            if targets.is_empty() {
-                targets.push((
-                    svc.host.clone(),
-                    spec.port.target_port.unwrap_or(spec.port.number),
-                ));
-            }
-            if ty == DiscoveryType::LogicalDns {
-                targets.truncate(1);
-            }
-            c.load_assignment = Some(ClusterLoadAssignment {
-                cluster_name: spec.name.clone(),
-                endpoints: vec![LocalityLbEndpoints {
-                    lb_endpoints: targets
-                        .into_iter()
-                        .map(|(host, port)| LbEndpoint {
-                            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(
-                                Endpoint {
-                                    address: Some(socket_address(&host, port)),
-                                    ..Default::default()
-                                },
-                            )),
-                            ..Default::default()
-                        })
-                        .collect(),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            });
-        }
-    }
+    set_discovery(&mut c, spec);
     if let Some(max) = tcp.as_ref().and_then(|t| t.max_connections) {
         c.circuit_breakers = Some(CircuitBreakers {
             thresholds: vec![Thresholds {
@@ -336,6 +276,82 @@ fn outbound_cluster(snap: &Snapshot, spec: &OutboundSpec<'_>) -> Cluster {
         .into_iter()
         .collect();
     }
+    set_transport_socket(&mut c, snap, spec);
+    c
+}
+
+/// How the cluster finds its endpoints: EDS, the original destination, or DNS.
+fn set_discovery(c: &mut Cluster, spec: &OutboundSpec<'_>) {
+    match spec.discovery {
+        Discovery::Eds => {
+            c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32));
+            c.eds_cluster_config = Some(EdsClusterConfig {
+                eds_config: Some(ads_config_source()),
+                service_name: spec.name.clone(),
+            });
+        }
+        Discovery::OriginalDst => {
+            c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(
+                DiscoveryType::OriginalDst as i32,
+            ));
+            c.lb_policy = LbPolicy::ClusterProvided as i32;
+        }
+        Discovery::StrictDns | Discovery::LogicalDns => {
+            let ty = if spec.discovery == Discovery::StrictDns {
+                DiscoveryType::StrictDns
+            } else {
+                DiscoveryType::LogicalDns
+            };
+            c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(ty as i32));
+            c.load_assignment = Some(dns_load_assignment(spec, ty));
+        }
+    }
+}
+
+/// A DNS cluster's targets: the endpoints' addresses, else the service's host (the first one
+/// only for LOGICAL_DNS).
+fn dns_load_assignment(spec: &OutboundSpec<'_>, ty: DiscoveryType) -> ClusterLoadAssignment {
+    let svc = spec.service;
+    let mut targets: Vec<(String, u32)> = svc
+        .endpoints
+        .iter()
+        .filter(|e| !e.address.is_empty())
+        .map(|e| (e.address.clone(), e.port_for(&spec.port)))
+        .collect();
+    if targets.is_empty() {
+        targets.push((
+            svc.host.clone(),
+            spec.port.target_port.unwrap_or(spec.port.number),
+        ));
+    }
+    if ty == DiscoveryType::LogicalDns {
+        targets.truncate(1);
+    }
+    ClusterLoadAssignment {
+        cluster_name: spec.name.clone(),
+        endpoints: vec![LocalityLbEndpoints {
+            lb_endpoints: targets
+                .into_iter()
+                .map(|(host, port)| LbEndpoint {
+                    host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                        address: Some(socket_address(&host, port)),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// TLS to the upstream: the DestinationRule's mode, else auto mTLS.
+fn set_transport_socket(c: &mut Cluster, snap: &Snapshot, spec: &OutboundSpec<'_>) {
+    let svc = spec.service;
+    let subset = spec.name.split('|').nth(2).unwrap_or_default().to_string();
+    let sni = format!("outbound_.{}_.{}_.{}", spec.port.number, subset, svc.host);
+    let tls = spec.policy.tls.clone();
     let mode = tls.as_ref().map(|t| t.mode);
     let tls_sans = tls
         .as_ref()
@@ -363,30 +379,31 @@ fn outbound_cluster(snap: &Snapshot, spec: &OutboundSpec<'_>) -> Cluster {
                 && spec.discovery == Discovery::Eds
                 && svc.endpoints.iter().any(|e| e.istio_tls)
             {
-                let mut fields = std::collections::HashMap::new();
-                fields.insert(
-                    "tlsMode".to_string(),
-                    Value {
-                        kind: Some(Kind::StringValue("istio".into())),
-                    },
-                );
-                c.transport_socket_matches = vec![
-                    TransportSocketMatch {
-                        name: "tlsMode-istio".into(),
-                        r#match: Some(Struct { fields }),
-                        transport_socket: Some(istio_mutual_socket(
-                            &sni,
-                            &expected_sans(snap, svc, &tls_sans),
-                        )),
-                    },
-                    TransportSocketMatch {
-                        name: "tlsMode-disabled".into(),
-                        r#match: Some(Struct::default()),
-                        transport_socket: Some(raw_buffer_socket()),
-                    },
-                ];
+                c.transport_socket_matches = auto_mtls(&sni, &expected_sans(snap, svc, &tls_sans));
             }
         }
     }
-    c
+}
+
+/// Istio mTLS to endpoints labelled `tlsMode: istio`, plaintext to the others.
+fn auto_mtls(sni: &str, sans: &[String]) -> Vec<TransportSocketMatch> {
+    let mut fields = std::collections::HashMap::new();
+    fields.insert(
+        "tlsMode".to_string(),
+        Value {
+            kind: Some(Kind::StringValue("istio".into())),
+        },
+    );
+    vec![
+        TransportSocketMatch {
+            name: "tlsMode-istio".into(),
+            r#match: Some(Struct { fields }),
+            transport_socket: Some(istio_mutual_socket(sni, sans)),
+        },
+        TransportSocketMatch {
+            name: "tlsMode-disabled".into(),
+            r#match: Some(Struct::default()),
+            transport_socket: Some(raw_buffer_socket()),
+        },
+    ]
 }

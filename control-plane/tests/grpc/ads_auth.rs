@@ -295,5 +295,5 @@ async fn secure_port_ads_is_authenticated_and_authorized_as_istiod() {
         .await
         .expect("plaintext served without credentials");
     cancel.cancel();
-    running.wait().await;
+    running.wait().await.expect("stopped on shutdown");
 }

@@ -7,7 +7,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use control_plane::ca::{Claims, DEFAULT_TOKEN_CLOCK_SKEW, TokenIssuer};
-use control_plane::server::{Running, ServeInputs, ServerSettings, serve};
+use control_plane::server::{Running, serve};
+use control_plane::settings::{ServerSettings, Settings};
 use proto::istio::ca::istio_certificate_service_client::IstioCertificateServiceClient;
 use proto::istio::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair, PKCS_ECDSA_P256_SHA256, SanType};
@@ -26,26 +27,23 @@ pub(crate) async fn start_with_caps(
     conn_caps: proto::listen::Caps,
 ) -> (Running, CancellationToken) {
     let cancel = CancellationToken::new();
-    let running = serve(
-        ServeInputs {
-            config_dir: config.to_path_buf(),
-            mesh_file: None,
-            server: ServerSettings {
-                ca_dir: ca.to_path_buf(),
-                trust_domain: "cluster.local".into(),
-                grpc_addr: "127.0.0.1:0".parse().expect("addr"),
-                secure_grpc_addr: "127.0.0.1:0".parse().expect("addr"),
-                monitoring_addr: "127.0.0.1:0".parse().expect("addr"),
-                sans: vec!["cp.test".into()],
-                token_clock_skew: DEFAULT_TOKEN_CLOCK_SKEW,
-                conn_caps,
-            },
-            env: HashMap::new(),
+    let settings = Settings::serve(
+        config.to_path_buf(),
+        None,
+        ServerSettings {
+            ca_dir: ca.to_path_buf(),
+            trust_domain: "cluster.local".into(),
+            grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+            secure_grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+            monitoring_addr: "127.0.0.1:0".parse().expect("addr"),
+            sans: vec!["cp.test".into()],
+            token_clock_skew: DEFAULT_TOKEN_CLOCK_SKEW,
+            conn_caps,
         },
-        cancel.clone(),
+        &HashMap::new(),
     )
-    .await
-    .expect("serve");
+    .expect("settings");
+    let running = serve(settings, cancel.clone()).await.expect("serve");
     (running, cancel)
 }
 
@@ -285,7 +283,7 @@ async fn token_and_client_certificate_authentication() {
             .await,
     );
     cancel.cancel();
-    running.wait().await;
+    running.wait().await.expect("stopped on shutdown");
 }
 
 #[tokio::test]
@@ -301,7 +299,7 @@ async fn plugin_cacerts_chain_through_the_intermediate() {
     assert_eq!(resp.cert_chain[1], ca.int);
     assert_eq!(resp.cert_chain[2], ca.root);
     ca.cancel.cancel();
-    ca.running.wait().await;
+    ca.running.wait().await.expect("stopped on shutdown");
 }
 
 /// `citadel_server_success_cert_issuance_count` from the monitoring port.
@@ -425,7 +423,7 @@ async fn hostile_requests_are_rejected_and_issue_nothing() {
     assert!(s.message().contains("wrong issuer"), "{s:?}");
     assert_eq!(issued_count(running.monitoring_addr).await, before);
     cancel.cancel();
-    running.wait().await;
+    running.wait().await.expect("stopped on shutdown");
 }
 
 /// A well-formed, correctly signed CSR of about 1 MiB (thousands of DNS names).
@@ -571,7 +569,7 @@ async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
         );
     }
     cancel.cancel();
-    running.wait().await;
+    running.wait().await.expect("stopped on shutdown");
 
     // A restart during the overlap: the old root was saved in previous-roots.json, so it is
     // still in the bundle, and the old CA's client certificates still authenticate.
@@ -596,5 +594,5 @@ async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
         &format!("{root_b}{root_a}")
     );
     cancel.cancel();
-    running.wait().await;
+    running.wait().await.expect("stopped on shutdown");
 }

@@ -68,7 +68,7 @@ async fn an_ads_request_over_4_mib_is_refused() {
         "{refused:?}"
     );
     cancel.cancel();
-    running.wait().await;
+    running.wait().await.expect("stopped on shutdown");
 }
 
 fn loopback(last: u8) -> IpAddr {
@@ -130,7 +130,7 @@ async fn idle_connections_are_capped_overall_and_per_peer_address() {
     }
     drop(second_peer);
     cancel.cancel();
-    running.wait().await;
+    running.wait().await.expect("stopped on shutdown");
 }
 
 /// An ADS stream on `channel` after its first (CDS) answer: the request sender, the answers and
@@ -248,7 +248,7 @@ async fn a_connection_without_a_stream_is_closed_and_ads_streams_are_kept() {
         assert_eq!(lds.type_url, proto::type_url::LISTENER);
     }
     cancel.cancel();
-    running.wait().await;
+    running.wait().await.expect("stopped on shutdown");
 }
 
 /// HTTP/2 frames in `bytes` as (type, stream id, payload).
@@ -336,5 +336,5 @@ async fn a_connection_without_a_stream_gets_a_goaway_before_it_closes() {
         "no answer or reset for the racing stream"
     );
     cancel.cancel();
-    running.wait().await;
+    running.wait().await.expect("stopped on shutdown");
 }

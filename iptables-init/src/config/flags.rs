@@ -14,16 +14,60 @@ pub enum FlagKind {
     Value,
 }
 
-/// One flag: long name, shorthand, environment twin(s) and default.
+/// What a flag's value is, which decides how it is read into the [`Config`](super::Config)
+/// and which errors are usage errors (Istio's typed flags: bool, uint16, duration, klog's
+/// level).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueType {
+    Bool,
+    /// A port in 1-65535.
+    Port,
+    /// `--iptables-probe-port`: a uint16 flag in Istio (0-65535 on the command line), a port
+    /// in 1-65535 once read.
+    ProbePort,
+    /// User or group ids or names.
+    Ids,
+    /// One of a few words.
+    Choice,
+    /// `""`, `*` or a port list.
+    InboundPorts,
+    /// A port list.
+    Ports,
+    Interfaces,
+    /// A CIDR list, or `*`.
+    CidrsOrAll,
+    /// A CIDR list.
+    Cidrs,
+    /// An unsigned 32-bit number as `strtoul` reads it (a mark, a routing table).
+    Number,
+    /// A Go duration.
+    Duration,
+    /// A decimal 32-bit integer (klog's level).
+    Int,
+    Text,
+}
+
+/// One flag: long name, shorthand, environment twin(s), value type and default.
 #[derive(Debug, Clone, Copy)]
 pub struct FlagSpec {
     pub long: &'static str,
     pub short: Option<char>,
     pub env: Option<&'static str>,
     pub alt_env: Option<&'static str>,
-    pub kind: FlagKind,
+    pub value: ValueType,
     pub default: &'static str,
     pub help: &'static str,
+}
+
+impl FlagSpec {
+    /// Whether the flag takes a value.
+    pub fn kind(&self) -> FlagKind {
+        if self.value == Bool {
+            FlagKind::Bool
+        } else {
+            FlagKind::Value
+        }
+    }
 }
 
 const fn f(
@@ -31,7 +75,7 @@ const fn f(
     short: Option<char>,
     env: Option<&'static str>,
     alt_env: Option<&'static str>,
-    kind: FlagKind,
+    value: ValueType,
     default: &'static str,
     help: &'static str,
 ) -> FlagSpec {
@@ -40,13 +84,16 @@ const fn f(
         short,
         env,
         alt_env,
-        kind,
+        value,
         default,
         help,
     }
 }
 
-use FlagKind::{Bool, Value};
+use ValueType::{
+    Bool, Choice, Cidrs, CidrsOrAll, Duration, Ids, InboundPorts, Int, Interfaces, Number, Port,
+    Ports, ProbePort, Text,
+};
 
 /// Every flag of Istio's `istio-iptables` (plus pilot-agent's logging flags).
 pub const FLAGS: &[FlagSpec] = &[
@@ -55,7 +102,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('p'),
         None,
         None,
-        Value,
+        Port,
         "15001",
         "Specify the envoy port to which redirect all TCP traffic.",
     ),
@@ -64,7 +111,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('z'),
         Some("INBOUND_CAPTURE_PORT"),
         None,
-        Value,
+        Port,
         "15006",
         "Port to which all inbound TCP traffic to the pod/VM should be redirected to.",
     ),
@@ -73,7 +120,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('e'),
         Some("INBOUND_TUNNEL_PORT"),
         None,
-        Value,
+        Port,
         "15008",
         "Specify the istio tunnel port for inbound tcp traffic.",
     ),
@@ -82,7 +129,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('u'),
         Some("PROXY_UID"),
         None,
-        Value,
+        Ids,
         "",
         "Specify the UID of the user for which the redirection is not applied.",
     ),
@@ -91,7 +138,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('g'),
         Some("PROXY_GID"),
         None,
-        Value,
+        Ids,
         "",
         "Specify the GID of the user for which the redirection is not applied (same default value as -u param).",
     ),
@@ -100,7 +147,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('m'),
         Some("ISTIO_INBOUND_INTERCEPTION_MODE"),
         None,
-        Value,
+        Choice,
         "",
         "The mode used to redirect inbound connections to Envoy, either \"REDIRECT\" or \"TPROXY\".",
     ),
@@ -109,7 +156,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('b'),
         Some("ISTIO_INBOUND_PORTS"),
         None,
-        Value,
+        InboundPorts,
         "",
         "Comma separated list of inbound ports for which traffic is to be redirected to Envoy; \"*\" = all.",
     ),
@@ -118,7 +165,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('d'),
         Some("ISTIO_LOCAL_EXCLUDE_PORTS"),
         None,
-        Value,
+        Ports,
         "",
         "Comma separated list of inbound ports to be excluded from redirection to Envoy.",
     ),
@@ -127,7 +174,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('c'),
         Some("ISTIO_EXCLUDE_INTERFACES"),
         None,
-        Value,
+        Interfaces,
         "",
         "Comma separated list of NIC. Neither inbound nor outbound traffic will be captured.",
     ),
@@ -136,7 +183,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('i'),
         Some("ISTIO_SERVICE_CIDR"),
         None,
-        Value,
+        CidrsOrAll,
         "",
         "Comma separated list of IP ranges in CIDR form to redirect to envoy; \"*\" = all.",
     ),
@@ -145,7 +192,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('x'),
         Some("ISTIO_SERVICE_EXCLUDE_CIDR"),
         None,
-        Value,
+        Cidrs,
         "",
         "Comma separated list of IP ranges in CIDR form to be excluded from redirection.",
     ),
@@ -154,7 +201,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('q'),
         Some("ISTIO_OUTBOUND_PORTS"),
         None,
-        Value,
+        Ports,
         "",
         "Comma separated list of outbound ports to be explicitly included for redirection to Envoy.",
     ),
@@ -163,7 +210,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('o'),
         Some("ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE"),
         None,
-        Value,
+        Ports,
         "",
         "Comma separated list of outbound ports to be excluded from redirection to Envoy.",
     ),
@@ -172,7 +219,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('k'),
         Some("KUBE_VIRT_INTERFACES"),
         None,
-        Value,
+        Interfaces,
         "",
         "Comma separated list of virtual interfaces whose inbound traffic will be treated as outbound.",
     ),
@@ -181,7 +228,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('t'),
         Some("ISTIO_INBOUND_TPROXY_MARK"),
         None,
-        Value,
+        Number,
         "1337",
         "TPROXY mark.",
     ),
@@ -190,7 +237,7 @@ pub const FLAGS: &[FlagSpec] = &[
         Some('r'),
         Some("ISTIO_INBOUND_TPROXY_ROUTE_TABLE"),
         None,
-        Value,
+        Number,
         "133",
         "TPROXY route table.",
     ),
@@ -208,7 +255,7 @@ pub const FLAGS: &[FlagSpec] = &[
         None,
         Some("IPTABLES_PROBE_PORT"),
         None,
-        Value,
+        ProbePort,
         "15002",
         "Set listen port for failure detection.",
     ),
@@ -217,7 +264,7 @@ pub const FLAGS: &[FlagSpec] = &[
         None,
         Some("PROBE_TIMEOUT"),
         None,
-        Value,
+        Duration,
         "5s",
         "Failure detection timeout.",
     ),
@@ -280,7 +327,7 @@ pub const FLAGS: &[FlagSpec] = &[
         None,
         Some("NETWORK_NAMESPACE"),
         None,
-        Value,
+        Text,
         "",
         "The network namespace that iptables rules should be applied to.",
     ),
@@ -334,7 +381,7 @@ pub const FLAGS: &[FlagSpec] = &[
         None,
         Some("FORCE_IPTABLES_BINARY"),
         None,
-        Value,
+        Choice,
         "",
         "Break glass option to choose which iptables binary to use: legacy or nft.",
     ),
@@ -344,7 +391,7 @@ pub const FLAGS: &[FlagSpec] = &[
         None,
         None,
         None,
-        Value,
+        Text,
         "",
         "Comma-separated minimum per-scope logging level, e.g. default:info.",
     ),
@@ -362,7 +409,7 @@ pub const FLAGS: &[FlagSpec] = &[
         None,
         None,
         None,
-        Value,
+        Int,
         "0",
         "Number for the log level verbosity of Kubernetes client libraries, like -v (accepted, ignored: no Kubernetes client here).",
     ),
@@ -371,7 +418,7 @@ pub const FLAGS: &[FlagSpec] = &[
         None,
         None,
         None,
-        Value,
+        Text,
         "",
         "Scopes for which to include caller information (accepted, ignored).",
     ),
@@ -380,7 +427,7 @@ pub const FLAGS: &[FlagSpec] = &[
         None,
         None,
         None,
-        Value,
+        Text,
         "",
         "Per-scope stack trace level (accepted, ignored).",
     ),
@@ -389,7 +436,7 @@ pub const FLAGS: &[FlagSpec] = &[
         None,
         None,
         None,
-        Value,
+        Text,
         "",
         "Output paths for logs (accepted, ignored).",
     ),
@@ -453,13 +500,13 @@ where
                 by_short(c).ok_or_else(|| Error::UnknownFlag(format!("-{c} (in {arg:?})")))?;
             // pflag: `-x=v` gives `v`, but a bare `-x=` gives the value "=" (it only strips
             // the '=' when something follows it).
-            let inline = if rest == "=" && spec.kind == Value {
+            let inline = if rest == "=" && spec.kind() == FlagKind::Value {
                 Some(rest.to_string())
             } else if let Some(v) = rest.strip_prefix('=') {
                 Some(v.to_string())
             } else if rest.is_empty() {
                 None
-            } else if spec.kind == Bool {
+            } else if spec.kind() == FlagKind::Bool {
                 return Err(Error::UnknownFlag(format!("-{rest} (in {arg:?})")));
             } else {
                 Some(rest.to_string())
@@ -469,10 +516,10 @@ where
             positional.push(arg);
             continue;
         };
-        let value = match (spec.kind, inline) {
+        let value = match (spec.kind(), inline) {
             (_, Some(v)) => v,
-            (Bool, None) => "true".to_string(),
-            (Value, None) => match it.next() {
+            (FlagKind::Bool, None) => "true".to_string(),
+            (FlagKind::Value, None) => match it.next() {
                 Some(v) => v?,
                 None => return Err(Error::MissingValue(shown)),
             },
@@ -502,22 +549,14 @@ pub(super) fn check_typed(values: &HashMap<&'static str, String>) -> Result<(), 
         let Some(v) = values.get(f.long) else {
             continue;
         };
-        match f.long {
-            "iptables-probe-port" if v.parse::<u16>().is_err() => {
-                return Err(bad(f.long, v, "a port number in 0-65535"));
-            }
-            // klog's Level (inherited from pilot-agent): a decimal 32-bit integer.
-            "vklog" if v.parse::<i32>().is_err() => {
-                return Err(bad(f.long, v, "an integer"));
-            }
-            "probe-timeout" if super::parse_go_duration(v).is_none() => {
-                return Err(bad(f.long, v, "a duration such as 5s or 500ms"));
-            }
-            _ if f.kind == Bool && go_syntax::parse_bool(v).is_err() => {
-                return Err(bad(f.long, v, "true or false"));
-            }
-            _ => {}
-        }
+        let expected = match f.value {
+            ProbePort if v.parse::<u16>().is_err() => "a port number in 0-65535",
+            Int if v.parse::<i32>().is_err() => "an integer",
+            Duration if super::parse_go_duration(v).is_none() => "a duration such as 5s or 500ms",
+            Bool if go_syntax::parse_bool(v).is_err() => "true or false",
+            _ => continue,
+        };
+        return Err(bad(f.long, v, expected));
     }
     Ok(())
 }

@@ -2,10 +2,10 @@
 //! listener first (DNS, SDS, xDS, status) and reports the bound addresses; [`App::run`] runs
 //! them, runs Envoy, and shuts down in order.
 //!
-//! Shutdown order: the signal (SIGTERM/SIGINT/`/quitquitquit`) closes the status server at once
-//! (readiness fails), drains and stops Envoy; only then are the xDS proxy, SDS server and DNS
-//! proxy stopped, so the application keeps DNS and Envoy keeps its config and certs while it
-//! drains.
+//! Shutdown order: the signal (SIGTERM/SIGINT/`/quitquitquit`) fails readiness at once (the
+//! status server answers `/healthz/ready` with 503 until the agent exits), drains and stops
+//! Envoy; only then are the xDS proxy, SDS server, DNS proxy and status server stopped, so the
+//! application keeps DNS and Envoy keeps its config and certs while it drains.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -282,8 +282,9 @@ impl App {
         } = self;
         let mut components = Components::new(shutdown.clone(), readiness.clone());
         let token = components.token();
+        let stop = token.clone();
         components.spawn("status", Duration::from_secs(1), async move {
-            status.run().await;
+            status.run(stop).await;
             Ok::<(), String>(())
         });
         if let Some(h) = health {

@@ -316,7 +316,8 @@ impl Config {
         }
         let workload_socket = identity::workload_socket(&base_dir, &socket_file)?;
 
-        // Shared by the CA client and the xDS upstream: one PROV_CERT, one ISTIOD_SAN.
+        // Shared by the CA client and the xDS upstream: one PROV_CERT, one ISTIOD_SAN (the CA's
+        // name only when the CA is the discovery address).
         let prov_cert = env
             .get("PROV_CERT")
             .map(|d| sds::CertDir::istio(&resolve(&base_dir, d)));

@@ -1,6 +1,7 @@
 //! The identity sub-config ([`sds::Config`]): Istio's CA, key and certificate variables over
 //! [`sds::Config::defaults`] (the one place the defaults live). The CA address defaults to the
-//! discovery address when `CA_ADDR` is unset, as Istio's agent does.
+//! discovery address when `CA_ADDR` is unset, and only then is `ISTIOD_SAN` its ServerName, as
+//! Istio's agent does.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -22,7 +23,8 @@ pub struct Inputs<'a> {
     pub cluster_id: &'a str,
     /// `PROV_CERT`, resolved (shared with the xDS upstream: one policy for both).
     pub prov_cert: Option<&'a CertDir>,
-    /// `ISTIOD_SAN`.
+    /// `ISTIOD_SAN`: the CA's ServerName when `CA_ADDR` is unset (the CA is then the
+    /// discovery address).
     pub istiod_san: Option<&'a str>,
     /// Where the agent's SDS server listens, and whether an external server owns the
     /// workload socket ([`workload_socket`]).
@@ -141,11 +143,13 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
     let base = |rel: &str| i.base_dir.join(rel);
     let d = sds::Config::defaults(i.base_dir);
 
-    let ca_addr = env
-        .get("CA_ADDR")
-        .map(str::to_string)
-        .or_else(|| (!i.discovery_address.is_empty()).then(|| i.discovery_address.to_string()))
-        .unwrap_or_else(|| d.ca_addr.clone());
+    // `ISTIOD_SAN` names the CA only when the CA is the discovery address (as Istio's agent):
+    // an explicit `CA_ADDR` is verified by its own host name.
+    let (ca_addr, ca_san) = match env.get("CA_ADDR") {
+        Some(addr) => (addr.to_string(), None),
+        None if !i.discovery_address.is_empty() => (i.discovery_address.to_string(), i.istiod_san),
+        None => (d.ca_addr.clone(), i.istiod_san),
+    };
     let ca_plaintext = is_plaintext_addr(&ca_addr);
 
     let provider = env.get("PILOT_CERT_PROVIDER").unwrap_or("istiod");
@@ -226,7 +230,7 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
         trust_domain: env.str("TRUST_DOMAIN", &d.trust_domain),
         namespace: i.namespace.to_string(),
         service_account: i.service_account.to_string(),
-        ca_server_name: istiod_server_name(&ca_addr, i.istiod_san),
+        ca_server_name: istiod_server_name(&ca_addr, ca_san),
         ca_addr,
         ca_plaintext,
         ca_root,

@@ -306,8 +306,9 @@ fn domain_flag_reaches_dns_proxy() {
     assert_eq!(c.node.dns_domain, "ns1.svc.corp.example");
 }
 
-/// The CA address follows the discovery address when `CA_ADDR` is unset, keeping `ISTIOD_SAN`;
-/// the xDS upstream uses the same ServerName rule (`localhost` is istiod's name).
+/// The CA address follows the discovery address when `CA_ADDR` is unset, keeping `ISTIOD_SAN`
+/// (an explicit `CA_ADDR` is named by its host); the xDS upstream uses the same ServerName rule
+/// (`localhost` is istiod's name).
 #[test]
 fn ca_and_xds_share_address_and_server_name_rules() {
     let dir = tempfile::tempdir().unwrap();
@@ -326,8 +327,21 @@ fn ca_and_xds_share_address_and_server_name_rules() {
     ]);
     let c = load(dir.path(), &e).unwrap();
     assert_eq!(c.identity.ca_addr, "ca.y.svc:15012");
-    assert_eq!(c.identity.ca_server_name, "istiod.custom");
+    // As Istio: ISTIOD_SAN is not the name of an explicit CA_ADDR.
+    assert_eq!(c.identity.ca_server_name, "ca.y.svc");
     assert_eq!(c.upstream.address, "istiod.x.svc:15012");
+    assert_eq!(c.upstream.server_name, "istiod.custom");
+    // Without CA_ADDR the CA is the discovery address, named by ISTIOD_SAN.
+    let e = env(&[
+        (
+            "PROXY_CONFIG",
+            r#"{"discoveryAddress":"istiod.x.svc:15012"}"#,
+        ),
+        ("ISTIOD_SAN", "istiod.custom"),
+    ]);
+    let c = load(dir.path(), &e).unwrap();
+    assert_eq!(c.identity.ca_addr, "istiod.x.svc:15012");
+    assert_eq!(c.identity.ca_server_name, "istiod.custom");
     assert_eq!(c.upstream.server_name, "istiod.custom");
     let e = env(&[("PROXY_CONFIG", r#"{"discoveryAddress":"istiod:15010"}"#)]);
     let c = load(dir.path(), &e).unwrap();

@@ -171,6 +171,7 @@ impl App {
         let mut root = Registry::default();
         root.register_collector(Box::new(status::process::ProcessCollector));
         let registry = root.sub_registry_with_prefix("istio_agent");
+        crate::config::EnvMetrics::new(registry).record(&config.env_fallbacks);
         let readiness = Readiness::default();
         let mut sockets = SocketFiles::default();
 
@@ -462,6 +463,7 @@ fn bind_xds(
             .wasm
             .clone()
             .map(|o| xds_proxy::wasm::Cache::new(o, xds_proxy::wasm::Metrics::new(registry))),
+        server: config.xds_server,
         streams: if config.upstream.multi_stream {
             xds_proxy::Streams::Many {
                 cap: xds_proxy::MAX_STREAMS,

@@ -33,6 +33,8 @@ pub struct Inputs<'a> {
     pub file_mounted_certs: bool,
     /// `COMPLIANCE_POLICY`, parsed once for every connection to istiod.
     pub compliance: sds::Compliance,
+    /// `GRPC_KEEPALIVE_*` (interval, timeout) as a gRPC client uses them.
+    pub grpc_keepalive: (Duration, Duration),
 }
 
 /// The workload identity socket as Istio's agent settles it at start.
@@ -133,6 +135,9 @@ fn first_entry(addr: &str) -> &str {
         .unwrap_or(addr)
 }
 
+/// `WORKLOAD_RSA_KEY_SIZE`'s default (Istio's).
+const DEFAULT_RSA_BITS: u32 = 2048;
+
 fn non_empty_file(p: &Path) -> bool {
     std::fs::metadata(p).map(|m| m.len() > 0).unwrap_or(false)
 }
@@ -190,18 +195,17 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
     }
 
     let key_algorithm = match env.get("ECC_SIGNATURE_ALGORITHM") {
-        None => match env.get("WORKLOAD_RSA_KEY_SIZE") {
-            None => d.key_algorithm,
-            Some(v) => match v.parse::<u32>() {
-                Ok(b @ (2048 | 3072 | 4096)) => KeyAlgorithm::Rsa(b),
-                _ => {
-                    return Err(env.invalid(
-                        "WORKLOAD_RSA_KEY_SIZE",
-                        v,
-                        "2048, 3072 or 4096 (below 2048 is insecure)",
-                    ));
-                }
-            },
+        None if !env.is_set("WORKLOAD_RSA_KEY_SIZE") => d.key_algorithm,
+        // Not a number: Istio's 2048 (warned); a number other than these is refused.
+        None => match env.u32("WORKLOAD_RSA_KEY_SIZE", DEFAULT_RSA_BITS)? {
+            b @ (2048 | 3072 | 4096) => KeyAlgorithm::Rsa(b),
+            _ => {
+                return Err(env.invalid(
+                    "WORKLOAD_RSA_KEY_SIZE",
+                    env.get("WORKLOAD_RSA_KEY_SIZE").unwrap_or_default(),
+                    "2048, 3072 or 4096 (below 2048 is insecure)",
+                ));
+            }
         },
         Some("ECDSA") => match env.get("ECC_CURVE").unwrap_or("P256") {
             "P256" => KeyAlgorithm::EcdsaP256,
@@ -252,6 +256,7 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
         crl_path: d.crl_path.clone().filter(|_| crl_enabled),
         allow_plaintext_token: env.bool(ALLOW_PLAINTEXT_TOKEN_ENV, d.allow_plaintext_token)?,
         compliance: i.compliance,
+        grpc_keepalive: Some(i.grpc_keepalive),
         ..d
     })
 }

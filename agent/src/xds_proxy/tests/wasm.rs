@@ -285,6 +285,7 @@ async fn world() -> World {
         Streams::One,
         None,
         Some(cache.clone()),
+        XdsServer::default(),
     )
     .await;
     World {

@@ -2,10 +2,10 @@
 //! listener first (DNS, SDS, xDS, status) and reports the bound addresses; [`App::run`] runs
 //! them, runs Envoy, and shuts down in order.
 //!
-//! Shutdown order: the signal (SIGTERM/SIGINT/`/quitquitquit`) closes the status server at once
-//! (readiness fails), drains and stops Envoy; only then are the xDS proxy, SDS server and DNS
-//! proxy stopped, so the application keeps DNS and Envoy keeps its config and certs while it
-//! drains.
+//! Shutdown order: the signal (SIGTERM/SIGINT/`/quitquitquit`) fails readiness at once (the
+//! status server answers `/healthz/ready` with 503 until the agent exits), drains and stops
+//! Envoy; only then are the xDS proxy, SDS server, DNS proxy and status server stopped, so the
+//! application keeps DNS and Envoy keeps its config and certs while it drains.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -171,6 +171,7 @@ impl App {
         let mut root = Registry::default();
         root.register_collector(Box::new(status::process::ProcessCollector));
         let registry = root.sub_registry_with_prefix("istio_agent");
+        crate::config::EnvMetrics::new(registry).record(&config.env_fallbacks);
         let readiness = Readiness::default();
         let mut sockets = SocketFiles::default();
 
@@ -282,8 +283,9 @@ impl App {
         } = self;
         let mut components = Components::new(shutdown.clone(), readiness.clone());
         let token = components.token();
+        let stop = token.clone();
         components.spawn("status", Duration::from_secs(1), async move {
-            status.run().await;
+            status.run(stop).await;
             Ok::<(), String>(())
         });
         if let Some(h) = health {
@@ -461,6 +463,7 @@ fn bind_xds(
             .wasm
             .clone()
             .map(|o| xds_proxy::wasm::Cache::new(o, xds_proxy::wasm::Metrics::new(registry))),
+        server: config.xds_server,
         streams: if config.upstream.multi_stream {
             xds_proxy::Streams::Many {
                 cap: xds_proxy::MAX_STREAMS,

@@ -7,6 +7,7 @@ mod dns;
 pub mod dump;
 mod env;
 mod envoy;
+pub mod grpc;
 pub mod identity;
 mod node;
 pub mod probe;
@@ -19,13 +20,15 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 pub use bootstrap::BootstrapConfig;
+pub use env::{Metrics as EnvMetrics, STRICT_ENV};
 pub use envoy::{EnvoyConfig, HeapLimit};
+pub use grpc::XdsServer;
 pub use node::Node;
 pub use proxy_config::{AuthPolicy, ProxyConfig, StatsMatcher, split_host_port};
 pub use status::StatusConfig;
 pub use upstream::XdsUpstream;
 
-use env::Env;
+use env::{Env, Fallbacks};
 
 /// Configuration errors. Each names what was wrong and what was expected.
 #[derive(Debug, thiserror::Error)]
@@ -186,8 +189,13 @@ pub struct Config {
     pub dns: Option<dns_proxy::Config>,
     /// The xDS proxy's connection to istiod.
     pub upstream: XdsUpstream,
+    /// The XDS socket's gRPC server (Envoy's side of the xDS proxy).
+    pub xds_server: XdsServer,
     /// The status server (probes, app metrics, workload health).
     pub status: StatusConfig,
+    /// The variables whose value did not parse and whose default was used instead (warned
+    /// about at load; counted in `istio_agent_env_parse_errors_total`).
+    pub env_fallbacks: Vec<String>,
 }
 
 /// The host's private IPs for `INSTANCE_IPS`, without those of the interfaces the pod annotation
@@ -279,9 +287,12 @@ impl Config {
         self.proxy.concurrency.unwrap_or(0)
     }
 
-    /// Loads and validates everything; the first invalid value is the error.
+    /// Loads and validates everything; the first invalid value is the error. A typed
+    /// environment value that does not parse is warned about and replaced by its default, as
+    /// Istio's agent does (an error under `ISTIO_AGENT_STRICT_ENV=true`).
     pub fn load(inputs: Inputs<'_>) -> Result<Config, Error> {
-        let env = Env(inputs.env);
+        let fallbacks = Fallbacks::new(inputs.env);
+        let env = Env::new(inputs.env, &fallbacks);
         let base_dir = inputs.base_dir;
         let flags = inputs.flags;
         let pod_annotations =
@@ -316,7 +327,8 @@ impl Config {
         }
         let workload_socket = identity::workload_socket(&base_dir, &socket_file)?;
 
-        // Shared by the CA client and the xDS upstream: one PROV_CERT, one ISTIOD_SAN.
+        // Shared by the CA client and the xDS upstream: one PROV_CERT, one ISTIOD_SAN (the CA's
+        // name only when the CA is the discovery address).
         let prov_cert = env
             .get("PROV_CERT")
             .map(|d| sds::CertDir::istio(&resolve(&base_dir, d)));
@@ -324,6 +336,9 @@ impl Config {
         let file_mounted_certs = env.bool("FILE_MOUNTED_CERTS", false)?;
         // One TLS policy for every connection the agent makes to istiod, and Envoy's share.
         let compliance = compliance_policy(env);
+        // One keepalive for every gRPC connection, made or served (`GRPC_KEEPALIVE_*`).
+        let keepalive = grpc::Keepalive::load(env)?;
+        let client_keepalive = keepalive.client();
         let identity = identity::load(identity::Inputs {
             env,
             base_dir: &base_dir,
@@ -336,6 +351,7 @@ impl Config {
             socket: &workload_socket,
             file_mounted_certs,
             compliance,
+            grpc_keepalive: client_keepalive,
         })?;
         let envoy = envoy::load(envoy::Inputs {
             env,
@@ -357,7 +373,9 @@ impl Config {
             proxyless: envoy.disabled || env.get("ISTIO_META_GENERATOR") == Some("grpc"),
             file_mounted: file_mounted_certs.then_some(&proxy.proxy_metadata),
             compliance,
+            grpc_keepalive: client_keepalive,
         })?;
+        let xds_server = XdsServer::load(env, &keepalive)?;
         let dns = if dns_enabled {
             Some(dns::load(dns::Inputs {
                 env,
@@ -372,6 +390,7 @@ impl Config {
         };
         let status = status::load(env, &proxy)?;
         let bootstrap = bootstrap::load(env, &base_dir)?;
+        let env_fallbacks = fallbacks.into_variables();
 
         Ok(Config {
             base_dir,
@@ -384,7 +403,9 @@ impl Config {
             identity,
             dns,
             upstream,
+            xds_server,
             status,
+            env_fallbacks,
         })
     }
 }
@@ -447,6 +468,15 @@ fn load_proxy_config(
         );
     }
     let mut proxy = ProxyConfig::from_value(raw)?;
+    if let Some(provider) = proxy.raw.get("privateKeyProvider").filter(|v| !v.is_null()) {
+        // Istio hands Envoy the workload key through CryptoMB or QAT (builds of Envoy with
+        // those extensions); this agent serves the key inline (docs/differences.md).
+        tracing::warn!(
+            field = "privateKeyProvider",
+            value = %provider,
+            "ProxyConfig privateKeyProvider is not supported: the workload key is served to Envoy inline, without the CryptoMB/QAT provider"
+        );
+    }
     if proxy.concurrency.is_none() {
         let cpu = env.u32("ISTIO_CPU_LIMIT", 0)?;
         if cpu > 0 {

@@ -25,6 +25,7 @@ pub mod envoy;
 pub mod health;
 pub mod http1;
 pub mod lifecycle;
+pub mod log_format;
 pub mod log_scopes;
 pub mod runtime;
 pub mod sock_diag;

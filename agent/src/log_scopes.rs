@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 /// Istio's scopes in the agent (`pilot-agent --help` lists them) and the targets that log what
-/// each covers here. Scopes with no part here (`klog`: no Kubernetes client; `wasm`: no module
-/// fetching; `validation`, `gcecred`, `mockcred`) are accepted and have no target.
+/// each covers here. Scopes with no part here (`klog`: no Kubernetes client; `validation`,
+/// `gcecred`, `mockcred`) are accepted and have no target.
 pub const SCOPES: &[(&str, &[&str])] = &[
     // The ADS stream itself: requests, responses, subscriptions replayed on reconnect.
     (
@@ -39,11 +39,32 @@ pub const SCOPES: &[(&str, &[&str])] = &[
     // Trust bundles and certificate parsing.
     ("spiffe", &["sds::pem", "sds::x509"]),
     ("validation", &[]),
-    ("wasm", &[]),
+    // Wasm modules fetched and cached for ECDS.
+    ("wasm", &["agent::xds_proxy::wasm"]),
     ("gcecred", &[]),
     ("mockcred", &[]),
     ("xdsproxy", &["agent::xds_proxy"]),
 ];
+
+/// The scope of everything no other scope covers; Istio's lines leave its name out.
+pub const DEFAULT_SCOPE: &str = "default";
+
+/// The Istio scope an event of `target` belongs to: the scope naming the longest module path
+/// that contains `target`, else [`DEFAULT_SCOPE`].
+pub fn scope_of(target: &str) -> &'static str {
+    let covers = |module: &str| {
+        target == module
+            || target
+                .strip_prefix(module)
+                .is_some_and(|rest| rest.starts_with("::"))
+    };
+    SCOPES
+        .iter()
+        .flat_map(|(scope, modules)| modules.iter().map(move |m| (*scope, *m)))
+        .filter(|(_, m)| covers(m))
+        .max_by_key(|(_, m)| m.len())
+        .map_or(DEFAULT_SCOPE, |(scope, _)| scope)
+}
 
 /// A `--log_output_level` Istio refuses.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -142,6 +163,26 @@ mod tests {
         assert_eq!(level_of(&f, "sds::ca"), "info");
         assert_eq!(filter("none").unwrap().split(',').next(), Some("off"));
         assert_eq!(filter("fatal").unwrap().split(',').next(), Some("error"));
+    }
+
+    #[test]
+    fn events_are_named_by_the_narrowest_scope() {
+        assert_eq!(scope_of("sds::manager::rotation"), "ca");
+        assert_eq!(scope_of("sds::manager::output_certs"), "cache");
+        assert_eq!(scope_of("sds::manager"), "cache");
+        assert_eq!(scope_of("sds::server"), "sds");
+        assert_eq!(scope_of("sds::ca"), "citadelclient");
+        assert_eq!(scope_of("sds::csr"), "security");
+        assert_eq!(scope_of("dns_proxy::forward::pool"), "dns");
+        assert_eq!(scope_of("agent::xds_proxy::streams"), "xdsproxy");
+        assert_eq!(scope_of("agent::xds_proxy::relay"), "ads");
+        assert_eq!(scope_of("agent::health"), "healthcheck");
+        assert_eq!(scope_of("agent::xds_proxy::wasm::fetch"), "wasm");
+        assert_eq!(scope_of("h2::codec"), "grpc");
+        // A module path is matched whole: `hyper_util` is not `hyper`'s, `sdsx` not `sds`'s.
+        assert_eq!(scope_of("hyper_util::client"), "grpc");
+        assert_eq!(scope_of("sdsx"), DEFAULT_SCOPE);
+        assert_eq!(scope_of("agent::app"), DEFAULT_SCOPE);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use agent::cli::{self, Command};
 use agent::lifecycle::Shutdown;
 
 /// Logging from `--log_output_level` (Istio's scopes, `agent::log_scopes`) unless `RUST_LOG`
-/// is set. A level Istio refuses stops `proxy`, as Istio's agent (whose other commands do not
+/// is set, in Istio's line layout (`agent::log_format`). A level Istio refuses stops `proxy`, as Istio's agent (whose other commands do not
 /// read the flag; here they log at `info`).
 #[allow(clippy::disallowed_methods)] // RUST_LOG, as tracing's EnvFilter reads it, before the rest
 fn init_logging(log: &cli::LogFlags, proxy: bool) {
@@ -47,14 +47,13 @@ fn init_logging(log: &cli::LogFlags, proxy: bool) {
             }
         },
     };
-    let builder = tracing_subscriber::fmt()
+    // Istio's line layout (`agent::log_format`), text or `--log_as_json`; never coloured.
+    tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(writer);
-    if log.as_json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
+        .with_writer(writer)
+        .with_ansi(false)
+        .event_format(agent::log_format::IstioFormat { json: log.as_json })
+        .init();
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

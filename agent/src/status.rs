@@ -34,6 +34,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::NodeType;
 use crate::envoy::admin::Admin;
@@ -236,25 +237,36 @@ impl StatusServer {
             .collect()
     }
 
-    /// Serves until shutdown starts; the listeners close at once then (as Istio: readiness
-    /// fails as soon as shutdown begins).
-    pub async fn run(self) {
+    /// Serves until `stop` is cancelled: after Envoy has exited, when the agent's components
+    /// stop. From the start of shutdown (SIGTERM, SIGINT, `/quitquitquit`, a failed component)
+    /// until then `/healthz/ready` answers 503 ("server is terminated"), so a probe during the
+    /// drain gets a clear "not ready" rather than a refused connection.
+    pub async fn run(self, stop: CancellationToken) {
         let mut tasks = tokio::task::JoinSet::new();
         let counts = conn::Counts::new(&self.state.inputs.limits);
         for listener in self.listeners {
-            tasks.spawn(accept_loop(listener, self.state.clone(), counts.clone()));
+            tasks.spawn(accept_loop(
+                listener,
+                self.state.clone(),
+                counts.clone(),
+                stop.clone(),
+            ));
         }
         if tasks.is_empty() {
             // `statusPort: 0`: nothing to serve, but the server still ends with the agent.
-            self.state.inputs.shutdown.token().cancelled().await;
+            stop.cancelled().await;
         }
         while tasks.join_next().await.is_some() {}
         tracing::info!("status server stopped");
     }
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<State>, counts: conn::Counts) {
-    let token = state.inputs.shutdown.token().clone();
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<State>,
+    counts: conn::Counts,
+    token: CancellationToken,
+) {
     let mut backoff = proto::listen::AcceptBackoff::new("status");
     loop {
         let (stream, _) = tokio::select! {

@@ -90,8 +90,6 @@ const SOTW_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 const DELTA_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
-/// Largest request accepted from Envoy.
-const MAX_REQUEST: usize = 4 << 20;
 
 /// xDS proxy errors.
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +167,8 @@ pub struct Inputs {
     /// `ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION` (default on): ECDS Wasm filters with
     /// remote code are rewritten to the module fetched into this cache; `None` relays ECDS as is.
     pub wasm: Option<Arc<wasm::Cache>>,
+    /// The XDS socket's gRPC server: keepalive towards Envoy, stream cap, largest request.
+    pub server: crate::config::XdsServer,
 }
 
 /// How many downstream xDS streams the socket serves at once.
@@ -320,7 +320,7 @@ fn serve_method<F: relay::Flavor>(
         codec::request_decoder::<F::Req>(),
         request.into_body(),
         None,
-        Some(MAX_REQUEST),
+        Some(proxy.inputs.server.max_recv_msg_size),
     );
     let responses = relay::start::<F>(proxy.inputs.clone(), requests, stream);
     let mut response =
@@ -396,10 +396,11 @@ pub async fn serve(
             conn.map(|c| coalesce::Coalesce::new(idle::Watched::new(c, idle::UNIX_SOCKET_LIMITS)))
         },
     ));
+    let settings = proxy.inputs.server;
     tonic::transport::Server::builder()
-        .max_concurrent_streams(100_000)
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+        .max_concurrent_streams(settings.max_streams)
+        .http2_keepalive_interval(Some(settings.keepalive.0))
+        .http2_keepalive_timeout(Some(settings.keepalive.1))
         // The cap the header rewriter enforces too (see `authority`).
         .http2_max_header_list_size(hpack::MAX_HEADER_LIST as u32)
         .add_service(idle::Counted::new(proxy.service()))

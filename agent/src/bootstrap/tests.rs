@@ -424,6 +424,13 @@ fn istio_version_and_cluster_defaults() {
     let c = config(dir.path(), &[("ISTIO_META_ISTIO_VERSION", "1.29.2")]);
     let b = render(&c, Ports { status: 1 }).unwrap();
     assert_eq!(b["node"]["metadata"]["ISTIO_VERSION"], "1.29.2");
+    // Istio's proxyv2 image sets ISTIO_META_ISTIO_PROXY_SHA; istioctl reads it back from the
+    // node (`proxy-config`'s version line). Absent unless set, as in Istio.
+    assert!(b["node"]["metadata"].get("ISTIO_PROXY_SHA").is_none());
+    let sha = "istio-proxy:436f365a8007cd8a13a9f1321e7cce94bcc8883e";
+    let c = config(dir.path(), &[("ISTIO_META_ISTIO_PROXY_SHA", sha)]);
+    let b = render(&c, Ports { status: 1 }).unwrap();
+    assert_eq!(b["node"]["metadata"]["ISTIO_PROXY_SHA"], sha);
 }
 
 /// `METADATA_DISCOVERY` follows `ENABLE_HBONE` unless `PEER_METADATA_DISCOVERY` decides; the

@@ -120,8 +120,9 @@ mod tests {
         domain: &str,
     ) -> Result<dns_proxy::Config, Error> {
         let namespace = e.get("POD_NAMESPACE").map(String::as_str).unwrap_or("");
+        let fallbacks = super::super::env::Fallbacks::new(e);
         load(Inputs {
-            env: Env(e),
+            env: Env::new(e, &fallbacks),
             namespace,
             domain: &super::super::node::dns_domain(domain, namespace),
             resolv_conf,
@@ -200,20 +201,35 @@ mod tests {
             c.listen_addrs,
             vec!["127.0.0.2:0".parse::<SocketAddr>().unwrap()]
         );
+        // An address is refused in both modes; typed values only in strict mode (else the
+        // default, as Istio).
+        let defaults = simple(&env(&[]), r.path()).expect("config");
+        for (k, v) in [
+            ("DNS_PROXY_ADDR", "127.0.0.1"),
+            ("DNS_PROXY_ADDR", "dns.example:53x"),
+        ] {
+            let msg = simple(&env(&[(k, v)]), r.path()).unwrap_err().to_string();
+            assert!(msg.contains(k) && msg.contains(v), "{msg}");
+        }
         for (k, v) in [
             ("DNS_FORWARD_TIMEOUT", "soon"),
             ("DNS_FORWARD_TIMEOUT", "0s"),
             ("DNS_PROXY_CACHE", "maybe"),
             ("DNS_PROXY_CACHE_MAX_BYTES", "16MiB"),
-            ("DNS_PROXY_ADDR", "127.0.0.1"),
-            ("DNS_PROXY_ADDR", "dns.example:53x"),
             ("DNS_PROXY_SERVE_STALE", "sometimes"),
             ("DNS_PROXY_STALE_TTL", "10ms"),
             ("DNS_PROXY_STALE_MAX", "a day"),
             ("DNS_PROXY_PREFETCH", "2"),
         ] {
-            let msg = simple(&env(&[(k, v)]), r.path()).unwrap_err().to_string();
+            let strict = env(&[(k, v), (crate::config::STRICT_ENV, "true")]);
+            let msg = simple(&strict, r.path()).unwrap_err().to_string();
             assert!(msg.contains(k) && msg.contains(v), "{msg}");
+            let c = simple(&env(&[(k, v)]), r.path()).expect("the default, as Istio");
+            assert_eq!(c.forward_timeout, defaults.forward_timeout, "{k}={v}");
+            assert_eq!(c.cache_enabled, defaults.cache_enabled, "{k}={v}");
+            assert_eq!(c.cache_max_bytes, defaults.cache_max_bytes, "{k}={v}");
+            assert_eq!(c.serve_stale, defaults.serve_stale, "{k}={v}");
+            assert_eq!(c.prefetch, defaults.prefetch, "{k}={v}");
         }
         let missing = simple(&env(&[]), Path::new("/nonexistent/resolv.conf"))
             .unwrap_err()

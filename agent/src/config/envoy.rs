@@ -111,7 +111,7 @@ pub fn load(i: Inputs<'_>) -> Result<EnvoyConfig, Error> {
             None
         },
         env: {
-            let mut envoy_env = env.0.clone();
+            let mut envoy_env = env.vars().clone();
             if let Some((k, v)) = i.compliance.envoy_env() {
                 envoy_env.insert(k.to_string(), v.to_string());
             }

@@ -1,6 +1,7 @@
 //! The identity sub-config ([`sds::Config`]): Istio's CA, key and certificate variables over
 //! [`sds::Config::defaults`] (the one place the defaults live). The CA address defaults to the
-//! discovery address when `CA_ADDR` is unset, as Istio's agent does.
+//! discovery address when `CA_ADDR` is unset, and only then is `ISTIOD_SAN` its ServerName, as
+//! Istio's agent does.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -22,7 +23,8 @@ pub struct Inputs<'a> {
     pub cluster_id: &'a str,
     /// `PROV_CERT`, resolved (shared with the xDS upstream: one policy for both).
     pub prov_cert: Option<&'a CertDir>,
-    /// `ISTIOD_SAN`.
+    /// `ISTIOD_SAN`: the CA's ServerName when `CA_ADDR` is unset (the CA is then the
+    /// discovery address).
     pub istiod_san: Option<&'a str>,
     /// Where the agent's SDS server listens, and whether an external server owns the
     /// workload socket ([`workload_socket`]).
@@ -31,6 +33,8 @@ pub struct Inputs<'a> {
     pub file_mounted_certs: bool,
     /// `COMPLIANCE_POLICY`, parsed once for every connection to istiod.
     pub compliance: sds::Compliance,
+    /// `GRPC_KEEPALIVE_*` (interval, timeout) as a gRPC client uses them.
+    pub grpc_keepalive: (Duration, Duration),
 }
 
 /// The workload identity socket as Istio's agent settles it at start.
@@ -131,6 +135,9 @@ fn first_entry(addr: &str) -> &str {
         .unwrap_or(addr)
 }
 
+/// `WORKLOAD_RSA_KEY_SIZE`'s default (Istio's).
+const DEFAULT_RSA_BITS: u32 = 2048;
+
 fn non_empty_file(p: &Path) -> bool {
     std::fs::metadata(p).map(|m| m.len() > 0).unwrap_or(false)
 }
@@ -141,11 +148,13 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
     let base = |rel: &str| i.base_dir.join(rel);
     let d = sds::Config::defaults(i.base_dir);
 
-    let ca_addr = env
-        .get("CA_ADDR")
-        .map(str::to_string)
-        .or_else(|| (!i.discovery_address.is_empty()).then(|| i.discovery_address.to_string()))
-        .unwrap_or_else(|| d.ca_addr.clone());
+    // `ISTIOD_SAN` names the CA only when the CA is the discovery address (as Istio's agent):
+    // an explicit `CA_ADDR` is verified by its own host name.
+    let (ca_addr, ca_san) = match env.get("CA_ADDR") {
+        Some(addr) => (addr.to_string(), None),
+        None if !i.discovery_address.is_empty() => (i.discovery_address.to_string(), i.istiod_san),
+        None => (d.ca_addr.clone(), i.istiod_san),
+    };
     let ca_plaintext = is_plaintext_addr(&ca_addr);
 
     let provider = env.get("PILOT_CERT_PROVIDER").unwrap_or("istiod");
@@ -186,18 +195,17 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
     }
 
     let key_algorithm = match env.get("ECC_SIGNATURE_ALGORITHM") {
-        None => match env.get("WORKLOAD_RSA_KEY_SIZE") {
-            None => d.key_algorithm,
-            Some(v) => match v.parse::<u32>() {
-                Ok(b @ (2048 | 3072 | 4096)) => KeyAlgorithm::Rsa(b),
-                _ => {
-                    return Err(env.invalid(
-                        "WORKLOAD_RSA_KEY_SIZE",
-                        v,
-                        "2048, 3072 or 4096 (below 2048 is insecure)",
-                    ));
-                }
-            },
+        None if !env.is_set("WORKLOAD_RSA_KEY_SIZE") => d.key_algorithm,
+        // Not a number: Istio's 2048 (warned); a number other than these is refused.
+        None => match env.u32("WORKLOAD_RSA_KEY_SIZE", DEFAULT_RSA_BITS)? {
+            b @ (2048 | 3072 | 4096) => KeyAlgorithm::Rsa(b),
+            _ => {
+                return Err(env.invalid(
+                    "WORKLOAD_RSA_KEY_SIZE",
+                    env.get("WORKLOAD_RSA_KEY_SIZE").unwrap_or_default(),
+                    "2048, 3072 or 4096 (below 2048 is insecure)",
+                ));
+            }
         },
         Some("ECDSA") => match env.get("ECC_CURVE").unwrap_or("P256") {
             "P256" => KeyAlgorithm::EcdsaP256,
@@ -226,7 +234,7 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
         trust_domain: env.str("TRUST_DOMAIN", &d.trust_domain),
         namespace: i.namespace.to_string(),
         service_account: i.service_account.to_string(),
-        ca_server_name: istiod_server_name(&ca_addr, i.istiod_san),
+        ca_server_name: istiod_server_name(&ca_addr, ca_san),
         ca_addr,
         ca_plaintext,
         ca_root,
@@ -248,6 +256,7 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
         crl_path: d.crl_path.clone().filter(|_| crl_enabled),
         allow_plaintext_token: env.bool(ALLOW_PLAINTEXT_TOKEN_ENV, d.allow_plaintext_token)?,
         compliance: i.compliance,
+        grpc_keepalive: Some(i.grpc_keepalive),
         ..d
     })
 }

@@ -88,7 +88,7 @@ pub fn load(i: Inputs<'_>) -> Result<Node, Error> {
         }
     }
     let mut meta_env: Vec<(String, String)> = env
-        .0
+        .vars()
         .iter()
         .filter(|(k, _)| k.starts_with("ISTIO_META_") || k.starts_with("ISTIO_METAJSON_"))
         .map(|(k, v)| (k.clone(), v.clone()))

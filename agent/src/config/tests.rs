@@ -134,9 +134,108 @@ fn invalid_values_name_variable_and_value() {
             "discoveryAddress",
         ),
     ] {
-        let err = load(dir.path(), &env(&[(k, v)])).unwrap_err().to_string();
+        let strict = env(&[(k, v), (STRICT_ENV, "true")]);
+        let err = load(dir.path(), &strict).unwrap_err().to_string();
         assert!(err.contains(needle), "{k}={v}: {err}");
     }
+}
+
+/// As Istio's `pkg/env`: a typed value that does not parse is warned about and its default
+/// used; the variable is recorded (for `istio_agent_env_parse_errors_total`). Values that are
+/// not a typed setting's (JSON, addresses, CIDRs, ProxyConfig) stay errors.
+#[test]
+fn unparsable_typed_values_fall_back_to_the_default_as_istio() {
+    let dir = tempfile::tempdir().unwrap();
+    let defaults = load(dir.path(), &env(&[])).unwrap();
+    assert!(defaults.env_fallbacks.is_empty());
+    for (k, v) in [
+        ("ISTIO_DELTA_XDS", "maybe"),
+        ("ENVOY_STATUS_PORT", "99999"),
+        ("MINIMUM_DRAIN_DURATION", "5 parsecs"),
+        ("XDS_PROXY_RECONNECT", "sometimes"),
+        ("PROXY_LIFECYCLE_LOCKDOWN", "yes"),
+        ("DRAIN_FOLLOWS_APP", "sometimes"),
+        ("XDS_PROXY_KEEPALIVE_INTERVAL", "1ms"),
+        ("WASM_MODULE_EXPIRY", "soon"),
+        ("WASM_HTTP_REQUEST_MAX_RETRIES", "-1"),
+        ("ISTIO_WASM_MAX_BINARY_SIZE_BYTES", "0"),
+        ("SECRET_TTL", "a day"),
+        ("SECRET_GRACE_PERIOD_RATIO", "1.5"),
+        ("WORKLOAD_RSA_KEY_SIZE", "big"),
+        ("ISTIO_CPU_LIMIT", "two"),
+        ("PROXY_CONFIG_XDS_AGENT", "maybe"),
+    ] {
+        let c = load(dir.path(), &env(&[(k, v)]))
+            .unwrap_or_else(|e| panic!("{k}={v} stopped the agent: {e}"));
+        assert_eq!(c.env_fallbacks, [k], "{k}={v}");
+        assert_eq!(
+            serde_json::to_value(&c.envoy).unwrap(),
+            serde_json::to_value(&defaults.envoy).unwrap(),
+            "{k}={v}"
+        );
+        assert_eq!(
+            serde_json::to_value(&c.upstream).unwrap(),
+            serde_json::to_value(&defaults.upstream).unwrap(),
+            "{k}={v}"
+        );
+        assert_eq!(
+            serde_json::to_value(&c.identity).unwrap(),
+            serde_json::to_value(&defaults.identity).unwrap(),
+            "{k}={v}"
+        );
+        assert_eq!(
+            serde_json::to_value(&c.bootstrap).unwrap(),
+            serde_json::to_value(&defaults.bootstrap).unwrap(),
+            "{k}={v}"
+        );
+        assert_eq!(c.concurrency(), defaults.concurrency(), "{k}={v}");
+    }
+    // Refused in both modes: no default would be right.
+    for (k, v) in [
+        ("ISTIO_KUBE_APP_PROBERS", "{bad"),
+        ("BLOCKED_CIDRS_IN_WASM_FETCH", "10.0.0.0/8,10.1.2.3"),
+        ("WORKLOAD_RSA_KEY_SIZE", "1024"),
+        ("PROXY_CONFIG", "statusPort: abc"),
+    ] {
+        assert!(load(dir.path(), &env(&[(k, v)])).is_err(), "{k}={v}");
+    }
+    // The switch itself: a value that does not parse leaves strict mode off.
+    let c = load(
+        dir.path(),
+        &env(&[(STRICT_ENV, "very"), ("ISTIO_DELTA_XDS", "maybe")]),
+    )
+    .unwrap();
+    assert_eq!(c.env_fallbacks, [STRICT_ENV, "ISTIO_DELTA_XDS"]);
+    // Two bad values: both recorded, in the order read.
+    let c = load(
+        dir.path(),
+        &env(&[("SECRET_TTL", "x"), ("DRAIN_FOLLOWS_APP", "y")]),
+    )
+    .unwrap();
+    assert_eq!(c.env_fallbacks.len(), 2);
+    assert!(c.env_fallbacks.contains(&"SECRET_TTL".to_string()));
+}
+
+/// The metric counts each fallback under the agent's prefix.
+#[test]
+fn env_parse_errors_are_counted() {
+    let mut root = prometheus_client::registry::Registry::default();
+    let metrics = EnvMetrics::new(root.sub_registry_with_prefix("istio_agent"));
+    metrics.record(&[
+        "SECRET_TTL".into(),
+        "SECRET_TTL".into(),
+        "ISTIO_DELTA_XDS".into(),
+    ]);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &root).unwrap();
+    assert!(
+        text.contains("istio_agent_env_parse_errors_total{variable=\"SECRET_TTL\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("istio_agent_env_parse_errors_total{variable=\"ISTIO_DELTA_XDS\"} 1"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -237,9 +336,8 @@ fn multi_stream_defaults_to_proxyless_and_the_switch_overrides() {
         ("XDS_PROXY_MULTI_STREAM", "false"),
     ]));
     assert!(multi(&[("XDS_PROXY_MULTI_STREAM", "true")]));
-    let err = load(dir.path(), &env(&[("XDS_PROXY_MULTI_STREAM", "both")]))
-        .unwrap_err()
-        .to_string();
+    let strict = env(&[("XDS_PROXY_MULTI_STREAM", "both"), (STRICT_ENV, "true")]);
+    let err = load(dir.path(), &strict).unwrap_err().to_string();
     assert!(err.contains("XDS_PROXY_MULTI_STREAM"), "{err}");
 }
 
@@ -318,8 +416,9 @@ fn domain_flag_reaches_dns_proxy() {
     assert_eq!(c.node.dns_domain, "ns1.svc.corp.example");
 }
 
-/// The CA address follows the discovery address when `CA_ADDR` is unset, keeping `ISTIOD_SAN`;
-/// the xDS upstream uses the same ServerName rule (`localhost` is istiod's name).
+/// The CA address follows the discovery address when `CA_ADDR` is unset, keeping `ISTIOD_SAN`
+/// (an explicit `CA_ADDR` is named by its host); the xDS upstream uses the same ServerName rule
+/// (`localhost` is istiod's name).
 #[test]
 fn ca_and_xds_share_address_and_server_name_rules() {
     let dir = tempfile::tempdir().unwrap();
@@ -338,8 +437,21 @@ fn ca_and_xds_share_address_and_server_name_rules() {
     ]);
     let c = load(dir.path(), &e).unwrap();
     assert_eq!(c.identity.ca_addr, "ca.y.svc:15012");
-    assert_eq!(c.identity.ca_server_name, "istiod.custom");
+    // As Istio: ISTIOD_SAN is not the name of an explicit CA_ADDR.
+    assert_eq!(c.identity.ca_server_name, "ca.y.svc");
     assert_eq!(c.upstream.address, "istiod.x.svc:15012");
+    assert_eq!(c.upstream.server_name, "istiod.custom");
+    // Without CA_ADDR the CA is the discovery address, named by ISTIOD_SAN.
+    let e = env(&[
+        (
+            "PROXY_CONFIG",
+            r#"{"discoveryAddress":"istiod.x.svc:15012"}"#,
+        ),
+        ("ISTIOD_SAN", "istiod.custom"),
+    ]);
+    let c = load(dir.path(), &e).unwrap();
+    assert_eq!(c.identity.ca_addr, "istiod.x.svc:15012");
+    assert_eq!(c.identity.ca_server_name, "istiod.custom");
     assert_eq!(c.upstream.server_name, "istiod.custom");
     let e = env(&[("PROXY_CONFIG", r#"{"discoveryAddress":"istiod:15010"}"#)]);
     let c = load(dir.path(), &e).unwrap();
@@ -395,7 +507,8 @@ fn prov_cert_policy_is_one() {
 }
 
 /// Every duration setting of the agent reads Go's syntax the same way: one table
-/// ([`go_syntax::DURATION_CASES`]), each setting's own lower bound on top.
+/// ([`go_syntax::DURATION_CASES`]), each setting's own lower bound on top (strict mode: a value
+/// refused is an error naming the variable).
 #[test]
 fn every_duration_setting_parses_the_one_table() {
     let dir = tempfile::tempdir().unwrap();
@@ -412,7 +525,11 @@ fn every_duration_setting_parses_the_one_table() {
     ];
     for (text, want) in go_syntax::DURATION_CASES {
         for (var, min, get) in settings {
-            let e = env(&[(var, text), ("ISTIO_META_DNS_CAPTURE", "true")]);
+            let e = env(&[
+                (var, text),
+                ("ISTIO_META_DNS_CAPTURE", "true"),
+                (STRICT_ENV, "true"),
+            ]);
             let got = load(dir.path(), &e);
             // An empty value is the default, as for every variable.
             if text.is_empty() {
@@ -655,9 +772,8 @@ fn allow_plaintext_token_reaches_the_identity_config() {
     let no = load(dir.path(), &env(&[("CA_ALLOW_PLAINTEXT_TOKEN", "false")])).unwrap();
     assert!(!no.identity.allow_plaintext_token);
     for bad in ["sometimes", "yes"] {
-        let err = load(dir.path(), &env(&[("CA_ALLOW_PLAINTEXT_TOKEN", bad)]))
-            .unwrap_err()
-            .to_string();
+        let strict = env(&[("CA_ALLOW_PLAINTEXT_TOKEN", bad), (STRICT_ENV, "true")]);
+        let err = load(dir.path(), &strict).unwrap_err().to_string();
         assert!(
             err.contains("CA_ALLOW_PLAINTEXT_TOKEN") && err.contains(bad),
             "{err}"
@@ -703,8 +819,23 @@ fn identity_rejects_bad_values_naming_the_variable() {
         ("SECRET_GRACE_PERIOD_RATIO", "2"),
         ("PKCS8_KEY", "maybe"),
     ] {
-        let msg = load(dir.path(), &env(&[(k, v)])).expect_err(k).to_string();
+        let strict = env(&[(k, v), (STRICT_ENV, "true")]);
+        let msg = load(dir.path(), &strict).expect_err(k).to_string();
         assert!(msg.contains(k) && msg.contains(v), "{msg}");
+    }
+    // Without strict mode only the values no default stands in for stop the agent.
+    for (k, v, refused) in [
+        ("WORKLOAD_RSA_KEY_SIZE", "1024", true),
+        ("ECC_SIGNATURE_ALGORITHM", "ED25519", true),
+        ("SECRET_TTL", "soon", false),
+        ("SECRET_GRACE_PERIOD_RATIO", "2", false),
+        ("PKCS8_KEY", "maybe", false),
+    ] {
+        assert_eq!(
+            load(dir.path(), &env(&[(k, v)])).is_err(),
+            refused,
+            "{k}={v}"
+        );
     }
 }
 
@@ -858,7 +989,10 @@ fn legacy_localhost_probe_destination_is_the_name() {
     assert!(
         load(
             dir.path(),
-            &env(&[("REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", "maybe")])
+            &env(&[
+                ("REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", "maybe"),
+                (STRICT_ENV, "true")
+            ])
         )
         .unwrap_err()
         .to_string()
@@ -998,5 +1132,112 @@ fn proxy_config_xds_agent_is_off_by_default() {
     );
     let on = env(&[("PROXY_CONFIG_XDS_AGENT", "true")]);
     assert!(load(dir.path(), &on).unwrap().upstream.proxy_config_xds);
-    assert!(load(dir.path(), &env(&[("PROXY_CONFIG_XDS_AGENT", "maybe")])).is_err());
+    let strict = env(&[("PROXY_CONFIG_XDS_AGENT", "maybe"), (STRICT_ENV, "true")]);
+    assert!(load(dir.path(), &strict).is_err());
+}
+
+/// Istio's `GRPC_KEEPALIVE_INTERVAL`/`_TIMEOUT` on the CA, the xDS upstream and the XDS
+/// socket's server (a client interval under 10s raised to 10s, as gRPC-Go), and
+/// `ISTIO_GPRC_MAXSTREAMS`/`ISTIO_GPRC_MAXRECVMSGSIZE` on the XDS socket's server.
+#[test]
+fn grpc_keepalive_and_xds_server_limits_as_istio() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = |secs| Duration::from_secs(secs);
+    let c = load(dir.path(), &env(&[])).unwrap();
+    assert_eq!(c.identity.grpc_keepalive, Some((s(30), s(10))));
+    assert_eq!(c.upstream.keepalive, (s(30), s(10)));
+    assert_eq!(c.xds_server, XdsServer::default());
+    assert_eq!(c.xds_server.keepalive, (s(30), s(10)));
+    assert_eq!(c.xds_server.max_streams, Some(100_000));
+    assert_eq!(c.xds_server.max_recv_msg_size, 4 << 20);
+
+    let c = load(
+        dir.path(),
+        &env(&[
+            ("GRPC_KEEPALIVE_INTERVAL", "45s"),
+            ("GRPC_KEEPALIVE_TIMEOUT", "5s"),
+            ("ISTIO_GPRC_MAXSTREAMS", "64"),
+            ("ISTIO_GPRC_MAXRECVMSGSIZE", "1048576"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.identity.grpc_keepalive, Some((s(45), s(5))));
+    assert_eq!(c.upstream.keepalive, (s(45), s(5)));
+    assert_eq!(c.xds_server.keepalive, (s(45), s(5)));
+    assert_eq!(c.xds_server.max_streams, Some(64));
+    assert_eq!(c.xds_server.max_recv_msg_size, 1 << 20);
+
+    // gRPC-Go's floors: 10s for a client, 1s for a server; a stream cap of 0 is none.
+    let c = load(
+        dir.path(),
+        &env(&[
+            ("GRPC_KEEPALIVE_INTERVAL", "500ms"),
+            ("ISTIO_GPRC_MAXSTREAMS", "0"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.identity.grpc_keepalive, Some((s(10), s(10))));
+    assert_eq!(c.upstream.keepalive, (s(10), s(10)));
+    assert_eq!(c.xds_server.keepalive, (s(1), s(10)));
+    assert_eq!(c.xds_server.max_streams, None);
+
+    // XDS_PROXY_KEEPALIVE_INTERVAL (ours) sets the upstream interval below the floor.
+    let c = load(
+        dir.path(),
+        &env(&[
+            ("XDS_PROXY_KEEPALIVE_INTERVAL", "2s"),
+            ("GRPC_KEEPALIVE_TIMEOUT", "20s"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.upstream.keepalive, (s(2), s(1)));
+    assert_eq!(c.identity.grpc_keepalive, Some((s(30), s(20))));
+
+    // Values that do not parse: Istio's defaults, warned and counted.
+    let c = load(
+        dir.path(),
+        &env(&[
+            ("GRPC_KEEPALIVE_INTERVAL", "often"),
+            ("ISTIO_GPRC_MAXSTREAMS", "-1"),
+            ("ISTIO_GPRC_MAXRECVMSGSIZE", "4MiB"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.upstream.keepalive, (s(30), s(10)));
+    assert_eq!(c.xds_server, XdsServer::default());
+    assert_eq!(c.env_fallbacks.len(), 3, "{:?}", c.env_fallbacks);
+}
+
+/// `privateKeyProvider` (CryptoMB, QAT) is not served: a warning says so, the agent starts.
+#[test]
+fn private_key_provider_is_warned_about() {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Sink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .finish();
+    let e = env(&[(
+        "PROXY_CONFIG",
+        r#"{"privateKeyProvider":{"cryptomb":{"pollDelay":"0.01s"}}}"#,
+    )]);
+    let c = tracing::subscriber::with_default(subscriber, || load(dir.path(), &e)).unwrap();
+    assert!(c.proxy.raw.get("privateKeyProvider").is_some());
+    let out = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        out.contains("privateKeyProvider is not supported") && out.contains("cryptomb"),
+        "{out}"
+    );
 }

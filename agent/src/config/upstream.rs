@@ -38,9 +38,9 @@ pub struct XdsUpstream {
     /// Istio's behaviour (Envoy's stream ends with the upstream's).
     pub reconnect: bool,
     /// HTTP/2 keepalive (interval, timeout) on the upstream connection: a stalled istiod is
-    /// replaced within interval + timeout (under two intervals). The interval is
-    /// `XDS_PROXY_KEEPALIVE_INTERVAL` (Istio's 30s; not in Istio), the timeout Istio's 10s or
-    /// half the interval when that is shorter.
+    /// replaced within interval + timeout. Istio's `GRPC_KEEPALIVE_INTERVAL` (30s, at least
+    /// 10s) and `GRPC_KEEPALIVE_TIMEOUT` (10s); `XDS_PROXY_KEEPALIVE_INTERVAL` (not in Istio,
+    /// at least 100ms) overrides the interval, the timeout then at most half of it.
     pub keepalive: (Duration, Duration),
     /// `XDS_PROXY_MULTI_STREAM` (not in Istio; default true for proxyless gRPC, false with
     /// Envoy): every stream on the XDS socket is served with its own upstream stream, up to
@@ -78,6 +78,8 @@ pub struct Inputs<'a> {
     pub file_mounted: Option<&'a std::collections::BTreeMap<String, String>>,
     /// `COMPLIANCE_POLICY`, parsed once for every connection to istiod.
     pub compliance: sds::Compliance,
+    /// `GRPC_KEEPALIVE_*` (interval, timeout) as a gRPC client uses them.
+    pub grpc_keepalive: (Duration, Duration),
 }
 
 /// The ProxyConfig metadata keys of the xDS connection's files under `FILE_MOUNTED_CERTS`.
@@ -107,12 +109,20 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
         metadata.push(("ClusterID".to_string(), i.cluster_id.to_string()));
     }
     metadata.extend(i.env.prefixed("XDS_HEADER_"));
-    let (default_interval, default_timeout) = sds::tls::DEFAULT_KEEPALIVE;
-    let interval = i.env.duration(
-        "XDS_PROXY_KEEPALIVE_INTERVAL",
-        default_interval,
-        Duration::from_millis(100),
-    )?;
+    // Istio's `GRPC_KEEPALIVE_*`, unless `XDS_PROXY_KEEPALIVE_INTERVAL` (ours, for a faster
+    // failover than gRPC-Go's 10s floor allows) sets the interval; its timeout is then at most
+    // half of it.
+    let keepalive = match i.env.get("XDS_PROXY_KEEPALIVE_INTERVAL") {
+        None => i.grpc_keepalive,
+        Some(_) => {
+            let interval = i.env.duration(
+                "XDS_PROXY_KEEPALIVE_INTERVAL",
+                i.grpc_keepalive.0,
+                Duration::from_millis(100),
+            )?;
+            (interval, i.grpc_keepalive.1.min(interval / 2))
+        }
+    };
     let wasm = if i
         .env
         .bool("ISTIO_AGENT_ENABLE_WASM_REMOTE_LOAD_CONVERSION", true)?
@@ -125,7 +135,7 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
         wasm,
         reconnect: i.env.bool("XDS_PROXY_RECONNECT", true)?,
         multi_stream: i.env.bool("XDS_PROXY_MULTI_STREAM", i.proxyless)?,
-        keepalive: (interval, default_timeout.min(interval / 2)),
+        keepalive,
         server_name: istiod_server_name(&address, i.istiod_san),
         address,
         plaintext,
@@ -161,15 +171,12 @@ fn wasm_options(i: &Inputs<'_>) -> Result<crate::xds_proxy::wasm::Options, Error
     o.http_max_retries = i
         .env
         .u32("WASM_HTTP_REQUEST_MAX_RETRIES", o.http_max_retries)?;
-    if let Some(v) = i.env.get("ISTIO_WASM_MAX_BINARY_SIZE_BYTES") {
-        o.max_binary_size = v.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-            i.env.invalid(
-                "ISTIO_WASM_MAX_BINARY_SIZE_BYTES",
-                v,
-                "a positive number of bytes",
-            )
-        })?;
-    }
+    o.max_binary_size = i.env.parse(
+        "ISTIO_WASM_MAX_BINARY_SIZE_BYTES",
+        o.max_binary_size,
+        "a positive number of bytes",
+        |v| v.parse::<u64>().ok().filter(|n| *n > 0),
+    )?;
     o.plain_http_registries = i
         .env
         .str("WASM_PLAIN_HTTP_REGISTRIES", "")
@@ -178,18 +185,18 @@ fn wasm_options(i: &Inputs<'_>) -> Result<crate::xds_proxy::wasm::Options, Error
         .filter(|s| !s.is_empty())
         .map(str::to_string)
         .collect();
-    if let Some(v) = i.env.get("WASM_CACHE_MAX_BYTES") {
-        o.max_cache_bytes = v.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-            i.env
-                .invalid("WASM_CACHE_MAX_BYTES", v, "a positive number of bytes")
-        })?;
-    }
-    if let Some(v) = i.env.get("WASM_CACHE_MAX_ENTRIES") {
-        o.max_cache_entries = v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
-            i.env
-                .invalid("WASM_CACHE_MAX_ENTRIES", v, "a positive number of modules")
-        })?;
-    }
+    o.max_cache_bytes = i.env.parse(
+        "WASM_CACHE_MAX_BYTES",
+        o.max_cache_bytes,
+        "a positive number of bytes",
+        |v| v.parse::<u64>().ok().filter(|n| *n > 0),
+    )?;
+    o.max_cache_entries = i.env.parse(
+        "WASM_CACHE_MAX_ENTRIES",
+        o.max_cache_entries,
+        "a positive number of modules",
+        |v| v.parse::<usize>().ok().filter(|n| *n > 0),
+    )?;
     for cidr in i
         .env
         .str("BLOCKED_CIDRS_IN_WASM_FETCH", "")

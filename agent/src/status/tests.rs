@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::lifecycle::{DrainMode, Readiness, Shutdown};
@@ -97,6 +98,8 @@ async fn get(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
 
 struct Setup {
     addr: SocketAddr,
+    /// Stops the server (the agent's components stopping, after Envoy has exited).
+    stop: CancellationToken,
     shutdown: Shutdown,
     readiness: Readiness,
     envoy_seen: Arc<Mutex<Vec<String>>>,
@@ -205,9 +208,11 @@ async fn setup_locked(
         },
     );
     let addr = server.local_addr().unwrap();
-    tokio::spawn(server.run());
+    let stop = CancellationToken::new();
+    tokio::spawn(server.run(stop.clone()));
     Setup {
         addr,
+        stop,
         shutdown,
         readiness,
         envoy_seen: seen,
@@ -232,19 +237,24 @@ async fn ready_when_envoy_has_config_and_is_live_and_guards_are_done() {
     assert!(body.contains("DNS lookup table is not ready"), "{body}");
     dns.ready();
     assert_eq!(get(s.addr, "GET", "/healthz/ready").await.0, 200);
-    // Shutdown fails readiness at once (and closes the listener).
+    // Shutdown fails readiness at once, and the answer stays 503 while Envoy drains.
     s.shutdown.trigger();
-    assert!(
-        crate::client::send(
-            "GET",
-            &format!("http://{}/healthz/ready", s.addr),
-            None,
-            Duration::from_secs(2)
-        )
-        .await
-        .map(|r| r.0)
-            != Ok(200)
-    );
+    for _ in 0..3 {
+        let (code, body) = get(s.addr, "GET", "/healthz/ready").await;
+        assert_eq!(code, 503);
+        assert!(body.contains("server is terminated"), "{body}");
+    }
+    // The rest of the port still answers during the drain.
+    assert_eq!(get(s.addr, "GET", "/stats/prometheus").await.0, 200);
+    // Once the agent's components stop, the listener closes.
+    s.stop.cancel();
+    let url = format!("http://{}/healthz/ready", s.addr);
+    assert_eventually(|| async {
+        crate::client::send("GET", &url, None, Duration::from_secs(1))
+            .await
+            .is_err()
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::fake::FakeAds;
 use super::*;
+use crate::config::XdsServer;
 
 struct Harness {
     _dir: tempfile::TempDir,
@@ -61,11 +62,21 @@ async fn proxy_streams(
     reconnect: bool,
     streams: Streams,
 ) -> Harness {
-    proxy_full(connect, nds, health, reconnect, streams, None, None).await
+    proxy_full(
+        connect,
+        nds,
+        health,
+        reconnect,
+        streams,
+        None,
+        None,
+        XdsServer::default(),
+    )
+    .await
 }
 
 /// [`proxy_streams`] with the optional parts: a PCDS sink (`PROXY_CONFIG_XDS_AGENT`), the Wasm
-/// remote load conversion's cache.
+/// remote load conversion's cache, the XDS socket server's settings.
 #[allow(clippy::too_many_arguments)]
 async fn proxy_full(
     connect: Connect,
@@ -75,6 +86,7 @@ async fn proxy_full(
     streams: Streams,
     pcds: Option<PcdsSink>,
     wasm: Option<Arc<crate::xds_proxy::wasm::Cache>>,
+    server: XdsServer,
 ) -> Harness {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("debug,h2=info,hyper=info,tower=info")
@@ -114,6 +126,7 @@ async fn proxy_full(
         open_timeout: Duration::from_secs(5),
         streams,
         wasm,
+        server,
     });
     let token = CancellationToken::new();
     tokio::spawn(serve(proxy, listener, token.clone()));
@@ -843,6 +856,7 @@ async fn pcds_feeds_the_trust_store_and_is_acked_by_the_proxy() {
         Streams::One,
         Some(sink),
         None,
+        XdsServer::default(),
     )
     .await;
     let mut client = envoy_client(&h.path).await;
@@ -890,4 +904,51 @@ async fn pcds_feeds_the_trust_store_and_is_acked_by_the_proxy() {
     up.responses.send(Ok(cds.clone())).await.unwrap();
     assert_eq!(from_proxy.message().await.unwrap().unwrap(), cds);
     drop(h);
+}
+
+/// `ISTIO_GPRC_MAXRECVMSGSIZE`: a request from Envoy larger than the cap ends the stream with
+/// an error and never reaches istiod; one within it is relayed.
+#[tokio::test]
+async fn requests_over_the_configured_size_are_refused() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let server = XdsServer {
+        max_recv_msg_size: 1024,
+        ..XdsServer::default()
+    };
+    let h = proxy_full(
+        ads.connect(),
+        false,
+        None,
+        true,
+        Streams::One,
+        None,
+        None,
+        server,
+    )
+    .await;
+    let mut client = envoy_client(&h.path).await;
+    let small = req(type_url::CLUSTER, "");
+    let (_tx, _from_proxy, _up) = open_sotw(&mut client, &mut ads, small).await;
+
+    let mut big = req(type_url::LISTENER, "");
+    big.resource_names = vec!["x".repeat(2048)];
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(big).await.unwrap();
+    let mut from_proxy = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let ended = tokio::time::timeout(Duration::from_secs(10), from_proxy.message())
+        .await
+        .expect("the stream ends");
+    assert!(!matches!(ended, Ok(Some(_))), "{ended:?}");
+    // No upstream stream carried it.
+    while let Ok(mut up) = ads.sotw.try_recv() {
+        if let Ok(Some(r)) =
+            tokio::time::timeout(Duration::from_millis(200), up.requests.recv()).await
+        {
+            assert!(r.resource_names.iter().all(|n| n.len() < 1024));
+        }
+    }
 }

@@ -217,20 +217,29 @@ fn sigterm_drains_inbound_listeners_then_exits_zero() {
     wait_envoy_connected(&mut pod);
     let started = Instant::now();
     agent(&mut pod).signal(nix::sys::signal::Signal::SIGTERM);
-    // The status server closes at once; Envoy keeps running while it drains.
+    // Readiness fails at once and stays failed (503) while Envoy drains; Envoy keeps running.
     assert_eventually(Duration::from_secs(2), || {
         match pod.get("127.0.0.1:15020".parse().expect("addr"), "/healthz/ready") {
-            Err(_) => Ok(()),
-            Ok(r) => Err(format!("status server still answers: {r:?}")),
+            Ok((503, body)) if body.contains("server is terminated") => Ok(()),
+            other => Err(format!("not yet 503 terminating: {other:?}")),
         }
     });
     let (code, _) = pod
         .envoy_admin("/ready")
         .expect("Envoy alive while draining");
     assert!(code == 200 || code == 503);
+    let (code, body) = pod
+        .get("127.0.0.1:15020".parse().expect("addr"), "/healthz/ready")
+        .expect("the status port answers until the agent exits");
+    assert_eq!(code, 503, "{body}");
     let status = agent(&mut pod)
         .wait_timeout(Duration::from_secs(15))
         .expect("agent exits after the drain");
+    assert!(
+        pod.get("127.0.0.1:15020".parse().expect("addr"), "/healthz/ready")
+            .is_err(),
+        "the status port closes with the agent"
+    );
     let elapsed = started.elapsed();
     assert_eq!(status.code(), Some(0), "exit status {status:?}");
     assert!(

@@ -148,7 +148,11 @@ fn waypoint_template_runs_the_waypoint_proxy_type() {
     assert_eq!(syncz["stream"], "delta");
 
     assert!(
-        agent.output().iter().all(|l| !l.contains("ERROR")),
+        // Istio's line layout: the level is the second tab-separated column.
+        agent
+            .output()
+            .iter()
+            .all(|l| l.split('\t').nth(1) != Some("error")),
         "{:#?}",
         agent.output()
     );

@@ -508,7 +508,7 @@ async fn status_server_with(probers: &str, destination: &str, http2: bool) -> So
         },
     );
     let addr = server.local_addr().unwrap();
-    tokio::spawn(server.run());
+    tokio::spawn(server.run(tokio_util::sync::CancellationToken::new()));
     addr
 }
 

@@ -297,6 +297,7 @@ async fn world_with(tune: impl FnOnce(&mut wasm::Options)) -> World {
         Streams::One,
         None,
         Some(cache.clone()),
+        XdsServer::default(),
     )
     .await;
     World {

@@ -35,6 +35,7 @@ fn config(upstreams: Vec<SocketAddr>) -> Config {
         max_in_flight: 16,
         max_tcp_connections: 4,
         tcp_idle_timeout: Duration::from_secs(2),
+        tcp_write_timeout: Duration::from_secs(5),
         upstream_udp_payload: 1232,
         resolv_conf: "/dev/null".into(),
     }
@@ -141,6 +142,82 @@ async fn servfail_until_synced_then_local_answers() {
     assert!(p.metrics.requests.get() >= 3);
     p.shutdown.cancel();
     p.task.await.unwrap().unwrap();
+}
+
+/// A TCP client that sends queries without end and never reads its answers (its receive buffer
+/// 4 KiB): its writes fail once the proxy has closed the connection; the instant they began
+/// failing, after `started`.
+async fn tcp_never_reading(addr: SocketAddr, q: &Message) -> tokio::task::JoinHandle<Duration> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(addr).await.unwrap();
+    let b = q.to_vec().unwrap();
+    let mut framed = (b.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&b);
+    let many = framed.repeat(64);
+    let started = tokio::time::Instant::now();
+    tokio::spawn(async move {
+        while s.write_all(&many).await.is_ok() {}
+        started.elapsed()
+    })
+}
+
+fn many_answers_table() -> proto::istio::nds::NameTable {
+    let mut nt = sample();
+    let many: Vec<String> = (0..60).map(|i| format!("10.1.0.{i}")).collect();
+    nt.table.insert(
+        "many.example.com".into(),
+        crate::table::tests::plain(&many.iter().map(String::as_str).collect::<Vec<_>>()),
+    );
+    nt
+}
+
+/// Clients that query over TCP and never read hold no slot past the write timeout, and while
+/// they hold them a new client takes the slot of one of them.
+#[tokio::test]
+async fn tcp_clients_that_never_read_are_closed_and_make_room() {
+    let mut c = config(vec![]);
+    c.tcp_write_timeout = Duration::from_millis(500);
+    c.tcp_idle_timeout = Duration::from_secs(30);
+    let p = start(c).await;
+    p.table.update(&many_answers_table());
+    let q = query("many.example.com.", RecordType::A, None);
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        stalled.push(tcp_never_reading(p.addr, &q).await);
+    }
+    for writer in stalled {
+        let failed_after = tokio::time::timeout(Duration::from_secs(5), writer)
+            .await
+            .expect("the proxy closed the connection within 5 s")
+            .unwrap();
+        assert!(failed_after < Duration::from_secs(5), "{failed_after:?}");
+    }
+    p.shutdown.cancel();
+
+    // The slots full of clients not reading (within their write timeout): a new client is
+    // answered, in the slot of the one stalled the longest.
+    let mut c = config(vec![]);
+    c.tcp_write_timeout = Duration::from_secs(30);
+    c.tcp_idle_timeout = Duration::from_secs(30);
+    let p = start(c).await;
+    p.table.update(&many_answers_table());
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        stalled.push(tcp_never_reading(p.addr, &q).await);
+    }
+    // Every one of them stalled on its answers.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..3 {
+        let m = tokio::time::timeout(Duration::from_secs(2), tcp(p.addr, &q))
+            .await
+            .unwrap_or_else(|_| panic!("client {i} answered with the slots full"));
+        assert_eq!(m.answers.len(), 60);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let closed = stalled.iter().filter(|w| w.is_finished()).count();
+    assert!(closed >= 1, "a new client took a non-reader's slot");
+    p.shutdown.cancel();
 }
 
 #[tokio::test]

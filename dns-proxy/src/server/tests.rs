@@ -356,6 +356,7 @@ async fn serve_stale_when_every_upstream_fails() {
     c.serve_stale = Some(crate::StalePolicy {
         max_stale: Duration::from_secs(3600),
         stale_ttl: Duration::from_secs(2),
+        client_timer: crate::cache::DEFAULT_CLIENT_TIMER,
     });
     let p = start(c.clone()).await;
     p.table.update(&sample());
@@ -404,6 +405,142 @@ async fn serve_stale_when_every_upstream_fails() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let (m, _) = udp(p.addr, &q).await;
     assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
+    p.shutdown.cancel();
+}
+
+/// An upstream that answers each query `delay` after it came (`u64::MAX` ms: never, a silent
+/// upstream that drops queries without an ICMP error); counts the answers it sent.
+async fn delayed_upstream(
+    ttl: u32,
+) -> (
+    SocketAddr,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    let sock = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    let addr = sock.local_addr().unwrap();
+    let (answered, delay_ms) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicU64::new(0)));
+    let (a, d) = (answered.clone(), delay_ms.clone());
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        while let Ok((n, from)) = sock.recv_from(&mut buf).await {
+            let delay = d.load(Ordering::SeqCst);
+            if delay == u64::MAX {
+                continue;
+            }
+            let req = Message::from_vec(&buf[..n]).unwrap();
+            let (sock, a) = (sock.clone(), a.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                let mut resp = req.clone();
+                resp.metadata.message_type = MessageType::Response;
+                let name = req.queries[0].name().clone();
+                resp.add_answer(hickory_proto::rr::Record::from_rdata(
+                    name,
+                    ttl,
+                    RData::A(hickory_proto::rr::rdata::A("192.0.2.7".parse().unwrap())),
+                ));
+                let _ = sock.send_to(&resp.to_vec().unwrap(), from).await;
+                a.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (addr, answered, delay_ms)
+}
+
+/// One UDP query, its answer waited for up to 6 s (past Istio's forward timeout).
+async fn udp_slow(addr: SocketAddr, q: &Message) -> Message {
+    let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    sock.send_to(&q.to_vec().unwrap(), addr).await.unwrap();
+    let mut buf = vec![0u8; 65535];
+    let n = tokio::time::timeout(Duration::from_secs(6), sock.recv(&mut buf))
+        .await
+        .expect("an answer within 6 s")
+        .unwrap();
+    Message::from_vec(&buf[..n]).unwrap()
+}
+
+/// RFC 8767's client response timer, with Istio's 5 s forward timeout: a cached name whose
+/// upstream is silent (drops queries, no ICMP) gets its stale answer after the timer (1.8 s),
+/// not the forward timeout; the query goes on, and a late answer refreshes the cache; once the
+/// upstream is known down (a forward timed out), stale answers come at once.
+#[tokio::test]
+async fn stale_answer_within_the_client_timer() {
+    use std::sync::atomic::Ordering;
+    let (up, answered, delay_ms) = delayed_upstream(1).await;
+    let mut c = config(vec![up]);
+    c.forward_timeout = crate::DEFAULT_FORWARD_TIMEOUT;
+    c.serve_stale = Some(crate::StalePolicy {
+        stale_ttl: Duration::from_secs(3),
+        ..crate::StalePolicy::default()
+    });
+    let p = start(c).await;
+    p.table.update(&sample());
+    let q = query("slow.test.", RecordType::A, None);
+    let (m, _) = udp(p.addr, &q).await;
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    assert_eq!(m.answers[0].ttl, 1);
+
+    // Slower than the timer: the stale answer at 1.8 s, then the late answer refreshes it.
+    delay_ms.store(2500, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let t = std::time::Instant::now();
+    let m = udp_slow(p.addr, &q).await;
+    let waited = t.elapsed();
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    assert_eq!(m.answers[0].ttl, 3, "the stale TTL");
+    assert!(
+        waited >= Duration::from_millis(1700) && waited < Duration::from_secs(3),
+        "stale answer after {waited:?}"
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while answered.load(Ordering::SeqCst) < 2 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the upstream answered late"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let asked = p.metrics.upstream_requests.get();
+    let (m, _) = udp(p.addr, &q).await;
+    assert_eq!(
+        m.answers[0].ttl, 1,
+        "fresh from the cache: refreshed by the late answer"
+    );
+    assert_eq!(p.metrics.upstream_requests.get(), asked);
+
+    // A silent upstream: the timer again (UDP and TCP), and no wait once it is known down.
+    delay_ms.store(u64::MAX, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let t = std::time::Instant::now();
+    let m = udp_slow(p.addr, &q).await;
+    let silent = t.elapsed();
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    assert!(
+        silent >= Duration::from_millis(1700) && silent < Duration::from_secs(3),
+        "stale answer after {silent:?}"
+    );
+    let t = std::time::Instant::now();
+    let m = tcp(p.addr, &q).await;
+    let over_tcp = t.elapsed();
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    assert!(
+        over_tcp >= Duration::from_millis(1700) && over_tcp < Duration::from_secs(3),
+        "stale answer over TCP after {over_tcp:?}"
+    );
+    // The first silent forward times out 5 s after it began: the upstream is down.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let t = std::time::Instant::now();
+    let (m, _) = udp(p.addr, &q).await;
+    let known_down = t.elapsed();
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    assert!(known_down < Duration::from_millis(250), "{known_down:?}");
+    eprintln!(
+        "stale answer: upstream slower than the timer {waited:?}, silent {silent:?} (TCP \
+         {over_tcp:?}), known down {known_down:?}"
+    );
     p.shutdown.cancel();
 }
 

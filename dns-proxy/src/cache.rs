@@ -424,6 +424,7 @@ mod tests {
         let policy = StalePolicy {
             max_stale: Duration::from_secs(100),
             stale_ttl: Duration::from_secs(30),
+            ..StalePolicy::default()
         };
         let c = Cache::new(10, 1 << 20).serving_stale(Some(policy), true);
         let t0 = Instant::now();

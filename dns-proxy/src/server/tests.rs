@@ -408,8 +408,9 @@ async fn serve_stale_when_every_upstream_fails() {
     p.shutdown.cancel();
 }
 
-/// An upstream that answers each query `delay` after it came (`u64::MAX` ms: never, a silent
-/// upstream that drops queries without an ICMP error); counts the answers it sent.
+/// An upstream that answers each UDP query `delay` after it came (`u64::MAX` ms: never, a
+/// silent upstream that drops queries without an ICMP error); counts the answers it sent. Over
+/// TCP, on the same port, it accepts and never answers.
 async fn delayed_upstream(
     ttl: u32,
 ) -> (
@@ -422,6 +423,13 @@ async fn delayed_upstream(
     let addr = sock.local_addr().unwrap();
     let (answered, delay_ms) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicU64::new(0)));
     let (a, d) = (answered.clone(), delay_ms.clone());
+    let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = tcp.accept().await {
+            held.push(s);
+        }
+    });
     tokio::spawn(async move {
         let mut buf = vec![0u8; 4096];
         while let Ok((n, from)) = sock.recv_from(&mut buf).await {

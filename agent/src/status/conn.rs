@@ -349,7 +349,8 @@ mod tests {
             },
             ..Limits::default()
         });
-        let acts: Vec<Activity> = (0..6).map(|_| Activity::new()).collect();
+        // Each connection's activity begins at its accept.
+        let mut acts: Vec<Activity> = vec![Activity::new()];
         let scrape = |a: &Activity| {
             let mut g = a.request();
             g.preemptible();
@@ -358,6 +359,7 @@ mod tests {
         let first = counts.admit(ip(1), &acts[0]).unwrap();
         let _s1 = scrape(&acts[0]);
         tokio::time::sleep(Duration::from_secs(1)).await;
+        acts.extend([Activity::new(), Activity::new(), Activity::new()]);
         let second = counts.admit(ip(2), &acts[1]).unwrap();
         let _s2 = scrape(&acts[1]);
         let third = counts.admit(ip(3), &acts[2]).unwrap();
@@ -366,6 +368,7 @@ mod tests {
         let fourth = counts.admit(ip(4), &acts[3]).unwrap();
         assert!(is_evicted(&first) && !is_evicted(&second) && !is_evicted(&third));
         drop(first);
+        acts.push(Activity::new());
         // The next newcomer takes the other scrape's slot, not the new connection's, whose
         // request has not come yet.
         let fifth = counts.admit(ip(5), &acts[4]).unwrap();
@@ -374,6 +377,7 @@ mod tests {
         // Past the grace a silent connection goes first.
         tokio::time::sleep(NEWCOMER_GRACE).await;
         let _s5 = scrape(&acts[4]);
+        acts.push(Activity::new());
         let _sixth = counts.admit(ip(6), &acts[5]).unwrap();
         assert!(is_evicted(&fourth) && !is_evicted(&fifth) && !is_evicted(&third));
     }

@@ -5,8 +5,9 @@
 //! scraper that accepts gzip or zstd gets it compressed (`compress.rs`).
 //!
 //! A scrape is bounded whatever the peers do: every read (Envoy's, each app's, body included)
-//! ends at the scrape's deadline and with the scrape itself (the client gone, its connection
-//! evicted, shutdown); compressing and merging megabytes runs on the blocking pool, a few jobs
+//! ends at a deadline (the scrape timeout: the apps' from the start, Envoy's after them, so a
+//! stalled app does not take Envoy's share) and with the scrape itself (the client gone, its
+//! connection evicted, shutdown); compressing and merging megabytes runs on the blocking pool, a few jobs
 //! at a time ([`off_thread`]).
 
 mod compress;
@@ -171,10 +172,11 @@ fn merge_apps(mut bodies: Vec<(Option<String>, Vec<u8>)>, content_type: &str) ->
 
 /// Builds the merged response; the body is streamed through a bounded channel.
 ///
-/// Every outbound read has the scrape's deadline ([`scrape_timeout`] from the start) and is
-/// cancelled with the scrape: the apps are read inside this future (dropped when the client
-/// goes, or when the connection is evicted for a newer one), Envoy's text is relayed by a task
-/// that ends when the client's body is dropped, at the deadline, or at shutdown.
+/// Every outbound read has a deadline ([`scrape_timeout`]: the apps' from the scrape's start,
+/// Envoy's from the apps' end) and is cancelled with the scrape: the apps are read inside this
+/// future (dropped when the client goes, or when the connection is evicted for a newer one),
+/// Envoy's text is relayed by a task that ends when the client's body is dropped, at its
+/// deadline, or at shutdown.
 pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Response<Body> {
     inputs.metrics.scrapes.inc();
     let headers = req.headers().clone();
@@ -183,7 +185,8 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
         .query()
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
-    let deadline = Instant::now() + scrape_timeout(&headers);
+    let timeout = scrape_timeout(&headers);
+    let deadline = Instant::now() + timeout;
     // Not for HEAD, as Istio's gzip handler (nginx once mishandled a gzipped HEAD answer).
     let head = req.method() == http::Method::HEAD;
     let coding = (!head).then(|| compress::choose(&headers)).flatten();
@@ -258,7 +261,8 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
         path: format!("/stats/prometheus{query}"),
         headers,
         accept: envoy_accept,
-        deadline,
+        // Its own deadline: an app that stalls to the end of its own does not take Envoy's.
+        deadline: Instant::now() + timeout,
         app_text,
         metrics,
     });

@@ -292,12 +292,24 @@ async fn accept_loop(
         tokio::spawn(async move {
             let timeouts = state.inputs.limits.timeouts();
             let requests = activity.clone();
-            let svc = hyper::service::service_fn(move |req| {
+            let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
                 let state = state.clone();
                 let conn = Conn { peer, local };
-                let guard = requests.request();
+                let mut guard = requests.request();
+                // From inside the pod; not 127.0.0.6, where Envoy's inbound passthrough puts
+                // remote peers.
+                let route = route::route(
+                    req.uri().path(),
+                    req.method(),
+                    conn::is_local(peer.ip()),
+                    state.inputs.metrics_localhost_only,
+                );
+                if route == Route::Stats {
+                    // A scrape may be cut to make room for a probe (`conn`).
+                    guard.preemptible();
+                }
                 async move {
-                    let resp = handle(state, conn, req).await;
+                    let resp = handle(state, conn, req, route).await;
                     drop(guard);
                     Ok::<_, Infallible>(resp)
                 }
@@ -341,15 +353,8 @@ async fn handle(
     state: Arc<State>,
     conn: Conn,
     req: http::Request<Incoming>,
+    route: Route,
 ) -> http::Response<Body> {
-    // From inside the pod; not 127.0.0.6, where Envoy's inbound passthrough puts remote peers.
-    let local = conn::is_local(conn.peer.ip());
-    let route = route::route(
-        req.uri().path(),
-        req.method(),
-        local,
-        state.inputs.metrics_localhost_only,
-    );
     match route {
         Route::Ready => match ready(&state).await {
             Ok(()) => {

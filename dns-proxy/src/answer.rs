@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use hickory_proto::op::{Message, OpCode, ResponseCode};
 use tokio::net::UdpSocket;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -58,6 +58,9 @@ pub(crate) struct AnswerPath {
     pub upstream_failed_at: std::sync::Mutex<Option<std::time::Instant>>,
     /// One log line per query ([`crate::Config::access_log`]).
     pub access_log: bool,
+    /// The proxy's stop: ends the forwards that outlive their client's answer (a refresh after
+    /// the client response timer).
+    stop: CancellationToken,
 }
 
 /// Where a query's answer came from (the access log's `from`).
@@ -66,7 +69,8 @@ pub(crate) enum Source {
     /// The NDS name table.
     Table,
     Cache,
-    /// The cache past its TTL, every upstream having failed (RFC 8767).
+    /// The cache past its TTL, every upstream having failed or being slower than the client
+    /// response timer (RFC 8767).
     Stale,
     Upstream,
     /// Made here: an error (FORMERR, NOTIMP, SERVFAIL when every upstream failed, ...).
@@ -90,7 +94,9 @@ pub(crate) enum Action {
     Reply(Vec<u8>),
     /// A cached answer, and the query forwarded in the background to refresh it (prefetch).
     ReplyAndRefresh(Vec<u8>, Box<WireQuery>),
-    Forward(Box<Message>),
+    /// A query to forward; `true`: a stale answer is kept for it (the client response timer
+    /// applies).
+    Forward(Box<Message>, bool),
     /// A plain UDP query forwarded on the wire path.
     ForwardWire(Box<WireQuery>),
     Drop,
@@ -102,6 +108,8 @@ pub(crate) struct WireQuery {
     q: Question,
     /// Where the answer is cached (when the cache is on).
     key: Option<Key>,
+    /// A stale answer is kept for it (the client response timer applies).
+    stale: bool,
 }
 
 /// Where a UDP query's answer goes: the listening socket it came in on, and the tasks and
@@ -136,8 +144,9 @@ impl AnswerPath {
                 config.forward_timeout,
                 config.forward_parallel,
                 config.upstream_udp_payload,
-                stop,
+                stop.clone(),
             ),
+            stop,
             cache: config.cache_enabled.then(|| {
                 Cache::new(config.cache_max_entries, config.cache_max_bytes)
                     .serving_stale(config.serve_stale, config.prefetch)
@@ -256,6 +265,7 @@ impl AnswerPath {
                                 req: bytes.to_vec(),
                                 q,
                                 key: Some(key),
+                                stale: false,
                             };
                             return Some(Action::ReplyAndRefresh(answer, Box::new(w)));
                         }
@@ -265,20 +275,23 @@ impl AnswerPath {
                         let req = Message::from_vec(bytes).ok()?;
                         return Some(reply(self.stale_answer(&key, &req, Transport::Udp, from)));
                     }
-                    Lookup::Stale | Lookup::Miss => {}
+                    Lookup::Stale => (Some(key), true),
+                    Lookup::Miss => (Some(key), false),
                 }
-                Some(key)
             }
-            None => None,
+            None => (None, false),
         };
+        let (key, stale) = key;
         Some(Action::ForwardWire(Box::new(WireQuery {
             req: bytes.to_vec(),
             q,
             key,
+            stale,
         })))
     }
 
     fn cached_or_forward(&self, req: Message, transport: Transport, from: &Cell<Source>) -> Action {
+        let mut stale = false;
         if let Some(cache) = &self.cache
             && let Some(key) = Key::of(&req)
         {
@@ -291,10 +304,11 @@ impl AnswerPath {
                 Lookup::Stale if self.upstream_down() => {
                     return reply(self.stale_answer(&key, &req, transport, from));
                 }
-                Lookup::Stale | Lookup::Miss => {}
+                Lookup::Stale => stale = true,
+                Lookup::Miss => {}
             }
         }
-        Action::Forward(Box::new(req))
+        Action::Forward(Box::new(req), stale)
     }
 
     /// Every upstream failed within the stale TTL (and serve-stale is on).
@@ -383,6 +397,13 @@ impl AnswerPath {
             }
             Action::Drop => {}
             Action::ForwardWire(w) => match self.forwards.clone().try_acquire_owned() {
+                // The client response timer: in a task of its own (RFC 8767).
+                Ok(permit) if w.stale => {
+                    let path = self.clone();
+                    spawn_answer(listener, src, async move {
+                        path.wire_within_client_timer(*w, permit, src, start).await
+                    });
+                }
                 Ok(permit) if self.forwarder.can_relay() => {
                     self.metrics.upstream_requests.inc();
                     let query = rewrite::upstream_query(&w.req, &w.q, self.forwarder.udp_payload);
@@ -398,7 +419,8 @@ impl AnswerPath {
                 }
                 Ok(permit) => {
                     let path = self.clone();
-                    spawn_answer(listener, permit, src, async move {
+                    spawn_answer(listener, src, async move {
+                        let _permit = permit;
                         path.complete_wire(&w, src, start).await
                     });
                 }
@@ -407,11 +429,12 @@ impl AnswerPath {
                     replies.push((rewrite::error_answer(&w.req, &w.q, 2), src));
                 }
             },
-            Action::Forward(req) => match self.forwards.clone().try_acquire_owned() {
+            Action::Forward(req, stale) => match self.forwards.clone().try_acquire_owned() {
                 Ok(permit) => {
                     let path = self.clone();
-                    spawn_answer(listener, permit, src, async move {
-                        path.complete(&req, Transport::Udp, src, start).await
+                    spawn_answer(listener, src, async move {
+                        path.complete_or_stale(*req, stale, Transport::Udp, permit, src, start)
+                            .await
                     });
                 }
                 Err(_) => {
@@ -434,7 +457,7 @@ impl AnswerPath {
     }
 
     /// One query received over TCP: its answer, if any (forwards awaited here).
-    pub async fn tcp_query(&self, bytes: &[u8], client: SocketAddr) -> Option<Vec<u8>> {
+    pub async fn tcp_query(self: &Arc<Self>, bytes: &[u8], client: SocketAddr) -> Option<Vec<u8>> {
         let (from, start) = (Cell::new(Source::Local), tokio::time::Instant::now());
         let action = self.handle_from(bytes, Transport::Tcp, &from);
         match action {
@@ -444,8 +467,11 @@ impl AnswerPath {
             }
             // Only UDP queries take the wire path.
             Action::Drop | Action::ForwardWire(_) => None,
-            Action::Forward(req) => match self.forwards.clone().try_acquire_owned() {
-                Ok(_permit) => self.complete(&req, Transport::Tcp, client, start).await,
+            Action::Forward(req, stale) => match self.forwards.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    self.complete_or_stale(*req, stale, Transport::Tcp, permit, client, start)
+                        .await
+                }
                 Err(_) => self.overloaded(&req, Transport::Tcp),
             },
         }
@@ -458,6 +484,12 @@ impl AnswerPath {
         client: SocketAddr,
         started: tokio::time::Instant,
     ) -> Option<Vec<u8>> {
+        let result = self.upstream_wire(w).await;
+        self.wire_result(w, result, client, started)
+    }
+
+    /// The upstream exchange of the wire query `w`, counted and timed.
+    async fn upstream_wire(&self, w: &WireQuery) -> Result<Vec<u8>, ForwardError> {
         self.metrics.upstream_requests.inc();
         let start = tokio::time::Instant::now();
         let query = rewrite::upstream_query(&w.req, &w.q, self.forwarder.udp_payload);
@@ -468,9 +500,20 @@ impl AnswerPath {
         self.metrics
             .upstream_duration
             .observe(start.elapsed().as_secs_f64());
+        result.map(|Raw(answer)| answer)
+    }
+
+    /// The client's answer to `w` from the upstream exchange's `result` (logged).
+    fn wire_result(
+        &self,
+        w: &WireQuery,
+        result: Result<Vec<u8>, ForwardError>,
+        client: SocketAddr,
+        started: tokio::time::Instant,
+    ) -> Option<Vec<u8>> {
         let from = Cell::new(Source::Upstream);
         let answer = match result {
-            Ok(Raw(answer)) => self.wire_answer(w, answer, &from)?,
+            Ok(answer) => self.wire_answer(w, answer, &from)?,
             Err(e) => {
                 self.metrics.upstream_failures.inc();
                 tracing::debug!(error = %e, "DNS forward failed");
@@ -480,6 +523,144 @@ impl AnswerPath {
         };
         self.log(&w.req, &answer, client, from.get(), started);
         Some(answer)
+    }
+
+    /// [`AnswerPath::complete`], under the client response timer when a stale answer is kept
+    /// for `req` (`stale`).
+    async fn complete_or_stale(
+        self: &Arc<Self>,
+        req: Message,
+        stale: bool,
+        transport: Transport,
+        permit: OwnedSemaphorePermit,
+        client: SocketAddr,
+        started: tokio::time::Instant,
+    ) -> Option<Vec<u8>> {
+        if !stale {
+            let _permit = permit;
+            return self.complete(&req, transport, client, started).await;
+        }
+        let (tx, rx) = oneshot::channel();
+        let path = self.clone();
+        let forwarded = req.clone();
+        let forward = async move {
+            let _permit = permit;
+            let result = path.upstream_message(&forwarded, transport).await;
+            if tx.is_closed() {
+                path.refresh_message(&forwarded, &result);
+            } else {
+                let _ =
+                    tx.send(path.message_result(&forwarded, transport, result, client, started));
+            }
+        };
+        self.within_client_timer(forward, rx, || {
+            let from = Cell::new(Source::Local);
+            let answer = self.stale_answer(&Key::of(&req)?, &req, transport, &from)?;
+            if self.access_log {
+                let query = req.to_vec().unwrap_or_default();
+                self.log(&query, &answer, client, from.get(), started);
+            }
+            Some(answer)
+        })
+        .await
+    }
+
+    /// [`AnswerPath::complete_wire`] under the client response timer (a stale answer is kept
+    /// for `w`).
+    async fn wire_within_client_timer(
+        self: &Arc<Self>,
+        w: WireQuery,
+        permit: OwnedSemaphorePermit,
+        client: SocketAddr,
+        started: tokio::time::Instant,
+    ) -> Option<Vec<u8>> {
+        let (tx, rx) = oneshot::channel();
+        let path = self.clone();
+        let (key, query) = (w.key.clone(), w.req.clone());
+        let forward = async move {
+            let _permit = permit;
+            let result = path.upstream_wire(&w).await;
+            if tx.is_closed() {
+                path.refresh_wire(w.key.as_ref(), &result);
+            } else {
+                let _ = tx.send(path.wire_result(&w, result, client, started));
+            }
+        };
+        self.within_client_timer(forward, rx, || {
+            let from = Cell::new(Source::Local);
+            let req = Message::from_vec(&query).ok()?;
+            let answer = self.stale_answer(key.as_ref()?, &req, Transport::Udp, &from)?;
+            self.log(&query, &answer, client, from.get(), started);
+            Some(answer)
+        })
+        .await
+    }
+
+    /// RFC 8767's client response timer, for a query whose stale answer is kept: `forward`
+    /// runs in a task of its own (ended by the proxy's stop) and sends the client's answer on
+    /// `answer`'s sender, or only refreshes the cache when the client already has the stale
+    /// one (the sender closed). The client waits for it at most the timer, then gets what
+    /// `stale` gives (or, the stale answer gone meanwhile, waits on).
+    async fn within_client_timer(
+        &self,
+        forward: impl Future<Output = ()> + Send + 'static,
+        mut answer: oneshot::Receiver<Option<Vec<u8>>>,
+        stale: impl FnOnce() -> Option<Vec<u8>>,
+    ) -> Option<Vec<u8>> {
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = forward => {}
+            }
+        });
+        let timer = self
+            .cache
+            .as_ref()
+            .and_then(Cache::stale_policy)
+            .map(|p| p.client_timer)
+            .unwrap_or_default();
+        match tokio::time::timeout(timer, &mut answer).await {
+            Ok(a) => a.ok().flatten(),
+            Err(_) => match stale() {
+                Some(b) => Some(b),
+                None => answer.await.ok().flatten(),
+            },
+        }
+    }
+
+    /// What a wire forward whose client was already answered leaves: the cache refreshed with
+    /// the upstream's answer, or the upstream marked down when it failed.
+    fn refresh_wire(&self, key: Option<&Key>, result: &Result<Vec<u8>, ForwardError>) {
+        match result {
+            Ok(answer) if !failed_upstream(answer) => {
+                self.upstream_result(false);
+                if let (Some(cache), Some(key)) = (&self.cache, key)
+                    && let Ok(m) = Message::from_vec(answer)
+                {
+                    cache.put(key.clone(), &m, std::time::Instant::now());
+                }
+            }
+            _ => self.upstream_result(true),
+        }
+    }
+
+    /// [`AnswerPath::refresh_wire`] for a parsed forward of `req`.
+    fn refresh_message(&self, req: &Message, result: &Result<Message, ForwardError>) {
+        match result {
+            Ok(resp)
+                if !matches!(
+                    resp.metadata.response_code,
+                    ResponseCode::ServFail | ResponseCode::Refused
+                ) =>
+            {
+                self.upstream_result(false);
+                if let (Some(cache), Some(key)) = (&self.cache, Key::of(req)) {
+                    cache.put(key, resp, std::time::Instant::now());
+                }
+            }
+            _ => self.upstream_result(true),
+        }
     }
 
     /// The client's answer from the upstream's `answer` to `w` (cached when the cache is on).
@@ -523,12 +704,34 @@ impl AnswerPath {
         client: SocketAddr,
         started: tokio::time::Instant,
     ) -> Option<Vec<u8>> {
+        let result = self.upstream_message(req, transport).await;
+        self.message_result(req, transport, result, client, started)
+    }
+
+    /// The upstream exchange of `req`, counted and timed.
+    async fn upstream_message(
+        &self,
+        req: &Message,
+        transport: Transport,
+    ) -> Result<Message, ForwardError> {
         self.metrics.upstream_requests.inc();
         let start = tokio::time::Instant::now();
         let result = self.forwarder.forward(req, transport).await;
         self.metrics
             .upstream_duration
             .observe(start.elapsed().as_secs_f64());
+        result
+    }
+
+    /// The client's answer to `req` from the upstream exchange's `result` (logged).
+    fn message_result(
+        &self,
+        req: &Message,
+        transport: Transport,
+        result: Result<Message, ForwardError>,
+        client: SocketAddr,
+        started: tokio::time::Instant,
+    ) -> Option<Vec<u8>> {
         let from = Cell::new(Source::Upstream);
         let answer = self.forward_answer(req, transport, result, &from)?;
         if self.access_log {
@@ -621,17 +824,15 @@ fn reply(bytes: Option<Vec<u8>>) -> Action {
     }
 }
 
-/// Runs `answer` in a task of its own (holding `permit`) and sends what it gives to `src` on
-/// the listener's socket; dropped unsent at shutdown.
+/// Runs `answer` in a task of its own and sends what it gives to `src` on the listener's
+/// socket; dropped unsent at shutdown.
 fn spawn_answer(
     listener: &UdpListener<'_>,
-    permit: OwnedSemaphorePermit,
     src: SocketAddr,
     answer: impl Future<Output = Option<Vec<u8>>> + Send + 'static,
 ) {
     let (sock, shutdown) = (listener.sock.clone(), listener.shutdown.clone());
     listener.tracker.spawn(async move {
-        let _permit = permit;
         let answer = tokio::select! {
             _ = shutdown.cancelled() => return,
             a = answer => a,
@@ -691,17 +892,7 @@ struct Refresh {
 
 impl Relay for Refresh {
     fn finish(self: Box<Self>, result: Result<Vec<u8>, ForwardError>) -> Option<ClientReply> {
-        match result {
-            Ok(answer) if !failed_upstream(&answer) => {
-                self.path.upstream_result(false);
-                if let (Some(cache), Some(key)) = (&self.path.cache, &self.w.key)
-                    && let Ok(m) = Message::from_vec(&answer)
-                {
-                    cache.put(key.clone(), &m, std::time::Instant::now());
-                }
-            }
-            _ => self.path.upstream_result(true),
-        }
+        self.path.refresh_wire(self.w.key.as_ref(), &result);
         None
     }
 }

@@ -9,8 +9,9 @@
 //!
 //! Serve-stale (RFC 8767, not in Istio; on by default, `DNS_PROXY_SERVE_STALE`): an answer is
 //! kept past its TTL for up to [`StalePolicy::max_stale`] (1 day); when every upstream fails,
-//! it is given with the stale TTL (30 s) instead of SERVFAIL ([`Lookup::Stale`],
-//! [`Cache::stale`]). Prefetch (`DNS_PROXY_PREFETCH`): a name asked for again in the last tenth
+//! or has not answered within the client response timer ([`StalePolicy::client_timer`],
+//! 1.8 s), it is given with the stale TTL (30 s) instead of SERVFAIL or a wait
+//! ([`Lookup::Stale`], [`Cache::stale`]). Prefetch (`DNS_PROXY_PREFETCH`): a name asked for again in the last tenth
 //! of its TTL is refreshed in the background before it expires ([`Lookup::Fresh`]).
 
 use std::collections::HashMap;
@@ -85,13 +86,22 @@ pub struct StalePolicy {
     /// The TTL of a stale answer, and how long after an upstream failure stale answers are
     /// given without asking upstream again (`DNS_PROXY_STALE_TTL`, 30 s, RFC 8767's figure).
     pub stale_ttl: Duration,
+    /// RFC 8767's client response timer (`DNS_PROXY_STALE_CLIENT_TIMER`, 1.8 s, its figure):
+    /// how long a client waits for the upstream when a stale answer is kept for its query;
+    /// then it gets the stale answer, and the upstream query goes on to refresh the cache.
+    /// Zero: the stale answer at once, refreshed in the background.
+    pub client_timer: Duration,
 }
+
+/// RFC 8767's suggested client response timer.
+pub const DEFAULT_CLIENT_TIMER: Duration = Duration::from_millis(1800);
 
 impl Default for StalePolicy {
     fn default() -> Self {
         StalePolicy {
             max_stale: Duration::from_secs(86_400),
             stale_ttl: Duration::from_secs(30),
+            client_timer: DEFAULT_CLIENT_TIMER,
         }
     }
 }
@@ -103,7 +113,8 @@ pub(crate) enum Lookup {
         msg: Message,
         prefetch: bool,
     },
-    /// Expired, within the stale window: given only if the upstreams fail.
+    /// Expired, within the stale window: given only if the upstreams fail or are slower than
+    /// the client response timer.
     Stale,
     Miss,
 }
@@ -413,6 +424,7 @@ mod tests {
         let policy = StalePolicy {
             max_stale: Duration::from_secs(100),
             stale_ttl: Duration::from_secs(30),
+            ..StalePolicy::default()
         };
         let c = Cache::new(10, 1 << 20).serving_stale(Some(policy), true);
         let t0 = Instant::now();

@@ -54,10 +54,14 @@ pub struct Config {
     pub respond_before_sync: bool,
     /// Upper bound on queries being forwarded at once; beyond it queries get SERVFAIL.
     pub max_in_flight: usize,
-    /// Upper bound on open client TCP connections; beyond it new connections are closed.
+    /// Upper bound on open client TCP connections; beyond it a new connection takes the slot
+    /// of one whose client does not read its answers or that sits idle, else it is closed.
     pub max_tcp_connections: usize,
     /// Idle timeout of a client TCP connection.
     pub tcp_idle_timeout: Duration,
+    /// How long one answer may wait for a TCP client to read it before its connection is
+    /// closed (5 s).
+    pub tcp_write_timeout: Duration,
     /// UDP payload size advertised upstream in EDNS (Istio #61371).
     pub upstream_udp_payload: u16,
     /// The resolv.conf actually read.
@@ -93,6 +97,7 @@ impl Config {
             max_in_flight: 4096,
             max_tcp_connections: 512,
             tcp_idle_timeout: Duration::from_secs(10),
+            tcp_write_timeout: Duration::from_secs(5),
             upstream_udp_payload: 1232,
             resolv_conf,
         }

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, UdpSocket};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -41,10 +40,12 @@ impl std::fmt::Debug for DnsProxy {
 /// The bounds on TCP clients.
 #[derive(Clone)]
 struct TcpLimits {
-    /// Connections open at once.
-    conns: Arc<Semaphore>,
+    /// Connections open at once, and which one makes room for a new client.
+    slots: Arc<tcp::Slots>,
     /// A connection idle this long is closed.
     idle: Duration,
+    /// A connection whose client has not read an answer within this is closed.
+    write: Duration,
 }
 
 impl DnsProxy {
@@ -109,8 +110,9 @@ impl DnsProxy {
         let stop = CancellationToken::new();
         let path = Arc::new(AnswerPath::new(&config, metrics, stop.clone()));
         let limits = TcpLimits {
-            conns: Arc::new(Semaphore::new(config.max_tcp_connections.max(1))),
+            slots: Arc::new(tcp::Slots::new(config.max_tcp_connections)),
             idle: config.tcp_idle_timeout,
+            write: config.tcp_write_timeout,
         };
         Ok(DnsProxy {
             udp,

@@ -89,6 +89,10 @@ type Slot = watch::Sender<Option<Arc<SecretItem>>>;
 /// workload certificate or its files); `default` and `ROOTCA` always stay.
 const MAX_UNWATCHED_NAMES: usize = 1024;
 
+/// The least validity a CA-issued leaf must have left to be taken (see
+/// [`Inner::build_workload`]).
+const MIN_LEAF_VALIDITY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Makes room for one more name (see [`MAX_UNWATCHED_NAMES`]).
 fn make_room(channels: &mut HashMap<String, Slot>) {
     if channels.len() < MAX_UNWATCHED_NAMES {
@@ -446,6 +450,17 @@ impl Inner {
             ));
         }
         let created_time = self.clock.now();
+        // A leaf that is already expired (or about to be) is no answer: taken, its rotation
+        // time is already past and the re-issue would run again at once, in a loop against
+        // the CA. As an error it is retried with backoff, and a still-valid certificate keeps
+        // being served meanwhile.
+        if expire_time <= created_time + MIN_LEAF_VALIDITY {
+            return Err(invalid(format!(
+                "the leaf certificate expires at {}, {MIN_LEAF_VALIDITY:?} or less from now ({}); is the CA's clock right?",
+                rfc3339(expire_time),
+                rfc3339(created_time),
+            )));
+        }
         let rotate_at = rotation_time(
             created_time,
             expire_time,

@@ -520,6 +520,8 @@ async fn an_expired_certificate_is_not_served() {
         served.is_err(),
         "an expired certificate was served: {served:?}"
     );
+    // The fake CA's clock did not jump: it issues for long enough to be valid on the agent's.
+    ca.set_ttl(Some(Duration::from_secs(48 * 3600)));
     ca.set_default_answer(Answer::Sign);
     let fresh = m.fetch("default").await.expect("re-issued");
     assert_ne!(
@@ -527,6 +529,37 @@ async fn an_expired_certificate_is_not_served() {
         leaf(&first).1,
         "a new certificate, not the expired one"
     );
+}
+
+/// A CA that answers with an already-expired leaf (its clock is wrong) is failing, not
+/// answering: the still-valid certificate keeps being served and the re-issue backs off as for
+/// any CA failure, instead of re-issuing at once, again and again.
+#[tokio::test(start_paused = true)]
+async fn an_expired_leaf_from_the_ca_is_retried_with_backoff() {
+    let ca = FakeCa::start();
+    let setup = Setup::new(&ca).with(|c| c.secret_ttl = Duration::from_secs(100));
+    let m = setup.manager();
+    let first = m.fetch("default").await.expect("first");
+    ca.set_default_answer(Answer::Expired);
+    // Rotation at 50 s, then ~1 s, ~2 s, ~4 s apart.
+    ca.wait_received(2).await;
+    assert_retry_gaps(&ca, &[(3, 1.0), (4, 2.0), (5, 4.0)]).await;
+    let still = m.fetch("default").await.expect("still served");
+    assert!(Arc::ptr_eq(&still, &first), "the valid certificate is kept");
+
+    // With nothing cached, the fetch fails and says why; warm-up retries with its backoff.
+    let ca = FakeCa::start();
+    ca.set_default_answer(Answer::Expired);
+    let setup = Setup::new(&ca);
+    let m = setup.manager();
+    let e = m
+        .fetch("default")
+        .await
+        .expect_err("an expired leaf is refused");
+    assert!(e.to_string().contains("clock"), "{e}");
+    m.warm();
+    ca.wait_received(2).await;
+    assert_retry_gaps(&ca, &[(3, 0.5), (4, 1.0), (5, 2.0)]).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -20,7 +20,7 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status};
 
 /// What the fake CA does with the next request.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
     /// Sign the CSR with the current signing root.
     Sign,
@@ -28,6 +28,8 @@ pub enum Answer {
     Fail(tonic::Code),
     /// Answer with a chain of one element (Istio's "invalid empty CertChain").
     ShortChain,
+    /// Sign the CSR with a leaf that expired an hour ago (a CA whose clock is wrong).
+    Expired,
 }
 
 /// A request as the fake CA received it.
@@ -151,13 +153,16 @@ impl IstioCertificateService for Svc {
                 cert_chain: vec![st.root.pem.clone()],
                 ..Default::default()
             })),
-            Answer::Sign => {
+            Answer::Sign | Answer::Expired => {
                 let validity = st
                     .ttl_override
                     .unwrap_or(Duration::from_secs(req.validity_duration.max(1) as u64));
                 let mut csr = CertificateSigningRequestParams::from_pem(&req.csr)
                     .map_err(|e| Status::invalid_argument(format!("bad CSR: {e}")))?;
-                let now = time::OffsetDateTime::now_utc();
+                let mut now = time::OffsetDateTime::now_utc();
+                if answer == Answer::Expired {
+                    now -= time::Duration::seconds(validity.as_secs() as i64 + 3600);
+                }
                 csr.params.not_before = now - time::Duration::seconds(1);
                 csr.params.not_after = now + time::Duration::seconds(validity.as_secs() as i64);
                 csr.params.serial_number =

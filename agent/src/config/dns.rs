@@ -1,7 +1,8 @@
 //! The DNS sub-config ([`dns_proxy::Config`]): `DNS_PROXY_ADDR`, `DNS_FORWARD_*`,
 //! `DNS_PROXY_CACHE`; not in Istio: `DNS_PROXY_CACHE_MAX_BYTES`, `DNS_PROXY_SERVE_STALE`,
-//! `DNS_PROXY_STALE_MAX`, `DNS_PROXY_STALE_TTL`, `DNS_PROXY_PREFETCH`, `DNS_PROXY_ACCESS_LOG`; the upstreams and search list of resolv.conf, and the proxy's domain
-//! (`--domain`).
+//! `DNS_PROXY_STALE_MAX`, `DNS_PROXY_STALE_TTL`, `DNS_PROXY_STALE_CLIENT_TIMER`,
+//! `DNS_PROXY_PREFETCH`, `DNS_PROXY_ACCESS_LOG`; the upstreams and search list of resolv.conf,
+//! and the proxy's domain (`--domain`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -79,6 +80,11 @@ pub fn load(i: Inputs<'_>) -> Result<dns_proxy::Config, Error> {
                 "DNS_PROXY_STALE_TTL",
                 stale.stale_ttl,
                 Duration::from_secs(1),
+            )?,
+            client_timer: env.duration(
+                "DNS_PROXY_STALE_CLIENT_TIMER",
+                stale.client_timer,
+                Duration::ZERO,
             )?,
         })
     } else {
@@ -219,6 +225,7 @@ mod tests {
             ("DNS_PROXY_SERVE_STALE", "sometimes"),
             ("DNS_PROXY_STALE_TTL", "10ms"),
             ("DNS_PROXY_STALE_MAX", "a day"),
+            ("DNS_PROXY_STALE_CLIENT_TIMER", "soon"),
             ("DNS_PROXY_PREFETCH", "2"),
         ] {
             let strict = env(&[(k, v), (crate::config::STRICT_ENV, "true")]);
@@ -246,11 +253,13 @@ mod tests {
         let stale = c.serve_stale.expect("on by default");
         assert_eq!(stale.max_stale, Duration::from_secs(86_400));
         assert_eq!(stale.stale_ttl, Duration::from_secs(30));
+        assert_eq!(stale.client_timer, Duration::from_millis(1800));
         assert!(c.prefetch);
         let c = simple(
             &env(&[
                 ("DNS_PROXY_STALE_MAX", "2h"),
                 ("DNS_PROXY_STALE_TTL", "5s"),
+                ("DNS_PROXY_STALE_CLIENT_TIMER", "500ms"),
                 ("DNS_PROXY_PREFETCH", "false"),
             ]),
             r.path(),
@@ -258,8 +267,12 @@ mod tests {
         .expect("config");
         let stale = c.serve_stale.expect("on");
         assert_eq!(
-            (stale.max_stale, stale.stale_ttl),
-            (Duration::from_secs(7200), Duration::from_secs(5))
+            (stale.max_stale, stale.stale_ttl, stale.client_timer),
+            (
+                Duration::from_secs(7200),
+                Duration::from_secs(5),
+                Duration::from_millis(500)
+            )
         );
         assert!(!c.prefetch);
         assert!(!c.access_log, "the access log is opt-in");

@@ -1,9 +1,11 @@
 //! The effective configuration as JSON: logged once at start and served on the status port's
 //! `/debug/config_dump` (as ztunnel's config dump). The raw environment is never included, and
-//! values that may carry credentials are redacted: extra CA/xDS gRPC headers, probe headers,
-//! and in the ProxyConfig (and the `proxy.istio.io/config` annotation it may come from) every
-//! `proxyMetadata` value (environment variables for the proxy, tokens among them) and every
-//! string under a key that names a credential (`accessToken`, `password`, `secret`, ...).
+//! values that may carry credentials are redacted: extra CA/xDS gRPC headers, probe headers
+//! (the app's and the workload health probe's), and in the ProxyConfig (and the
+//! `proxy.istio.io/config` annotation it may come from) every `proxyMetadata` value
+//! (environment variables for the proxy, tokens among them), every `httpHeaders` value
+//! (`readinessProbe`) and every string under a key that names a credential (`accessToken`,
+//! `password`, `secret`, ...).
 
 use serde_json::{Value, json};
 
@@ -24,6 +26,9 @@ impl Config {
             for probe in probers.values_mut() {
                 redact_pairs(&mut probe["action"]["Http"]["headers"], &[]);
             }
+        }
+        if let Some(probe) = v["status"].get_mut("health_probe").filter(|p| !p.is_null()) {
+            redact_pairs(&mut probe["probe"]["action"]["Http"]["headers"], &[]);
         }
         if let Some(a) = v["node"]["pod_annotations"].get_mut(PROXY_CONFIG_ANNOTATION) {
             *a = Value::String(REDACTED.into());
@@ -74,6 +79,19 @@ pub fn redact_proxy_config(raw: &Value) -> Value {
     v
 }
 
+/// Probe text (`ISTIO_KUBE_APP_PROBERS`, a `readinessProbe`) as it may be shown in an error:
+/// its `httpHeaders` values and credential-named strings redacted; text that is not JSON is
+/// not shown at all.
+pub fn redact_probe_text(text: &str) -> String {
+    match serde_json::from_str::<Value>(text) {
+        Ok(mut v) => {
+            redact_credentials(&mut v);
+            v.to_string()
+        }
+        Err(_) => format!("{REDACTED} ({} bytes, not JSON)", text.len()),
+    }
+}
+
 fn redact_credentials(v: &mut Value) {
     match v {
         Value::Object(map) => {
@@ -81,6 +99,10 @@ fn redact_credentials(v: &mut Value) {
                 let k = k.to_ascii_lowercase();
                 if value.is_string() && CREDENTIAL_KEYS.iter().any(|c| k.contains(c)) {
                     *value = Value::String(REDACTED.into());
+                } else if k == "httpheaders" {
+                    // A probe's headers (`readinessProbe.httpGet.httpHeaders`): `{name, value}`
+                    // objects whose values are often tokens (keys in any case, as Go decodes).
+                    redact_header_values(value);
                 } else {
                     redact_credentials(value);
                 }
@@ -88,6 +110,20 @@ fn redact_credentials(v: &mut Value) {
         }
         Value::Array(items) => items.iter_mut().for_each(redact_credentials),
         _ => {}
+    }
+}
+
+/// Replaces the `value` of every `{name, value}` header object in `list`.
+fn redact_header_values(list: &mut Value) {
+    let Some(items) = list.as_array_mut() else {
+        return;
+    };
+    for item in items.iter_mut().filter_map(Value::as_object_mut) {
+        for (k, value) in item.iter_mut() {
+            if k.eq_ignore_ascii_case("value") {
+                *value = Value::String(REDACTED.into());
+            }
+        }
     }
 }
 

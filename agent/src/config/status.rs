@@ -48,8 +48,11 @@ impl StatusConfig {
 
 pub fn load(env: Env<'_>, proxy: &ProxyConfig) -> Result<StatusConfig, Error> {
     let probers_text = env.raw("ISTIO_KUBE_APP_PROBERS").unwrap_or("");
-    let app_probers = parse_probers(probers_text)
-        .map_err(|reason| env.invalid("ISTIO_KUBE_APP_PROBERS", probers_text, &reason))?;
+    let app_probers = parse_probers(probers_text).map_err(|reason| {
+        // Shown without its header values: a probe's headers may carry a token.
+        let shown = super::dump::redact_probe_text(probers_text);
+        env.invalid("ISTIO_KUBE_APP_PROBERS", &shown, &reason)
+    })?;
     let prometheus_annotations = match env.raw("ISTIO_PROMETHEUS_ANNOTATIONS") {
         None => None,
         Some(v) => parse_prometheus_annotations(v, proxy.status_port)
@@ -60,7 +63,7 @@ pub fn load(env: Env<'_>, proxy: &ProxyConfig) -> Result<StatusConfig, Error> {
         Some(v) => Some(
             parse_readiness_probe(v).map_err(|expected| Error::ProxyConfigField {
                 field: "readinessProbe".into(),
-                value: v.to_string(),
+                value: super::dump::redact_probe_text(&v.to_string()),
                 expected,
             })?,
         ),

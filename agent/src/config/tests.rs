@@ -608,6 +608,64 @@ fn config_dump_redacts_the_proxy_config() {
     assert_eq!(c.proxy.raw["proxyMetadata"]["GCP_TOKEN"], "metadata-secret");
 }
 
+/// A probe's header token (a workload health `readinessProbe` in the ProxyConfig, an app probe
+/// in `ISTIO_KUBE_APP_PROBERS`) is in neither the dump, the logged ProxyConfig nor the error of
+/// an invalid value.
+#[test]
+fn probe_header_values_are_redacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = env(&[
+        (
+            "PROXY_CONFIG",
+            r#"{"readinessProbe":{"httpGet":{"path":"/ready","port":8080,
+                "httpHeaders":[{"name":"Authorization","value":"Bearer health-secret"}]}}}"#,
+        ),
+        (
+            "ISTIO_KUBE_APP_PROBERS",
+            r#"{"/app-health/app/readyz":{"httpGet":{"path":"/ready","port":8080,
+                "HTTPHeaders":[{"Name":"Authorization","Value":"Bearer app-secret"}]}}}"#,
+        ),
+    ]);
+    let c = load(dir.path(), &e).unwrap();
+    let dump = c.dump().to_string();
+    let logged = dump::redact_proxy_config(&c.proxy.raw).to_string();
+    for secret in ["health-secret", "app-secret"] {
+        assert!(!dump.contains(secret), "{secret} leaked: {dump}");
+        assert!(!logged.contains(secret), "{secret} leaked: {logged}");
+    }
+    let v = c.dump();
+    let headers = &v["status"]["health_probe"]["probe"]["action"]["Http"]["headers"];
+    assert_eq!(headers[0][0], "Authorization", "{v}");
+    assert_eq!(headers[0][1], dump::REDACTED);
+    let raw = &v["proxy"]["readinessProbe"]["httpGet"]["httpHeaders"][0];
+    assert_eq!(raw["name"], "Authorization", "{v}");
+    assert_eq!(raw["value"], dump::REDACTED);
+    // What is probed still carries the header.
+    let Some(probe) = &c.status.health_probe else {
+        panic!("a health probe")
+    };
+    let probe::ProbeAction::Http { headers, .. } = &probe.probe.action else {
+        panic!("an HTTP probe")
+    };
+    assert_eq!(headers[0].1, "Bearer health-secret");
+
+    let bad = env(&[(
+        "ISTIO_KUBE_APP_PROBERS",
+        r#"{"/app-health/app/readyz":{"httpGet":{"port":"http",
+            "httpHeaders":[{"name":"Authorization","value":"Bearer bad-secret"}]}}}"#,
+    )]);
+    let e = load(dir.path(), &bad).unwrap_err().to_string();
+    assert!(!e.contains("bad-secret"), "{e}");
+    assert!(e.contains("ISTIO_KUBE_APP_PROBERS"), "{e}");
+    let e = load(
+        dir.path(),
+        &env(&[("ISTIO_KUBE_APP_PROBERS", "{\"x\": Bearer t0k3n")]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(!e.contains("t0k3n"), "{e}");
+}
+
 /// The dump is the tree itself: every group and the settings the hand-written dump used to
 /// miss are there, and `ISTIO_META_*` values are not (names only).
 #[test]

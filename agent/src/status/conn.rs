@@ -6,13 +6,16 @@
 //!   (127.0.0.6, Envoy's inbound passthrough source, counts as remote); local peers (the
 //!   app, Envoy forwarding its 15021 readiness checks) have their own overall cap, so remote
 //!   peers cannot lock them out;
-//! - when the remote connections are all taken, a new one takes the slot of the remote
-//!   connection idle the longest (none of its requests running: a probe being answered is never
-//!   cut), which is closed ([`Counts::admit`]). So peers holding idle connections from many
-//!   addresses of the pod network cannot keep the kubelet's probes out. The kubelet's address is
-//!   not known for sure (the node's `status.hostIP`, or a CNI's tunnel or host-endpoint address),
-//!   so no slot is reserved for it; a probe's connection, the newest, is the last in line, and
-//!   its request begins within a round trip;
+//! - when the remote connections are all taken, a new one takes the slot of another remote
+//!   connection, which is closed ([`Counts::admit`]), in this order: the one idle the longest
+//!   (no request running) among those idle for at least [`NEWCOMER_GRACE`]; else the one running
+//!   the oldest metrics scrape (a scrape is cut, its client retries; a probe being answered
+//!   never is); else the one idle the longest. So peers holding idle connections, or stalled
+//!   scrapes, from many addresses of the pod network cannot keep the kubelet's probes out. The
+//!   kubelet's address is not known for sure (the node's `status.hostIP`, or a CNI's tunnel or
+//!   host-endpoint address), so no slot is reserved for it; a probe's connection, the newest,
+//!   is the last in line, and its request begins within a round trip (the grace keeps it from
+//!   being taken for the next newcomer while scrapes run);
 //! - a request's headers must arrive within [`Limits::header_timeout`] (from the connection's
 //!   start, or from its previous response once a byte of the next request has arrived);
 //! - a keep-alive connection idle for [`Limits::idle_timeout`] between requests is closed; a
@@ -28,7 +31,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use proto::listen::activity::{Activity, RequestGuard, Timeouts, Watched};
+pub use proto::listen::activity::{Activity, RequestGuard, Standing, Timeouts, Watched};
 use proto::listen::{Caps, ConnCaps, Permit, Refused};
 use tokio_util::sync::CancellationToken;
 
@@ -79,6 +82,10 @@ pub fn is_local(ip: IpAddr) -> bool {
     let ip = proto::listen::canonical(ip);
     ip.is_loopback() && ip != INBOUND_PASSTHROUGH
 }
+
+/// How long a connection without a request running is spared when a running scrape can make
+/// room instead: a new connection's request arrives within a round trip.
+pub const NEWCOMER_GRACE: Duration = Duration::from_secs(1);
 
 /// Remote connections told to go whose slots are already given to newcomers, at most: how far
 /// past [`Limits::remote`]'s total the open connections may be while the evicted ones close.
@@ -155,9 +162,10 @@ impl Counts {
     }
 
     /// A slot for a connection from `ip` whose requests `activity` records, or why there is
-    /// none. When the remote connections are all taken, the one idle the longest is told to go
-    /// ([`Admitted::evicted`]) and this one takes its slot; with none idle (or
-    /// [`MAX_EVICTING`] still closing) the connection is refused.
+    /// none. When the remote connections are all taken, one is told to go
+    /// ([`Admitted::evicted`]; which one: the module docs) and this one takes its slot; with
+    /// every one running a request that is not a scrape (or [`MAX_EVICTING`] still closing)
+    /// the connection is refused.
     pub fn admit(&self, ip: IpAddr, activity: &Activity) -> Result<Admitted, Refused> {
         let ip = proto::listen::canonical(ip);
         if is_local(ip) {
@@ -168,7 +176,7 @@ impl Counts {
         }
         let permit = match self.remote.admit(Some(ip)) {
             Err(Refused::Total(n)) => {
-                if !self.evict_the_longest_idle() {
+                if !self.evict_one() {
                     return Err(Refused::Total(n));
                 }
                 self.remote.admit_replacing(Some(ip))?
@@ -196,18 +204,27 @@ impl Counts {
         })
     }
 
-    /// Tells the remote connection idle the longest to go; false when none can.
-    fn evict_the_longest_idle(&self) -> bool {
+    /// Tells one remote connection to go (which: the module docs); false when none can.
+    fn evict_one(&self) -> bool {
         let mut conns = self.remote_conns.lock().unwrap_or_else(|p| p.into_inner());
         if conns.evicting >= MAX_EVICTING {
             return false;
         }
-        // Idle the longest; of two idle since the same instant, the one accepted first.
+        let now = tokio::time::Instant::now();
+        // Lowest rank first, then the earliest instant; of two alike, the one accepted first.
+        let rank = |standing: Standing| match standing {
+            Standing::Fresh(since) | Standing::Idle(since) if since + NEWCOMER_GRACE <= now => {
+                Some((0, since))
+            }
+            Standing::Preemptible(since) => Some((1, since)),
+            Standing::Fresh(since) | Standing::Idle(since) => Some((2, since)),
+            Standing::Busy => None,
+        };
         let oldest = conns
             .live
             .iter()
             .filter(|(_, r)| !r.evict.is_cancelled())
-            .filter_map(|(id, r)| Some(((r.activity.idle_since()?, *id), r)))
+            .filter_map(|(id, r)| Some(((rank(r.activity.standing())?, *id), r)))
             .min_by_key(|(key, _)| *key)
             .map(|(_, r)| r.evict.clone());
         match oldest {
@@ -321,6 +338,48 @@ mod tests {
         let _two = many.admit(ip(2), &acts[1]).unwrap();
         assert!(matches!(many.admit(ip(1), &acts[2]), Err(Refused::Peer(1))));
         drop((first, fourth, fifth));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn running_scrapes_make_room_before_new_connections() {
+        let counts = Counts::new(&Limits {
+            remote: Caps {
+                total: 3,
+                per_peer: 3,
+            },
+            ..Limits::default()
+        });
+        // Each connection's activity begins at its accept.
+        let mut acts: Vec<Activity> = vec![Activity::new()];
+        let scrape = |a: &Activity| {
+            let mut g = a.request();
+            g.preemptible();
+            g
+        };
+        let first = counts.admit(ip(1), &acts[0]).unwrap();
+        let _s1 = scrape(&acts[0]);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        acts.extend([Activity::new(), Activity::new(), Activity::new()]);
+        let second = counts.admit(ip(2), &acts[1]).unwrap();
+        let _s2 = scrape(&acts[1]);
+        let third = counts.admit(ip(3), &acts[2]).unwrap();
+        let _probe = acts[2].request();
+        // Full: a probe's connection takes the oldest scrape's slot, never the probe's.
+        let fourth = counts.admit(ip(4), &acts[3]).unwrap();
+        assert!(is_evicted(&first) && !is_evicted(&second) && !is_evicted(&third));
+        drop(first);
+        acts.push(Activity::new());
+        // The next newcomer takes the other scrape's slot, not the new connection's, whose
+        // request has not come yet.
+        let fifth = counts.admit(ip(5), &acts[4]).unwrap();
+        assert!(is_evicted(&second) && !is_evicted(&fourth));
+        drop(second);
+        // Past the grace a silent connection goes first.
+        tokio::time::sleep(NEWCOMER_GRACE).await;
+        let _s5 = scrape(&acts[4]);
+        acts.push(Activity::new());
+        let _sixth = counts.admit(ip(6), &acts[5]).unwrap();
+        assert!(is_evicted(&fourth) && !is_evicted(&fifth) && !is_evicted(&third));
     }
 
     #[tokio::test(start_paused = true)]

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -654,6 +655,242 @@ async fn peers_on_many_addresses_filling_the_remote_slots_do_not_keep_probes_out
             "connection {i} is newer and stays"
         );
     }
+}
+
+/// An app metrics endpoint that accepts and never answers (with `head`, sends that and then
+/// stalls); counts the connections it accepted and those its peer closed.
+async fn stalled_app(
+    head: Option<&'static str>,
+) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (accepted, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (a, c) = (accepted.clone(), closed.clone());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            a.fetch_add(1, Ordering::SeqCst);
+            let c = c.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                if let Some(head) = head {
+                    let _ = s.write_all(head.as_bytes()).await;
+                }
+                // Until the agent closes its end.
+                while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+                c.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (addr, accepted, closed)
+}
+
+/// Sends a scrape on a new connection from `src` and leaves it unread.
+async fn start_scrape(src: &str, addr: SocketAddr, timeout_header: &str) -> tokio::net::TcpStream {
+    let mut s = connect_from(src, addr).await;
+    let req = format!(
+        "GET /stats/prometheus HTTP/1.1\r\nhost: x\r\n{timeout_header}connection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    s
+}
+
+/// Remote peers holding every remote slot with scrapes an app never answers (the scrapes
+/// running, not idle) do not keep the kubelet out: a probe's connection takes the oldest
+/// scrape's slot.
+#[tokio::test]
+async fn stalled_scrapes_filling_the_remote_slots_do_not_keep_probes_out() {
+    let (app, accepted, _) = stalled_app(None).await;
+    let limits = conn::Limits {
+        remote: proto::listen::Caps {
+            total: 4,
+            per_peer: 8,
+        },
+        ..conn::Limits::default()
+    };
+    let s = setup_with(CONFIG_OK, LIVE, Some(app.port()), limits).await;
+    const REMOTE: &str = "127.0.0.6";
+    let mut scrapes = Vec::new();
+    for _ in 0..4 {
+        scrapes.push(start_scrape(REMOTE, s.addr, "").await);
+    }
+    assert_eventually(|| async { accepted.load(Ordering::SeqCst) == 4 }).await;
+    for probe in 0..3 {
+        assert_eq!(
+            raw_request(REMOTE, s.addr, "GET", "/healthz/ready").await,
+            200,
+            "probe {probe} with every remote slot running a scrape"
+        );
+        // The peers take the slot back with another stalled scrape.
+        scrapes.push(start_scrape(REMOTE, s.addr, "").await);
+        assert_eventually(|| async { accepted.load(Ordering::SeqCst) == 5 + probe }).await;
+    }
+    for (i, c) in scrapes.iter_mut().enumerate().take(3) {
+        assert!(
+            closed_within(c, Duration::from_secs(5)).await,
+            "scrape {i}, among the oldest, made room"
+        );
+    }
+}
+
+/// The figure for `docs/reliability.md`: the agent's default 1,024 remote slots all running a
+/// scrape that an app never answers (127.0.0.6 standing for peers on many addresses), then 50
+/// remote probes one after the other; prints `FIGURE`. Run with `--ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a figure: 1,024 stalled scrapes"]
+async fn figure_probes_with_every_remote_slot_scraping() {
+    let (app, accepted, _) = stalled_app(None).await;
+    let limits = conn::Limits {
+        remote: proto::listen::Caps {
+            total: 1024,
+            per_peer: 4096,
+        },
+        ..conn::Limits::default()
+    };
+    let s = setup_with(CONFIG_OK, LIVE, Some(app.port()), limits).await;
+    const REMOTE: &str = "127.0.0.6";
+    let mut scrapes = Vec::new();
+    for _ in 0..1024 {
+        scrapes.push(
+            start_scrape(
+                REMOTE,
+                s.addr,
+                "x-prometheus-scrape-timeout-seconds: 60\r\n",
+            )
+            .await,
+        );
+    }
+    assert_eventually(|| async { accepted.load(Ordering::SeqCst) == 1024 }).await;
+    let mut times = Vec::new();
+    let mut answered = 0;
+    for _ in 0..50 {
+        let t = tokio::time::Instant::now();
+        if raw_request(REMOTE, s.addr, "GET", "/healthz/ready").await == 200 {
+            answered += 1;
+        }
+        times.push(t.elapsed());
+        // The peers take the slot back.
+        scrapes.push(
+            start_scrape(
+                REMOTE,
+                s.addr,
+                "x-prometheus-scrape-timeout-seconds: 60\r\n",
+            )
+            .await,
+        );
+    }
+    times.sort();
+    eprintln!(
+        "FIGURE probes_with_remote_slots_scraping answered={answered}/50 p50={:?} max={:?} app_connections={}",
+        times[25],
+        times[49],
+        accepted.load(Ordering::SeqCst)
+    );
+    assert_eq!(answered, 50);
+}
+
+/// The figure for `docs/reliability.md`: 300 scrapes (60 s scrape timeout) of an app that
+/// never answers, whose clients give up after 100 ms; the app's connections still open, and
+/// the process's descriptors, 1 s and 30 s later. Prints `FIGURE`.
+#[tokio::test]
+#[ignore = "a figure: 30 s"]
+async fn figure_scrapes_whose_clients_gave_up() {
+    let (app, accepted, closed) = stalled_app(None).await;
+    let s = setup(CONFIG_OK, LIVE, Some(app.port())).await;
+    let fds = || std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    let before = fds();
+    for _ in 0..300 {
+        let c = start_scrape(
+            "127.0.0.1",
+            s.addr,
+            "x-prometheus-scrape-timeout-seconds: 60\r\n",
+        )
+        .await;
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            drop(c);
+        });
+    }
+    assert_eventually(|| async { accepted.load(Ordering::SeqCst) == 300 }).await;
+    for wait in [1, 29] {
+        tokio::time::sleep(Duration::from_secs(wait)).await;
+        let open = accepted.load(Ordering::SeqCst) - closed.load(Ordering::SeqCst);
+        eprintln!(
+            "FIGURE scrapes_whose_clients_gave_up after={}s app_connections_open={open} process_fds_over_start={}",
+            if wait == 1 { 1 } else { 30 },
+            fds().saturating_sub(before)
+        );
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        closed.load(Ordering::SeqCst)
+    );
+}
+
+/// A scraper that gives up takes the app's read with it: the app sees its connection closed at
+/// once, not at the scrape's timeout (30 s here).
+#[tokio::test]
+async fn a_client_that_goes_away_cancels_the_app_read() {
+    let (app, accepted, closed) = stalled_app(None).await;
+    let s = setup(CONFIG_OK, LIVE, Some(app.port())).await;
+    for src in ["127.0.0.1", "127.0.0.6"] {
+        let (before, n) = (
+            closed.load(Ordering::SeqCst),
+            accepted.load(Ordering::SeqCst),
+        );
+        let scrape = start_scrape(src, s.addr, "x-prometheus-scrape-timeout-seconds: 30\r\n").await;
+        assert_eventually(|| async { accepted.load(Ordering::SeqCst) > n }).await;
+        drop(scrape);
+        let until = tokio::time::Instant::now() + Duration::from_secs(3);
+        while closed.load(Ordering::SeqCst) == before {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "{src}: the app's connection is still open 3 s after the client went"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// An app that sends its head and then stalls its body is cut at the scrape's deadline; the
+/// answer comes with the rest, and the failure is counted.
+#[tokio::test]
+async fn an_app_stalling_its_body_is_cut_at_the_scrape_deadline() {
+    let (app, _, closed) = stalled_app(Some(
+        "HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\napp_partial 1\n",
+    ))
+    .await;
+    let s = setup(CONFIG_OK, LIVE, Some(app.port())).await;
+    let scrape = || async {
+        let mut c = start_scrape(
+            "127.0.0.1",
+            s.addr,
+            "x-prometheus-scrape-timeout-seconds: 0.5\r\n",
+        )
+        .await;
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out))
+            .await
+            .expect("answered within 5 s")
+            .unwrap();
+        String::from_utf8_lossy(&out).to_string()
+    };
+    let start = tokio::time::Instant::now();
+    let body = scrape().await;
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.contains("envoy_up 1"), "{body}");
+    assert!(!body.contains("app_partial"), "{body}");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eventually(|| async { closed.load(Ordering::SeqCst) == 1 }).await;
+    let body = scrape().await;
+    assert!(
+        body.contains("istio_agent_scrape_failures_total{type=\"application\"} 1"),
+        "{body}"
+    );
 }
 
 /// Polls `f` every 20 ms for up to 10 s.

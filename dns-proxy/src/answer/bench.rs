@@ -54,7 +54,7 @@ impl UpstreamAnswers {
                 .path
                 .wire_answer(&w, answer, &from)
                 .ok_or(PushError::NoAnswer),
-            Action::Forward(req) => {
+            Action::Forward(req, _) => {
                 let server: SocketAddr = ([127, 0, 0, 1], 53).into();
                 let resp = check_answer(server, &answer, &req)
                     .map_err(|e| PushError::Mismatch(e.to_string()))?;

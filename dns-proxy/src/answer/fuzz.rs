@@ -41,6 +41,7 @@ fn answer_path(cache: Cache) -> AnswerPath {
         forwards: Arc::new(Semaphore::new(1)),
         upstream_failed_at: std::sync::Mutex::new(None),
         access_log: false,
+        stop: CancellationToken::new(),
     }
 }
 
@@ -57,7 +58,7 @@ pub fn fuzz_request(data: &[u8]) {
             answer[2] |= 0x80;
             let _ = path.wire_answer(w, answer, &Cell::new(Source::Upstream));
         }
-        if let Action::Forward(req) = action {
+        if let Action::Forward(req, _) = action {
             // The same bytes, marked as a response, are the upstream's answer.
             let mut answer = data.to_vec();
             answer[2] |= 0x80;
@@ -143,7 +144,7 @@ pub fn fuzz_upstream_answer(data: &[u8]) {
         Action::ForwardWire(w) => {
             let _ = path.wire_answer(&w, answer, &Cell::new(Source::Upstream));
         }
-        Action::Forward(req) => {
+        Action::Forward(req, _) => {
             let server: SocketAddr = ([127, 0, 0, 1], 53).into();
             if let Ok(resp) = crate::forward::check_answer(server, &answer, &req) {
                 if let (Some(cache), Some(key)) = (&path.cache, Key::of(&req)) {

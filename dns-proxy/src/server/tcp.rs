@@ -1,5 +1,10 @@
-//! The TCP listener loop: accepts connections up to the limit, reads length-prefixed queries
-//! until the connection idles out, and writes back what the answer path gives.
+//! The TCP listener loop: accepts connections into the client slots ([`slots`]: a full house
+//! makes room by closing a connection that does not read its answers or sits idle), reads
+//! length-prefixed queries until the connection idles out, and writes back what the answer
+//! path gives, each answer within the write timeout (a client that queries and never reads
+//! is closed).
+
+mod slots;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,6 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+pub(super) use slots::Slots;
 
 use super::TcpLimits;
 use crate::Error;
@@ -32,18 +39,23 @@ pub(super) async fn serve(
             _ = shutdown.cancelled() => return Ok(()),
             (stream, peer) = proto::listen::accept(&listener, &mut backoff) => (stream, peer),
         };
-        let Ok(permit) = limits.conns.clone().try_acquire_owned() else {
-            tracing::debug!(peer = ?peer, "too many DNS TCP connections, closing");
+        let Some(slot) = limits.slots.admit() else {
+            tracing::debug!(peer = ?peer, "every DNS TCP connection is answering, closing");
             drop(stream);
             continue;
         };
         let (path, shutdown) = (path.clone(), shutdown.clone());
-        let idle = limits.idle;
+        let timeouts = Timeouts {
+            idle: limits.idle,
+            write: limits.write,
+        };
         tracker.spawn(async move {
-            let _permit = permit;
             tokio::select! {
                 _ = shutdown.cancelled() => {}
-                r = connection(stream, &path, idle) => {
+                _ = slot.evicted() => {
+                    tracing::debug!(peer = ?peer, "DNS TCP connection closed for a new one");
+                }
+                r = connection(stream, &path, &slot, timeouts) => {
                     if let Err(e) = r {
                         tracing::debug!(error = %e, peer = ?peer, "DNS TCP connection ended");
                     }
@@ -53,29 +65,41 @@ pub(super) async fn serve(
     }
 }
 
+/// The bounds of one connection.
+#[derive(Clone, Copy)]
+struct Timeouts {
+    /// Waiting for (the rest of) a query.
+    idle: Duration,
+    /// Writing one answer.
+    write: Duration,
+}
+
 async fn connection(
     mut stream: TcpStream,
-    path: &AnswerPath,
-    idle: Duration,
+    path: &Arc<AnswerPath>,
+    slot: &slots::Slot,
+    timeouts: Timeouts,
 ) -> std::io::Result<()> {
     let peer = stream.peer_addr()?;
     stream.set_nodelay(true)?;
     let mut buf = Vec::new();
     loop {
+        slot.reading();
         let mut len = [0u8; 2];
-        match tokio::time::timeout(idle, stream.read_exact(&mut len)).await {
+        match tokio::time::timeout(timeouts.idle, stream.read_exact(&mut len)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Ok(Err(e)) => return Err(e),
             Err(_) => return Ok(()),
         }
         buf.resize(usize::from(u16::from_be_bytes(len)), 0);
-        match tokio::time::timeout(idle, stream.read_exact(&mut buf)).await {
+        match tokio::time::timeout(timeouts.idle, stream.read_exact(&mut buf)).await {
             Ok(r) => {
                 r?;
             }
             Err(_) => return Ok(()),
         }
+        slot.answering();
         if let Some(b) = path.tcp_query(&buf, peer).await {
             let Ok(n) = u16::try_from(b.len()) else {
                 continue;
@@ -83,7 +107,16 @@ async fn connection(
             let mut framed = Vec::with_capacity(b.len() + 2);
             framed.extend_from_slice(&n.to_be_bytes());
             framed.extend_from_slice(&b);
-            stream.write_all(&framed).await?;
+            slot.writing();
+            match tokio::time::timeout(timeouts.write, stream.write_all(&framed)).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("the client read no answer within {:?}", timeouts.write),
+                    ));
+                }
+            }
         }
     }
 }

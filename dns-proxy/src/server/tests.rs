@@ -35,6 +35,7 @@ fn config(upstreams: Vec<SocketAddr>) -> Config {
         max_in_flight: 16,
         max_tcp_connections: 4,
         tcp_idle_timeout: Duration::from_secs(2),
+        tcp_write_timeout: Duration::from_secs(5),
         upstream_udp_payload: 1232,
         resolv_conf: "/dev/null".into(),
     }
@@ -141,6 +142,82 @@ async fn servfail_until_synced_then_local_answers() {
     assert!(p.metrics.requests.get() >= 3);
     p.shutdown.cancel();
     p.task.await.unwrap().unwrap();
+}
+
+/// A TCP client that sends queries without end and never reads its answers (its receive buffer
+/// 4 KiB): its writes fail once the proxy has closed the connection; the instant they began
+/// failing, after `started`.
+async fn tcp_never_reading(addr: SocketAddr, q: &Message) -> tokio::task::JoinHandle<Duration> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(addr).await.unwrap();
+    let b = q.to_vec().unwrap();
+    let mut framed = (b.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&b);
+    let many = framed.repeat(64);
+    let started = tokio::time::Instant::now();
+    tokio::spawn(async move {
+        while s.write_all(&many).await.is_ok() {}
+        started.elapsed()
+    })
+}
+
+fn many_answers_table() -> proto::istio::nds::NameTable {
+    let mut nt = sample();
+    let many: Vec<String> = (0..60).map(|i| format!("10.1.0.{i}")).collect();
+    nt.table.insert(
+        "many.example.com".into(),
+        crate::table::tests::plain(&many.iter().map(String::as_str).collect::<Vec<_>>()),
+    );
+    nt
+}
+
+/// Clients that query over TCP and never read hold no slot past the write timeout, and while
+/// they hold them a new client takes the slot of one of them.
+#[tokio::test]
+async fn tcp_clients_that_never_read_are_closed_and_make_room() {
+    let mut c = config(vec![]);
+    c.tcp_write_timeout = Duration::from_millis(500);
+    c.tcp_idle_timeout = Duration::from_secs(30);
+    let p = start(c).await;
+    p.table.update(&many_answers_table());
+    let q = query("many.example.com.", RecordType::A, None);
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        stalled.push(tcp_never_reading(p.addr, &q).await);
+    }
+    for writer in stalled {
+        let failed_after = tokio::time::timeout(Duration::from_secs(5), writer)
+            .await
+            .expect("the proxy closed the connection within 5 s")
+            .unwrap();
+        assert!(failed_after < Duration::from_secs(5), "{failed_after:?}");
+    }
+    p.shutdown.cancel();
+
+    // The slots full of clients not reading (within their write timeout): a new client is
+    // answered, in the slot of the one stalled the longest.
+    let mut c = config(vec![]);
+    c.tcp_write_timeout = Duration::from_secs(30);
+    c.tcp_idle_timeout = Duration::from_secs(30);
+    let p = start(c).await;
+    p.table.update(&many_answers_table());
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        stalled.push(tcp_never_reading(p.addr, &q).await);
+    }
+    // Every one of them stalled on its answers.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..3 {
+        let m = tokio::time::timeout(Duration::from_secs(2), tcp(p.addr, &q))
+            .await
+            .unwrap_or_else(|_| panic!("client {i} answered with the slots full"));
+        assert_eq!(m.answers.len(), 60);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let closed = stalled.iter().filter(|w| w.is_finished()).count();
+    assert!(closed >= 1, "a new client took a non-reader's slot");
+    p.shutdown.cancel();
 }
 
 #[tokio::test]
@@ -279,6 +356,7 @@ async fn serve_stale_when_every_upstream_fails() {
     c.serve_stale = Some(crate::StalePolicy {
         max_stale: Duration::from_secs(3600),
         stale_ttl: Duration::from_secs(2),
+        client_timer: crate::cache::DEFAULT_CLIENT_TIMER,
     });
     let p = start(c.clone()).await;
     p.table.update(&sample());
@@ -327,6 +405,150 @@ async fn serve_stale_when_every_upstream_fails() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let (m, _) = udp(p.addr, &q).await;
     assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
+    p.shutdown.cancel();
+}
+
+/// An upstream that answers each UDP query `delay` after it came (`u64::MAX` ms: never, a
+/// silent upstream that drops queries without an ICMP error); counts the answers it sent. Over
+/// TCP, on the same port, it accepts and never answers.
+async fn delayed_upstream(
+    ttl: u32,
+) -> (
+    SocketAddr,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    let sock = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    let addr = sock.local_addr().unwrap();
+    let (answered, delay_ms) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicU64::new(0)));
+    let (a, d) = (answered.clone(), delay_ms.clone());
+    let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = tcp.accept().await {
+            held.push(s);
+        }
+    });
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        while let Ok((n, from)) = sock.recv_from(&mut buf).await {
+            let delay = d.load(Ordering::SeqCst);
+            if delay == u64::MAX {
+                continue;
+            }
+            let req = Message::from_vec(&buf[..n]).unwrap();
+            let (sock, a) = (sock.clone(), a.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                let mut resp = req.clone();
+                resp.metadata.message_type = MessageType::Response;
+                let name = req.queries[0].name().clone();
+                resp.add_answer(hickory_proto::rr::Record::from_rdata(
+                    name,
+                    ttl,
+                    RData::A(hickory_proto::rr::rdata::A("192.0.2.7".parse().unwrap())),
+                ));
+                let _ = sock.send_to(&resp.to_vec().unwrap(), from).await;
+                a.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (addr, answered, delay_ms)
+}
+
+/// One UDP query, its answer waited for up to 6 s (past Istio's forward timeout).
+async fn udp_slow(addr: SocketAddr, q: &Message) -> Message {
+    let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    sock.send_to(&q.to_vec().unwrap(), addr).await.unwrap();
+    let mut buf = vec![0u8; 65535];
+    let n = tokio::time::timeout(Duration::from_secs(6), sock.recv(&mut buf))
+        .await
+        .expect("an answer within 6 s")
+        .unwrap();
+    Message::from_vec(&buf[..n]).unwrap()
+}
+
+/// RFC 8767's client response timer, with Istio's 5 s forward timeout: a cached name whose
+/// upstream is silent (drops queries, no ICMP) gets its stale answer after the timer (1.8 s),
+/// not the forward timeout; the query goes on, and a late answer refreshes the cache; once the
+/// upstream is known down (a forward timed out), stale answers come at once.
+#[tokio::test]
+async fn stale_answer_within_the_client_timer() {
+    use std::sync::atomic::Ordering;
+    let (up, answered, delay_ms) = delayed_upstream(1).await;
+    let mut c = config(vec![up]);
+    c.forward_timeout = crate::DEFAULT_FORWARD_TIMEOUT;
+    c.serve_stale = Some(crate::StalePolicy {
+        stale_ttl: Duration::from_secs(3),
+        ..crate::StalePolicy::default()
+    });
+    let p = start(c).await;
+    p.table.update(&sample());
+    let q = query("slow.test.", RecordType::A, None);
+    let (m, _) = udp(p.addr, &q).await;
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    assert_eq!(m.answers[0].ttl, 1);
+
+    // Slower than the timer: the stale answer at 1.8 s, then the late answer refreshes it.
+    delay_ms.store(2500, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let t = std::time::Instant::now();
+    let m = udp_slow(p.addr, &q).await;
+    let waited = t.elapsed();
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    assert_eq!(m.answers[0].ttl, 3, "the stale TTL");
+    assert!(
+        waited >= Duration::from_millis(1700) && waited < Duration::from_secs(3),
+        "stale answer after {waited:?}"
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while answered.load(Ordering::SeqCst) < 2 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the upstream answered late"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let asked = p.metrics.upstream_requests.get();
+    let (m, _) = udp(p.addr, &q).await;
+    assert_eq!(
+        m.answers[0].ttl, 1,
+        "fresh from the cache: refreshed by the late answer"
+    );
+    assert_eq!(p.metrics.upstream_requests.get(), asked);
+
+    // A silent upstream: the timer again (UDP and TCP), and no wait once it is known down.
+    delay_ms.store(u64::MAX, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let t = std::time::Instant::now();
+    let m = udp_slow(p.addr, &q).await;
+    let silent = t.elapsed();
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    assert!(
+        silent >= Duration::from_millis(1700) && silent < Duration::from_secs(3),
+        "stale answer after {silent:?}"
+    );
+    let t = std::time::Instant::now();
+    let m = tcp(p.addr, &q).await;
+    let over_tcp = t.elapsed();
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    assert!(
+        over_tcp >= Duration::from_millis(1700) && over_tcp < Duration::from_secs(3),
+        "stale answer over TCP after {over_tcp:?}"
+    );
+    // The first silent forward times out 5 s after it began: the upstream is down.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let t = std::time::Instant::now();
+    let (m, _) = udp(p.addr, &q).await;
+    let known_down = t.elapsed();
+    assert_eq!(ips(&m), vec!["192.0.2.7"]);
+    assert!(known_down < Duration::from_millis(250), "{known_down:?}");
+    eprintln!(
+        "stale answer: upstream slower than the timer {waited:?}, silent {silent:?} (TCP \
+         {over_tcp:?}), known down {known_down:?}"
+    );
     p.shutdown.cancel();
 }
 

@@ -11,6 +11,10 @@
 //! the service holds a [`RequestGuard`] ([`Activity::request`]) while it handles a request, and
 //! the connection's task races it against [`Activity::expired`]. The check runs at least every
 //! half header timeout, so a connection goes within 1.5x its timeout.
+//!
+//! A server that must make room for newcomers asks [`Activity::standing`] what a connection is
+//! doing: fresh (no request yet), idle between requests, running requests that may be cut
+//! ([`RequestGuard::preemptible`]: a metrics scrape) or running one that may not (a probe).
 
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -39,6 +43,24 @@ struct State {
     first: bool,
     /// Requests being handled.
     in_flight: usize,
+    /// Of those, the ones marked [`RequestGuard::preemptible`].
+    preemptible: usize,
+    /// When the running requests began (the first of them, while one runs).
+    busy_since: Instant,
+}
+
+/// What a connection is doing, for a server choosing which one makes room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Accepted, no request begun yet; since its start.
+    Fresh(Instant),
+    /// Between two requests; since its last response.
+    Idle(Instant),
+    /// Running requests that may all be cut ([`RequestGuard::preemptible`]); since the first
+    /// began.
+    Preemptible(Instant),
+    /// Running a request that may not be cut.
+    Busy,
 }
 
 /// What a connection did last, shared by its I/O, its requests and its watchdog.
@@ -52,6 +74,8 @@ impl Activity {
             read: false,
             first: true,
             in_flight: 0,
+            preemptible: 0,
+            busy_since: Instant::now(),
         })))
     }
 
@@ -62,10 +86,33 @@ impl Activity {
     /// A request's headers are in; the returned guard marks its end when dropped.
     pub fn request(&self) -> RequestGuard {
         self.with(|s| {
+            if s.in_flight == 0 {
+                s.busy_since = Instant::now();
+            }
             s.in_flight += 1;
             s.first = false;
         });
-        RequestGuard(self.clone())
+        RequestGuard {
+            activity: self.clone(),
+            preemptible: false,
+        }
+    }
+
+    /// What the connection is doing now.
+    pub fn standing(&self) -> Standing {
+        self.with(|s| {
+            if s.in_flight == 0 {
+                if s.first {
+                    Standing::Fresh(s.since)
+                } else {
+                    Standing::Idle(s.since)
+                }
+            } else if s.preemptible == s.in_flight {
+                Standing::Preemptible(s.busy_since)
+            } else {
+                Standing::Busy
+            }
+        })
     }
 
     /// Since when the connection has had no request running (`None`: one is running).
@@ -107,12 +154,30 @@ impl Default for Activity {
 }
 
 /// Ends a request (see [`Activity::request`]).
-pub struct RequestGuard(Activity);
+pub struct RequestGuard {
+    activity: Activity,
+    preemptible: bool,
+}
+
+impl RequestGuard {
+    /// Marks the request as one the server may cut to make room for a newcomer (a metrics
+    /// scrape, which its client retries, unlike a probe), until it ends.
+    pub fn preemptible(&mut self) {
+        if !self.preemptible {
+            self.preemptible = true;
+            self.activity.with(|s| s.preemptible += 1);
+        }
+    }
+}
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
-        self.0.with(|s| {
+        let preemptible = self.preemptible;
+        self.activity.with(|s| {
             s.in_flight = s.in_flight.saturating_sub(1);
+            if preemptible {
+                s.preemptible = s.preemptible.saturating_sub(1);
+            }
             s.since = Instant::now();
             s.read = false;
         });
@@ -204,6 +269,28 @@ mod tests {
         a.expired(&limits()).await;
         // The first byte came 2 s into the wait; the headers had 10 s from the last response.
         assert_eq!(start.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn standing_says_fresh_idle_preemptible_or_busy() {
+        let a = Activity::new();
+        let start = Instant::now();
+        assert_eq!(a.standing(), Standing::Fresh(start));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut scrape = a.request();
+        assert_eq!(a.standing(), Standing::Busy, "not marked yet");
+        scrape.preemptible();
+        scrape.preemptible();
+        let began = start + Duration::from_secs(1);
+        assert_eq!(a.standing(), Standing::Preemptible(began));
+        // HTTP/2: a probe beside the scrape makes the connection one not to cut.
+        let probe = a.request();
+        assert_eq!(a.standing(), Standing::Busy);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(probe);
+        assert_eq!(a.standing(), Standing::Preemptible(began));
+        drop(scrape);
+        assert_eq!(a.standing(), Standing::Idle(began + Duration::from_secs(1)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -450,6 +450,7 @@ fn serve_stale_with_the_upstream_killed_and_back() {
         c.serve_stale = Some(dns_proxy::StalePolicy {
             max_stale: Duration::from_secs(3600),
             stale_ttl: Duration::from_secs(2),
+            ..dns_proxy::StalePolicy::default()
         });
     });
     p.table.update(&table());

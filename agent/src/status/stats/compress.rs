@@ -104,9 +104,34 @@ impl Encoder {
     }
 }
 
+/// Input compressed in one go, on the blocking pool ([`super::off_thread`]): Envoy's text comes
+/// in frames of a few KiB, and compressing each on a runtime thread would put the whole 10 MiB
+/// there, a frame at a time.
+const BATCH: usize = 128 << 10;
+
+/// Compresses `data` with `encoder`, on the blocking pool when it is a batch's worth; gives
+/// the encoder back with what is ready to send.
+async fn push(mut encoder: Encoder, data: Vec<u8>) -> std::io::Result<(Encoder, Vec<u8>)> {
+    if data.len() < BATCH {
+        let out = encoder.push(&data)?;
+        return Ok((encoder, out));
+    }
+    super::off_thread(move || {
+        let out = encoder.push(&data);
+        out.map(|out| (encoder, out))
+    })
+    .await
+    .unwrap_or_else(|| Err(std::io::Error::other("the compressing job failed")))
+}
+
 /// `resp` in `coding` when its body reaches [`MIN_SIZE`] bytes (`Content-Encoding`,
-/// `Vary: Accept-Encoding`), else as it was.
-pub async fn compress(resp: http::Response<Body>, coding: Coding) -> http::Response<Body> {
+/// `Vary: Accept-Encoding`), else as it was. The compressing task ends when the client's body
+/// is dropped, or at `shutdown`.
+pub async fn compress(
+    resp: http::Response<Body>,
+    coding: Coding,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> http::Response<Body> {
     let (mut parts, mut body) = resp.into_parts();
     let mut head = Vec::new();
     let mut ended = false;
@@ -141,46 +166,61 @@ pub async fn compress(resp: http::Response<Body>, coding: Coding) -> http::Respo
     parts.headers.remove(http::header::CONTENT_LENGTH);
 
     let (tx, rx) = mpsc::channel::<Result<Frame<bytes::Bytes>, std::io::Error>>(4);
-    tokio::spawn(async move {
+    let out = tx.clone();
+    let encode = async move {
         let mut encoder = match Encoder::new(coding) {
             Ok(e) => e,
             Err(e) => {
-                let _ = tx.send(Err(e)).await;
+                let _ = out.send(Err(e)).await;
                 return;
             }
         };
-        let mut chunk = head;
+        let mut pending = head;
         loop {
-            let out = match encoder.push(&chunk) {
-                Ok(out) => out,
+            // Gather a batch (or the rest) before compressing.
+            while !ended && pending.len() < BATCH {
+                match body.frame().await {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            pending.extend_from_slice(&data);
+                        }
+                    }
+                    Some(Err(_)) | None => ended = true,
+                }
+            }
+            let compressed = match push(encoder, std::mem::take(&mut pending)).await {
+                Ok((next, c)) => {
+                    encoder = next;
+                    c
+                }
                 Err(e) => {
-                    let _ = tx.send(Err(e)).await;
+                    let _ = out.send(Err(e)).await;
                     return;
                 }
             };
-            if !out.is_empty() && tx.send(Ok(Frame::data(out.into()))).await.is_err() {
+            if !compressed.is_empty() && out.send(Ok(Frame::data(compressed.into()))).await.is_err()
+            {
                 return;
             }
             if ended {
                 break;
             }
-            match body.frame().await {
-                Some(Ok(frame)) => {
-                    chunk = frame.into_data().map(|d| d.to_vec()).unwrap_or_default()
-                }
-                Some(Err(_)) | None => {
-                    ended = true;
-                    chunk = Vec::new();
-                }
-            }
         }
         match encoder.finish() {
             Ok(rest) => {
-                let _ = tx.send(Ok(Frame::data(rest.into()))).await;
+                let _ = out.send(Ok(Frame::data(rest.into()))).await;
             }
             Err(e) => {
-                let _ = tx.send(Err(e)).await;
+                let _ = out.send(Err(e)).await;
             }
+        }
+    };
+    tokio::spawn(async move {
+        tokio::select! {
+            // The client is gone: the merged body (and Envoy's read) is dropped with this task.
+            _ = tx.closed() => {}
+            _ = shutdown.cancelled() => {}
+            _ = encode => {}
         }
     });
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
@@ -204,7 +244,7 @@ mod tests {
                 .map_err(|never: std::convert::Infallible| match never {})
                 .boxed(),
         );
-        let resp = compress(resp, coding).await;
+        let resp = compress(resp, coding, tokio_util::sync::CancellationToken::new()).await;
         let encoding = resp
             .headers()
             .get(http::header::CONTENT_ENCODING)

@@ -37,6 +37,7 @@ cat >"$root/usr/share/doc/istio-sidecar/copyright" <<COPYRIGHT
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 
 Files: *
+Copyright: the mesh-agent authors; Envoy: the Envoy authors; envoy_bootstrap_tmpl.json: the Istio authors
 License: Apache-2.0
  pilot-agent, istio-iptables and the packaging files: this project. Envoy: the Envoy
  authors. envoy_bootstrap_tmpl.json: the Istio authors.
@@ -52,9 +53,9 @@ cat >"$root/DEBIAN/control" <<CONTROL
 Package: istio-sidecar
 Version: $version
 Architecture: $(dpkg --print-architecture)
-Maintainer: mesh-agent maintainers <mesh-agent@localhost>
+Maintainer: mesh-agent maintainers <mesh-agent@example.org>
 Installed-Size: $size
-Depends: iproute2, iptables, hostname
+Depends: libc6, iproute2, iptables
 Section: net
 Priority: optional
 Homepage: https://istio.io/latest/docs/setup/install/virtual-machine/
@@ -64,6 +65,10 @@ Description: Istio sidecar for virtual machines (pilot-agent, Envoy, istio-iptab
  at the paths Istio's package uses.
 CONTROL
 
+printf 'istio-sidecar (%s) unstable; urgency=medium\n\n  * Built from %s.\n\n -- mesh-agent maintainers <mesh-agent@example.org>  %s\n' \
+  "$version" "$(git rev-parse --short HEAD 2>/dev/null || echo source)" "$(date -R)" |
+  gzip -9n >"$root/usr/share/doc/istio-sidecar/changelog.gz"
+chmod 0644 "$root/usr/share/doc/istio-sidecar/changelog.gz"
 mkdir -p "$(dirname "$out")"
 dpkg-deb --root-owner-group -Zgzip --build "$root" "$out" >/dev/null
 echo "build-deb: $out ($(du -h "$out" | cut -f1), version $version, from $bin_dir)"

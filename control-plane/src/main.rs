@@ -152,6 +152,9 @@ enum Command {
             default_value = "cluster.local"
         )]
         trust_domain: String,
+        /// Lifetime of the token written (istioctl's `--tokenDuration`, 1h by default).
+        #[arg(long, env = "ISTIOD_LITE_TOKEN_DURATION", default_value = "1h", value_parser = go_syntax::parse_duration)]
+        token_duration: Duration,
     },
 }
 
@@ -261,6 +264,7 @@ async fn main() -> anyhow::Result<()> {
             output,
             cluster_id,
             trust_domain,
+            token_duration,
         } => {
             vm_bundle::write_bundle(&vm_bundle::BundleInputs {
                 ca_dir,
@@ -271,7 +275,7 @@ async fn main() -> anyhow::Result<()> {
                 output: output.clone(),
                 cluster_id,
                 trust_domain,
-                token_ttl: Duration::from_secs(3600),
+                token_ttl: token_duration,
             })
             .context("writing the VM bundle")?;
             eprintln!(

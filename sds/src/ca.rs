@@ -2,11 +2,19 @@
 //!
 //! TLS as Istio (root from `CA_ROOT_CA` and fallbacks, ServerName from the CA host or
 //! `ISTIOD_SAN`, `PROV_CERT` client identity when valid), plaintext for `:15010` or `http://`.
-//! The bearer token is re-read on every call; a JWT whose `exp` has passed is not sent (the error
-//! names the file and the expiry time), and no token is sent over plaintext unless
+//! The bearer token is re-read on every call; a JWT whose `exp` has passed is not sent, and no
+//! token is sent over plaintext unless
 //! [`Config::allow_plaintext_token`] (`CA_ALLOW_PLAINTEXT_TOKEN=true`) says so: Istio
 //! serves its CA on the TLS port 15012 only, so a plaintext CA address is almost always a
-//! mistake that would put the workload's credential on the wire in clear. Retries: 5 tries, 100 ms doubling with 10% jitter, on
+//! mistake that would put the workload's credential on the wire in clear.
+//!
+//! Credentials, as Istio's agent: the `PROV_CERT` client certificate (read again for every call,
+//! so on a VM, where `OUTPUT_CERTS` is the same directory, the agent's own previous certificate)
+//! when it is valid, and the token. istiod authenticates the client certificate first, so with
+//! a valid one an expired or missing token does not stop the call (renewal after the onboarding
+//! token expired, a VM rebooted with an empty `/run`): the call goes out without the token.
+//! With neither, the call fails at once with one error naming the token file and why there is no
+//! certificate. Retries: 5 tries, 100 ms doubling with 10% jitter, on
 //! retryable codes only. The channel is rebuilt after any error and whenever the root file's
 //! directory changes (kubelet `..data` swaps included).
 //!
@@ -63,12 +71,21 @@ struct Inner {
     cert_signer: String,
     ttl: Duration,
     metrics: Arc<Metrics>,
-    /// The cached channel and the target it dials.
-    channel: Arc<Mutex<Option<(Channel, SocketAddr)>>>,
+    /// The cached channel, the target it dials and the client certificate it presents.
+    channel: Arc<Mutex<Option<Cached>>>,
     failover: Failover,
     /// Bumped whenever the root file's content changes (see [`CaClient::root_changes`]).
     root_changes: tokio::sync::watch::Receiver<u64>,
     _root_watch: Option<notify::RecommendedWatcher>,
+}
+
+/// A channel to the CA as built: rebuilt when the client certificate to present changes.
+#[derive(Clone)]
+struct Cached {
+    channel: Channel,
+    target: SocketAddr,
+    /// The chain presented (PEM), or `None` when the channel has no client certificate.
+    client_chain: Option<Vec<u8>>,
 }
 
 fn is_retryable(code: tonic::Code) -> bool {
@@ -88,7 +105,7 @@ fn jittered(d: Duration) -> Duration {
 impl CaClient {
     /// Builds the client from `config`; the channel itself is created lazily on the first call.
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<CaClient, Error> {
-        let channel: Arc<Mutex<Option<(Channel, SocketAddr)>>> = Arc::new(Mutex::new(None));
+        let channel: Arc<Mutex<Option<Cached>>> = Arc::new(Mutex::new(None));
         let failover = Failover::new(&config.ca_addr, config.ca_plaintext).map_err(|reason| {
             Error::Config {
                 var: "CA_ADDR".to_string(),
@@ -134,14 +151,19 @@ impl CaClient {
         self.inner.root_changes.clone()
     }
 
-    /// The cached channel, or a new one to the failover's first target.
-    async fn channel(&self) -> Result<(Channel, SocketAddr), Error> {
+    /// The cached channel, or a new one to the failover's first target. The `PROV_CERT` files
+    /// are read on every call: a channel built with another client certificate (or none: the
+    /// first certificate of a VM is written there after the first call) is rebuilt.
+    async fn channel(&self) -> Result<Cached, Error> {
+        let identity = self.inner.prov_cert.as_ref().and_then(load_client_identity);
+        let client_chain = identity.as_ref().map(|(chain, _)| chain.clone());
         if let Some(cached) = self
             .inner
             .channel
             .lock()
             .map_err(|_| Error::Closed)?
             .as_ref()
+            .filter(|c| c.client_chain == client_chain)
         {
             return Ok(cached.clone());
         }
@@ -160,16 +182,21 @@ impl CaClient {
             plaintext: self.is_plaintext(),
             root: self.inner.root.clone(),
             server_name: self.inner.server_name.clone(),
-            client_identity: self.inner.prov_cert.as_ref().and_then(load_client_identity),
+            client_identity: identity,
             keepalive: self.inner.keepalive,
             window: crate::tls::DEFAULT_WINDOW,
             compliance: self.inner.compliance,
         };
         let ch = grpc_channel_to(&inputs, target)?;
-        debug!(addr = %self.inner.addr, target = %target.addr, server_name = %self.inner.server_name, root = %self.inner.root.describe(), "built CA channel");
+        debug!(addr = %self.inner.addr, target = %target.addr, server_name = %self.inner.server_name, root = %self.inner.root.describe(), client_cert = client_chain.is_some(), "built CA channel");
+        let cached = Cached {
+            channel: ch,
+            target: target.addr,
+            client_chain,
+        };
         let mut guard = self.inner.channel.lock().map_err(|_| Error::Closed)?;
-        *guard = Some((ch.clone(), target.addr));
-        Ok((ch, target.addr))
+        *guard = Some(cached.clone());
+        Ok(cached)
     }
 
     fn reset_channel(&self) {
@@ -178,7 +205,13 @@ impl CaClient {
         }
     }
 
-    fn request(&self, csr_pem: &[u8]) -> Result<tonic::Request<IstioCertificateRequest>, Error> {
+    /// The request for `csr_pem`; `client_cert` says whether the channel presents a valid client
+    /// certificate, which stands in for an expired or missing token.
+    fn request(
+        &self,
+        csr_pem: &[u8],
+        client_cert: bool,
+    ) -> Result<tonic::Request<IstioCertificateRequest>, Error> {
         let mut fields = BTreeMap::new();
         fields.insert(
             "CertSigner".to_string(),
@@ -216,23 +249,66 @@ impl CaClient {
                 .map_err(|e| bad_header(&format!("CA_HEADER_{k}"), format!("{e}")))?;
             md.insert(key, val);
         }
-        if let Some(token) = read_token(&self.inner.token_path) {
-            if self.is_plaintext() && !self.inner.allow_plaintext_token {
-                return Err(Error::PlaintextToken {
+        let Some(token) = read_token(&self.inner.token_path) else {
+            // Over plaintext the CA sees no certificate either; what it accepts there is its own
+            // policy (Istio sends nothing on :15010).
+            if !client_cert && !self.is_plaintext() {
+                return Err(Error::NoCredential {
                     addr: self.inner.addr.clone(),
                     token: self.inner.token_path.display().to_string(),
+                    client_cert: self.client_cert_absence(),
                 });
             }
-            crate::token::check_not_expired(&self.inner.token_path, &token, SystemTime::now())?;
-            let v = format!("Bearer {token}").parse().map_err(|e| {
-                Error::file(
-                    &self.inner.token_path,
-                    format!("token is not a valid header value: {e}"),
-                )
-            })?;
-            md.insert("authorization", v);
+            return Ok(req);
+        };
+        if self.is_plaintext() && !self.inner.allow_plaintext_token {
+            return Err(Error::PlaintextToken {
+                addr: self.inner.addr.clone(),
+                token: self.inner.token_path.display().to_string(),
+            });
         }
+        if client_cert {
+            if let Err(e) = crate::token::check_not_expired(
+                &self.inner.token_path,
+                &token,
+                SystemTime::now(),
+                "",
+            ) {
+                debug!(error = %e, "token expired; the CA call authenticates with the client certificate alone");
+                return Ok(req);
+            }
+        } else {
+            crate::token::check_not_expired(
+                &self.inner.token_path,
+                &token,
+                SystemTime::now(),
+                &self.client_cert_absence(),
+            )?;
+        }
+        let v = format!("Bearer {token}").parse().map_err(|e| {
+            Error::file(
+                &self.inner.token_path,
+                format!("token is not a valid header value: {e}"),
+            )
+        })?;
+        md.insert("authorization", v);
         Ok(req)
+    }
+
+    /// Why no client certificate is presented, for an error that has no credential left.
+    fn client_cert_absence(&self) -> String {
+        if self.is_plaintext() {
+            return "a plaintext connection presents no client certificate".to_string();
+        }
+        match &self.inner.prov_cert {
+            None => "PROV_CERT is not set (no client certificate)".to_string(),
+            Some(dir) => format!(
+                "PROV_CERT has no valid client certificate ({} and {}: {})",
+                dir.cert_chain.display(),
+                dir.key.display(),
+                client_identity_problem(dir)
+            ),
+        }
     }
 
     /// True when the connection to the CA has no TLS: `:15010` (Istio's plaintext port) or an
@@ -247,8 +323,10 @@ impl CaClient {
     }
 
     /// Sends `csr_pem`; returns the certificate chain, leaf first, root last (at least 2).
-    /// A JWT token whose `exp` has passed is not sent ([`Error::TokenExpired`]), nor a token over
-    /// plaintext unless allowed ([`Error::PlaintextToken`]). Every failed call counts once in
+    /// A JWT token whose `exp` has passed is not sent: with a valid `PROV_CERT` client certificate
+    /// the call goes out without it, else it fails ([`Error::TokenExpired`]); with neither token
+    /// nor certificate over TLS it fails ([`Error::NoCredential`]). No token goes over plaintext
+    /// unless allowed ([`Error::PlaintextToken`]). Every failed call counts once in
     /// `csr_failures_total{reason}`.
     pub async fn sign(&self, csr_pem: &[u8]) -> Result<Vec<String>, Error> {
         let result = self.sign_with_retries(csr_pem).await;
@@ -263,8 +341,12 @@ impl CaClient {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let (channel, target) = self.channel().await?;
-            let req = self.request(csr_pem)?;
+            let Cached {
+                channel,
+                target,
+                client_chain,
+            } = self.channel().await?;
+            let req = self.request(csr_pem, client_chain.is_some())?;
             self.inner
                 .metrics
                 .outgoing_requests
@@ -360,6 +442,28 @@ fn load_client_identity(dir: &CertDir) -> Option<(Vec<u8>, Vec<u8>)> {
     }
 }
 
+/// Why `dir` holds no usable client identity (for an error message).
+fn client_identity_problem(dir: &CertDir) -> String {
+    let cert = match std::fs::read(&dir.cert_chain) {
+        Ok(c) => c,
+        Err(e) => return format!("{}: {e}", dir.cert_chain.display()),
+    };
+    if let Err(e) = std::fs::metadata(&dir.key) {
+        return format!("{}: {e}", dir.key.display());
+    }
+    let Some(leaf) = crate::pem::parse_certs(&cert).into_iter().next() else {
+        return "no PEM certificate in the chain".to_string();
+    };
+    match crate::x509::cert_validity(&leaf) {
+        Some((_, not_after)) if not_after <= SystemTime::now() => format!(
+            "the certificate expired at {}",
+            crate::timestamp::rfc3339(not_after)
+        ),
+        Some(_) => "valid".to_string(),
+        None => "the certificate does not parse".to_string(),
+    }
+}
+
 /// The `PROV_CERT` client identity (chain, key): one policy for the CA client and the agent's
 /// xDS upstream, so the same files are offered or refused by both.
 pub fn prov_cert_identity(dir: &CertDir) -> Option<(Vec<u8>, Vec<u8>)> {
@@ -370,7 +474,7 @@ pub fn prov_cert_identity(dir: &CertDir) -> Option<(Vec<u8>, Vec<u8>)> {
 /// channel and bumps `changes`.
 fn watch_root(
     path: &Path,
-    channel: Arc<Mutex<Option<(Channel, SocketAddr)>>>,
+    channel: Arc<Mutex<Option<Cached>>>,
     changes: tokio::sync::watch::Sender<u64>,
     metrics: &Metrics,
 ) -> Option<notify::RecommendedWatcher> {
@@ -447,6 +551,12 @@ mod tests {
             allow_plaintext_token,
             ..Config::defaults(base)
         };
+        // Over TLS a call needs a credential: an opaque token (unless the test wrote one), which
+        // tests replace or remove.
+        if !plaintext && !cfg.token_path.exists() {
+            std::fs::create_dir_all(cfg.token_path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&cfg.token_path, "opaque").expect("token");
+        }
         let mut reg = prometheus_client::registry::Registry::default();
         let client = CaClient::new(&cfg, Arc::new(Metrics::new(&mut reg))).expect("client");
         (client, cfg, reg)
@@ -567,6 +677,109 @@ mod tests {
                 r#"{{"sub":"system:serviceaccount:a:b","exp":{exp}}}"#
             ))
         )
+    }
+
+    /// A VM: `PROV_CERT` and `OUTPUT_CERTS` are one directory. The first certificate is had with
+    /// the token; once it sits in `PROV_CERT`, an expired or missing token no longer stops a
+    /// renewal: the call goes over mTLS with the previous certificate and no token. Without
+    /// either credential the error names both.
+    #[tokio::test]
+    async fn expired_or_missing_token_with_a_valid_client_certificate_goes_over_mtls() {
+        let ca = FakeCa::start();
+        let base = tempfile::tempdir().expect("tempdir");
+        let root = base.path().join(crate::config::paths::ISTIO_ROOT);
+        std::fs::create_dir_all(root.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&root, &ca.tls_root_pem).expect("root");
+        let certs = base.path().join("etc/certs");
+        std::fs::create_dir_all(&certs).expect("mkdir");
+        let cfg = Config {
+            ca_addr: ca.ca_addr(),
+            ca_server_name: "istiod.istio-system.svc".into(),
+            prov_cert: Some(CertDir::istio(&certs)),
+            ..Config::defaults(base.path())
+        };
+        let mut reg = prometheus_client::registry::Registry::default();
+        let c = CaClient::new(&cfg, Arc::new(Metrics::new(&mut reg))).expect("client");
+        let token_path = &cfg.token_path;
+        std::fs::create_dir_all(token_path.parent().expect("parent")).expect("mkdir");
+
+        // Onboarding: a valid token, no certificate yet.
+        let fresh = jwt(SystemTime::now() + Duration::from_secs(3600));
+        std::fs::write(token_path, &fresh).expect("write");
+        let key = crate::csr::generate(
+            "spiffe://cluster.local/ns/a/sa/b",
+            KeyAlgorithm::EcdsaP256,
+            false,
+        )
+        .expect("csr");
+        let chain = c.sign(&key.csr_pem).await.expect("signed with the token");
+        let got = ca.received();
+        assert!(!got[0].client_cert);
+        assert_eq!(
+            got[0].header("authorization"),
+            Some(format!("Bearer {fresh}").as_str())
+        );
+        // OUTPUT_CERTS writes the certificate where PROV_CERT reads it.
+        std::fs::write(certs.join("cert-chain.pem"), chain.concat()).expect("chain");
+        std::fs::write(certs.join("key.pem"), &key.private_key_pem).expect("key");
+
+        // The token expires: the renewal goes out with the certificate, without the token.
+        std::fs::write(token_path, jwt(SystemTime::now() - Duration::from_secs(30)))
+            .expect("write");
+        c.sign(&csr()).await.expect("renewed over mTLS");
+        let got = ca.received();
+        assert_eq!(got.len(), 2);
+        assert!(
+            got[1].client_cert,
+            "the previous certificate was not presented"
+        );
+        assert_eq!(
+            got[1].header("authorization"),
+            None,
+            "an expired token was sent"
+        );
+
+        // A reboot empties /run: no token file at all is fine too.
+        std::fs::remove_file(token_path).expect("rm");
+        c.sign(&csr()).await.expect("renewed without a token file");
+        let got = ca.received();
+        assert!(got[2].client_cert && got[2].header("authorization").is_none());
+
+        // Neither credential: one error naming the token and the certificate, nothing sent.
+        std::fs::remove_file(certs.join("cert-chain.pem")).expect("rm");
+        let e = c.sign(&csr()).await.expect_err("no credential");
+        assert!(matches!(e, Error::NoCredential { .. }), "{e}");
+        assert_eq!(e.reason(), "no_credential");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&token_path.display().to_string())
+                && msg.contains("does not exist")
+                && msg.contains("PROV_CERT has no valid client certificate")
+                && msg.contains("cert-chain.pem"),
+            "{msg}"
+        );
+        std::fs::write(token_path, jwt(SystemTime::now() - Duration::from_secs(30)))
+            .expect("write");
+        let e = c
+            .sign(&csr())
+            .await
+            .expect_err("expired token, no certificate");
+        assert!(matches!(e, Error::TokenExpired { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("expired at") && msg.contains("PROV_CERT has no valid client certificate"),
+            "{msg}"
+        );
+        assert_eq!(
+            ca.received().len(),
+            3,
+            "a call without credentials was sent"
+        );
+        assert!(
+            metrics_text(&reg).contains("csr_failures_total{reason=\"no_credential\"} 1"),
+            "{}",
+            metrics_text(&reg)
+        );
     }
 
     #[tokio::test]

@@ -70,8 +70,12 @@
 //! refreshes the certificate in place (the old one keeps being served until the new one is
 //! signed, with jittered exponential backoff on failure, capped at a tenth of the certificate's
 //! lifetime within 1 s..60 s) instead of clearing the cache first. A JWT token whose `exp` has
-//! passed is not sent to the CA: the call fails at once with an error naming the token file and
-//! its expiry time, counted in `csr_failures_total{reason="token_expired"}` (not an Istio
+//! passed is not sent to the CA. With a valid client certificate (`PROV_CERT`, on a VM the
+//! agent's own previous certificate, as `OUTPUT_CERTS` is the same directory) the call goes out
+//! over mTLS without it, and a missing token is fine too: the CA authenticates the certificate,
+//! as istiod does. With neither, the call fails at once with one error naming the token file
+//! (and its expiry time) and why there is no client certificate, counted in
+//! `csr_failures_total{reason="token_expired"}` or `{reason="no_credential"}` (not an Istio
 //! metric; it counts every failed signing call by reason). Nor is a token sent to a CA reached
 //! over plaintext (`:15010`, `http://`) unless `Config::allow_plaintext_token`
 //! (`CA_ALLOW_PLAINTEXT_TOKEN=true`): the call fails at once, saying why and how to allow it
@@ -138,12 +142,22 @@ pub enum Error {
         message: String,
     },
     #[error(
-        "the token at {path} expired at {expired_at} ({ago}s ago); not sending it to the CA (it would answer UNAUTHENTICATED): the token file must be refreshed"
+        "the token at {path} expired at {expired_at} ({ago}s ago) and {client_cert}: no credential left for the CA (it would answer UNAUTHENTICATED); refresh the token file, or give the agent a valid client certificate (PROV_CERT)"
     )]
     TokenExpired {
         path: String,
         expired_at: String,
         ago: u64,
+        /// Why no client certificate could stand in for the token.
+        client_cert: String,
+    },
+    #[error(
+        "no credential for the CA at {addr}: the token {token} does not exist or is empty and {client_cert}; write the service account token there (istioctl x workload entry configure makes one), or give the agent a valid client certificate (PROV_CERT)"
+    )]
+    NoCredential {
+        addr: String,
+        token: String,
+        client_cert: String,
     },
     #[error(
         "refusing to send the bearer token {token} to the CA at {addr} over plaintext: anyone on the path could read and replay it (Istio serves its CA on the TLS port 15012 only); use the CA's TLS address (e.g. CA_ADDR=istiod.istio-system.svc:15012), or set CA_ALLOW_PLAINTEXT_TOKEN=true to send it in clear anyway"
@@ -168,12 +182,13 @@ pub enum Error {
 }
 
 impl Error {
-    /// Label for `csr_failures_total{reason}`: `token_expired`, `plaintext_token`, the CA's gRPC
+    /// Label for `csr_failures_total{reason}`: `token_expired`, `no_credential`, `plaintext_token`, the CA's gRPC
     /// code in snake case (`unavailable`, `unauthenticated`, ...), `invalid_response`, or `other`.
     pub fn reason(&self) -> &'static str {
         use tonic::Code::*;
         match self {
             Error::TokenExpired { .. } => "token_expired",
+            Error::NoCredential { .. } => "no_credential",
             Error::PlaintextToken { .. } => "plaintext_token",
             Error::InvalidResponse { .. } => "invalid_response",
             Error::Ca { code, .. } => match code {

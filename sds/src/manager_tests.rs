@@ -11,7 +11,13 @@ use crate::config::KeyAlgorithm;
 use crate::testing::{Answer, FakeCa};
 use crate::x509::check_key_matches;
 
-/// A base directory holding the fake CA's root, and the config of a workload `ns1/sa1` with
+/// Writes an opaque token where `config` reads it (a CA over TLS needs a credential).
+fn write_token(config: &Config) {
+    std::fs::create_dir_all(config.token_path.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&config.token_path, "tok-setup").expect("token");
+}
+
+/// A base directory holding the fake CA's root (and an opaque token), and the config of a workload `ns1/sa1` with
 /// ECDSA P-256 keys and no rotation jitter signed by that CA; tests change fields with `with`.
 struct Setup {
     dir: tempfile::TempDir,
@@ -33,6 +39,7 @@ impl Setup {
             grace_ratio_jitter: 0.0,
             ..Config::defaults(dir.path())
         };
+        write_token(&config);
         Setup { dir, config }
     }
     fn with(mut self, f: impl FnOnce(&mut Config)) -> Setup {
@@ -121,11 +128,29 @@ async fn fetch_issues_a_spiffe_cert_with_istio_metadata() {
 }
 
 #[tokio::test]
-async fn no_token_file_means_no_auth_header() {
+async fn no_token_and_no_client_certificate_is_one_error_naming_both() {
     let ca = FakeCa::start();
-    let setup = Setup::new(&ca);
-    setup.manager().fetch("default").await.expect("default");
-    assert_eq!(ca.received()[0].header("authorization"), None);
+    let setup = Setup::new(&ca).with(|c| {
+        c.prov_cert = Some(crate::config::CertDir::istio(&c.base_dir.join("etc/certs")));
+    });
+    std::fs::remove_file(&setup.config.token_path).expect("rm token");
+    let e = setup
+        .manager()
+        .fetch("default")
+        .await
+        .expect_err("no credential");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&setup.config.token_path.display().to_string())
+            && msg.contains("does not exist")
+            && msg.contains("PROV_CERT has no valid client certificate")
+            && msg.contains("cert-chain.pem"),
+        "{msg}"
+    );
+    assert!(
+        ca.received().is_empty(),
+        "a call without credentials was sent"
+    );
 }
 
 #[tokio::test]

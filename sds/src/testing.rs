@@ -1,7 +1,8 @@
 //! In-process fake Istio CA for tests and benches: a real tonic server on `127.0.0.1:0` over
 //! TLS (test-generated root, serving cert for `istiod.istio-system.svc` and `localhost`),
 //! running on its own thread and runtime so tests on paused tokio time can call it. Tests set
-//! its next answers and read back what it received.
+//! its next answers and read back what it received. A client certificate signed by its first
+//! signing root is verified when presented (optional, as on istiod's 15012).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -40,6 +41,9 @@ pub struct Received {
     pub cert_signer: Option<String>,
     /// gRPC metadata as (lowercase key, value).
     pub headers: Vec<(String, String)>,
+    /// Whether the caller presented a client certificate (verified against the first signing
+    /// root, as istiod verifies `PROV_CERT` and the agent's own certificate).
+    pub client_cert: bool,
 }
 
 impl Received {
@@ -125,6 +129,7 @@ impl IstioCertificateService for Svc {
                 _ => None,
             })
             .collect();
+        let client_cert = request.peer_certs().is_some_and(|c| !c.is_empty());
         let req = request.into_inner();
         let cert_signer = req
             .metadata
@@ -140,6 +145,7 @@ impl IstioCertificateService for Svc {
             validity_duration: req.validity_duration,
             cert_signer,
             headers,
+            client_cert,
         });
         let n = st.received.len();
         st.count.send_replace(n);
@@ -219,6 +225,7 @@ impl FakeCa {
             .expect("server cert");
         let identity = Identity::from_pem(server_cert.pem(), server_key.serialize_pem());
         let tls_root_pem = root.pem.clone();
+        let client_root = tonic::transport::Certificate::from_pem(root.pem.clone());
 
         let state = Arc::new(Mutex::new(State {
             count: tokio::sync::watch::channel(0).0,
@@ -251,7 +258,12 @@ impl FakeCa {
                 let mut b = Server::builder();
                 if tls {
                     b = b
-                        .tls_config(ServerTlsConfig::new().identity(identity))
+                        .tls_config(
+                            ServerTlsConfig::new()
+                                .identity(identity)
+                                .client_ca_root(client_root)
+                                .client_auth_optional(true),
+                        )
                         .expect("tls config");
                 }
                 let _ = b

@@ -31,13 +31,19 @@ pub fn jwt_expiry(token: &str) -> Option<SystemTime> {
 }
 
 /// Fails with [`Error::TokenExpired`] when `token` (read from `path`) is a JWT whose `exp` is
-/// not after `now`.
-pub fn check_not_expired(path: &Path, token: &str, now: SystemTime) -> Result<(), Error> {
+/// not after `now`; `client_cert` says why no client certificate can stand in for it.
+pub fn check_not_expired(
+    path: &Path,
+    token: &str,
+    now: SystemTime,
+    client_cert: &str,
+) -> Result<(), Error> {
     match jwt_expiry(token) {
         Some(exp) if exp <= now => Err(Error::TokenExpired {
             path: path.display().to_string(),
             expired_at: crate::timestamp::rfc3339(exp),
             ago: now.duration_since(exp).unwrap_or_default().as_secs(),
+            client_cert: client_cert.to_string(),
         }),
         _ => Ok(()),
     }
@@ -98,18 +104,33 @@ mod tests {
         let path = Path::new("/var/run/secrets/tokens/istio-token");
         let t = jwt(r#"{"exp":1800000000}"#);
         let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-        assert!(check_not_expired(path, &t, at - Duration::from_secs(1)).is_ok());
-        let e = check_not_expired(path, &t, at + Duration::from_secs(90)).expect_err("expired");
+        assert!(
+            check_not_expired(
+                path,
+                &t,
+                at - Duration::from_secs(1),
+                "PROV_CERT is not set"
+            )
+            .is_ok()
+        );
+        let e = check_not_expired(
+            path,
+            &t,
+            at + Duration::from_secs(90),
+            "PROV_CERT is not set",
+        )
+        .expect_err("expired");
         let msg = e.to_string();
         assert!(
             msg.contains("/var/run/secrets/tokens/istio-token")
                 && msg.contains("expired at 2027-01-15T08:00:00Z")
-                && msg.contains("90s ago"),
+                && msg.contains("90s ago")
+                && msg.contains("PROV_CERT is not set"),
             "{msg}"
         );
         // Exactly at `exp` the token is expired (the CA accepts no leeway either).
-        assert!(check_not_expired(path, &t, at).is_err());
+        assert!(check_not_expired(path, &t, at, "").is_err());
         // Opaque tokens are never refused locally.
-        assert!(check_not_expired(path, "opaque", at).is_ok());
+        assert!(check_not_expired(path, "opaque", at, "").is_ok());
     }
 }

@@ -12,7 +12,7 @@
 pub mod vm;
 
 use crate::netns::{Netns, sh};
-use crate::process::{Child, workspace_bin};
+use crate::process::{Child, repo_root, workspace_bin};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -119,6 +119,12 @@ impl Mesh {
         for name in ["pilot-agent", "istio-iptables", "istiod-lite", "mesh-app"] {
             std::fs::copy(workspace_bin(name), bin.join(name)).expect("copy binary");
         }
+        // The VM's start script, as the package installs it beside the binaries.
+        std::fs::copy(
+            repo_root().join("docs/vm/istio-start.sh"),
+            bin.join("istio-start.sh"),
+        )
+        .expect("copy istio-start.sh");
         let envoy = crate::envoy_bin().expect("Envoy is required for the mesh");
         std::fs::copy(&envoy, bin.join("envoy")).expect("copy envoy");
         sh(Command::new("chmod").arg("-R").arg("0755").arg(&bin));

@@ -38,6 +38,8 @@ async fn start(ca: &FakeCa, tweak: impl FnOnce(&mut Config)) -> Fixture {
         ..Config::defaults(dir.path())
     };
     tweak(&mut cfg);
+    std::fs::create_dir_all(cfg.token_path.parent().expect("p")).expect("mkdir");
+    std::fs::write(&cfg.token_path, "tok").expect("token");
     let path = cfg.socket_path.clone();
     // The socket's directory exists as a kubelet makes an emptyDir (0777), and a stale file
     // where the socket goes must be replaced.

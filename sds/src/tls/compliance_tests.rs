@@ -250,6 +250,8 @@ async fn the_ca_client_dials_under_the_policy() {
             compliance: policy,
             ..Config::defaults(dir.path())
         };
+        std::fs::create_dir_all(cfg.token_path.parent().expect("p")).expect("mkdir");
+        std::fs::write(&cfg.token_path, "tok").expect("token");
         let mut reg = prometheus_client::registry::Registry::default();
         let client = CaClient::new(&cfg, Arc::new(Metrics::new(&mut reg))).expect("client");
         let e = client

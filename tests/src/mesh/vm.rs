@@ -1,12 +1,12 @@
 //! A VM in the box: a namespace joined to the node like a pod, onboarded the way Istio's VM docs
-//! do it, through the systemd unit shipped in `docs/vm/istio.service`.
+//! do it, through the systemd unit and start script shipped in `docs/vm/` (a VM with a real
+//! systemd is `scripts/vm.sh`, tested by the `vm` test binary).
 //!
-//! [`Unit`] reads that unit file; [`parse_env_file`] reads `cluster.env` with the rules systemd
-//! applies to `EnvironmentFile=` (`KEY='shell-quoted value'` lines); [`Mesh::start_vm`] lays the
-//! `istiod-lite vm-bundle` files out at the agent's relative paths under the VM's root
-//! directory, then runs the unit's `ExecStartPre=` (istio-iptables, as root) and `ExecStart=`
-//! (pilot-agent, as `User=`) with the unit's environment, from `WorkingDirectory=` mapped onto
-//! that root. Binaries named `/usr/local/bin/<name>` come from the mesh's `bin/`.
+//! [`Unit`] reads that unit file; [`parse_env_file`] reads `cluster.env`'s `KEY='shell-quoted
+//! value'` lines; [`Mesh::start_vm`] lays the `istiod-lite vm-bundle` files out at their
+//! relative paths under the VM's root directory, then runs the unit's lines from that root
+//! (istio-start.sh reads its files relative to it, as from `/`). Binaries named
+//! `/usr/local/bin/<name>` come from the mesh's `bin/`.
 
 use super::{Mesh, PROXY_UID, Pod, chown_r};
 use crate::netns::sh;
@@ -285,7 +285,8 @@ pub fn parse_env_file(text: &str) -> Result<BTreeMap<String, String>, String> {
 
 /// What [`Mesh::start_vm`] did, for assertions.
 pub struct VmStart {
-    /// The service environment the unit produced (cluster.env over the unit's defaults).
+    /// The environment the unit's lines were given (istio-start.sh's own settings; it reads
+    /// cluster.env itself).
     pub env: BTreeMap<String, String>,
     /// The unit's `ExecStart=` after expansion.
     pub exec_start: Exec,
@@ -322,11 +323,13 @@ impl Mesh {
 
     /// Onboards `vm` as Istio's VM guide does, with `unit` (docs/vm/istio.service): the bundle's
     /// files go to their places under the VM's root (`vm.dir` stands for `/`), its `hosts` is
-    /// appended to the VM's /etc/hosts, then the unit's `ExecStartPre=` lines run (in the VM's
-    /// namespace, as root when `+`) and its `ExecStart=` is spawned as `User=`.
+    /// appended to the VM's /etc/hosts, then the unit's lines run in the VM's namespace from
+    /// that root: `ExecStartPre=`'s `install -d … /var/run/secrets` on the root's copy, and
+    /// `ExecStart=` (istio-start.sh: the capture as root, then pilot-agent as `EXEC_USER`).
     ///
-    /// One change to the unit's environment: `PROXY_CONFIG` gains `binaryPath` (Envoy lives in
-    /// the mesh's `bin/`, not `/usr/local/bin/envoy`).
+    /// What differs from a VM, given to istio-start.sh through its own settings:
+    /// `ISTIO_BIN_BASE` (the mesh's `bin/`), `EXEC_USER` the proxy uid (this host has no
+    /// istio-proxy user), and a `PROXY_CONFIG` whose `binaryPath` is the mesh's Envoy.
     pub fn start_vm(&self, vm: &mut Pod, bundle: &Path, unit: &Unit) -> VmStart {
         for (from, to) in VM_FILES {
             let dest = vm.dir.join(to);
@@ -338,28 +341,33 @@ impl Mesh {
         let etc_hosts = PathBuf::from("/etc/netns").join(vm.ns.name()).join("hosts");
         // The VM's /etc/hosts knows only localhost until the bundle's line is appended.
         std::fs::write(&etc_hosts, format!("127.0.0.1 localhost\n{hosts}")).expect("hosts");
+
+        let env = BTreeMap::new();
+        for exec in unit.exec("ExecStartPre", &env).expect("ExecStartPre") {
+            // `+/usr/bin/install -d -o istio-proxy -m 0755 /var/run/secrets`, on the VM's root.
+            let dir = exec.argv.last().expect("a directory");
+            assert!(
+                exec.privileged && exec.argv[0] == "/usr/bin/install" && dir.starts_with('/'),
+                "unexpected ExecStartPre= {exec:?}"
+            );
+            std::fs::create_dir_all(vm.dir.join(dir.trim_start_matches('/'))).expect("mkdir");
+        }
         chown_r(&vm.dir, PROXY_UID);
 
-        let root = vm.dir.clone();
-        let hostname = sh(&mut Command::new("hostname")).trim().to_string();
-        let mut env = unit
-            .environment(&hostname, |path| {
-                let p = root.join(path.trim_start_matches('/'));
-                std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
-            })
-            .unwrap_or_else(|e| panic!("unit environment: {e}"));
-        let mut pc: serde_json::Value =
-            serde_json::from_str(env.get("PROXY_CONFIG").map(String::as_str).unwrap_or("{}"))
-                .expect("the unit's PROXY_CONFIG is JSON");
-        pc["binaryPath"] = self.bin("envoy").display().to_string().into();
-        env.insert("PROXY_CONFIG".into(), pc.to_string());
-
-        let workdir = unit.get("Service", "WorkingDirectory").unwrap_or("/");
-        let cwd = root.join(workdir.trim_start_matches('/'));
-        let user = unit.get("Service", "User").unwrap_or("root");
-        assert_eq!(user, "istio-proxy", "the agent runs as istio-proxy");
-
-        self.run_unit_lines(vm, unit, "ExecStartPre", &env, &cwd);
+        let cwd = vm.dir.clone();
+        let pc = serde_json::json!({
+            "controlPlaneAuthPolicy": "MUTUAL_TLS",
+            "binaryPath": self.bin("envoy").display().to_string(),
+        });
+        let env: BTreeMap<String, String> = [
+            ("ISTIO_BIN_BASE", self.bin("").display().to_string()),
+            ("EXEC_USER", PROXY_UID.to_string()),
+            ("PROXY_CONFIG", pc.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.trim_end_matches('/').to_string()))
+        .collect();
+        assert_eq!(unit.get("Service", "User"), None, "the unit runs as root");
         let mut starts = unit.exec("ExecStart", &env).expect("ExecStart");
         assert_eq!(starts.len(), 1, "one ExecStart= for Type=simple");
         let exec_start = starts.remove(0);
@@ -372,9 +380,10 @@ impl Mesh {
         }
     }
 
-    /// Stops the VM's agent as systemd does (SIGTERM, SIGKILL after `TimeoutStopSec=`), then
-    /// runs the unit's `ExecStopPost=` lines. Returns the agent's exit status if it exited
-    /// before the timeout.
+    /// Stops the VM's agent as systemd does with `KillMode=mixed` (SIGTERM to the main process,
+    /// the agent, which istio-start.sh became; SIGKILL after `TimeoutStopSec=`), then runs the
+    /// unit's `ExecStopPost=` lines. Returns the agent's exit status if it exited before the
+    /// timeout.
     pub fn stop_vm(
         &self,
         vm: &mut Pod,
@@ -394,8 +403,9 @@ impl Mesh {
         status
     }
 
-    /// The command for one of the unit's lines, in the VM's namespace: as root when `+`, else
-    /// as the proxy user; `/usr/local/bin/<name>` from the mesh's `bin/`.
+    /// The command for one of the unit's lines, in the VM's namespace: as root when `+` or when
+    /// the unit has no `User=`, else as the proxy user; `/usr/local/bin/<name>` from the mesh's
+    /// `bin/`.
     fn unit_command(
         &self,
         vm: &Pod,
@@ -407,7 +417,7 @@ impl Mesh {
             .strip_prefix(UNIT_BIN_DIR)
             .map(|name| self.bin(name))
             .unwrap_or_else(|| PathBuf::from(&exec.argv[0]));
-        let mut cmd = if exec.privileged {
+        let mut cmd = if exec.privileged || vm_unit_runs_as_root(env) {
             vm.ns.cmd(program)
         } else {
             vm.ns.cmd_as(PROXY_UID, PROXY_UID, program)
@@ -444,6 +454,12 @@ impl Mesh {
             );
         }
     }
+}
+
+/// The unit runs its lines as root (no `User=`; istio-start.sh changes to `EXEC_USER` itself):
+/// true for every environment [`Mesh::start_vm`] builds.
+fn vm_unit_runs_as_root(env: &BTreeMap<String, String>) -> bool {
+    env.contains_key("EXEC_USER")
 }
 
 #[cfg(test)]

@@ -67,6 +67,7 @@ fi
 # differential oracle use Istio's pilot-discovery and pilot-agent, the cluster step all of it.
 step "pinned components (scripts/cluster/build.sh; cached in ${MESH_CACHE:-/var/cache/mesh-agent})"
 scripts/cluster/setup.sh
+scripts/vm/setup.sh
 scripts/cluster/build.sh
 ISTIO_GO_BIN=$(scripts/cluster/build.sh --dir istio)
 export ISTIO_GO_BIN

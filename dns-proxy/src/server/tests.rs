@@ -423,7 +423,7 @@ async fn delayed_upstream(
     let addr = sock.local_addr().unwrap();
     let (answered, delay_ms) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicU64::new(0)));
     let (a, d) = (answered.clone(), delay_ms.clone());
-    let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let tcp = TcpListener::bind(addr).await.unwrap();
     tokio::spawn(async move {
         let mut held = Vec::new();
         while let Ok((s, _)) = tcp.accept().await {

@@ -259,6 +259,9 @@ async fn envoy_gets_workload_certs_over_sds_and_rotates() {
         key_algorithm: KeyAlgorithm::EcdsaP256,
         ..Config::defaults(dir.path())
     });
+    // A CA reached over TLS needs a credential: an opaque token the fake CA accepts.
+    std::fs::create_dir_all(cfg.token_path.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&cfg.token_path, "tok-sds").expect("token");
     let mut reg = prometheus_client::registry::Registry::default();
     let manager =
         SecretManager::new(cfg.clone(), Arc::new(Metrics::new(&mut reg))).expect("manager");

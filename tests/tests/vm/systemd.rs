@@ -260,7 +260,9 @@ fn an_onboarded_vm_reboots_outlives_its_token_and_stops_cleanly() {
     );
 
     // A start that cannot work takes the capture off: a cluster.env line the shell refuses
-    // (named in the journal), then an agent that exits after the capture was installed.
+    // (named in the journal), then an agent that exits after the capture was installed (an
+    // unparsable SECRET_TTL, an error only under ISTIO_AGENT_STRICT_ENV: by default the agent
+    // warns and uses the default, as Istio's does).
     let env_file = "/var/lib/istio/envoy/cluster.env";
     let (ok, _) = exec(&format!(
         "cp {env_file} /root/cluster.env.good && echo \"BROKEN='oops\" >>{env_file} && systemctl restart istio"
@@ -276,7 +278,7 @@ fn an_onboarded_vm_reboots_outlives_its_token_and_stops_cleanly() {
     });
     assert_eq!(capture(), "", "capture left by a start that failed");
     let (ok, _) = exec(&format!(
-        "cp /root/cluster.env.good {env_file} && echo \"SECRET_TTL='forever'\" >>{env_file} && systemctl restart istio"
+        "cp /root/cluster.env.good {env_file} && echo \"SECRET_TTL='forever'\" >>{env_file} && echo ISTIO_AGENT_STRICT_ENV=true >>{env_file} && systemctl restart istio"
     ));
     assert!(ok);
     assert_eventually(Duration::from_secs(30), || {

@@ -45,6 +45,14 @@ pub fn dir() -> Option<PathBuf> {
     Some(dir)
 }
 
+/// The release's Envoy bootstrap template (`tools/packaging/common/envoy_bootstrap.json`, which
+/// the proxyv2 image ships as `/var/lib/istio/envoy/envoy_bootstrap_tmpl.json`), when the module
+/// is there (as [`dir`]).
+#[allow(dead_code)] // not every includer renders Istio's template
+pub fn bootstrap_template() -> Option<PathBuf> {
+    dir().map(|d| d.join("tools/packaging/common/envoy_bootstrap.json"))
+}
+
 /// `go env GOMODCACHE`, with `go` from the PATH or Go's default install.
 fn module_cache() -> Option<PathBuf> {
     ["go", "/usr/local/go/bin/go"].iter().find_map(|go| {

@@ -3,9 +3,10 @@
 //! `pilot-agent proxy` wrote its Envoy bootstrap (captured by a stand-in Envoy, recorded under
 //! `tests/data/istio-diff/bootstrap/`; how: that folder's README.md). Our `pilot-agent bootstrap`
 //! gets the same inputs in the same kind of network namespace; both render Istio's template
-//! (`ISTIO_BOOTSTRAP`, from ../shared/conformance/istio-bootstrap). The answers must agree:
+//! (`ISTIO_BOOTSTRAP`, the release module's, from Go's module cache). The answers must agree:
 //! failure against failure, and a bootstrap equal byte for byte after JSON normalisation, or
-//! else under the proto rules of Istio's golden test (`compare.rs`). No Go needed.
+//! else under the proto rules of Istio's golden test (`compare.rs`). Istio's binary is not run:
+//! `ISTIO_GO_BIN`, when set (always under `CI=true`), is checked to be the binary recorded.
 //!
 //! A case where we differ on purpose is listed in `deliberate.txt` (`<id> <reason>`, each reason
 //! a line of docs/differences.md); the test fails when a listed case no longer differs.
@@ -25,7 +26,7 @@ const STANDIN: &str = "/tmp/istio-diff-bootstrap-envoy";
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 fn data_dir() -> PathBuf {
-    harness::istio_diff::data_dir(
+    harness::istio_diff::recorded_dir(
         "bootstrap",
         &[
             "cases.jsonl",
@@ -36,11 +37,10 @@ fn data_dir() -> PathBuf {
     )
 }
 
-/// Istio's bootstrap template, through the one loader of the shared conformance data (absent:
-/// skip, or fail under `CI=true`).
+/// Istio's bootstrap template of the release the suite was recorded from, in Go's module cache
+/// (absent: skip, or fail under `CI=true`).
 fn template() -> Option<PathBuf> {
-    harness::conformance::dir(env!("CARGO_MANIFEST_DIR"), "istio-bootstrap")
-        .map(|d| d.join("envoy_bootstrap.json"))
+    harness::istio_release::bootstrap_template()
 }
 
 fn json_lines(path: &Path) -> Vec<Value> {
@@ -149,7 +149,8 @@ fn ours(case: &Value, dir: &Path, template: &Path) -> Answer {
 }
 
 /// Build metadata that names the binary, not the inputs: `ISTIO_VERSION` (Istio's build says
-/// `unknown`, ours its release) unless the case sets it.
+/// the version `scripts/cluster/build.sh` stamps, `1.31-dev`; ours its release) unless the case
+/// sets it.
 fn neutralise(case: &Value, boot: &mut Value) {
     if case["env"].get("ISTIO_META_ISTIO_VERSION").is_none()
         && let Some(meta) = boot

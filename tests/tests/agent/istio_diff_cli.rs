@@ -2,7 +2,8 @@
 //! own Go `pilot-agent`, asked once with valid and invalid values and recorded with Istio's exit
 //! status under `tests/data/istio-diff/cli/` (how: that folder's README.md). Our `pilot-agent`
 //! must accept what Istio's accepts and reject what it rejects: exit status 0 against non-zero,
-//! not message text. No Go and no `ISTIO_GO_BIN` needed.
+//! not message text. Istio's binary is not run: `ISTIO_GO_BIN`, when set (always under
+//! `CI=true`), is checked to be the binary recorded (`harness::istio_diff`).
 //!
 //! Command lines that would start something end with `--help`, which both binaries honour only
 //! once the flags parse. A case where we differ on purpose is listed in `deliberate.txt`
@@ -19,7 +20,7 @@ use harness::workspace_bin;
 use serde_json::Value;
 
 fn data_dir() -> PathBuf {
-    harness::istio_diff::data_dir("cli", &["cases.jsonl", "deliberate.txt"])
+    harness::istio_diff::recorded_dir("cli", &["cases.jsonl", "deliberate.txt"])
 }
 
 struct Case {

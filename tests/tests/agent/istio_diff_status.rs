@@ -7,8 +7,9 @@
 //! `/quitquitquit` and `/drain` from inside and outside the pod, unknown paths and methods.
 //! Istio's Go `pilot-agent` answers are recorded under `tests/data/istio-diff/status/` (how:
 //! that folder's README.md); this test runs the same driver (`drive.py`) with ours and
-//! requires the same answers. No Go needed; root (one network namespace per agent start),
-//! `ip`, `openssl` and python3 with grpcio (the gRPC health app).
+//! requires the same answers. Istio's binary is not run (`ISTIO_GO_BIN`, when set, is checked
+//! to be the recorded one); it needs root (one network namespace per agent start), `ip`,
+//! `openssl` and python3 with grpcio (the gRPC health app).
 //!
 //! A case where we differ on purpose is listed in `deliberate.txt` as `<id> <reason>...`; each
 //! reason names the one part of the answer it excuses (below, [`excuse`]), the rest must
@@ -23,7 +24,7 @@ use harness::{require_bin, require_root, workspace_bin};
 use serde_json::Value;
 
 fn data_dir() -> PathBuf {
-    harness::istio_diff::data_dir(
+    harness::istio_diff::recorded_dir(
         "status",
         &[
             "cases.jsonl",
@@ -34,11 +35,10 @@ fn data_dir() -> PathBuf {
     )
 }
 
-/// Istio's bootstrap template, through the one loader of the shared conformance data (absent:
-/// skip, or fail under `CI=true`).
+/// Istio's bootstrap template of the release the suite was recorded from, in Go's module cache
+/// (absent: skip, or fail under `CI=true`).
 fn template() -> Option<PathBuf> {
-    harness::conformance::dir(env!("CARGO_MANIFEST_DIR"), "istio-bootstrap")
-        .map(|d| d.join("envoy_bootstrap.json"))
+    harness::istio_release::bootstrap_template()
 }
 
 fn answers(path: &Path) -> BTreeMap<String, Value> {

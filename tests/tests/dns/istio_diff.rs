@@ -4,7 +4,8 @@
 //! (the same istiod-lite config, so the same NDS table; the same dnsmasq upstream at the pod's
 //! resolv.conf nameserver; the pod's search list and ndots), runs our `pilot-agent` in the pod
 //! instead, sends it the recorded query packets byte for byte over UDP and TCP, and requires
-//! the same answers (normalised as `answer.rs` says). No Go and no `ISTIO_GO_BIN` needed.
+//! the same answers (normalised as `answer.rs` says). Istio's binary is not run:
+//! `ISTIO_GO_BIN`, when set (always under `CI=true`), is checked to be the binary recorded.
 //!
 //! A case where we differ on purpose is listed in `deliberate.txt` (`<id> <reason>`, each reason
 //! a line of docs/differences.md); the test fails when a listed case no longer differs, so the
@@ -24,7 +25,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 fn data_dir() -> PathBuf {
-    harness::istio_diff::data_dir(
+    harness::istio_diff::recorded_dir(
         "dns",
         &[
             "cases.jsonl",

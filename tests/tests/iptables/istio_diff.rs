@@ -3,7 +3,8 @@
 //! `tests/data/istio-diff/iptables/` (how: that folder's README.md). This test asks our
 //! `istio-iptables` (and, for every fifth case, `pilot-agent istio-iptables`) the same questions,
 //! in network namespaces that present the same host state, and requires the same exit status and
-//! the same dry-run stream byte for byte. No Go and no `ISTIO_GO_BIN` needed.
+//! the same dry-run stream byte for byte. Istio's binary is not run:
+//! `ISTIO_GO_BIN`, when set (always under `CI=true`), is checked to be the binary recorded.
 //!
 //! A case where we differ on purpose is listed in `deliberate.txt` (`<id> exit=<ours> <reason>`,
 //! each reason a line of docs/differences.md): the test requires our listed exit status there,
@@ -16,7 +17,7 @@ use harness::{Netns, require_bin, require_root, workspace_bin};
 use serde_json::Value;
 
 fn data_dir() -> PathBuf {
-    harness::istio_diff::data_dir(
+    harness::istio_diff::recorded_dir(
         "iptables",
         &[
             "cases.jsonl",

@@ -2,15 +2,17 @@
 """Records Istio's bootstraps for the `bootstrap` differential suite (issue #26).
 
 For every case of cases.jsonl, runs `$ISTIO_GO_BIN/pilot-agent proxy <type>` (Istio's Go agent,
-built outside this repository) in a throwaway network namespace, with ProxyConfig `binaryPath`
+built from the pinned module by scripts/cluster/build.sh) in a throwaway network namespace, with ProxyConfig `binaryPath`
 pointing at a stand-in Envoy that copies its `-c` file and exits, and records that bootstrap in
-recorded.jsonl (top-level sections deduplicated into sections.jsonl). Needs root (ip netns).
+recorded.jsonl (top-level sections deduplicated into sections.jsonl), and what the binary is in
+oracle.json. Needs root (ip netns).
 
     sudo ISTIO_GO_BIN=/path/to/dir/with/pilot-agent python3 tests/data/istio-diff/bootstrap/record.py
 
-The template is Istio's tools/packaging/common/envoy_bootstrap.json, read from
-../shared/conformance/istio-bootstrap/envoy_bootstrap.json (byte for byte the same) unless
-ISTIO_BOOTSTRAP_TEMPLATE names another copy. Without ISTIO_GO_BIN it says so and exits 2.
+(scripts/istio-diff-record.sh runs it with the pinned build.) The template is
+tools/packaging/common/envoy_bootstrap.json of the module the binary was built from, in Go's
+module cache, unless ISTIO_BOOTSTRAP_TEMPLATE names another copy. Without ISTIO_GO_BIN it says
+so and exits 2.
 """
 
 import hashlib
@@ -21,8 +23,10 @@ import signal
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import oracle  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.abspath(os.path.join(HERE, "../../../.."))
 # Every case runs in this directory (its working directory and configPath's parent); the
 # recorded bootstrap says /CASE where it said this path.
 CASE_DIR = "/tmp/istio-diff-bootstrap-case"
@@ -66,20 +70,12 @@ def normalise(text):
 
 
 def main():
-    go_bin = os.environ.get("ISTIO_GO_BIN")
-    if not go_bin:
-        print("ISTIO_GO_BIN is not set: point it at the directory holding Istio's Go pilot-agent "
-              "(built from istio/istio at the commit in README.md). Nothing recorded.", file=sys.stderr)
-        sys.exit(2)
-    agent = os.path.join(go_bin, "pilot-agent")
-    template = os.environ.get("ISTIO_BOOTSTRAP_TEMPLATE") or os.path.join(
-        REPO, "../shared/conformance/istio-bootstrap/envoy_bootstrap.json")
-    for p in (agent, template):
-        if not os.path.isfile(p):
-            print(f"{p} is missing", file=sys.stderr)
-            sys.exit(2)
-    if os.geteuid() != 0:
-        print("record.py needs root (ip netns)", file=sys.stderr)
+    agent = oracle.agent(need_root=True)
+    info = oracle.describe(agent)
+    template = os.environ.get("ISTIO_BOOTSTRAP_TEMPLATE") or oracle.module_file(
+        info, "tools/packaging/common/envoy_bootstrap.json")
+    if not os.path.isfile(template):
+        print(f"{template} is missing", file=sys.stderr)
         sys.exit(2)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with open(STANDIN, "w") as f:
@@ -138,6 +134,7 @@ def main():
     with open(os.path.join(HERE, "sections.jsonl"), "w") as f:
         for h in sorted(sections):
             f.write(json.dumps({"hash": h, "value": sections[h]}, sort_keys=True, separators=(",", ":")) + "\n")
+    oracle.write(HERE, info, "pilot-agent proxy <type>")
     shutil.rmtree(CASE_DIR, ignore_errors=True)
 
 

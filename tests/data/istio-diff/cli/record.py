@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """Records Istio's answers for the `cli` differential suite (issue #26).
 
-Walks the help tree of Istio's Go `pilot-agent` (`$ISTIO_GO_BIN/pilot-agent`, built outside this
-repository), writes each command's help text to help/<command path>.txt, derives command lines
+Walks the help tree of Istio's Go `pilot-agent` (`$ISTIO_GO_BIN/pilot-agent`, built from the pinned
+module by scripts/cluster/build.sh), writes each command's help text to help/<command path>.txt, derives command lines
 from it (every command, every flag with valid and invalid values of its type, missing values,
 unknown flags and commands, wrong positional arguments) and writes cases.jsonl: one case a line,
-{"id", "args", "exit"}, with the exit status Istio's binary gave.
+{"id", "args", "exit"}, with the exit status Istio's binary gave; and what the binary is in
+oracle.json.
 
     ISTIO_GO_BIN=/path/to/dir/with/pilot-agent python3 tests/data/istio-diff/cli/record.py
 
-Without ISTIO_GO_BIN it says so and exits 2. Nothing is started: every command line that would
-run a command (proxy, wait, request) ends with --help, which cobra honours only after the flags
-parse, so the exit status says whether the flags were accepted. See README.md.
+(scripts/istio-diff-record.sh runs it with the pinned build.) Without ISTIO_GO_BIN it says so
+and exits 2. Nothing is started: every command line that would run a command (proxy, wait,
+request) ends with --help, which cobra honours only after the flags parse, so the exit status
+says whether the flags were accepted. See README.md.
 """
 
 import json
@@ -19,6 +21,9 @@ import os
 import re
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import oracle  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAG_LINE = re.compile(r"^\s+(?:-(\w), )?--([\w-]+)(?: (\w+))?\s{2,}")
@@ -59,15 +64,8 @@ def parse_help(text):
 
 
 def main():
-    go_bin = os.environ.get("ISTIO_GO_BIN")
-    if not go_bin:
-        print("ISTIO_GO_BIN is not set: point it at the directory holding Istio's Go pilot-agent "
-              "(built from istio/istio at the commit in README.md). Nothing recorded.", file=sys.stderr)
-        sys.exit(2)
-    agent = os.path.join(go_bin, "pilot-agent")
-    if not os.access(agent, os.X_OK):
-        print(f"{agent} is not an executable", file=sys.stderr)
-        sys.exit(2)
+    agent = oracle.agent()
+    info = oracle.describe(agent)
 
     # The help tree.
     tree = {}
@@ -145,6 +143,7 @@ def main():
             code, _ = run(agent, args)
             f.write(json.dumps({"id": f"c{n:04d}", "args": args, "exit": code},
                                separators=(",", ":")) + "\n")
+    oracle.write(HERE, info, "pilot-agent <args>")
     print(f"recorded {n} cases from {len(tree)} commands", file=sys.stderr)
 
 

@@ -4,11 +4,13 @@
 The world (istiod-lite with config.yaml, dnsmasq with upstream.conf, a pod injected with Istio's
 Go pilot-agent and Envoy) is the one the test builds for ours, so the recorder is the same Rust
 code: the ignored test `istio_diff::record` of the `dns` test binary, which writes
-recorded.jsonl. Needs root, Envoy, dnsmasq, dig, and Istio's template under ../shared/conformance.
+recorded.jsonl. This script writes what the binary is in oracle.json. Needs root, Envoy,
+dnsmasq, dig, and Istio's release module in Go's module cache (its bootstrap template).
 
     sudo ISTIO_GO_BIN=/path/to/dir/with/pilot-agent python3 tests/data/istio-diff/dns/record.py
 
-Without ISTIO_GO_BIN it says so and exits 2.
+(scripts/istio-diff-record.sh runs it with the pinned build.) Without ISTIO_GO_BIN it says so
+and exits 2.
 """
 
 import os
@@ -17,12 +19,16 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "../../../.."))
+sys.path.insert(0, os.path.dirname(HERE))
+import oracle  # noqa: E402
 
-if not os.environ.get("ISTIO_GO_BIN"):
-    print("ISTIO_GO_BIN is unset: name the directory holding Istio's Go pilot-agent", file=sys.stderr)
-    sys.exit(2)
-sys.exit(subprocess.call(
+agent = oracle.agent(need_root=True)
+info = oracle.describe(agent)
+code = subprocess.call(
     ["cargo", "nextest", "run", "-p", "tests", "--test", "dns", "istio_diff::record",
      "--run-ignored", "only", "--no-capture"],
     cwd=REPO,
-))
+)
+if code == 0:
+    oracle.write(HERE, info, "pilot-agent proxy sidecar (DNS proxy on 127.0.0.1:15053)")
+sys.exit(code)

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Records Istio's answers for the `iptables` differential suite (issue #26).
 
-Runs `$ISTIO_GO_BIN/pilot-agent istio-iptables <args>` (Istio's Go binary, built outside this
-repository) for every case of cases.jsonl, each inside a throwaway network namespace that
-presents the case's host state, and writes recorded.jsonl next to this file. Needs root (ip netns).
+Runs `$ISTIO_GO_BIN/pilot-agent istio-iptables <args>` (Istio's Go binary, built from the pinned
+module by scripts/cluster/build.sh) for every case of cases.jsonl, each inside a throwaway
+network namespace that presents the case's host state, and writes recorded.jsonl next to this
+file, and what the binary is in oracle.json. Needs root (ip netns).
 
     sudo ISTIO_GO_BIN=/path/to/istio/bin python3 tests/data/istio-diff/iptables/record.py
 
-Without ISTIO_GO_BIN it says so and exits 2. What is recorded, and how it is normalised, is in
-README.md.
+(scripts/istio-diff-record.sh runs it with the pinned build.) Without ISTIO_GO_BIN it says so
+and exits 2. What is recorded, and how it is normalised, is in README.md.
 """
 
 import json
@@ -18,6 +19,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import oracle  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -115,18 +119,8 @@ def c_skips(c):
 
 
 def main():
-    go_bin = os.environ.get("ISTIO_GO_BIN")
-    if not go_bin:
-        print("ISTIO_GO_BIN is not set: point it at the directory holding Istio's Go pilot-agent "
-              "(built from istio/istio at the commit in README.md). Nothing recorded.", file=sys.stderr)
-        sys.exit(2)
-    agent = os.path.join(go_bin, "pilot-agent")
-    if not os.access(agent, os.X_OK):
-        print(f"{agent} is not an executable", file=sys.stderr)
-        sys.exit(2)
-    if os.geteuid() != 0:
-        print("record.py needs root (ip netns)", file=sys.stderr)
-        sys.exit(2)
+    agent = oracle.agent(need_root=True)
+    info = oracle.describe(agent)
     with open(os.path.join(HERE, "cases.jsonl")) as f:
         cases = [json.loads(line) for line in f]
     only = set(sys.argv[1:])
@@ -173,6 +167,7 @@ def main():
     with open(os.path.join(HERE, "recorded.jsonl"), "w") as f:
         for r in results:
             f.write(json.dumps(r, separators=(",", ":")) + "\n")
+    oracle.write(HERE, info, "pilot-agent istio-iptables <args>")
 
 
 if __name__ == "__main__":

@@ -579,8 +579,8 @@ def main():
     p.add_argument("--scratch")
     p.add_argument("--keep", action="store_true", help="keep each run's scratch directory")
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--template", default=os.path.join(
-        REPO, "../shared/conformance/istio-bootstrap/envoy_bootstrap.json"))
+    p.add_argument("--template", required=True,
+                   help="Istio's envoy_bootstrap.json (the release module's, in Go's module cache)")
     p.add_argument("--py-grpc", default=os.environ.get("PY_GRPC_DIR") or os.path.join(REPO, ".tools/py-grpc"))
     p.add_argument("ids", nargs="*")
     args = p.parse_args()

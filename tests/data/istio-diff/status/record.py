@@ -2,14 +2,17 @@
 """Records Istio's answers for the `status` differential suite (issue #26).
 
 Runs drive.py (the one driver both sides share) with `$ISTIO_GO_BIN/pilot-agent`, Istio's Go
-agent built outside this repository, and writes recorded.jsonl. Needs root (ip netns) and
+agent built from the pinned module by scripts/cluster/build.sh, and writes recorded.jsonl (and
+what the binary is in oracle.json). Istio's bootstrap template is the one of the module the
+binary was built from, in Go's module cache. Needs root (ip netns) and
 python3 with grpcio (PY_GRPC_DIR, default <repo>/.tools/py-grpc).
 
     sudo ISTIO_GO_BIN=/path/to/dir/with/pilot-agent python3 tests/data/istio-diff/status/record.py
 
-A run whose /quitquitquit got no answer (Istio's agent exits racing it) is run again, three
-times at most. Without ISTIO_GO_BIN it says so and exits 2; `record.py <run-id>...` prints those runs' answers
-instead of writing the file.
+(scripts/istio-diff-record.sh runs it with the pinned build.) A run whose /quitquitquit got no
+answer (Istio's agent exits racing it) is run again, three times at most. Without ISTIO_GO_BIN
+it says so and exits 2; `record.py <run-id>...` prints those runs' answers instead of writing
+the file.
 """
 
 import json
@@ -18,21 +21,18 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import oracle  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main():
-    go_bin = os.environ.get("ISTIO_GO_BIN")
-    if not go_bin:
-        print("ISTIO_GO_BIN is not set: point it at the directory holding Istio's Go pilot-agent "
-              "(built from istio/istio at the commit in README.md). Nothing recorded.", file=sys.stderr)
-        sys.exit(2)
-    agent = os.path.join(go_bin, "pilot-agent")
-    if not os.path.isfile(agent):
-        print(f"{agent} is missing", file=sys.stderr)
-        sys.exit(2)
+    agent = oracle.agent(need_root=True)
+    info = oracle.describe(agent)
+    template = oracle.module_file(info, "tools/packaging/common/envoy_bootstrap.json")
     only = sys.argv[1:]
-    answers = drive(agent, only)
+    answers = drive(agent, template, only)
     # Istio's agent exits racing its own answer to /quitquitquit: now and then the connection
     # closes with no answer at all. Such a run is run again (three times at most), so the
     # recording holds the answer Istio's agent means to give.
@@ -42,7 +42,7 @@ def main():
         if not raced:
             break
         print(f"re-running {raced}: Istio's /quitquitquit answer was lost", file=sys.stderr)
-        again = {a["id"]: a for a in drive(agent, raced)}
+        again = {a["id"]: a for a in drive(agent, template, raced)}
         answers = [again.get(a["id"], a) for a in answers]
     text = "".join(json.dumps(a, sort_keys=True, separators=(",", ":")) + "\n" for a in answers)
     if only:
@@ -50,13 +50,14 @@ def main():
         return
     with open(os.path.join(HERE, "recorded.jsonl"), "w") as f:
         f.write(text)
+    oracle.write(HERE, info, "pilot-agent proxy sidecar")
 
 
-def drive(agent, ids):
+def drive(agent, template, ids):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "answers.jsonl")
         subprocess.run([sys.executable, os.path.join(HERE, "drive.py"), "--agent", agent,
-                        "--out", out] + list(ids), check=True)
+                        "--out", out, "--template", template] + list(ids), check=True)
         with open(out) as f:
             return [json.loads(line) for line in f]
 

@@ -50,9 +50,10 @@ impl World {
             None => mesh.inject(&mut pod),
             Some(istio) => {
                 // Istio's agent renders Envoy's bootstrap from its template at the path its
-                // image has (relative to the working directory, as in the container).
-                let template = harness::repo_root()
-                    .join("../shared/conformance/istio-bootstrap/envoy_bootstrap.json");
+                // image has (relative to the working directory, as in the container): the
+                // template of the release module in Go's module cache.
+                let template = harness::istio_release::bootstrap_template()
+                    .expect("Istio's release module (its bootstrap template)");
                 let dst = pod
                     .dir
                     .join("var/lib/istio/envoy/envoy_bootstrap_tmpl.json");

@@ -52,7 +52,7 @@ fn init_logging(log: &cli::LogFlags, proxy: bool) {
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(writer)
         .with_ansi(false)
-        .event_format(agent::log_format::IstioFormat { json: log.as_json })
+        .event_format(agent::log_format::istio_format(log.as_json))
         .init();
 }
 

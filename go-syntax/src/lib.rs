@@ -3,10 +3,16 @@
 //! (`strconv.Unquote`). The one reader every crate uses, so that `SECRET_TTL`,
 //! `DNS_FORWARD_TIMEOUT`, `drainDuration` or istiod-lite's `--ttl` accept exactly the same text.
 //!
+//! The text Istio's Go binaries write, shared the same way: RFC 3339 times ([`timestamp`]) and
+//! `pkg/log`'s line layout ([`istio_log`]), so `pilot-agent` and `istio-iptables` log alike.
+//!
 //! Durations are non-negative here: a negative one is an error, since no setting the mesh reads
 //! means anything below zero. Bounds beyond that (at least 1s, more than 0) are the caller's.
 
 #![forbid(unsafe_code)]
+
+pub mod istio_log;
+pub mod timestamp;
 
 use std::time::Duration;
 

@@ -179,7 +179,9 @@ fn run_nftables(cfg: &Config, exec_env: &apply::ExecEnv, host: &HostInputs) -> R
 }
 
 /// Maps Istio's `--log_output_level` (`default:debug`, `all:warn`, `info`) onto a tracing
-/// filter; logs go to stderr so stdout carries only the dry-run stream.
+/// filter; lines in Istio's layout (`<time>\t<level>\t<message>`, or `--log_as_json`), the
+/// agent's own (`go_syntax::istio_log`), every event in Istio's `default` scope as Istio's
+/// `istio-iptables` logs them. Logs go to stderr so stdout carries only the dry-run stream.
 fn init_logging(cfg: &Config) {
     let level = cfg
         .log_output_level
@@ -200,14 +202,13 @@ fn init_logging(cfg: &Config) {
     };
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(filter);
     // A host process (pilot-agent) may already have a subscriber; keep it.
-    let _ = if cfg.log_as_json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter(filter)
+        .event_format(go_syntax::istio_log::IstioFormat::default_scope(
+            cfg.log_as_json,
+        ))
+        .try_init();
 }

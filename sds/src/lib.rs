@@ -92,10 +92,11 @@ pub mod manager;
 pub mod metrics;
 pub mod pem;
 pub mod server;
-pub mod timestamp;
 pub mod tls;
 pub mod token;
 pub mod x509;
+
+pub use go_syntax::timestamp;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

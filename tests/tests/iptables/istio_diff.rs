@@ -177,7 +177,7 @@ fn ours(ns: &Netns, program: &[PathBuf], case: &Case, dry_file: &Path) -> Ours {
         },
         stderr: stderr
             .lines()
-            .rfind(|l| l.contains("ERROR") || l.starts_with("error"))
+            .rfind(|l| l.contains("\terror\t") || l.starts_with("error"))
             .unwrap_or_default()
             .to_string(),
     }

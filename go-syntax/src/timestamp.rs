@@ -1,6 +1,6 @@
-//! RFC 3339 timestamps for logs and error messages, without a date library.
-//!
-//! A leaf module, used by the token check and the secret cache.
+//! RFC 3339 timestamps for logs and error messages, as Go's `time.Format` writes them in UTC,
+//! without a date library: the secret cache's and token check's messages (`sds`) and Istio's
+//! log lines ([`crate::istio_log`]).
 
 use std::time::SystemTime;
 

@@ -55,6 +55,12 @@ FROM debian:bookworm-slim
 # compiled-in default), so an image built from another release does not claim to be 1.31.
 ARG ISTIO_VERSION
 ENV ISTIO_META_ISTIO_VERSION=${ISTIO_VERSION}
+# The istio/proxy commit of the Envoy the image carries, as Istio's proxyv2 image sets it (its
+# build reads PROXY_REPO_SHA from the release's istio.deps; `istioctl proxy-config bootstrap`
+# shows it). Istio's build writes `unknown` when it has no commit to name, and so does this one
+# unless told: --build-arg ISTIO_PROXY_SHA=<PROXY_REPO_SHA of ISTIO_VERSION's istio.deps>.
+ARG ISTIO_PROXY_SHA=unknown
+ENV ISTIO_META_ISTIO_PROXY_SHA=${ISTIO_PROXY_SHA}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends iptables nftables iproute2 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \

@@ -97,15 +97,22 @@ image app "$base" "$work/app/usr/local/bin/server" "$work/app/usr/local/bin/clie
 # the istio-proxy user; the same script lays out this image, with Istio's release template.
 mkdir -p "$work/template"
 cp "$istio_src/tools/packaging/common/envoy_bootstrap.json" "$work/template/envoy_bootstrap_tmpl.json"
+# ISTIO_META_ISTIO_PROXY_SHA as Istio's build of the module sets it: the PROXY_REPO_SHA of its
+# istio.deps (tools/docker-builder passes it to Dockerfile.proxyv2 as proxy_version).
+proxy_sha=$(python3 -c 'import json, sys
+print(next(d["lastStableSHA"] for d in json.load(open(sys.argv[1])) if d["name"] == "PROXY_REPO_SHA"))' \
+  "$istio_src/istio.deps")
 proxy_image() {
   local name=$1 agent_dir=$2
   [[ -x $envoy ]] || { echo "images: no Envoy at $envoy (scripts/setup.sh installs it)" >&2; exit 1; }
   "$repo/scripts/image-rootfs.sh" "$agent_dir" "$envoy" "$work/$name" "$work/template"
   image "$name" "$base" "$work/$name/usr/local/bin/pilot-agent" "$work/$name/usr/local/bin/istio-iptables" \
-    "$envoy" "$work/template/envoy_bootstrap_tmpl.json" "$repo/scripts/image-rootfs.sh" -- \
+    "$envoy" "$work/template/envoy_bootstrap_tmpl.json" "$repo/scripts/image-rootfs.sh" \
+    "$istio_src/istio.deps" -- \
     --layer "$base" --layer "$work/$name" \
     --owner /etc/istio=1337:1337 --owner /var/lib/istio=1337:1337 --owner /etc/certs=1337:1337 \
-    --env "ISTIO_META_ISTIO_VERSION=$ISTIO_BUILD_VERSION" --user 1337:1337 --workdir / \
+    --env "ISTIO_META_ISTIO_VERSION=$ISTIO_BUILD_VERSION" \
+    --env "ISTIO_META_ISTIO_PROXY_SHA=$proxy_sha" --user 1337:1337 --workdir / \
     --entrypoint /usr/local/bin/pilot-agent
 }
 proxy_image proxyv2 "$agent_bin"

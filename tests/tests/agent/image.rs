@@ -118,6 +118,9 @@ fn dockerfile_takes_envoy_and_its_template_from_istios_proxyv2_image() {
         // The release is carried into the image: istiod is told the version built, not the
         // agent's compiled-in default.
         "ARG ISTIO_VERSION\nENV ISTIO_META_ISTIO_VERSION=${ISTIO_VERSION}",
+        // The istio/proxy commit, as Istio's image names it (`unknown` when not given, as
+        // Istio's build without an istio.deps).
+        "ARG ISTIO_PROXY_SHA=unknown\nENV ISTIO_META_ISTIO_PROXY_SHA=${ISTIO_PROXY_SHA}",
     ] {
         assert!(dockerfile.contains(needle), "Dockerfile lacks {needle:?}");
     }

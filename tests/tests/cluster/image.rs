@@ -1,7 +1,8 @@
 //! The cluster's `proxyv2` image (built by `scripts/cluster/images.sh`, run by the real kubelet
 //! in the scenario) agrees with the Dockerfile's final stage: entrypoint, user, working
-//! directory and the environment it sets. Its file tree is scripts/image-rootfs.sh's, which the
-//! Dockerfile runs too (checked by the `agent` tests' image test).
+//! directory and the environment it sets, with `ISTIO_META_ISTIO_PROXY_SHA` as Istio's build of the
+//! pinned module sets it. Its file tree is scripts/image-rootfs.sh's, which the Dockerfile runs
+//! too (checked by the `agent` tests' image test).
 
 use std::process::Command;
 
@@ -71,4 +72,22 @@ fn proxy_image_config_matches_the_dockerfile() {
             "the image does not set {name}, which the Dockerfile sets: {env:?}"
         );
     }
+    // Istio's build of the module names the istio/proxy commit of its istio.deps
+    // (tools/docker-builder's proxy_version for Dockerfile.proxyv2).
+    let Some(module) = harness::istio_release::dir() else {
+        return;
+    };
+    let deps: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(module.join("istio.deps")).expect("the module's istio.deps"),
+    )
+    .expect("istio.deps is JSON");
+    let sha = deps
+        .as_array()
+        .expect("a list")
+        .iter()
+        .find(|d| d["name"] == "PROXY_REPO_SHA")
+        .and_then(|d| d["lastStableSHA"].as_str())
+        .expect("PROXY_REPO_SHA");
+    let want = format!("ISTIO_META_ISTIO_PROXY_SHA={sha}");
+    assert!(env.contains(&want), "{want} not in {env:?}");
 }

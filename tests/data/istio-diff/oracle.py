@@ -6,7 +6,7 @@ Each recorder writes `oracle.json` beside its recording: the module and version 
 built from (its Go build information, `go version -m`), the Go release, the version the binary
 reports, its SHA-256 and the day of the recording. The tests require the module version to be
 the one the project targets (`tests/src/istio_release.rs`) and, when ISTIO_GO_BIN is set, the
-binary there to be the one recorded.
+binary there to be a build of that module with the recorded Go release.
 """
 
 import datetime

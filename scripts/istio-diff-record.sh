@@ -3,7 +3,9 @@
 # from the pinned module (scripts/cluster/versions.env: ISTIO_MODULE@ISTIO_VERSION), replacing
 # their recordings; each suite's oracle.json then names that module version. Builds the
 # binaries first when this machine has none (scripts/cluster/build.sh istio, cached outside the
-# clone). Run as root (the suites run Istio's agent in network namespaces).
+# clone). Run as root (the suites run Istio's agent in network namespaces), with what the suites'
+# tests need (scripts/setup.sh --test-tools: Envoy, dnsmasq, grpcio, Istio's release module).
+# About five minutes on two cores.
 #   usage: scripts/istio-diff-record.sh [suite…]   (default: bootstrap cli dns iptables status)
 # ISTIO_GO_BIN set in the environment records another build instead (its oracle.json says
 # which; the tests accept only the pinned module version).

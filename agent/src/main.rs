@@ -14,7 +14,6 @@ use agent::lifecycle::Shutdown;
 /// read the flag; here they log at `info`).
 #[allow(clippy::disallowed_methods)] // RUST_LOG, as tracing's EnvFilter reads it, before the rest
 fn init_logging(log: &cli::LogFlags, proxy: bool) {
-    use tracing_subscriber::fmt::writer::BoxMakeWriter;
     let filter = match std::env::var("RUST_LOG") {
         Ok(f) => f,
         Err(_) => match agent::log_scopes::filter(&log.output_level) {
@@ -32,21 +31,7 @@ fn init_logging(log: &cli::LogFlags, proxy: bool) {
             .first()
             .map(String::as_str)
             .unwrap_or(if proxy { "stdout" } else { "stderr" });
-    let writer = match target {
-        "stdout" => BoxMakeWriter::new(std::io::stdout),
-        "stderr" => BoxMakeWriter::new(std::io::stderr),
-        path => match std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            Ok(file) => BoxMakeWriter::new(std::sync::Mutex::new(file)),
-            Err(e) => {
-                eprintln!("--log_target {path}: {e}; logging to stderr");
-                BoxMakeWriter::new(std::io::stderr)
-            }
-        },
-    };
+    let writer = go_syntax::istio_log::writer(target);
     // Istio's line layout (`agent::log_format`), text or `--log_as_json`; never coloured.
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))

@@ -20,6 +20,7 @@ use std::time::SystemTime;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -182,6 +183,26 @@ where
         let meta = event.metadata();
         let line = self.line(SystemTime::now(), meta.level(), meta.target(), event);
         writeln!(writer, "{line}")
+    }
+}
+
+/// Where `--log_target` sends the lines: `stdout`, `stderr`, or a file opened for appending
+/// (one that cannot be opened is said on stderr, and stderr is used).
+pub fn writer(target: &str) -> BoxMakeWriter {
+    match target {
+        "stdout" => BoxMakeWriter::new(std::io::stdout),
+        "stderr" => BoxMakeWriter::new(std::io::stderr),
+        path => match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            Ok(file) => BoxMakeWriter::new(std::sync::Mutex::new(file)),
+            Err(e) => {
+                eprintln!("--log_target {path}: {e}; logging to stderr");
+                BoxMakeWriter::new(std::io::stderr)
+            }
+        },
     }
 }
 

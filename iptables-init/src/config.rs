@@ -131,6 +131,9 @@ pub struct Config {
     pub host_ipv4_loopback_cidr: String,
     pub log_output_level: String,
     pub log_as_json: bool,
+    /// `--log_target`: `stdout`, `stderr` or a file; empty: stderr (stdout carries the
+    /// `--dry-run` stream).
+    pub log_target: String,
     /// Positional arguments, ignored as Istio's (cobra) command ignores them.
     pub positional: Vec<String>,
     /// Where `--dry-run` writes the command stream (`DRY_RUN_FILE_PATH`).
@@ -213,6 +216,7 @@ where
         host_ipv4_loopback_cidr: env_only.host_ipv4_loopback_cidr,
         log_output_level: r.text("log_output_level"),
         log_as_json: r.boolean("log_as_json")?,
+        log_target: r.text("log_target"),
         positional,
         dry_run_file_path: env
             .get("DRY_RUN_FILE_PATH")

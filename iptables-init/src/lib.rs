@@ -181,7 +181,8 @@ fn run_nftables(cfg: &Config, exec_env: &apply::ExecEnv, host: &HostInputs) -> R
 /// Maps Istio's `--log_output_level` (`default:debug`, `all:warn`, `info`) onto a tracing
 /// filter; lines in Istio's layout (`<time>\t<level>\t<message>`, or `--log_as_json`), the
 /// agent's own (`go_syntax::istio_log`), every event in Istio's `default` scope as Istio's
-/// `istio-iptables` logs them. Logs go to stderr so stdout carries only the dry-run stream.
+/// `istio-iptables` logs them. Logs go to `--log_target`, by default stderr so stdout carries
+/// only the dry-run stream.
 fn init_logging(cfg: &Config) {
     let level = cfg
         .log_output_level
@@ -203,8 +204,12 @@ fn init_logging(cfg: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // A host process (pilot-agent) may already have a subscriber; keep it.
+    let target = match cfg.log_target.as_str() {
+        "" => "stderr",
+        t => t,
+    };
     let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(go_syntax::istio_log::writer(target))
         .with_ansi(false)
         .with_env_filter(filter)
         .event_format(go_syntax::istio_log::IstioFormat::default_scope(

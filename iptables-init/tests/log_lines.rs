@@ -65,3 +65,28 @@ fn json_lines_carry_istios_keys() {
     }
     assert!(seen, "{log}");
 }
+
+#[test]
+fn log_target_names_where_the_lines_go() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("init.log");
+    let target = format!("--log_target={}", file.display());
+    let (stream, log) = dry_run(&[&target]);
+    assert!(stream.contains("-A ISTIO_OUTPUT"), "{stream}");
+    assert!(log.is_empty(), "nothing on stderr: {log}");
+    let written = std::fs::read_to_string(&file).expect("the log file");
+    assert!(
+        written
+            .lines()
+            .any(|l| parse_plain(l)
+                .is_some_and(|(_, _, t)| t.starts_with("running in dry-run mode"))),
+        "{written}"
+    );
+    // stdout: the lines follow the stream there, as asked.
+    let (out, log) = dry_run(&["--log_target=stdout"]);
+    assert!(log.is_empty(), "{log}");
+    assert!(
+        out.contains("-A ISTIO_OUTPUT") && out.contains("\tinfo\trunning in dry-run mode"),
+        "{out}"
+    );
+}

@@ -438,7 +438,7 @@ pub const FLAGS: &[FlagSpec] = &[
         None,
         Text,
         "",
-        "Output paths for logs (accepted, ignored).",
+        "Output path for logs: stdout, stderr (the default here: stdout carries the --dry-run stream) or a file.",
     ),
 ];
 

@@ -127,6 +127,28 @@ fn build_info(bin: &[u8]) -> Option<(String, String)> {
 mod tests {
     use super::build_info;
 
+    /// The release the recordings must come from is the module `scripts/cluster/build.sh`
+    /// builds the oracle from (`versions.env`), so `scripts/istio-diff-record.sh` records
+    /// what the tests accept.
+    #[test]
+    fn the_targeted_module_is_the_one_the_build_pins() {
+        let versions =
+            std::fs::read_to_string(crate::repo_root().join("scripts/cluster/versions.env"))
+                .expect("versions.env");
+        let value = |key: &str| {
+            versions
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .and_then(|v| v.split_whitespace().next())
+                .unwrap_or_else(|| panic!("versions.env has no {key}"))
+                .to_string()
+        };
+        assert_eq!(
+            format!("{}@{}", value("ISTIO_MODULE"), value("ISTIO_VERSION")),
+            crate::istio_release::MODULE
+        );
+    }
+
     #[test]
     fn reads_go_build_information() {
         let module =

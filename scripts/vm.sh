@@ -5,7 +5,7 @@
 #   scripts/vm.sh up [--namespace NS] [--group NAME] [--files DIR] [--deb FILE] [--peer NETNS]
 #   scripts/vm.sh up --cluster [--namespace NS] [--group NAME] [--service-account SA]
 #                    [--ports NAME=PORT,…] [--probe PORT/PATH] [--workloadgroup FILE]
-#                    [--token-duration SECONDS] [--deb FILE]
+#                    [--token-duration SECONDS] [--env KEY=VALUE]… [--deb FILE]
 #   scripts/vm.sh exec CMD…      (a command inside the VM, as root; stdin and exit status pass)
 #   scripts/vm.sh down
 #
@@ -15,7 +15,8 @@
 # (198.19.0.0/16) through it; no route leaves the machine. Without the peer it boots standalone.
 # --files DIR holds what `istioctl x workload entry configure` writes (cluster.env, mesh.yaml,
 # root-cert.pem, istio-token, hosts): installed where the VM guide puts them, then
-# `systemctl enable --now istio`. --deb: the package (default target/debian/istio-sidecar.deb).
+# `systemctl enable --now istio`. --env KEY=VALUE (repeatable) adds a line to cluster.env, as
+# an operator edits it (SECRET_TTL=60s, ISTIO_AGENT_FLAGS=router, …). --deb: the package (default target/debian/istio-sidecar.deb).
 # --cluster: the cluster `scripts/cluster.sh up` runs (kubectl and istioctl from its state
 # directory, MESH_CLUSTER_DIR): the namespace and service account when missing, the
 # WorkloadGroup (--workloadgroup FILE, or one made with `istioctl x workload group create` from
@@ -189,6 +190,7 @@ wait_running() {
 # Installs the onboarding files where Istio's VM guide puts them, then starts the sidecar.
 onboard() {
   local files=$1 ns=$2 f
+  shift 2
   for f in cluster.env mesh.yaml root-cert.pem istio-token hosts; do
     [[ -f $files/$f ]] || die "--files $files has no $f (istioctl x workload entry configure writes it)"
   done
@@ -198,6 +200,11 @@ onboard() {
     echo "vm.sh: note: cluster.env is for namespace $want, not --namespace $ns" >&2
   mkdir -p "$STATE/root/root/onboard"
   cp "$files"/{cluster.env,mesh.yaml,root-cert.pem,istio-token,hosts} "$STATE/root/root/onboard/"
+  local q="'\\''" v
+  for f in "$@"; do
+    v=${f#*=}
+    printf "%s='%s'\n" "${f%%=*}" "${v//\'/$q}" >>"$STATE/root/root/onboard/cluster.env"
+  done
   vm_exec /bin/sh -euc '
     cd /root/onboard
     install -D -m 0644 cluster.env /var/lib/istio/envoy/cluster.env
@@ -214,7 +221,7 @@ onboard() {
 
 up() {
   local ns=vm group=vm files="" deb=target/debian/istio-sidecar.deb peer=mesh-node
-  local cluster=false sa="" ports="" probe="" wg="" duration=3600 resolv=auto
+  local cluster=false sa="" ports="" probe="" wg="" duration=3600 resolv=auto env=()
   while (($#)); do
     case $1 in
     --cluster) cluster=true; shift ;;
@@ -223,6 +230,9 @@ up() {
     --probe) probe=$2; shift 2 ;;
     --workloadgroup) wg=$2; shift 2 ;;
     --token-duration) duration=$2; shift 2 ;;
+    --env)
+      [[ $2 =~ ^[A-Za-z_][A-Za-z0-9_]*=.*$ ]] || die "--env wants KEY=VALUE, not $2"
+      env+=("$2"); shift 2 ;;
     --namespace) ns=$2; shift 2 ;;
     --group) group=$2; shift 2 ;;
     --files) files=$2; shift 2 ;;
@@ -264,7 +274,7 @@ up() {
   echo "vm.sh: $NAME running ($((SECONDS - t0)) s); peer $(ip netns list | grep -qw "^$peer" && echo "$peer" || echo "none (standalone)")"
   vm_exec dpkg -i /root/istio-sidecar.deb >"$RUN/dpkg.log" 2>&1 || die "dpkg -i failed: $RUN/dpkg.log"
   if [[ -n $files ]]; then
-    onboard "$files" "$ns"
+    onboard "$files" "$ns" "${env[@]}"
     echo "vm.sh: onboarded ($ns/$group); istio.service started"
   fi
 }
@@ -313,5 +323,5 @@ case ${1:-} in
 up) shift; up "$@" ;;
 exec) shift; (($#)) || die "exec needs a command"; vm_exec "$@" ;;
 down) down ;;
-*) die "usage: $0 up [--cluster] [--namespace NS] [--group NAME] [--service-account SA] [--ports N=P,…] [--probe PORT/PATH] [--workloadgroup FILE] [--token-duration S] [--files DIR] [--deb FILE] [--peer NETNS] | exec CMD… | down" ;;
+*) die "usage: $0 up [--cluster] [--namespace NS] [--group NAME] [--service-account SA] [--ports N=P,…] [--probe PORT/PATH] [--workloadgroup FILE] [--token-duration S] [--env K=V]… [--files DIR] [--deb FILE] [--peer NETNS] | exec CMD… | down" ;;
 esac

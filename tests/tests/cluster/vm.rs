@@ -266,6 +266,20 @@ spec:
         world.ready_after =
             assert_eventually_result(PROPAGATION, || ready().map(|()| world.started.elapsed()))
                 .ok();
+        // Envoy's access log at /dev/stdout (Istio's `envoy` provider), as many meshes have it:
+        // under systemd stdout is the journal.
+        cluster
+            .apply(&format!(
+                "apiVersion: telemetry.istio.io/v1
+kind: Telemetry
+metadata: {{name: access-log, namespace: {}}}
+spec:
+  accessLogging:
+  - providers: [{{name: envoy}}]
+",
+                world.vm_ns
+            ))
+            .expect("the access log's Telemetry");
         // The VM's app: Istio's echo server on 8080, a unit of its own that starts at boot.
         vm_install(&istio.join("server"), "/usr/local/bin/echo-server").expect("echo server");
         vm_ok(
@@ -313,7 +327,10 @@ systemctl enable --now echo",
                 "the readiness probe makes the WorkloadEntry Healthy",
                 healthy,
             ),
-            ("a pod calls the VM's Service by name over mTLS", pod_to_vm),
+            (
+                "a pod calls the VM's Service by name over mTLS (access log in the journal)",
+                pod_to_vm,
+            ),
             (
                 "the VM calls a pod's Service by name (DNS from the agent)",
                 vm_to_pod,
@@ -326,6 +343,10 @@ systemctl enable --now echo",
             (
                 "with no token left, renewal with the PROV_CERT certificate",
                 renewal_without_token,
+            ),
+            (
+                "ISTIO_AGENT_FLAGS=router: a VM gateway routes a pod's call",
+                gateway,
             ),
         ];
         CHECKS
@@ -491,7 +512,16 @@ fn pod_to_vm(w: &World) -> Result<(), String> {
             "the echo pod's istio-proxy runs {proxy:?}, not {want}"
         ));
     }
-    assert_eventually_result(PROPAGATION, || w.call_vm())
+    assert_eventually_result(PROPAGATION, || w.call_vm())?;
+    // The VM's Envoy logged the calls at /dev/stdout, into the journal.
+    assert_eventually_result(Duration::from_secs(10), || {
+        let (_, log) =
+            vm_exec("journalctl -u istio --no-pager -o cat | grep -c '\"GET / HTTP/1.1\" 200'");
+        match log.trim().parse::<u32>() {
+            Ok(n) if n > 0 => Ok(()),
+            _ => Err(format!("no access log line in the journal: {log}")),
+        }
+    })
 }
 
 fn vm_to_pod(w: &World) -> Result<(), String> {
@@ -623,6 +653,59 @@ fn renewal_without_token(w: &World) -> Result<(), String> {
         waited.as_secs_f64()
     );
     Ok(())
+}
+
+/// `ISTIO_AGENT_FLAGS=router` in cluster.env: the agent runs `proxy router`, and a Gateway
+/// selecting the VM's labels with a VirtualService to the pods' echo Service makes it an
+/// ingress: a pod's plain call to the VM's port 8088 reaches the echo pod over mTLS from the VM.
+fn gateway(w: &World) -> Result<(), String> {
+    vm_ok(
+        "echo \"ISTIO_AGENT_FLAGS='router'\" >>/var/lib/istio/envoy/cluster.env && systemctl restart istio",
+    )?;
+    assert_eventually_result(PROPAGATION, ready)?;
+    let (_, cmd) = vm_exec("pgrep -a pilot-agent");
+    if !cmd.contains("proxy router") {
+        return Err(format!("the agent is not a router: {cmd}"));
+    }
+    w.cluster.apply(&format!(
+        "apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {{name: vm-gateway, namespace: {vm}}}
+spec:
+  selector: {{app: {GROUP}}}
+  servers:
+  - port: {{number: 8088, name: http, protocol: HTTP}}
+    hosts: [\"*\"]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: vm-gateway, namespace: {vm}}}
+spec:
+  hosts: [\"*\"]
+  gateways: [vm-gateway]
+  http:
+  - route:
+    - destination: {{host: echo.{pods}.svc.cluster.local, port: {{number: 80}}}}
+",
+        vm = w.vm_ns,
+        pods = w.pods_ns
+    ))?;
+    let pod = w.echo_pod()?;
+    let me = format!("URI=spiffe://cluster.local/ns/{}/sa/{GROUP}", w.vm_ns);
+    assert_eventually_result(PROPAGATION, || {
+        let out = w.cluster.exec(
+            &w.pods_ns,
+            &pod,
+            "app",
+            &["/usr/local/bin/client", &format!("http://{VM_IP}:8088/")],
+        )?;
+        if out.contains("StatusCode=200") && out.contains("ServiceVersion=pod") && out.contains(&me)
+        {
+            Ok(())
+        } else {
+            Err(format!("through the VM gateway (want {me}): {out}"))
+        }
+    })
 }
 
 /// Runs every check with `agent` in the VM's package; failures other than the documented

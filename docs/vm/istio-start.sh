@@ -143,6 +143,12 @@ agent=("$ISTIO_BIN_BASE/pilot-agent" proxy "${agent_flags[@]}")
 if [[ -n ${ISTIO_LOG_DIR:-} ]]; then
   # As Istio's script: the logs in files (without ISTIO_LOG_DIR they go to the journal).
   exec >>"$ISTIO_LOG_DIR/istio.log" 2>>"$ISTIO_LOG_DIR/istio.err.log"
+elif [[ -S /dev/stdout ]]; then
+  # The journal's stream is a socket, which open(2) refuses (ENXIO): Envoy's access log at
+  # /dev/stdout (`accessLogFile`, the `envoy` Telemetry provider) would fail and Envoy reject
+  # every listener. A pipe to the journal can be opened, by its owner: the agent's user makes
+  # it, then becomes the agent (still the service's main process).
+  agent=(bash -c 'exec > >(exec cat); exec "$@"' istio-start.sh "${agent[@]}")
 fi
 if [[ $EXEC_USER == "$(id -un)" ]]; then
   exec "${agent[@]}"

@@ -7,6 +7,7 @@ mod cni;
 mod image;
 mod lifecycle;
 mod scenario;
+mod vm;
 
 use harness::cluster::{Agent, Cluster};
 use scenario::Scenario;

@@ -3,25 +3,33 @@
 # framework with `go test -tags=integ`) against the local cluster of scripts/cluster.sh, with our
 # proxy image or, as the control, Istio's Go agent in the same image.
 #   usage: scripts/istio-integration.sh [--agent ours|istio] [--out DIR] [SUITE…] [-run REGEX]
+#          [--istio.test.FLAG=VALUE…] (passed to the framework as given)
 #   SUITE: a package under tests/integration/ (default: pilot); REGEX: go test's -run.
-# The framework uses the istiod scripts/cluster.sh installed (--istio.test.kube.deploy=false):
-# its echo deployments come from the locally built app image, injected by that istiod with the
-# chosen proxy image; nothing is pulled. Results: DIR/<agent>.json (go test -json) and a line per
-# test and sub-test on stdout; scripts/lib/integration_table.py turns both agents' results into
-# docs/istio-integration.md. A framework failure (no cluster, a build error) exits 2, apart from
-# test failures (exit 1).
+# Before each suite, Istio is reinstalled as the framework installs it for its tests (the module's
+# tests/integration/base.yaml and iop-integration-test-defaults.yaml: DNS capture, access logs,
+# the ingress and egress gateways), with the cluster's upstream-Envoy settings and the suite's own
+# control-plane values (scripts/cluster/manifests/integration/SUITE.yaml, where a suite has them),
+# and the agent under test as the proxy image of the gateways and of every injected pod; the
+# framework then runs against that istiod (--istio.test.kube.deploy=false). Nothing is pulled.
+# At the end the cluster's own install is put back and the framework's namespaces are removed.
+# Results: DIR/<agent>.json (go test -json) and a line per test on stdout;
+# scripts/lib/integration_table.py turns both agents' results into docs/istio-integration.md.
+# Exit: 0 all passed, 1 a test failed, 2 a framework failure (no cluster, a build or install
+# error, a suite that did not finish).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=cluster/versions.env
 source "$repo/scripts/cluster/versions.env"
 CACHE=${MESH_CACHE:-/var/cache/mesh-agent}
 STATE=${MESH_CLUSTER_DIR:-/var/tmp/mesh-cluster}
-agent=ours out=$repo/target/istio-integration run='' suites=()
+manifests=$repo/scripts/cluster/manifests
+agent=ours out=$repo/target/istio-integration run='' suites=() extra=()
 while (($#)); do
   case $1 in
     --agent) agent=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     -run) run=$2; shift 2 ;;
+    --istio.test.*) extra+=("$1"); shift ;;
     *) suites+=("$1"); shift ;;
   esac
 done
@@ -31,19 +39,42 @@ fail() { echo "istio-integration: $*" >&2; exit 2; }
 
 "$repo/scripts/cluster.sh" status >/dev/null 2>&1 || fail "the cluster is not up (scripts/cluster.sh up)"
 kubectl() { "$STATE/bin/kubectl" --kubeconfig "$STATE/kubeconfig" "$@"; }
+istio_dir=$(go mod download -json "$ISTIO_MODULE@$ISTIO_VERSION" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
+[[ -d $istio_dir ]] || fail "the module $ISTIO_MODULE@$ISTIO_VERSION is not in the module cache"
+mkdir -p "$out/bin"
 
-# The injector's proxy image for this run: istiod reads its values from this ConfigMap and
-# follows a change; the chart's own value is put back at the end.
-set_proxy_image() {
-  local values
-  values=$(kubectl -n istio-system get configmap istio-sidecar-injector -o jsonpath='{.data.values}')
-  values=$(python3 -c 'import json,sys; v=json.loads(sys.argv[1]); v["global"]["proxy"]["image"]=sys.argv[2]; v["global"]["proxy_init"]["image"]=sys.argv[2]; print(json.dumps(v))' "$values" "$1")
-  kubectl -n istio-system patch configmap istio-sidecar-injector --type merge \
-    -p "$(python3 -c 'import json,sys; print(json.dumps({"data": {"values": sys.argv[1]}}))' "$values")" >/dev/null
+# Istio as the framework installs it for SUITE, with this run's proxy image.
+install_for() {
+  local suite=$1 manifest=$out/istio-$agent.yaml log=$out/install-$agent.log files
+  files=(-f "$istio_dir/tests/integration/base.yaml"
+    -f "$istio_dir/tests/integration/iop-integration-test-defaults.yaml"
+    -f "$manifests/istio-operator.yaml" -f "$manifests/istio-gateways.yaml")
+  [[ -f $manifests/integration/${suite//\//_}.yaml ]] && files+=(-f "$manifests/integration/${suite//\//_}.yaml")
+  "$STATE/bin/istioctl" manifest generate "${files[@]}" --set hub="$IMAGE_HUB" --set tag="$IMAGE_TAG" \
+    --set values.global.proxy.image="$image" --set values.global.proxy_init.image="$image" \
+    >"$manifest" 2>"$log" || fail "rendering Istio for $suite failed; its log: $log"
+  kubectl apply --server-side --force-conflicts -f "$manifest" >>"$log" 2>&1 ||
+    fail "installing Istio for $suite failed; its log: $log"
+  local deployment
+  for deployment in istiod istio-ingressgateway istio-egressgateway; do
+    kubectl -n istio-system rollout status "deployment/$deployment" --timeout=240s >>"$log" 2>&1 ||
+      fail "$deployment not ready for $suite; its log: $log"
+  done
 }
-set_proxy_image "$image"
-trap 'set_proxy_image proxyv2' EXIT
-sleep 3 # istiod's file watch on the mounted ConfigMap
+
+# The cluster's own install back; what only the tests' install has (the gateways, the network
+# policies) and the framework's namespaces (an interrupted run leaves them) removed.
+restore() {
+  kubectl delete namespace -l istio-testing=istio-test --wait=false >/dev/null 2>&1 || true
+  [[ -f $out/istio-$agent.yaml ]] || return 0
+  python3 "$repo/scripts/lib/manifest_diff.py" "$out/istio-$agent.yaml" "$STATE/istio.yaml" |
+    while read -r kind namespace name; do
+      kubectl -n "$namespace" delete "$kind" "$name" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+    done
+  kubectl apply --server-side --force-conflicts -f "$STATE/istio.yaml" >/dev/null 2>&1 ||
+    echo "istio-integration: putting back the cluster's Istio failed: scripts/cluster.sh up reinstalls it" >&2
+}
+trap restore EXIT
 
 # Istio's tests build from a module that requires the pinned istio (their test dependencies
 # are resolved on the way: -mod=mod).
@@ -54,12 +85,10 @@ if [[ ! -f $src/go.sum ]]; then
   printf '//go:build tools\npackage tools\nimport _ "%s/pkg/test/framework"\n' "$ISTIO_MODULE" >"$src/tools.go"
   (cd "$src" && go mod tidy) || fail "resolving $ISTIO_MODULE@$ISTIO_VERSION failed"
 fi
-mkdir -p "$out/bin"
 args=(--istio.test.kube.config="$STATE/kubeconfig" --istio.test.kube.deploy=false
   --istio.test.hub="$IMAGE_HUB" --istio.test.tag="$IMAGE_TAG" --istio.test.pullpolicy=Never
-  --istio.test.kube.loadbalancer=false --istio.test.work_dir="$out/work-$agent")
+  --istio.test.kube.loadbalancer=false --istio.test.work_dir="$out/work-$agent" ${extra[@]+"${extra[@]}"})
 echo "istio-integration: ${suites[*]} with $agent ($IMAGE_HUB/$image:$IMAGE_TAG)" >&2
-istio_dir=$(go mod download -json "$ISTIO_MODULE@$ISTIO_VERSION" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
 : >"$out/$agent.json"
 rc=0
 for suite in "${suites[@]}"; do
@@ -67,11 +96,13 @@ for suite in "${suites[@]}"; do
   test_bin=$out/bin/${suite//\//_}.test
   # Built here (the module proxy is reachable), run in the cluster's network namespace (it is
   # not), from the package's own folder as go test runs it.
-  (cd "$src" && GOFLAGS=-mod=mod go test -c -tags=integ -o "$test_bin" "$pkg") ||
-    fail "building $pkg failed"
+  (cd "$src" && GOFLAGS=-mod=mod go test -c -tags=integ -o "$test_bin" "$pkg") >"$out/build.log" 2>&1 ||
+    fail "building $pkg failed; its log: $out/build.log"
+  install_for "$suite"
   (cd "$istio_dir/tests/integration/$suite" && nsenter --net=/run/netns/mesh-node -- \
     go tool test2json -p "$pkg" "$test_bin" -test.v=test2json -test.count=1 -test.timeout=60m \
     ${run:+-test.run "$run"} "${args[@]}") >>"$out/$agent.json" || rc=$?
 done
-python3 "$repo/scripts/lib/integration_table.py" --summary "$out/$agent.json"
+# The summary's status tells a test failure (1) from a framework failure (2).
+python3 "$repo/scripts/lib/integration_table.py" --summary "$out/$agent.json" || exit $?
 exit $((rc == 0 ? 0 : 1))

@@ -1,0 +1,31 @@
+#!/usr/bin/env python3
+"""Objects of one Kubernetes manifest that another lacks.
+
+  manifest_diff.py A.yaml B.yaml   prints `kind namespace name` for each object in A not in B
+"""
+
+import sys
+
+import yaml
+
+
+def objects(path: str) -> "set[tuple[str, str, str]]":
+    with open(path, encoding="utf-8") as f:
+        found = set()
+        for doc in yaml.safe_load_all(f):
+            if not isinstance(doc, dict) or "kind" not in doc:
+                continue
+            meta = doc.get("metadata") or {}
+            found.add((doc["kind"], meta.get("namespace") or "default", meta.get("name", "")))
+        return found
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        sys.exit("usage: manifest_diff.py A.yaml B.yaml")
+    for kind, namespace, name in sorted(objects(sys.argv[1]) - objects(sys.argv[2])):
+        print(kind, namespace, name)
+
+
+if __name__ == "__main__":
+    main()

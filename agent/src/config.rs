@@ -308,12 +308,10 @@ impl Config {
             pod_annotations,
         })?;
 
-        let dns_capture = env.bool("ISTIO_META_DNS_CAPTURE", false)?
-            || proxy
-                .proxy_metadata
-                .get("ISTIO_META_DNS_CAPTURE")
-                .and_then(|v| go_syntax::parse_bool(v).ok())
-                .unwrap_or(false);
+        // From the environment only, as Istio's agent: the injector renders the mesh's
+        // proxyMetadata as env, and a template may override it after (grpc-agent's
+        // ISTIO_META_DNS_CAPTURE=false: the last of two equal names wins in a pod's env).
+        let dns_capture = env.bool("ISTIO_META_DNS_CAPTURE", false)?;
         let dns_server = env.bool("ISTIO_META_ENABLE_DNS_SERVER", false)?;
         let dns_enabled = (dns_capture && node.kind == NodeType::Sidecar) || dns_server;
 

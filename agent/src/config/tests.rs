@@ -361,6 +361,22 @@ fn dns_capture_only_for_sidecars() {
     assert_eq!(c.node_id(), "router~~.~.svc.cluster.local");
 }
 
+/// Proxyless gRPC pods (Istio's grpc-agent template) carry the mesh's proxyMetadata in
+/// PROXY_CONFIG with ISTIO_META_DNS_CAPTURE=true and the env set to false: no DNS proxy, which
+/// would hold readiness until an NDS table that only an Envoy's listener request brings.
+#[test]
+fn dns_capture_reads_the_environment_not_proxy_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy_config = r#"{"proxyMetadata":{"ISTIO_META_DNS_CAPTURE":"true"}}"#;
+    let e = env(&[
+        ("PROXY_CONFIG", proxy_config),
+        ("ISTIO_META_DNS_CAPTURE", "false"),
+    ]);
+    assert!(load(dir.path(), &e).unwrap().dns.is_none());
+    let e = env(&[("PROXY_CONFIG", proxy_config)]);
+    assert!(load(dir.path(), &e).unwrap().dns.is_none());
+}
+
 /// A host with no address outside loopback: Istio's agent puts 127.0.0.1 and ::1 after
 /// INSTANCE_IP (found by the bootstrap differential suite).
 #[test]

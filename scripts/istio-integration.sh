@@ -2,9 +2,12 @@
 # Istio's own integration tests (tests/integration/ of the pinned istio module, run by its own
 # framework with `go test -tags=integ`) against the local cluster of scripts/cluster.sh, with our
 # proxy image or, as the control, Istio's Go agent in the same image.
-#   usage: scripts/istio-integration.sh [--agent ours|istio] [--out DIR] [SUITE…] [-run REGEX]
-#          [--istio.test.FLAG=VALUE…] (passed to the framework as given)
-#   SUITE: a package under tests/integration/ (default: pilot); REGEX: go test's -run.
+#   usage: scripts/istio-integration.sh [--agent ours|istio|both] [--out DIR] [SUITE…] [-run REGEX]
+#          [-skip REGEX] [--istio.test.FLAG=VALUE…] (passed to the framework as given)
+#   --agent both: the same tests with ours, then with Istio's agent, then the two columns into
+#   docs/istio-integration.md (the rows that do not pass with both explained by
+#   tests/data/istio-integration/notes.tsv).
+#   SUITE: a package under tests/integration/ (default: pilot); REGEX: go test's -run / -skip.
 # Before each suite, Istio is reinstalled as the framework installs it for its tests (the module's
 # tests/integration/base.yaml and iop-integration-test-defaults.yaml: DNS capture, access logs,
 # the ingress and egress gateways), with the cluster's upstream-Envoy settings and the suite's own
@@ -23,18 +26,34 @@ source "$repo/scripts/cluster/versions.env"
 CACHE=${MESH_CACHE:-/var/cache/mesh-agent}
 STATE=${MESH_CLUSTER_DIR:-/var/tmp/mesh-cluster}
 manifests=$repo/scripts/cluster/manifests
-agent=ours out=$repo/target/istio-integration run='' suites=() extra=()
+agent=ours out=$repo/target/istio-integration run='' skip='' suites=() extra=()
 while (($#)); do
   case $1 in
     --agent) agent=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     -run) run=$2; shift 2 ;;
+    -skip) skip=$2; shift 2 ;;
     --istio.test.*) extra+=("$1"); shift ;;
     *) suites+=("$1"); shift ;;
   esac
 done
 ((${#suites[@]})) || suites=(pilot)
-case $agent in ours) image=proxyv2 ;; istio) image=proxyv2-istio ;; *) echo "--agent ours|istio" >&2; exit 2 ;; esac
+out=$(realpath -m "$out")
+if [[ $agent == both ]]; then
+  status=0
+  for one in ours istio; do
+    "$0" --agent "$one" --out "$out" ${run:+-run "$run"} ${skip:+-skip "$skip"} ${extra[@]+"${extra[@]}"} \
+      "${suites[@]}" || status=$?
+    ((status < 2)) || exit "$status"
+  done
+  python3 "$repo/scripts/lib/integration_table.py" --table "$out/ours.json" "$out/istio.json" \
+    --module "$ISTIO_VERSION" --date "$(date -u +%F)" --commit "$(git -C "$repo" rev-parse --short HEAD)" \
+    --command "scripts/istio-integration.sh --agent both ${run:+-run '$run' }${skip:+-skip '$skip' }${extra[*]+${extra[*]} }${suites[*]}" \
+    --notes "$repo/tests/data/istio-integration/notes.tsv" >"$repo/docs/istio-integration.md"
+  echo "istio-integration: docs/istio-integration.md written" >&2
+  exit "$status"
+fi
+case $agent in ours) image=proxyv2 ;; istio) image=proxyv2-istio ;; *) echo "--agent ours|istio|both" >&2; exit 2 ;; esac
 fail() { echo "istio-integration: $*" >&2; exit 2; }
 
 "$repo/scripts/cluster.sh" status >/dev/null 2>&1 || fail "the cluster is not up (scripts/cluster.sh up)"
@@ -101,7 +120,7 @@ for suite in "${suites[@]}"; do
   install_for "$suite"
   (cd "$istio_dir/tests/integration/$suite" && nsenter --net=/run/netns/mesh-node -- \
     go tool test2json -p "$pkg" "$test_bin" -test.v=test2json -test.count=1 -test.timeout=60m \
-    ${run:+-test.run "$run"} "${args[@]}") >>"$out/$agent.json" || rc=$?
+    ${run:+-test.run "$run"} ${skip:+-test.skip "$skip"} "${args[@]}") >>"$out/$agent.json" || rc=$?
 done
 # The summary's status tells a test failure (1) from a framework failure (2).
 python3 "$repo/scripts/lib/integration_table.py" --summary "$out/$agent.json" || exit $?

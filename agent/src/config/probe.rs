@@ -10,7 +10,7 @@ mod gojson;
 mod parse;
 
 pub use parse::{
-    RESERVED_PORTS, parse_probers, parse_prometheus_annotations, parse_readiness_probe,
+    Error, RESERVED_PORTS, parse_probers, parse_prometheus_annotations, parse_readiness_probe,
 };
 
 use std::collections::BTreeMap;

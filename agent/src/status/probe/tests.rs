@@ -159,7 +159,9 @@ fn probers_parse_as_istio_decodes_them() {
     for (case, json, want) in PROBER_CASES {
         match (parse_probers(json), want) {
             (Ok(_), None) => {}
-            (Err(e), Some(w)) => assert!(e.contains(w), "{case}: error {e:?} lacks {w:?}"),
+            (Err(e), Some(w)) => {
+                assert!(e.to_string().contains(w), "{case}: error {e} lacks {w:?}")
+            }
             (got, want) => panic!("{case}: got {got:?}, want error {want:?}"),
         }
     }

@@ -24,6 +24,8 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod envoy;
+#[cfg(test)]
+mod floors;
 pub mod health;
 pub mod http1;
 pub mod lifecycle;

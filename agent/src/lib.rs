@@ -29,6 +29,8 @@ mod floors;
 pub mod health;
 pub mod http1;
 pub mod lifecycle;
+#[cfg(test)]
+mod log_capture;
 pub mod log_format;
 pub mod log_scopes;
 pub mod runtime;

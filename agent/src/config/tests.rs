@@ -1264,23 +1264,10 @@ fn grpc_keepalive_and_xds_server_limits_as_istio() {
 /// `privateKeyProvider` (CryptoMB, QAT) is not served: a warning says so, the agent starts.
 #[test]
 fn private_key_provider_is_warned_about() {
-    use std::sync::{Arc, Mutex};
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Sink {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let dir = tempfile::tempdir().unwrap();
-    let sink = Sink::default();
-    let writer = sink.clone();
+    let sink = crate::log_capture::Sink::default();
     let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
+        .with_writer(sink.make_writer())
         .finish();
     let e = env(&[(
         "PROXY_CONFIG",
@@ -1288,7 +1275,7 @@ fn private_key_provider_is_warned_about() {
     )]);
     let c = tracing::subscriber::with_default(subscriber, || load(dir.path(), &e)).unwrap();
     assert!(c.proxy.raw.get("privateKeyProvider").is_some());
-    let out = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    let out = sink.text();
     assert!(
         out.contains("privateKeyProvider is not supported") && out.contains("cryptomb"),
         "{out}"

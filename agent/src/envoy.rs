@@ -471,11 +471,6 @@ pub fn follows_app(config: &Config) -> bool {
     config.envoy.drain_follows_app && config.node.kind == NodeType::Sidecar
 }
 
-/// Whether Envoy drains only inbound listeners for this node type.
-pub fn drains_inbound_only(node_type: NodeType) -> bool {
-    bootstrap::inbound_only(node_type)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,13 +120,17 @@ pub fn inbound_only(node_type: NodeType) -> bool {
     node_type == NodeType::Sidecar
 }
 
+/// The admin socket's file name in the proxy's directory (`proxy.config_path`), with
+/// `PROXY_LIFECYCLE_LOCKDOWN`.
+pub const ADMIN_SOCKET: &str = "admin.sock";
+
 /// Envoy's admin socket as the bootstrap names it: in the proxy's directory, relative to Envoy's
 /// working directory as the XDS socket is.
 fn admin_pipe(config: &Config) -> String {
     format!(
         "{}/{}",
         config.proxy.config_path.trim_end_matches('/'),
-        crate::envoy::ADMIN_SOCKET
+        ADMIN_SOCKET
     )
 }
 

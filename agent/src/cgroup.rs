@@ -1,6 +1,6 @@
 //! The container's memory limit, read from its cgroup (v2 `memory.max`, v1
-//! `memory.limit_in_bytes`), for the opt-in Envoy heap bound
-//! ([`crate::config::EnvoyConfig::heap_limit`]).
+//! `memory.limit_in_bytes`), for the opt-in Envoy heap bound (`ENVOY_MEMORY_OVERLOAD`): an
+//! input of the configuration, read by the composition root.
 
 use std::path::{Path, PathBuf};
 

@@ -483,7 +483,7 @@ pub fn parse(args: &[String]) -> Result<Cli, Error> {
 
 /// The subcommand `name` with its arguments `rest`.
 fn command(name: &str, rest: &[String], log: &mut LogFlags) -> Result<Command, Error> {
-    let command = match name {
+    Ok(match name {
         "proxy" => {
             let (flags, positional, _) = proxy_flags(rest, log)?;
             Command::Proxy {
@@ -499,128 +499,135 @@ fn command(name: &str, rest: &[String], log: &mut LogFlags) -> Result<Command, E
                 output,
             }
         }
-        "wait" => {
-            let flags = with_log(&[
-                ("timeoutSeconds", true),
-                ("requestTimeoutMillis", true),
-                ("periodMillis", true),
-                ("url", true),
-            ]);
-            let (known, _) = scan_strict(rest, &flags)?;
-            let mut w = WaitArgs {
-                timeout: Duration::from_secs(60),
-                request_timeout: Duration::from_millis(500),
-                period: Duration::from_millis(500),
-                url: "http://localhost:15021/healthz/ready".into(),
-            };
-            for (n, v) in known {
-                if apply_log(log, &n, &v)? {
-                    continue;
-                }
-                match n.as_str() {
-                    "timeoutSeconds" => {
-                        w.timeout = Duration::from_secs(flag_int(
-                            &n,
-                            &v,
-                            "a non-negative number of seconds",
-                        )?)
-                    }
-                    "requestTimeoutMillis" => {
-                        w.request_timeout =
-                            Duration::from_millis(flag_int(&n, &v, "non-negative milliseconds")?)
-                    }
-                    "periodMillis" => {
-                        w.period =
-                            Duration::from_millis(flag_int(&n, &v, "non-negative milliseconds")?)
-                    }
-                    "url" => w.url = v,
-                    _ => {}
-                }
-            }
-            Command::Wait(w)
-        }
-        "request" => {
-            let flags = with_log(&[("debug-port", true)]);
-            let (known, positional) = scan_strict(rest, &flags)?;
-            let mut debug_port = 15000i64;
-            for (n, v) in known {
-                if apply_log(log, &n, &v)? {
-                    continue;
-                }
-                if n == "debug-port" {
-                    debug_port = flag_int::<i64>(&n, &v, "an integer")?;
-                }
-            }
-            // Istio checks the port when the command runs, after the flags parsed.
-            let debug_port = match u16::try_from(debug_port) {
-                Ok(p @ (15000 | 15020 | 15021 | 15004)) => p,
-                _ => {
-                    return Err(Error::Usage(format!(
-                        "invalid value \"{debug_port}\" for --debug-port: expected one of 15000, 15020, 15021, 15004"
-                    )));
-                }
-            };
-            if positional.len() < 2 || positional.len() > 3 {
-                return Err(Error::Usage(
-                    "usage: pilot-agent request <method> <path> [<body>]".into(),
-                ));
-            }
-            Command::Request(RequestArgs {
-                debug_port,
-                method: positional[0].clone(),
-                path: positional[1].clone(),
-                body: positional.get(2).cloned(),
-            })
-        }
-        "version" => {
-            let flags = with_log(&[("short", false), ("output", true)]);
-            let (known, _) = scan(
-                rest,
-                &Spec {
-                    flags: &flags,
-                    shorts: &[('s', "short"), ('o', "output")],
-                    strict: true,
-                },
-            )?;
-            let mut short = false;
-            let mut output = String::new();
-            for (n, v) in known {
-                match n.as_str() {
-                    "short" => short = flag_bool(&n, &v)?,
-                    "output" => output = v,
-                    _ => {
-                        apply_log(log, &n, &v)?;
-                    }
-                }
-            }
-            Command::Version { short, output }
-        }
+        "wait" => Command::Wait(wait_args(rest, log)?),
+        "request" => Command::Request(request_args(rest, log)?),
+        "version" => version_args(rest, log)?,
         "istio-iptables" => Command::Iptables(rest.to_vec()),
         "help" => Command::Help,
-        "completion" => {
-            // The shell is a subcommand of `completion`; only the shells have
-            // --no-descriptions (accepted; our scripts carry no descriptions).
-            let shell = rest
-                .iter()
-                .find(|a| !a.starts_with('-'))
-                .and_then(|a| Shell::parse(a));
-            let own: &[(&str, bool)] = if shell.is_some() {
-                &[("no-descriptions", false)]
-            } else {
-                &[]
-            };
-            let flags = with_log(own);
-            let (known, _) = scan_strict(rest, &flags)?;
-            for (n, v) in known {
-                if !apply_log(log, &n, &v)? {
-                    flag_bool(&n, &v)?;
-                }
-            }
-            Command::Completion(shell)
-        }
+        "completion" => Command::Completion(completion_args(rest, log)?),
         other => return Err(Error::Command(other.to_string())),
+    })
+}
+
+/// `wait`'s flags, with Istio's defaults.
+fn wait_args(rest: &[String], log: &mut LogFlags) -> Result<WaitArgs, Error> {
+    let flags = with_log(&[
+        ("timeoutSeconds", true),
+        ("requestTimeoutMillis", true),
+        ("periodMillis", true),
+        ("url", true),
+    ]);
+    let (known, _) = scan_strict(rest, &flags)?;
+    let mut w = WaitArgs {
+        timeout: Duration::from_secs(60),
+        request_timeout: Duration::from_millis(500),
+        period: Duration::from_millis(500),
+        url: "http://localhost:15021/healthz/ready".into(),
     };
-    Ok(command)
+    for (n, v) in known {
+        if apply_log(log, &n, &v)? {
+            continue;
+        }
+        match n.as_str() {
+            "timeoutSeconds" => {
+                w.timeout =
+                    Duration::from_secs(flag_int(&n, &v, "a non-negative number of seconds")?)
+            }
+            "requestTimeoutMillis" => {
+                w.request_timeout =
+                    Duration::from_millis(flag_int(&n, &v, "non-negative milliseconds")?)
+            }
+            "periodMillis" => {
+                w.period = Duration::from_millis(flag_int(&n, &v, "non-negative milliseconds")?)
+            }
+            "url" => w.url = v,
+            _ => {}
+        }
+    }
+    Ok(w)
+}
+
+/// `request <method> <path> [<body>]` and `--debug-port`.
+fn request_args(rest: &[String], log: &mut LogFlags) -> Result<RequestArgs, Error> {
+    let flags = with_log(&[("debug-port", true)]);
+    let (known, positional) = scan_strict(rest, &flags)?;
+    let mut debug_port = 15000i64;
+    for (n, v) in known {
+        if apply_log(log, &n, &v)? {
+            continue;
+        }
+        if n == "debug-port" {
+            debug_port = flag_int::<i64>(&n, &v, "an integer")?;
+        }
+    }
+    // Istio checks the port when the command runs, after the flags parsed.
+    let debug_port = match u16::try_from(debug_port) {
+        Ok(p @ (15000 | 15020 | 15021 | 15004)) => p,
+        _ => {
+            return Err(Error::Usage(format!(
+                "invalid value \"{debug_port}\" for --debug-port: expected one of 15000, 15020, 15021, 15004"
+            )));
+        }
+    };
+    if positional.len() < 2 || positional.len() > 3 {
+        return Err(Error::Usage(
+            "usage: pilot-agent request <method> <path> [<body>]".into(),
+        ));
+    }
+    Ok(RequestArgs {
+        debug_port,
+        method: positional[0].clone(),
+        path: positional[1].clone(),
+        body: positional.get(2).cloned(),
+    })
+}
+
+/// `version`'s `--short` and `--output`.
+fn version_args(rest: &[String], log: &mut LogFlags) -> Result<Command, Error> {
+    let flags = with_log(&[("short", false), ("output", true)]);
+    let (known, _) = scan(
+        rest,
+        &Spec {
+            flags: &flags,
+            shorts: &[('s', "short"), ('o', "output")],
+            strict: true,
+        },
+    )?;
+    let mut short = false;
+    let mut output = String::new();
+    for (n, v) in known {
+        match n.as_str() {
+            "short" => short = flag_bool(&n, &v)?,
+            "output" => output = v,
+            _ => {
+                apply_log(log, &n, &v)?;
+            }
+        }
+    }
+    Ok(Command::Version { short, output })
+}
+
+/// `completion [<shell>]`.
+fn completion_args(rest: &[String], log: &mut LogFlags) -> Result<Option<Shell>, Error> {
+    // The shell is a subcommand of `completion`; only the shells have
+    // --no-descriptions (accepted; our scripts carry no descriptions).
+    let shell = rest
+        .iter()
+        .find(|a| !a.starts_with('-'))
+        .and_then(|a| Shell::parse(a));
+    let own: &[(&str, bool)] = if shell.is_some() {
+        &[("no-descriptions", false)]
+    } else {
+        &[]
+    };
+    let flags = with_log(own);
+    let (known, _) = scan_strict(rest, &flags)?;
+    for (n, v) in known {
+        if !apply_log(log, &n, &v)? {
+            flag_bool(&n, &v)?;
+        }
+    }
+    Ok(shell)
 }
 
 /// `pilot-agent version` output, in Istio's formats: `client version: version.BuildInfo{...}`,

@@ -9,11 +9,31 @@ use http_body_util::Full;
 use crate::cli::{RequestArgs, WaitArgs};
 use crate::http1::Target;
 
+/// Why `wait` or `request` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unsupported URL {0:?}: expected http://host:port/path")]
+    Url(String),
+    #[error("invalid method {0:?}")]
+    Method(String),
+    #[error(transparent)]
+    Request(#[from] http::Error),
+    #[error(transparent)]
+    Fetch(#[from] crate::http1::Error),
+    /// An answer other than the one `wait` waits for.
+    #[error("HTTP status code {0}")]
+    NotOk(u16),
+    #[error("timeout waiting for Envoy proxy to become ready. Last error: {last}")]
+    NotReady { last: Box<Error> },
+    #[error("received unsuccessful status code {status}: {body}")]
+    Status { status: u16, body: String },
+}
+
 /// Splits `http://host:port/path` into `(host:port, /path)`.
-fn split_url(url: &str) -> Result<(String, String), String> {
+fn split_url(url: &str) -> Result<(String, String), Error> {
     let rest = url
         .strip_prefix("http://")
-        .ok_or_else(|| format!("unsupported URL {url:?}: expected http://host:port/path"))?;
+        .ok_or_else(|| Error::Url(url.to_string()))?;
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
@@ -32,7 +52,7 @@ pub async fn send(
     url: &str,
     body: Option<String>,
     timeout: Duration,
-) -> Result<(u16, String), String> {
+) -> Result<(u16, String), Error> {
     let (authority, path) = split_url(url)?;
     send_to(
         &Target::Tcp(authority.clone()),
@@ -53,34 +73,31 @@ async fn send_to(
     path: &str,
     body: Option<String>,
     timeout: Duration,
-) -> Result<(u16, String), String> {
+) -> Result<(u16, String), Error> {
     let method = http::Method::from_bytes(method.to_ascii_uppercase().as_bytes())
-        .map_err(|_| format!("invalid method {method:?}"))?;
+        .map_err(|_| Error::Method(method.to_string()))?;
     let req = http::Request::builder()
         .method(method)
         .uri(path)
         .header(http::header::HOST, authority)
-        .body(Full::new(bytes::Bytes::from(body.unwrap_or_default())))
-        .map_err(|e| e.to_string())?;
-    let (status, body) = crate::http1::fetch_from(target, req, 64 << 20, timeout)
-        .await
-        .map_err(|e| e.to_string())?;
+        .body(Full::new(bytes::Bytes::from(body.unwrap_or_default())))?;
+    let (status, body) = crate::http1::fetch_from(target, req, 64 << 20, timeout).await?;
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// Polls `url` until it answers 200.
-pub async fn wait(args: &WaitArgs) -> Result<(), String> {
+pub async fn wait(args: &WaitArgs) -> Result<(), Error> {
     let deadline = Instant::now() + args.timeout;
     loop {
         let last = match send("GET", &args.url, None, args.request_timeout).await {
             Ok((200, _)) => return Ok(()),
-            Ok((status, _)) => format!("HTTP status code {status}"),
+            Ok((status, _)) => Error::NotOk(status),
             Err(e) => e,
         };
         if Instant::now() + args.period > deadline {
-            return Err(format!(
-                "timeout waiting for Envoy proxy to become ready. Last error: {last}"
-            ));
+            return Err(Error::NotReady {
+                last: Box::new(last),
+            });
         }
         tokio::time::sleep(args.period).await;
     }
@@ -92,11 +109,11 @@ const LOCKDOWN_ADMIN_SOCKET: &str = "./etc/istio/proxy/admin.sock";
 
 /// `pilot-agent request`: returns the body; fails above 399 except 404. Requests for Envoy's
 /// admin port (15000) go to the admin socket when lockdown put it there.
-pub async fn request(args: &RequestArgs) -> Result<String, String> {
+pub async fn request(args: &RequestArgs) -> Result<String, Error> {
     request_in(args, Path::new(LOCKDOWN_ADMIN_SOCKET)).await
 }
 
-async fn request_in(args: &RequestArgs, admin_socket: &Path) -> Result<String, String> {
+async fn request_in(args: &RequestArgs, admin_socket: &Path) -> Result<String, Error> {
     let authority = format!("localhost:{}", args.debug_port);
     let target = if args.debug_port == 15000 && admin_socket.exists() {
         Target::Unix(admin_socket.to_path_buf())
@@ -114,9 +131,7 @@ async fn request_in(args: &RequestArgs, admin_socket: &Path) -> Result<String, S
     )
     .await?;
     if status > 399 && status != 404 {
-        return Err(format!(
-            "received unsuccessful status code {status}: {body}"
-        ));
+        return Err(Error::Status { status, body });
     }
     Ok(body)
 }
@@ -149,7 +164,8 @@ mod tests {
         .await
         .unwrap_err();
         assert!(
-            err.starts_with("timeout waiting for Envoy proxy to become ready. Last error:"),
+            err.to_string()
+                .starts_with("timeout waiting for Envoy proxy to become ready. Last error:"),
             "{err}"
         );
     }
@@ -184,6 +200,6 @@ mod tests {
         );
         // Another port, or no socket: TCP as Istio (nothing listens on 15004 here).
         let e = request_in(&args(15004), &sock).await.unwrap_err();
-        assert!(e.contains("localhost:15004"), "{e}");
+        assert!(e.to_string().contains("localhost:15004"), "{e}");
     }
 }

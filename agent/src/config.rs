@@ -45,6 +45,20 @@ pub enum Error {
         value: String,
         expected: String,
     },
+    /// `ISTIO_KUBE_APP_PROBERS` or `ISTIO_PROMETHEUS_ANNOTATIONS` (a probe's header values
+    /// left out of `value`).
+    #[error("invalid {var}={value:?}: expected {source}")]
+    Probe {
+        var: &'static str,
+        value: String,
+        source: Box<probe::Error>,
+    },
+    /// ProxyConfig's `readinessProbe` (header values left out of `value`).
+    #[error("invalid ProxyConfig field readinessProbe: value {value}, expected {source}")]
+    ReadinessProbe {
+        value: String,
+        source: Box<probe::Error>,
+    },
     #[error("cannot parse ProxyConfig from {source_name}: {reason}")]
     Layer { source_name: String, reason: String },
     #[error("cannot read {path}: {source}")]

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::process::Command;
 
-use crate::bootstrap::{self, Written, local_address_ip_version};
+use crate::bootstrap::{self, ADMIN_SOCKET, Written, local_address_ip_version};
 use crate::config::{Config, NodeType};
 use crate::http1::Target;
 use crate::lifecycle::{DrainMode, Shutdown};
@@ -173,10 +173,6 @@ pub fn admin_addr(config: &Config) -> SocketAddr {
     };
     SocketAddr::new(ip, config.proxy.proxy_admin_port)
 }
-
-/// The admin socket's file name in the proxy's directory (`proxy.config_path`), with
-/// `PROXY_LIFECYCLE_LOCKDOWN`.
-pub const ADMIN_SOCKET: &str = "admin.sock";
 
 /// Where the agent reaches Envoy's admin API: the Unix socket in the proxy's directory with
 /// `PROXY_LIFECYCLE_LOCKDOWN`, else TCP on localhost (Istio's).
@@ -473,11 +469,6 @@ async fn stop(child: &mut tokio::process::Child) -> Result<(), Error> {
 /// with `DRAIN_FOLLOWS_APP` on; routers and waypoints have no app beside them.
 pub fn follows_app(config: &Config) -> bool {
     config.envoy.drain_follows_app && config.node.kind == NodeType::Sidecar
-}
-
-/// Whether Envoy drains only inbound listeners for this node type.
-pub fn drains_inbound_only(node_type: NodeType) -> bool {
-    bootstrap::inbound_only(node_type)
 }
 
 #[cfg(test)]

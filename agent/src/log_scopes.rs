@@ -227,25 +227,12 @@ mod tests {
     /// The filter gates events as the scopes say, through tracing's own filter.
     #[test]
     fn the_filter_gates_events_by_scope() {
-        use std::sync::{Arc, Mutex};
-        #[derive(Clone, Default)]
-        struct Sink(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Sink {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let sink = Sink::default();
-        let writer = sink.clone();
+        let sink = crate::log_capture::Sink::default();
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(
                 filter("default:warn,xdsproxy:debug,citadelclient:error").unwrap(),
             ))
-            .with_writer(move || writer.clone())
+            .with_writer(sink.make_writer())
             .finish();
         tracing::subscriber::with_default(subscriber, || {
             tracing::debug!(target: "agent::xds_proxy::streams", "xds-debug-shown");
@@ -255,7 +242,7 @@ mod tests {
             tracing::error!(target: "sds::ca", "ca-error-shown");
             tracing::info!(target: "dns_proxy::forward", "dns-info-shown");
         });
-        let out = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        let out = sink.text();
         for shown in [
             "xds-debug-shown",
             "default-warn-shown",

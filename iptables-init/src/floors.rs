@@ -1,7 +1,13 @@
 //! The crate's modules in floor order, lowest first: a module names (`crate::x`, in code or in
-//! a doc link) only modules on the floors below it, so no two modules reach each other.
+//! a doc link) only modules on the floors below it, so no two modules reach each other. The
+//! scanner is the workspace's one (`tests/src/floors.rs`).
 
-use std::path::{Path, PathBuf};
+mod scan {
+    include!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/src/floors.rs"
+    ));
+}
 
 /// Top-level modules, lowest first.
 const FLOORS: &[&str] = &[
@@ -15,89 +21,8 @@ const FLOORS: &[&str] = &[
     "nft",
 ];
 
-fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            sources(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
-/// The modules `text` names through `crate::`, including each name of a `crate::{a, b}` group.
-fn named(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for (at, _) in text.match_indices("crate::") {
-        let rest = &text[at + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let mut depth = 0;
-            let mut item = String::new();
-            for c in group.chars() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => {
-                        out.push(std::mem::take(&mut item));
-                        continue;
-                    }
-                    _ => {}
-                }
-                if depth == 0 {
-                    item.push(c);
-                }
-            }
-            out.push(item);
-        } else {
-            out.push(rest.to_string());
-        }
-    }
-    out.iter()
-        .map(|s| {
-            s.trim_start()
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect()
-        })
-        .collect()
-}
-
 #[test]
 fn modules_name_only_modules_on_floors_below() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut top: Vec<String> = std::fs::read_dir(&src)
-        .expect("src")
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            name.strip_suffix(".rs").map(str::to_string)
-        })
-        .filter(|m| !["lib", "main", "floors"].contains(&m.as_str()))
-        .collect();
-    top.sort();
-    let mut listed: Vec<String> = FLOORS.iter().map(|m| m.to_string()).collect();
-    listed.sort();
-    assert_eq!(top, listed, "every top-level module has a floor");
-
-    let mut upward = Vec::new();
-    for (floor, module) in FLOORS.iter().enumerate() {
-        let mut files = vec![src.join(format!("{module}.rs"))];
-        sources(&src.join(module), &mut files);
-        for file in files {
-            let text = std::fs::read_to_string(&file).expect("source");
-            for name in named(&text) {
-                if let Some(other) = FLOORS.iter().position(|m| *m == name)
-                    && other > floor
-                {
-                    upward.push(format!("{} names crate::{name}", file.display()));
-                }
-            }
-        }
-    }
-    assert!(upward.is_empty(), "modules reaching up: {upward:#?}");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    scan::check(&src, FLOORS, &[]);
 }

@@ -20,6 +20,8 @@ pub mod cluster;
 /// The one loader of Istio's conformance data, shared by every crate's tests.
 pub mod conformance;
 pub mod envoy;
+/// The floors check every crate's module-order test runs.
+pub mod floors;
 pub mod http;
 pub mod istio_diff;
 /// Istio's source at the targeted release, from Go's module cache.

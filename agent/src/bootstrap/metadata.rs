@@ -52,16 +52,58 @@ pub struct Node {
 
 /// Builds the node metadata, cluster and locality.
 pub fn node(config: &Config) -> Result<Node, Error> {
-    let mut meta = Map::new();
-    for (k, v) in &config.proxy.proxy_metadata {
-        if let Some(key) = k.strip_prefix("ISTIO_META_").filter(|k| !k.is_empty()) {
-            meta.insert(key.to_string(), Value::String(v.clone()));
+    let (mut meta, static_labels) = env_metadata(config);
+    let (labels, static_labels, locality) = labels_and_locality(config, static_labels);
+    let metadata_discovery = insert_agent_fields(config, &mut meta);
+    insert_workload_fields(config, &mut meta);
+    for (key, v) in [
+        ("NAME", &config.node.pod_name),
+        ("NAMESPACE", &config.node.pod_namespace),
+        ("SERVICE_ACCOUNT", &config.node.service_account),
+    ] {
+        if !v.is_empty() {
+            meta.insert(key.into(), json!(v));
         }
     }
+    if !labels.is_empty() {
+        meta.insert("LABELS".into(), json!(labels));
+    }
+    if !static_labels.is_empty() {
+        meta.insert("STATIC_LABELS".into(), json!(static_labels));
+    }
+    if !config.node.pod_annotations.is_empty() {
+        meta.insert("ANNOTATIONS".into(), json!(config.node.pod_annotations));
+    }
+    insert_pilot_san(config, &mut meta);
+    if !config.flags.outlier_log_path.is_empty() {
+        meta.insert(
+            "OUTLIER_LOG_PATH".into(),
+            json!(config.flags.outlier_log_path),
+        );
+    }
+    let workload = meta
+        .get("WORKLOAD_NAME")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    Ok(Node {
+        cluster: service_cluster(config, &labels, &workload),
+        metadata: meta,
+        locality,
+        metadata_discovery,
+    })
+}
+
+/// What the environment passes: `ISTIO_META_*` (ProxyConfig's `proxyMetadata`, then the
+/// process's), the members of each `ISTIO_METAJSON_*` object, and `DNS_PROXY_ADDR`; with the
+/// static labels `ISTIO_METAJSON_LABELS` gives.
+fn env_metadata(config: &Config) -> (Map<String, Value>, BTreeMap<String, String>) {
+    let mut meta = Map::new();
     let env = &config.node.meta_env;
-    for (k, v) in env {
+    let proxy_metadata = config.proxy.proxy_metadata.iter();
+    for (k, v) in proxy_metadata.chain(env.iter().map(|(k, v)| (k, v))) {
         if let Some(key) = k.strip_prefix("ISTIO_META_").filter(|k| !k.is_empty()) {
-            meta.insert(key.to_string(), Value::String((*v).clone()));
+            meta.insert(key.to_string(), Value::String(v.clone()));
         }
     }
     // Each ISTIO_METAJSON_* object is merged into the metadata member by member (as Istio's
@@ -71,20 +113,8 @@ pub fn node(config: &Config) -> Result<Node, Error> {
         let Some(key) = k.strip_prefix("ISTIO_METAJSON_").filter(|k| !k.is_empty()) else {
             continue;
         };
-        // Not a JSON object: Istio warns (its json.Unmarshal into the map fails) and goes on
-        // without it.
-        let obj = match serde_json::from_str::<Value>(v) {
-            Ok(Value::Object(obj)) => obj,
-            Ok(Value::Null) => continue,
-            other => {
-                tracing::warn!(
-                    var = %k,
-                    value = %v,
-                    error = %other.err().map_or("not a JSON object".to_string(), |e| e.to_string()),
-                    "ISTIO_METAJSON_ variable is not a JSON object; ignored"
-                );
-                continue;
-            }
+        let Some(obj) = json_object(k, v) else {
+            continue;
         };
         if key == "LABELS" {
             // Istio reads the labels as strings: one non-string value drops them all.
@@ -102,9 +132,34 @@ pub fn node(config: &Config) -> Result<Node, Error> {
             json!(config.bootstrap.dns_proxy_addr),
         );
     }
+    (meta, static_labels)
+}
 
-    // Labels: the static ones, then the pod's labels file. Without a labels file both are the
-    // same map, so the sanitised locality shows in STATIC_LABELS too (as upstream).
+/// An `ISTIO_METAJSON_*` value as an object. Not a JSON object: Istio warns (its json.Unmarshal
+/// into the map fails) and goes on without it.
+fn json_object(var: &str, value: &str) -> Option<Map<String, Value>> {
+    match serde_json::from_str::<Value>(value) {
+        Ok(Value::Object(obj)) => Some(obj),
+        Ok(Value::Null) => None,
+        other => {
+            tracing::warn!(
+                var = %var,
+                value = %value,
+                error = %other.err().map_or("not a JSON object".to_string(), |e| e.to_string()),
+                "ISTIO_METAJSON_ variable is not a JSON object; ignored"
+            );
+            None
+        }
+    }
+}
+
+/// Labels: the static ones, then the pod's labels file. Without a labels file both are the
+/// same map, so the sanitised locality shows in STATIC_LABELS too (as upstream). Returns the
+/// labels, the static labels and the locality they name.
+fn labels_and_locality(
+    config: &Config,
+    mut static_labels: BTreeMap<String, String>,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>, Locality) {
     let mut labels = static_labels.clone();
     let has_labels_file = !config.node.pod_labels.is_empty();
     for (k, v) in &config.node.pod_labels {
@@ -130,8 +185,12 @@ pub fn node(config: &Config) -> Result<Node, Error> {
         zone: parts.next().unwrap_or_default(),
         sub_zone: parts.next().unwrap_or_default(),
     };
+    (labels, static_labels, locality)
+}
 
-    // Typed fields win over what the environment passed.
+/// The typed fields the agent owns, which win over what the environment passed: the release,
+/// the IPs, the ports Envoy serves, the drain and log switches. Returns `METADATA_DISCOVERY`.
+fn insert_agent_fields(config: &Config, meta: &mut Map<String, Value>) -> bool {
     if meta
         .get("ISTIO_VERSION")
         .and_then(Value::as_str)
@@ -179,11 +238,16 @@ pub fn node(config: &Config) -> Result<Node, Error> {
     if config.envoy.skip_deprecated_logs {
         meta.insert("ENVOY_SKIP_DEPRECATED_LOGS".into(), json!("true"));
     }
+    metadata_discovery
+}
+
+/// The workload socket's keys (Istio's CredentialSocketExists / ServeOnlyFiles) and the
+/// ProxyConfig echo.
+fn insert_workload_fields(config: &Config, meta: &mut Map<String, Value>) {
     meta.insert(
         "WORKLOAD_IDENTITY_SOCKET_FILE".into(),
         json!(config.workload_socket.file),
     );
-    // Istio's CredentialSocketExists / ServeOnlyFiles keys.
     if config.workload_socket.credential_socket {
         meta.insert("credential".into(), json!("true"));
     }
@@ -194,24 +258,11 @@ pub fn node(config: &Config) -> Result<Node, Error> {
         "PROXY_CONFIG".into(),
         crate::config::proxy_config::echo(&config.proxy.raw),
     );
-    for (key, v) in [
-        ("NAME", &config.node.pod_name),
-        ("NAMESPACE", &config.node.pod_namespace),
-        ("SERVICE_ACCOUNT", &config.node.service_account),
-    ] {
-        if !v.is_empty() {
-            meta.insert(key.into(), json!(v));
-        }
-    }
-    if !labels.is_empty() {
-        meta.insert("LABELS".into(), json!(labels));
-    }
-    if !static_labels.is_empty() {
-        meta.insert("STATIC_LABELS".into(), json!(static_labels));
-    }
-    if !config.node.pod_annotations.is_empty() {
-        meta.insert("ANNOTATIONS".into(), json!(config.node.pod_annotations));
-    }
+}
+
+/// `PILOT_SAN` under mutual TLS to the control plane: the discovery host
+/// (`istiod.istio-system.svc` for a localhost one).
+fn insert_pilot_san(config: &Config, meta: &mut Map<String, Value>) {
     if config.proxy.control_plane_auth_policy == AuthPolicy::MutualTls
         && let Some((host, _)) = split_host_port(&config.proxy.discovery_address)
     {
@@ -222,23 +273,6 @@ pub fn node(config: &Config) -> Result<Node, Error> {
         };
         meta.insert("PILOT_SAN".into(), json!([san]));
     }
-    if !config.flags.outlier_log_path.is_empty() {
-        meta.insert(
-            "OUTLIER_LOG_PATH".into(),
-            json!(config.flags.outlier_log_path),
-        );
-    }
-    let workload = meta
-        .get("WORKLOAD_NAME")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    Ok(Node {
-        cluster: service_cluster(config, &labels, &workload),
-        metadata: meta,
-        locality,
-        metadata_discovery,
-    })
 }
 
 /// `node.cluster`: ProxyConfig's `serviceCluster`, or what `tracingServiceName` asks for, with

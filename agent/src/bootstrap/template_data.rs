@@ -47,8 +47,16 @@ fn proxy_config(config: &Config, o: &Options) -> Value {
 
 /// Builds the template data.
 pub fn template_data(config: &Config, o: &Options) -> Value {
-    let proxy = &config.proxy;
     let mut d = Map::new();
+    for section in [node, discovery, family, ports, files, stats, telemetry] {
+        section(&mut d, config, o);
+    }
+    Value::Object(d)
+}
+
+/// The node: its type, id, cluster, locality, metadata (as an object and as JSON text), the
+/// runtime flags and `config`.
+fn node(d: &mut Map<String, Value>, config: &Config, o: &Options) {
     let mut put = |k: &str, v: Value| {
         d.insert(k.to_string(), v);
     };
@@ -71,6 +79,14 @@ pub fn template_data(config: &Config, o: &Options) -> Value {
         json!(text(&Value::Object(o.runtime_flags.clone()))),
     );
     put("config", proxy_config(config, o));
+}
+
+/// Where istiod is and how it is trusted.
+fn discovery(d: &mut Map<String, Value>, config: &Config, o: &Options) {
+    let proxy = &config.proxy;
+    let mut put = |k: &str, v: Value| {
+        d.insert(k.to_string(), v);
+    };
     if !proxy.discovery_address.is_empty() {
         put("discovery_address", json!(proxy.discovery_address));
     }
@@ -88,6 +104,13 @@ pub fn template_data(config: &Config, o: &Options) -> Value {
     if !config.bootstrap.xds_root_ca.is_empty() {
         put("xds_root_cert", json!(config.bootstrap.xds_root_ca));
     }
+}
+
+/// The address family's loopback and wildcard addresses, and metadata discovery.
+fn family(d: &mut Map<String, Value>, _: &Config, o: &Options) {
+    let mut put = |k: &str, v: Value| {
+        d.insert(k.to_string(), v);
+    };
     put("metadata_discovery", json!(o.metadata_discovery));
     put("localhost", json!(o.family.localhost));
     put("wildcard", json!(o.family.wildcard));
@@ -97,6 +120,13 @@ pub fn template_data(config: &Config, o: &Options) -> Value {
         put("additional_wildcard", json!(w));
         put("dual_stack", json!(true));
     }
+}
+
+/// The ports Envoy serves and their switches.
+fn ports(d: &mut Map<String, Value>, config: &Config, o: &Options) {
+    let mut put = |k: &str, v: Value| {
+        d.insert(k.to_string(), v);
+    };
     put("envoy_status_port", json!(o.envoy_status_port));
     put("envoy_prometheus_port", json!(o.envoy_prometheus_port));
     if o.secure_metrics_port > 0 {
@@ -133,6 +163,13 @@ pub fn template_data(config: &Config, o: &Options) -> Value {
     {
         put("stats_compression", json!(c));
     }
+}
+
+/// The workload socket, the files Envoy writes, load reporting, self-discovery and STS.
+fn files(d: &mut Map<String, Value>, config: &Config, o: &Options) {
+    let mut put = |k: &str, v: Value| {
+        d.insert(k.to_string(), v);
+    };
     put(
         "workload_identity_socket_file",
         json!(o.workload_identity_socket_file),
@@ -156,7 +193,13 @@ pub fn template_data(config: &Config, o: &Options) -> Value {
         put("sts", json!(true));
         put("sts_port", json!(config.flags.sts_port));
     }
+}
 
+/// The stats inclusions, tags, buckets and intervals.
+fn stats(d: &mut Map<String, Value>, _: &Config, o: &Options) {
+    let mut put = |k: &str, v: Value| {
+        d.insert(k.to_string(), v);
+    };
     let s = &o.stats;
     for (key, list) in [
         ("inclusionPrefix", &s.inclusion_prefixes),
@@ -180,7 +223,13 @@ pub fn template_data(config: &Config, o: &Options) -> Value {
     if let Some(e) = s.eviction_interval {
         put("stats_eviction_interval", json!(proto_duration(e)));
     }
+}
 
+/// The tracer, statsd and the metrics and access-log services.
+fn telemetry(d: &mut Map<String, Value>, _: &Config, o: &Options) {
+    let mut put = |k: &str, v: Value| {
+        d.insert(k.to_string(), v);
+    };
     let t = &o.telemetry;
     match &t.tracer {
         Some(Tracer::Zipkin(a)) => put("zipkin", json!(a.template_text())),
@@ -234,5 +283,4 @@ pub fn template_data(config: &Config, o: &Options) -> Value {
             put(&format!("{prefix}_tcp_keepalive"), json!(text(k)));
         }
     }
-    Value::Object(d)
 }

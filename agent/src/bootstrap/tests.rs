@@ -23,6 +23,30 @@ fn config(dir: &Path, pairs: &[(&str, &str)]) -> Config {
     .unwrap()
 }
 
+/// Istio's CredentialSocketExists / ServeOnlyFiles keys, from the workload socket the
+/// configuration found (`config::tests::external_workload_socket_switches_to_files_only`).
+#[test]
+fn workload_socket_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), &[]);
+    let node = metadata::node(&c).unwrap();
+    assert_eq!(node.metadata["WORKLOAD_IDENTITY_SOCKET_FILE"], "socket");
+    assert!(!node.metadata.contains_key("credential"));
+    assert!(!node.metadata.contains_key("file-credential"));
+
+    c.workload_socket.file = "spire.sock".into();
+    c.workload_socket.external = true;
+    let node = metadata::node(&c).unwrap();
+    assert_eq!(node.metadata["file-credential"], "true");
+    assert_eq!(node.metadata["WORKLOAD_IDENTITY_SOCKET_FILE"], "spire.sock");
+    assert!(!node.metadata.contains_key("credential"));
+
+    c.workload_socket.credential_socket = true;
+    let node = metadata::node(&c).unwrap();
+    assert_eq!(node.metadata["credential"], "true");
+    assert_eq!(node.metadata["file-credential"], "true");
+}
+
 /// Writes one downward-API pod file (`labels`, `annotations`) under `<dir>/etc/istio/pod`.
 fn write_pod_info(dir: &Path, name: &str, text: &str) {
     let pod = dir.join("etc/istio/pod");

@@ -1,7 +1,7 @@
 //! What the status server probes, as configuration: the app's rewritten probes
 //! (`ISTIO_KUBE_APP_PROBERS`), the workload health probe (`ProxyConfig.readinessProbe`), the
-//! app-metrics targets (`ISTIO_PROMETHEUS_ANNOTATIONS`) and where probes go. Running them is
-//! the status server's ([`crate::status::probe`]).
+//! app-metrics targets (`ISTIO_PROMETHEUS_ANNOTATIONS`) and where probes go. The status
+//! server runs them.
 //!
 //! - `parse`: the three inputs decoded as Istio's Go agent decodes them (`gojson`: Go's
 //!   case-insensitive JSON decoding).
@@ -10,7 +10,7 @@ mod gojson;
 mod parse;
 
 pub use parse::{
-    RESERVED_PORTS, parse_probers, parse_prometheus_annotations, parse_readiness_probe,
+    Error, RESERVED_PORTS, parse_probers, parse_prometheus_annotations, parse_readiness_probe,
 };
 
 use std::collections::BTreeMap;

@@ -48,23 +48,28 @@ impl StatusConfig {
 
 pub fn load(env: Env<'_>, proxy: &ProxyConfig) -> Result<StatusConfig, Error> {
     let probers_text = env.raw("ISTIO_KUBE_APP_PROBERS").unwrap_or("");
-    let app_probers = parse_probers(probers_text).map_err(|reason| {
+    let app_probers = parse_probers(probers_text).map_err(|source| Error::Probe {
+        var: "ISTIO_KUBE_APP_PROBERS",
         // Shown without its header values: a probe's headers may carry a token.
-        let shown = super::dump::redact_probe_text(probers_text);
-        env.invalid("ISTIO_KUBE_APP_PROBERS", &shown, &reason)
+        value: super::dump::redact_probe_text(probers_text),
+        source: Box::new(source),
     })?;
     let prometheus_annotations = match env.raw("ISTIO_PROMETHEUS_ANNOTATIONS") {
         None => None,
-        Some(v) => parse_prometheus_annotations(v, proxy.status_port)
-            .map_err(|reason| env.invalid("ISTIO_PROMETHEUS_ANNOTATIONS", v, &reason))?,
+        Some(v) => {
+            parse_prometheus_annotations(v, proxy.status_port).map_err(|source| Error::Probe {
+                var: "ISTIO_PROMETHEUS_ANNOTATIONS",
+                value: v.to_string(),
+                source: Box::new(source),
+            })?
+        }
     };
     let health_probe = match &proxy.readiness_probe {
         None => None,
         Some(v) => Some(
-            parse_readiness_probe(v).map_err(|expected| Error::ProxyConfigField {
-                field: "readinessProbe".into(),
+            parse_readiness_probe(v).map_err(|source| Error::ReadinessProbe {
                 value: super::dump::redact_probe_text(&v.to_string()),
-                expected,
+                source: Box::new(source),
             })?,
         ),
     };

@@ -971,8 +971,7 @@ fn external_sds(path: &Path) -> (tokio::runtime::Runtime, tokio_util::sync::Canc
 }
 
 /// Istio's SPIRE contract: a live server on the configured workload socket is left alone, the
-/// agent's SDS server moves to the file-only socket and never calls the CA; node metadata says
-/// so. A non-default socket file with nobody there is an error naming the path; a leftover
+/// agent's SDS server moves to the file-only socket and never calls the CA. A non-default socket file with nobody there is an error naming the path; a leftover
 /// socket file at the default path is removed and the agent serves as usual.
 #[test]
 fn external_workload_socket_switches_to_files_only() {
@@ -1002,10 +1001,9 @@ fn external_workload_socket_switches_to_files_only() {
         uds.join("spire.sock").exists(),
         "the external socket was touched"
     );
-    let node = crate::bootstrap::metadata::node(&c).unwrap();
-    assert_eq!(node.metadata["file-credential"], "true");
-    assert_eq!(node.metadata["WORKLOAD_IDENTITY_SOCKET_FILE"], "spire.sock");
-    assert!(!node.metadata.contains_key("credential"));
+    // The node metadata these give: bootstrap::tests::workload_socket_keys.
+    assert!(c.workload_socket.external && !c.workload_socket.credential_socket);
+    assert_eq!(c.workload_socket.file, "spire.sock");
     stop.cancel();
 
     // The same at the default path; and a credential socket adds `credential`.
@@ -1015,9 +1013,6 @@ fn external_workload_socket_switches_to_files_only() {
     let (_rt2, stop2) = external_sds(&dir.path().join("var/run/secrets/credential-uds/socket"));
     let c = load(dir.path(), &env(&[])).unwrap();
     assert!(c.workload_socket.external && c.workload_socket.credential_socket);
-    let node = crate::bootstrap::metadata::node(&c).unwrap();
-    assert_eq!(node.metadata["credential"], "true");
-    assert_eq!(node.metadata["file-credential"], "true");
     stop1.cancel();
     stop2.cancel();
 
@@ -1285,23 +1280,10 @@ fn grpc_keepalive_and_xds_server_limits_as_istio() {
 /// `privateKeyProvider` (CryptoMB, QAT) is not served: a warning says so, the agent starts.
 #[test]
 fn private_key_provider_is_warned_about() {
-    use std::sync::{Arc, Mutex};
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Sink {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let dir = tempfile::tempdir().unwrap();
-    let sink = Sink::default();
-    let writer = sink.clone();
+    let sink = crate::log_capture::Sink::default();
     let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
+        .with_writer(sink.make_writer())
         .finish();
     let e = env(&[(
         "PROXY_CONFIG",
@@ -1309,7 +1291,7 @@ fn private_key_provider_is_warned_about() {
     )]);
     let c = tracing::subscriber::with_default(subscriber, || load(dir.path(), &e)).unwrap();
     assert!(c.proxy.raw.get("privateKeyProvider").is_some());
-    let out = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    let out = sink.text();
     assert!(
         out.contains("privateKeyProvider is not supported") && out.contains("cryptomb"),
         "{out}"

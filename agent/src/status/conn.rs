@@ -31,7 +31,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use proto::listen::activity::{Activity, RequestGuard, Standing, Timeouts, Watched};
+pub use proto::listen::activity::{Activity, Standing, Timeouts, Watched};
 use proto::listen::{Caps, ConnCaps, Permit, Refused};
 use tokio_util::sync::CancellationToken;
 

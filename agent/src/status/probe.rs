@@ -56,8 +56,7 @@ async fn exec(command: &[String], timeout: Duration) -> Result<ProbeResult, Stri
 mod tests;
 
 pub use crate::config::probe::{
-    AppProbe, AppProbers, Destination, ProbeAction, PrometheusAnnotations, RESERVED_PORTS,
-    ReadinessProbe,
+    AppProbe, AppProbers, Destination, ProbeAction, PrometheusAnnotations, ReadinessProbe,
 };
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

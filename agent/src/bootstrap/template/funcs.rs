@@ -20,188 +20,228 @@ fn want_str<'v>(v: &'v Value, what: &str) -> Result<&'v str, String> {
         .ok_or_else(|| format!("{what} must be a string, got {}", go_type(v)))
 }
 
+/// A function the template names: its family's table row, then the family's own dispatch.
 pub(super) fn call_func(name: &str, vals: &[Value]) -> Result<Value, String> {
-    let s = Value::String;
-    Ok(match name {
-        "not" => {
-            want(name, vals, 1)?;
-            Value::Bool(!truth(&vals[0]))
+    type Family = fn(&str, &[Value]) -> Result<Value, String>;
+    const FAMILIES: &[(&[&str], Family)] = &[
+        (&["not", "empty"], negation),
+        (&["eq", "ne", "lt", "le", "gt", "ge"], comparison),
+        (&["len"], len),
+        (&["index"], index),
+        (
+            &["print", "js", "html", "urlquery", "println", "printf"],
+            printing,
+        ),
+        (&["toJSON", "toJson", "quote", "squote"], encoding),
+        (&["default"], default),
+        (&["join", "replace"], joining),
+        (
+            &[
+                "contains",
+                "hasPrefix",
+                "hasSuffix",
+                "trimPrefix",
+                "trimSuffix",
+            ],
+            affix,
+        ),
+        (&["trim", "upper", "lower", "toString"], case),
+    ];
+    match FAMILIES.iter().find(|(names, _)| names.contains(&name)) {
+        Some((_, family)) => family(name, vals),
+        None => Err(format!("function {name:?} not defined")),
+    }
+}
+
+/// `not` and sprig's `empty`.
+fn negation(name: &str, vals: &[Value]) -> Result<Value, String> {
+    want(name, vals, 1)?;
+    Ok(Value::Bool(!truth(&vals[0])))
+}
+
+/// `eq` (true when the first equals any of the others) and the two-operand comparisons.
+fn comparison(name: &str, vals: &[Value]) -> Result<Value, String> {
+    use std::cmp::Ordering::*;
+    if name == "eq" {
+        if vals.len() < 2 {
+            return Err("missing argument for comparison".into());
         }
-        "eq" => {
-            if vals.len() < 2 {
-                return Err("missing argument for comparison".into());
-            }
-            let mut any = false;
-            for other in &vals[1..] {
-                any |= compare(&vals[0], other)? == Some(std::cmp::Ordering::Equal);
-            }
-            Value::Bool(any)
+        let mut any = false;
+        for other in &vals[1..] {
+            any |= compare(&vals[0], other)? == Some(Equal);
         }
-        "ne" | "lt" | "le" | "gt" | "ge" => {
-            want(name, vals, 2)?;
-            let ord = compare(&vals[0], &vals[1])?;
-            use std::cmp::Ordering::*;
-            if name != "ne" && ord.is_none() {
-                return Err(format!(
-                    "invalid type for comparison: {}",
-                    go_type(&vals[0])
-                ));
-            }
-            Value::Bool(match name {
-                "ne" => ord != Some(Equal),
-                "lt" => ord == Some(Less),
-                "le" => ord != Some(Greater),
-                "gt" => ord == Some(Greater),
-                _ => ord != Some(Less),
-            })
+        return Ok(Value::Bool(any));
+    }
+    want(name, vals, 2)?;
+    let ord = compare(&vals[0], &vals[1])?;
+    if name != "ne" && ord.is_none() {
+        return Err(format!(
+            "invalid type for comparison: {}",
+            go_type(&vals[0])
+        ));
+    }
+    Ok(Value::Bool(match name {
+        "ne" => ord != Some(Equal),
+        "lt" => ord == Some(Less),
+        "le" => ord != Some(Greater),
+        "gt" => ord == Some(Greater),
+        _ => ord != Some(Less),
+    }))
+}
+
+fn len(name: &str, vals: &[Value]) -> Result<Value, String> {
+    want(name, vals, 1)?;
+    Ok(Value::from(match &vals[0] {
+        Value::String(t) => t.len(),
+        Value::Array(a) => a.len(),
+        Value::Object(m) => m.len(),
+        other => return Err(format!("len of type {}", go_type(other))),
+    }))
+}
+
+/// `index x k1 k2 ...`: map members, slice elements and string bytes, one key after another.
+fn index(_: &str, vals: &[Value]) -> Result<Value, String> {
+    let Some((first, keys)) = vals.split_first() else {
+        return Err("wrong number of args for index: want at least 1 got 0".into());
+    };
+    let mut cur = first.clone();
+    for k in keys {
+        cur = index_one(&cur, k)?;
+    }
+    Ok(cur)
+}
+
+fn index_one(cur: &Value, k: &Value) -> Result<Value, String> {
+    Ok(match (cur, k) {
+        (Value::Object(m), Value::String(key)) => m.get(key).cloned().unwrap_or(Value::Null),
+        (Value::Array(a), Value::Number(n)) => {
+            let i = n
+                .as_i64()
+                .ok_or_else(|| format!("cannot index slice/array with {n}"))?;
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| a.get(i).cloned())
+                .ok_or_else(|| format!("index out of range: {i}"))?
         }
-        "len" => {
-            want(name, vals, 1)?;
-            Value::from(match &vals[0] {
-                Value::String(t) => t.len(),
-                Value::Array(a) => a.len(),
-                Value::Object(m) => m.len(),
-                other => return Err(format!("len of type {}", go_type(other))),
-            })
+        (Value::String(t), Value::Number(n)) => {
+            let i = n
+                .as_i64()
+                .ok_or_else(|| format!("cannot index string with {n}"))?;
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| t.as_bytes().get(i).copied())
+                .map(Value::from)
+                .ok_or_else(|| format!("index out of range: {i}"))?
         }
-        "index" => {
-            let Some((first, keys)) = vals.split_first() else {
-                return Err("wrong number of args for index: want at least 1 got 0".into());
-            };
-            let mut cur = first.clone();
-            for k in keys {
-                cur = match (&cur, k) {
-                    (Value::Object(m), Value::String(key)) => {
-                        m.get(key).cloned().unwrap_or(Value::Null)
-                    }
-                    (Value::Array(a), Value::Number(n)) => {
-                        let i = n
-                            .as_i64()
-                            .ok_or_else(|| format!("cannot index slice/array with {n}"))?;
-                        usize::try_from(i)
-                            .ok()
-                            .and_then(|i| a.get(i).cloned())
-                            .ok_or_else(|| format!("index out of range: {i}"))?
-                    }
-                    (Value::String(t), Value::Number(n)) => {
-                        let i = n
-                            .as_i64()
-                            .ok_or_else(|| format!("cannot index string with {n}"))?;
-                        usize::try_from(i)
-                            .ok()
-                            .and_then(|i| t.as_bytes().get(i).copied())
-                            .map(Value::from)
-                            .ok_or_else(|| format!("index out of range: {i}"))?
-                    }
-                    (Value::Null, _) => return Err("index of untyped nil".into()),
-                    (c, k) => {
-                        return Err(format!("cannot index {} with {}", go_type(c), go_type(k)));
-                    }
-                };
-            }
-            cur
+        (Value::Null, _) => return Err("index of untyped nil".into()),
+        (c, k) => {
+            return Err(format!("cannot index {} with {}", go_type(c), go_type(k)));
         }
-        "print" => s(sprint(vals)),
-        "js" => s(js_escape(&sprint(vals))),
-        "html" => s(html_escape(&sprint(vals))),
-        "urlquery" => s(query_escape(&sprint(vals))),
+    })
+}
+
+/// Go's `print`, `println`, `printf` and the escapers that print their operands first.
+fn printing(name: &str, vals: &[Value]) -> Result<Value, String> {
+    Ok(Value::String(match name {
+        "print" => sprint(vals),
+        "js" => js_escape(&sprint(vals)),
+        "html" => html_escape(&sprint(vals)),
+        "urlquery" => query_escape(&sprint(vals)),
         "println" => {
             let parts: Vec<String> = vals.iter().map(go_print).collect();
-            s(parts.join(" ") + "\n")
+            parts.join(" ") + "\n"
         }
-        "printf" => {
+        _ => {
             let Some((fmt, rest)) = vals.split_first() else {
                 return Err("wrong number of args for printf: want at least 1 got 0".into());
             };
-            s(sprintf(want_str(fmt, "format")?, rest))
+            sprintf(want_str(fmt, "format")?, rest)
         }
-        "toJSON" => {
-            want(name, vals, 1)?;
-            if vals[0].is_null() {
-                s("{}".into())
-            } else {
-                s(go_json(&vals[0]))
-            }
-        }
-        "toJson" => {
-            want(name, vals, 1)?;
-            s(go_json(&vals[0]))
-        }
-        "quote" | "squote" => {
-            let parts: Vec<String> = vals
-                .iter()
-                .filter(|v| !v.is_null())
-                .map(|v| {
-                    let t = go_print(v);
-                    if name == "quote" {
-                        go_quote(&t)
-                    } else {
-                        format!("'{t}'")
-                    }
-                })
-                .collect();
-            s(parts.join(" "))
-        }
-        "default" => {
-            if vals.is_empty() || vals.len() > 2 {
-                return Err(format!(
-                    "wrong number of args for default: want 1 or 2 got {}",
-                    vals.len()
-                ));
-            }
-            match vals.get(1) {
-                Some(v) if truth(v) => v.clone(),
-                _ => vals[0].clone(),
-            }
-        }
-        "empty" => {
-            want(name, vals, 1)?;
-            Value::Bool(!truth(&vals[0]))
-        }
-        "join" => {
-            want(name, vals, 2)?;
-            let sep = go_print(&vals[0]);
-            let parts: Vec<String> = match &vals[1] {
-                Value::Array(a) => a.iter().filter(|v| !v.is_null()).map(go_print).collect(),
-                Value::Null => Vec::new(),
-                other => vec![go_print(other)],
-            };
-            s(parts.join(&sep))
-        }
-        "contains" | "hasPrefix" | "hasSuffix" | "trimPrefix" | "trimSuffix" => {
-            want(name, vals, 2)?;
-            let needle = go_print(&vals[0]);
-            let hay = go_print(&vals[1]);
-            match name {
-                "contains" => Value::Bool(hay.contains(&needle)),
-                "hasPrefix" => Value::Bool(hay.starts_with(&needle)),
-                "hasSuffix" => Value::Bool(hay.ends_with(&needle)),
-                "trimPrefix" => s(hay
-                    .strip_prefix(needle.as_str())
-                    .unwrap_or(&hay)
-                    .to_string()),
-                _ => s(hay
-                    .strip_suffix(needle.as_str())
-                    .unwrap_or(&hay)
-                    .to_string()),
-            }
-        }
-        "trim" | "upper" | "lower" | "toString" => {
-            want(name, vals, 1)?;
-            let t = go_print(&vals[0]);
-            s(match name {
-                "trim" => t.trim().to_string(),
-                "upper" => t.to_uppercase(),
-                "lower" => t.to_lowercase(),
-                _ => t,
+    }))
+}
+
+/// Istio's `toJSON` (nil as `{}`), sprig's `toJson`, `quote` and `squote`.
+fn encoding(name: &str, vals: &[Value]) -> Result<Value, String> {
+    if name == "quote" || name == "squote" {
+        let parts: Vec<String> = vals
+            .iter()
+            .filter(|v| !v.is_null())
+            .map(|v| {
+                let t = go_print(v);
+                if name == "quote" {
+                    go_quote(&t)
+                } else {
+                    format!("'{t}'")
+                }
             })
-        }
-        "replace" => {
-            want(name, vals, 3)?;
-            s(go_print(&vals[2]).replace(&go_print(&vals[0]), &go_print(&vals[1])))
-        }
-        other => return Err(format!("function {other:?} not defined")),
+            .collect();
+        return Ok(Value::String(parts.join(" ")));
+    }
+    want(name, vals, 1)?;
+    Ok(Value::String(if name == "toJSON" && vals[0].is_null() {
+        "{}".into()
+    } else {
+        go_json(&vals[0])
+    }))
+}
+
+/// sprig's `default d v`: `v` when it is true in Go's sense, else `d`.
+fn default(_: &str, vals: &[Value]) -> Result<Value, String> {
+    if vals.is_empty() || vals.len() > 2 {
+        return Err(format!(
+            "wrong number of args for default: want 1 or 2 got {}",
+            vals.len()
+        ));
+    }
+    Ok(match vals.get(1) {
+        Some(v) if truth(v) => v.clone(),
+        _ => vals[0].clone(),
     })
+}
+
+/// sprig's `join sep list` and `replace old new s`.
+fn joining(name: &str, vals: &[Value]) -> Result<Value, String> {
+    if name == "replace" {
+        want(name, vals, 3)?;
+        return Ok(Value::String(
+            go_print(&vals[2]).replace(&go_print(&vals[0]), &go_print(&vals[1])),
+        ));
+    }
+    want(name, vals, 2)?;
+    let sep = go_print(&vals[0]);
+    let parts: Vec<String> = match &vals[1] {
+        Value::Array(a) => a.iter().filter(|v| !v.is_null()).map(go_print).collect(),
+        Value::Null => Vec::new(),
+        other => vec![go_print(other)],
+    };
+    Ok(Value::String(parts.join(&sep)))
+}
+
+/// sprig's `contains`, `hasPrefix`, `hasSuffix`, `trimPrefix`, `trimSuffix` (needle first).
+fn affix(name: &str, vals: &[Value]) -> Result<Value, String> {
+    want(name, vals, 2)?;
+    let needle = go_print(&vals[0]);
+    let hay = go_print(&vals[1]);
+    let s = |t: &str| Value::String(t.to_string());
+    Ok(match name {
+        "contains" => Value::Bool(hay.contains(&needle)),
+        "hasPrefix" => Value::Bool(hay.starts_with(&needle)),
+        "hasSuffix" => Value::Bool(hay.ends_with(&needle)),
+        "trimPrefix" => s(hay.strip_prefix(needle.as_str()).unwrap_or(&hay)),
+        _ => s(hay.strip_suffix(needle.as_str()).unwrap_or(&hay)),
+    })
+}
+
+/// sprig's `trim`, `upper`, `lower`, `toString`.
+fn case(name: &str, vals: &[Value]) -> Result<Value, String> {
+    want(name, vals, 1)?;
+    let t = go_print(&vals[0]);
+    Ok(Value::String(match name {
+        "trim" => t.trim().to_string(),
+        "upper" => t.to_uppercase(),
+        "lower" => t.to_lowercase(),
+        _ => t,
+    }))
 }
 
 /// Go's truthiness: false, 0, "", nil and empty lists/maps are false.

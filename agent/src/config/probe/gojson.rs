@@ -133,21 +133,39 @@ pub fn field(object: &[(String, Value)], name: &str) -> Option<Value> {
     out
 }
 
+/// A field whose value has another type than the one Go decodes it into.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{name}: {expected}, not {got}")]
+pub struct FieldError {
+    pub name: String,
+    pub expected: &'static str,
+    /// The value's kind or, for a number, the value.
+    pub got: String,
+}
+
 /// A string field: absent or `null` is empty.
-pub fn string(object: &[(String, Value)], name: &str) -> Result<String, String> {
+pub fn string(object: &[(String, Value)], name: &str) -> Result<String, FieldError> {
     match field(object, name) {
         None => Ok(String::new()),
         Some(Value::String(s)) => Ok(s),
-        Some(v) => Err(format!("{name}: a string, not {}", v.kind())),
+        Some(v) => Err(FieldError {
+            name: name.to_string(),
+            expected: "a string",
+            got: v.kind().to_string(),
+        }),
     }
 }
 
 /// An `int32` field: absent or `null` is 0; fractions, exponents and out-of-range values are
 /// errors (Go refuses `8080.0` for an integer).
-pub fn int32(object: &[(String, Value)], name: &str) -> Result<i32, String> {
+pub fn int32(object: &[(String, Value)], name: &str) -> Result<i32, FieldError> {
     match field(object, name) {
         None => Ok(0),
-        Some(v) => as_int32(&v).ok_or_else(|| format!("{name}: a 32-bit integer, not {v:?}")),
+        Some(v) => as_int32(&v).ok_or_else(|| FieldError {
+            name: name.to_string(),
+            expected: "a 32-bit integer",
+            got: format!("{v:?}"),
+        }),
     }
 }
 

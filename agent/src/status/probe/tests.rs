@@ -26,139 +26,142 @@ use crate::status::{Inputs, Metrics, StatusServer};
 // ---------------------------------------------------------------------------------------------
 // Parsing (TestNewServer, plus Go's case-insensitive decoding).
 
+/// (case, ISTIO_KUBE_APP_PROBERS, None = accepted, Some(what the error says))
+const PROBER_CASES: &[(&str, &str, Option<&str>)] = &[
+    (
+        "not JSON",
+        "invalid-prober-json-encoding",
+        Some("failed to decode"),
+    ),
+    ("a list", r#"["x"]"#, Some("failed to decode")),
+    (
+        "bad path",
+        r#"{"abc": {"path": "/app-foo/health"}}"#,
+        Some("invalid path"),
+    ),
+    (
+        "bad probe name",
+        r#"{"/app-health/x/healthz": {"tcpSocket": {"port": 1}}}"#,
+        Some("invalid path"),
+    ),
+    (
+        "container with a slash",
+        r#"{"/app-health/a/b/livez": {"tcpSocket": {"port": 1}}}"#,
+        Some("invalid path"),
+    ),
+    (
+        "exec",
+        r#"{"/app-health/hello-world/readyz": {"exec": {"command": [ "true" ]}}}"#,
+        Some("invalid prober type"),
+    ),
+    (
+        "tcp",
+        r#"{"/app-health/hello-world/readyz": {"tcpSocket": {"port": 8888}}}"#,
+        None,
+    ),
+    (
+        "tcp and http",
+        r#"{"/app-health/hello-world/readyz": {"tcpSocket": {"port": 8888}, "httpGet": {"path": "/", "port": 7777}}}"#,
+        Some("must be one of type httpGet, tcpSocket or gRPC"),
+    ),
+    (
+        "grpc and http",
+        r#"{"/app-health/hello-world/readyz": {"grpc": {"port": 8888}, "httpGet": {"path": "/", "port": 7777}}}"#,
+        Some("must be one of type httpGet, tcpSocket or gRPC"),
+    ),
+    (
+        "named tcp port",
+        r#"{"/app-health/hello-world/readyz": {"tcpSocket": {"port": "tcp"}}}"#,
+        Some("must be int type"),
+    ),
+    (
+        "named http port",
+        r#"{"/app-health/hello-world/readyz": {"httpGet": {"path": "/hello/sunnyvale", "port": "container-port-dontknow"}}}"#,
+        Some("must be int type"),
+    ),
+    (
+        "string grpc port",
+        r#"{"/app-health/x/readyz": {"grpc": {"port": "8080"}}}"#,
+        Some("grpc.port"),
+    ),
+    (
+        "two http",
+        r#"{"/app-health/hello-world/readyz": {"httpGet": {"path": "/hello/sunnyvale", "port": 8080}}, "/app-health/business/livez": {"httpGet": {"path": "/business/live", "port": 9090}}}"#,
+        None,
+    ),
+    (
+        "other probe fields ignored",
+        r#"{"/app-health/hello-world/readyz": {"httpGet": {"path": "/hello/sunnyvale", "port": 8080}, "initialDelaySeconds": 120,"timeoutSeconds": 10,"periodSeconds": 20}}"#,
+        None,
+    ),
+    (
+        "no path",
+        r#"{"/app-health/business/livez": {"httpGet": {"port": 9090}}}"#,
+        None,
+    ),
+    ("empty map", "{}", None),
+    ("empty string", "", None),
+    ("null map", "null", None),
+    (
+        "gRPC key",
+        r#"{"/app-health/hello-world/readyz": {"gRPC": {"port": 8080}}}"#,
+        None,
+    ),
+    (
+        "null service",
+        r#"{"/app-health/hello-world/readyz": {"gRPC": {"port": 8080, "service": null}}}"#,
+        None,
+    ),
+    (
+        "service",
+        r#"{"/app-health/hello-world/readyz": {"gRPC": {"port": 8080, "service": "foo"}, "timeoutSeconds": 10}}"#,
+        None,
+    ),
+    (
+        "null prober",
+        r#"{"/app-health/x/livez": null}"#,
+        Some("a prober object"),
+    ),
+    (
+        "string timeout",
+        r#"{"/app-health/x/livez": {"tcpSocket": {"port": 1}, "timeoutSeconds": "1"}}"#,
+        Some("timeoutSeconds"),
+    ),
+    (
+        "fractional port",
+        r#"{"/app-health/x/livez": {"tcpSocket": {"port": 80.0}}}"#,
+        Some("tcpSocket.port"),
+    ),
+    (
+        "port 0",
+        r#"{"/app-health/x/livez": {"tcpSocket": {"port": 0}}}"#,
+        Some("in 1-65535"),
+    ),
+    (
+        "port 70000",
+        r#"{"/app-health/x/livez": {"httpGet": {"port": 70000}}}"#,
+        Some("in 1-65535"),
+    ),
+    (
+        "negative timeout",
+        r#"{"/app-health/x/livez": {"tcpSocket": {"port": 1}, "timeoutSeconds": -1}}"#,
+        Some("non-negative"),
+    ),
+    (
+        "string path",
+        r#"{"/app-health/x/livez": {"httpGet": {"port": 1, "path": 5}}}"#,
+        Some("httpGet.path"),
+    ),
+];
+
 #[test]
 fn probers_parse_as_istio_decodes_them() {
-    // (case, ISTIO_KUBE_APP_PROBERS, None = accepted, Some(what the error says))
-    let cases: &[(&str, &str, Option<&str>)] = &[
-        (
-            "not JSON",
-            "invalid-prober-json-encoding",
-            Some("failed to decode"),
-        ),
-        ("a list", r#"["x"]"#, Some("failed to decode")),
-        (
-            "bad path",
-            r#"{"abc": {"path": "/app-foo/health"}}"#,
-            Some("invalid path"),
-        ),
-        (
-            "bad probe name",
-            r#"{"/app-health/x/healthz": {"tcpSocket": {"port": 1}}}"#,
-            Some("invalid path"),
-        ),
-        (
-            "container with a slash",
-            r#"{"/app-health/a/b/livez": {"tcpSocket": {"port": 1}}}"#,
-            Some("invalid path"),
-        ),
-        (
-            "exec",
-            r#"{"/app-health/hello-world/readyz": {"exec": {"command": [ "true" ]}}}"#,
-            Some("invalid prober type"),
-        ),
-        (
-            "tcp",
-            r#"{"/app-health/hello-world/readyz": {"tcpSocket": {"port": 8888}}}"#,
-            None,
-        ),
-        (
-            "tcp and http",
-            r#"{"/app-health/hello-world/readyz": {"tcpSocket": {"port": 8888}, "httpGet": {"path": "/", "port": 7777}}}"#,
-            Some("must be one of type httpGet, tcpSocket or gRPC"),
-        ),
-        (
-            "grpc and http",
-            r#"{"/app-health/hello-world/readyz": {"grpc": {"port": 8888}, "httpGet": {"path": "/", "port": 7777}}}"#,
-            Some("must be one of type httpGet, tcpSocket or gRPC"),
-        ),
-        (
-            "named tcp port",
-            r#"{"/app-health/hello-world/readyz": {"tcpSocket": {"port": "tcp"}}}"#,
-            Some("must be int type"),
-        ),
-        (
-            "named http port",
-            r#"{"/app-health/hello-world/readyz": {"httpGet": {"path": "/hello/sunnyvale", "port": "container-port-dontknow"}}}"#,
-            Some("must be int type"),
-        ),
-        (
-            "string grpc port",
-            r#"{"/app-health/x/readyz": {"grpc": {"port": "8080"}}}"#,
-            Some("grpc.port"),
-        ),
-        (
-            "two http",
-            r#"{"/app-health/hello-world/readyz": {"httpGet": {"path": "/hello/sunnyvale", "port": 8080}}, "/app-health/business/livez": {"httpGet": {"path": "/business/live", "port": 9090}}}"#,
-            None,
-        ),
-        (
-            "other probe fields ignored",
-            r#"{"/app-health/hello-world/readyz": {"httpGet": {"path": "/hello/sunnyvale", "port": 8080}, "initialDelaySeconds": 120,"timeoutSeconds": 10,"periodSeconds": 20}}"#,
-            None,
-        ),
-        (
-            "no path",
-            r#"{"/app-health/business/livez": {"httpGet": {"port": 9090}}}"#,
-            None,
-        ),
-        ("empty map", "{}", None),
-        ("empty string", "", None),
-        ("null map", "null", None),
-        (
-            "gRPC key",
-            r#"{"/app-health/hello-world/readyz": {"gRPC": {"port": 8080}}}"#,
-            None,
-        ),
-        (
-            "null service",
-            r#"{"/app-health/hello-world/readyz": {"gRPC": {"port": 8080, "service": null}}}"#,
-            None,
-        ),
-        (
-            "service",
-            r#"{"/app-health/hello-world/readyz": {"gRPC": {"port": 8080, "service": "foo"}, "timeoutSeconds": 10}}"#,
-            None,
-        ),
-        (
-            "null prober",
-            r#"{"/app-health/x/livez": null}"#,
-            Some("a prober object"),
-        ),
-        (
-            "string timeout",
-            r#"{"/app-health/x/livez": {"tcpSocket": {"port": 1}, "timeoutSeconds": "1"}}"#,
-            Some("timeoutSeconds"),
-        ),
-        (
-            "fractional port",
-            r#"{"/app-health/x/livez": {"tcpSocket": {"port": 80.0}}}"#,
-            Some("tcpSocket.port"),
-        ),
-        (
-            "port 0",
-            r#"{"/app-health/x/livez": {"tcpSocket": {"port": 0}}}"#,
-            Some("in 1-65535"),
-        ),
-        (
-            "port 70000",
-            r#"{"/app-health/x/livez": {"httpGet": {"port": 70000}}}"#,
-            Some("in 1-65535"),
-        ),
-        (
-            "negative timeout",
-            r#"{"/app-health/x/livez": {"tcpSocket": {"port": 1}, "timeoutSeconds": -1}}"#,
-            Some("non-negative"),
-        ),
-        (
-            "string path",
-            r#"{"/app-health/x/livez": {"httpGet": {"port": 1, "path": 5}}}"#,
-            Some("httpGet.path"),
-        ),
-    ];
-    for (case, json, want) in cases {
+    for (case, json, want) in PROBER_CASES {
         match (parse_probers(json), want) {
             (Ok(_), None) => {}
-            (Err(e), Some(w)) => assert!(e.contains(w), "{case}: error {e:?} lacks {w:?}"),
+            (Err(e), Some(w)) => {
+                assert!(e.to_string().contains(w), "{case}: error {e} lacks {w:?}")
+            }
             (got, want) => panic!("{case}: got {got:?}, want error {want:?}"),
         }
     }
@@ -587,107 +590,126 @@ async fn http_probes_answer_as_istio() {
         http_probe("hello/texas", port, ""),
     );
     let status = status_server(&probers, "127.0.0.1").await;
-    // (case, status-server path, code, body, paths the app saw)
-    type Case<'a> = (&'a str, &'a str, u16, Option<&'a str>, &'a [&'a str]);
-    let cases: &[Case] = &[
-        (
-            "not a probe path",
-            "/bad-path-should-be-404",
-            404,
-            None,
-            &[],
-        ),
-        (
-            "unknown container",
-            "/app-health/other/livez",
-            400,
-            Some("app prober config does not exists for /app-health/other/livez"),
-            &[],
-        ),
-        (
-            "path",
-            "/app-health/sunnyvale/livez",
-            200,
-            Some("welcome, it works"),
-            &["/hello/sunnyvale"],
-        ),
-        (
-            "no path is /",
-            "/app-health/root/livez",
-            200,
-            Some("welcome, it works"),
-            &["/"],
-        ),
-        (
-            "path without slash",
-            "/app-health/texas/livez",
-            200,
-            Some(""),
-            &["/hello/texas"],
-        ),
-        (
-            "escaped path",
-            "/app-health/te%78as/livez",
-            200,
-            Some(""),
-            &["/hello/texas"],
-        ),
-        (
-            "lifecycle hook",
-            "/app-lifecycle/hook/prestopz",
-            200,
-            Some(""),
-            &["/hello/texas"],
-        ),
-        (
-            "query kept",
-            "/app-health/query/livez?ignored=1",
-            200,
-            None,
-            &["/hello/sunnyvale?x=1"],
-        ),
-        (
-            "same-host redirect followed",
-            "/app-health/redirect/livez",
-            200,
-            Some("welcome, it works"),
-            &["/redirect", "/"],
-        ),
-        (
-            "redirect loop: ten requests, then 500",
-            "/app-health/redirect-loop/livez",
-            500,
-            Some(""),
-            &["/redirect-loop"; 10],
-        ),
-        (
-            "remote redirect not followed, 200",
-            "/app-health/remote-redirect/livez",
-            200,
-            Some(""),
-            &["/remote-redirect"],
-        ),
-        (
-            "body capped at 10 KiB",
-            "/app-health/big/livez",
-            200,
-            None,
-            &["/big"],
-        ),
-    ];
-    for (case, path, code, want_body, paths) in cases {
-        let before = app.seen().len();
-        let (got, got_body) = kubelet_get(status, path, &KUBELET).await;
-        assert_eq!(got, *code, "{case}");
-        if let Some(b) = want_body {
-            assert_eq!(got_body, *b, "{case}");
-        }
-        let seen: Vec<String> = app.seen()[before..]
-            .iter()
-            .map(|s| s.path.clone())
-            .collect();
-        assert_eq!(seen, *paths, "{case}");
+    for case in HTTP_CASES {
+        check_http_case(&app, status, case).await;
     }
+    body_cap_and_redirect_headers(&app, status).await;
+    timeouts_answer_as_istio(status).await;
+}
+
+/// (case, status-server path, code, body, paths the app saw)
+type HttpCase = (
+    &'static str,
+    &'static str,
+    u16,
+    Option<&'static str>,
+    &'static [&'static str],
+);
+const HTTP_CASES: &[HttpCase] = &[
+    (
+        "not a probe path",
+        "/bad-path-should-be-404",
+        404,
+        None,
+        &[],
+    ),
+    (
+        "unknown container",
+        "/app-health/other/livez",
+        400,
+        Some("app prober config does not exists for /app-health/other/livez"),
+        &[],
+    ),
+    (
+        "path",
+        "/app-health/sunnyvale/livez",
+        200,
+        Some("welcome, it works"),
+        &["/hello/sunnyvale"],
+    ),
+    (
+        "no path is /",
+        "/app-health/root/livez",
+        200,
+        Some("welcome, it works"),
+        &["/"],
+    ),
+    (
+        "path without slash",
+        "/app-health/texas/livez",
+        200,
+        Some(""),
+        &["/hello/texas"],
+    ),
+    (
+        "escaped path",
+        "/app-health/te%78as/livez",
+        200,
+        Some(""),
+        &["/hello/texas"],
+    ),
+    (
+        "lifecycle hook",
+        "/app-lifecycle/hook/prestopz",
+        200,
+        Some(""),
+        &["/hello/texas"],
+    ),
+    (
+        "query kept",
+        "/app-health/query/livez?ignored=1",
+        200,
+        None,
+        &["/hello/sunnyvale?x=1"],
+    ),
+    (
+        "same-host redirect followed",
+        "/app-health/redirect/livez",
+        200,
+        Some("welcome, it works"),
+        &["/redirect", "/"],
+    ),
+    (
+        "redirect loop: ten requests, then 500",
+        "/app-health/redirect-loop/livez",
+        500,
+        Some(""),
+        &["/redirect-loop"; 10],
+    ),
+    (
+        "remote redirect not followed, 200",
+        "/app-health/remote-redirect/livez",
+        200,
+        Some(""),
+        &["/remote-redirect"],
+    ),
+    (
+        "body capped at 10 KiB",
+        "/app-health/big/livez",
+        200,
+        None,
+        &["/big"],
+    ),
+];
+
+async fn check_http_case(app: &App, status: SocketAddr, case: &HttpCase) {
+    let (case, path, code, want_body, paths) = case;
+    let before = app.seen().len();
+    let (got, got_body) = kubelet_get(status, path, &KUBELET).await;
+    assert_eq!(got, *code, "{case}");
+    if let Some(b) = want_body {
+        assert_eq!(got_body, *b, "{case}");
+    }
+    let seen: Vec<String> = app.seen()[before..]
+        .iter()
+        .map(|s| s.path.clone())
+        .collect();
+    assert_eq!(seen, *paths, "{case}");
+}
+
+/// The body cap; a redirected request keeps the headers, adds Referer, and comes from
+/// 127.0.0.6.
+async fn body_cap_and_redirect_headers(app: &App, status: SocketAddr) {
     assert_eq!(
         kubelet_get(status, "/app-health/big/livez", &KUBELET)
             .await
@@ -695,7 +717,6 @@ async fn http_probes_answer_as_istio() {
             .len(),
         10 * 1024
     );
-    // The redirected request keeps the headers, adds Referer, and comes from 127.0.0.6.
     kubelet_get(status, "/app-health/redirect/livez", &KUBELET).await;
     let last = app.last();
     assert_eq!(last.path, "/");
@@ -705,9 +726,11 @@ async fn http_probes_answer_as_istio() {
     );
     assert_eq!(last.headers["user-agent"], "kube-probe/1.34");
     assert_eq!(last.peer.to_string(), "127.0.0.6");
+}
 
-    // Timeouts: no headers within timeoutSeconds is a 500; a body that stalls after the
-    // headers keeps the app's status and what arrived.
+/// No headers within timeoutSeconds is a 500; a body that stalls after the headers keeps the
+/// app's status and what arrived.
+async fn timeouts_answer_as_istio(status: SocketAddr) {
     let t = Instant::now();
     assert_eq!(
         kubelet_get(status, "/app-health/slow/livez", &KUBELET)
@@ -768,138 +791,13 @@ async fn headers_reach_the_app_as_istio_forwards_them() {
     );
     let status = status_server(&probers, "127.0.0.1").await;
     let status_host = status.to_string();
-    let app_host = format!("127.0.0.1:{port}");
-    struct Case<'a> {
-        name: &'a str,
-        path: &'a str,
-        kubelet: Kubelet<'a>,
-        /// Headers the app sees besides Host, User-Agent and Accept-Encoding.
-        want: &'a [(&'a str, &'a str)],
-        host: &'a str,
-        user_agent: &'a str,
-    }
-    let cases = [
-        Case {
-            name: "only origin",
-            path: "/app-health/plain/livez",
-            kubelet: Kubelet {
-                headers: &[("Some-Header", "some-value")],
-                ..KUBELET
-            },
-            want: &[
-                ("some-header", "some-value"),
-                ("accept", "*/*"),
-                ("connection", "close"),
-            ],
-            host: &app_host,
-            user_agent: "kube-probe/1.34",
-        },
-        Case {
-            name: "origin with two values",
-            path: "/app-health/plain/livez",
-            kubelet: Kubelet {
-                headers: &[("Some-Header", "some-value"), ("Some-Header", "some-value")],
-                ..KUBELET
-            },
-            want: &[
-                ("some-header", "some-value"),
-                ("some-header", "some-value"),
-                ("accept", "*/*"),
-                ("connection", "close"),
-            ],
-            host: &app_host,
-            user_agent: "kube-probe/1.34",
-        },
-        Case {
-            name: "configured headers are not sent by the agent",
-            path: "/app-health/configured/livez",
-            kubelet: KUBELET,
-            want: &[("accept", "*/*"), ("connection", "close")],
-            host: &app_host,
-            user_agent: "kube-probe/1.34",
-        },
-        Case {
-            name: "the kubelet's value wins over the configured one",
-            path: "/app-health/configured/livez",
-            kubelet: Kubelet {
-                headers: &[("Some-Header", "some-value")],
-                ..KUBELET
-            },
-            want: &[
-                ("some-header", "some-value"),
-                ("accept", "*/*"),
-                ("connection", "close"),
-            ],
-            host: &app_host,
-            user_agent: "kube-probe/1.34",
-        },
-        Case {
-            name: "a Host on another port is kept",
-            path: "/app-health/plain/livez",
-            kubelet: Kubelet {
-                host: Some(TEST_HOST),
-                ..KUBELET
-            },
-            want: &[("accept", "*/*"), ("connection", "close")],
-            host: TEST_HOST,
-            user_agent: "kube-probe/1.34",
-        },
-        Case {
-            name: "a Host without a port is kept",
-            path: "/app-health/plain/livez",
-            kubelet: Kubelet {
-                host: Some("test.com"),
-                ..KUBELET
-            },
-            want: &[("accept", "*/*"), ("connection", "close")],
-            host: "test.com",
-            user_agent: "kube-probe/1.34",
-        },
-        Case {
-            name: "a named Host on the status port gets the app port",
-            path: "/app-health/plain/livez",
-            kubelet: Kubelet {
-                host: Some(&format!("pod.local:{}", status.port())),
-                ..KUBELET
-            },
-            want: &[("accept", "*/*"), ("connection", "close")],
-            host: &format!("pod.local:{port}"),
-            user_agent: "kube-probe/1.34",
-        },
-        Case {
-            name: "no User-Agent: Go's",
-            path: "/app-health/plain/livez",
-            kubelet: Kubelet {
-                user_agent: None,
-                ..KUBELET
-            },
-            want: &[("accept", "*/*"), ("connection", "close")],
-            host: &app_host,
-            user_agent: "Go-http-client/1.1",
-        },
-    ];
-    for c in cases {
-        let (code, _) = kubelet_get(status, c.path, &c.kubelet).await;
-        assert_eq!(code, 200, "{}", c.name);
-        let seen = app.last();
-        assert_eq!(seen.host, c.host, "{}: Host", c.name);
-        assert_eq!(seen.headers["user-agent"], c.user_agent, "{}", c.name);
-        let mut rest: Vec<(String, String)> = seen
-            .headers
-            .iter()
-            .filter(|(k, _)| !matches!(k.as_str(), "host" | "user-agent" | "accept-encoding"))
-            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))
-            .collect();
-        rest.sort();
-        let mut want: Vec<(String, String)> = c
-            .want
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        want.sort();
-        assert_eq!(rest, want, "{}", c.name);
-        assert_eq!(seen.peer.to_string(), "127.0.0.6", "{}", c.name);
-        assert_eq!(seen.version, Version::HTTP_11, "{}", c.name);
+    let hosts = HeaderHosts {
+        app: format!("127.0.0.1:{port}"),
+        named_status: format!("pod.local:{}", status.port()),
+        named_app: format!("pod.local:{port}"),
+    };
+    for c in header_cases(&hosts) {
+        check_header_case(&app, status, &c).await;
     }
     assert_eq!(status_host, status.to_string());
     // TestAppProbe's header case: the kubelet sends the probe's Host and header.
@@ -918,6 +816,151 @@ async fn headers_reach_the_app_as_istio_forwards_them() {
             .0,
         400
     );
+}
+
+/// The Host values a header case names: the app's address, and a named host on the status port
+/// and on the app's.
+struct HeaderHosts {
+    app: String,
+    named_status: String,
+    named_app: String,
+}
+
+struct HeaderCase<'a> {
+    name: &'a str,
+    path: &'a str,
+    kubelet: Kubelet<'a>,
+    /// Headers the app sees besides Host, User-Agent and Accept-Encoding.
+    want: &'a [(&'a str, &'a str)],
+    host: &'a str,
+    user_agent: &'a str,
+}
+
+fn header_cases(hosts: &HeaderHosts) -> [HeaderCase<'_>; 8] {
+    [
+        HeaderCase {
+            name: "only origin",
+            path: "/app-health/plain/livez",
+            kubelet: Kubelet {
+                headers: &[("Some-Header", "some-value")],
+                ..KUBELET
+            },
+            want: &[
+                ("some-header", "some-value"),
+                ("accept", "*/*"),
+                ("connection", "close"),
+            ],
+            host: &hosts.app,
+            user_agent: "kube-probe/1.34",
+        },
+        HeaderCase {
+            name: "origin with two values",
+            path: "/app-health/plain/livez",
+            kubelet: Kubelet {
+                headers: &[("Some-Header", "some-value"), ("Some-Header", "some-value")],
+                ..KUBELET
+            },
+            want: &[
+                ("some-header", "some-value"),
+                ("some-header", "some-value"),
+                ("accept", "*/*"),
+                ("connection", "close"),
+            ],
+            host: &hosts.app,
+            user_agent: "kube-probe/1.34",
+        },
+        HeaderCase {
+            name: "configured headers are not sent by the agent",
+            path: "/app-health/configured/livez",
+            kubelet: KUBELET,
+            want: &[("accept", "*/*"), ("connection", "close")],
+            host: &hosts.app,
+            user_agent: "kube-probe/1.34",
+        },
+        HeaderCase {
+            name: "the kubelet's value wins over the configured one",
+            path: "/app-health/configured/livez",
+            kubelet: Kubelet {
+                headers: &[("Some-Header", "some-value")],
+                ..KUBELET
+            },
+            want: &[
+                ("some-header", "some-value"),
+                ("accept", "*/*"),
+                ("connection", "close"),
+            ],
+            host: &hosts.app,
+            user_agent: "kube-probe/1.34",
+        },
+        HeaderCase {
+            name: "a Host on another port is kept",
+            path: "/app-health/plain/livez",
+            kubelet: Kubelet {
+                host: Some(TEST_HOST),
+                ..KUBELET
+            },
+            want: &[("accept", "*/*"), ("connection", "close")],
+            host: TEST_HOST,
+            user_agent: "kube-probe/1.34",
+        },
+        HeaderCase {
+            name: "a Host without a port is kept",
+            path: "/app-health/plain/livez",
+            kubelet: Kubelet {
+                host: Some("test.com"),
+                ..KUBELET
+            },
+            want: &[("accept", "*/*"), ("connection", "close")],
+            host: "test.com",
+            user_agent: "kube-probe/1.34",
+        },
+        HeaderCase {
+            name: "a named Host on the status port gets the app port",
+            path: "/app-health/plain/livez",
+            kubelet: Kubelet {
+                host: Some(&hosts.named_status),
+                ..KUBELET
+            },
+            want: &[("accept", "*/*"), ("connection", "close")],
+            host: &hosts.named_app,
+            user_agent: "kube-probe/1.34",
+        },
+        HeaderCase {
+            name: "no User-Agent: Go's",
+            path: "/app-health/plain/livez",
+            kubelet: Kubelet {
+                user_agent: None,
+                ..KUBELET
+            },
+            want: &[("accept", "*/*"), ("connection", "close")],
+            host: &hosts.app,
+            user_agent: "Go-http-client/1.1",
+        },
+    ]
+}
+
+async fn check_header_case(app: &App, status: SocketAddr, c: &HeaderCase<'_>) {
+    let (code, _) = kubelet_get(status, c.path, &c.kubelet).await;
+    assert_eq!(code, 200, "{}", c.name);
+    let seen = app.last();
+    assert_eq!(seen.host, c.host, "{}: Host", c.name);
+    assert_eq!(seen.headers["user-agent"], c.user_agent, "{}", c.name);
+    let mut rest: Vec<(String, String)> = seen
+        .headers
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "host" | "user-agent" | "accept-encoding"))
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))
+        .collect();
+    rest.sort();
+    let mut want: Vec<(String, String)> = c
+        .want
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    want.sort();
+    assert_eq!(rest, want, "{}", c.name);
+    assert_eq!(seen.peer.to_string(), "127.0.0.6", "{}", c.name);
+    assert_eq!(seen.version, Version::HTTP_11, "{}", c.name);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -91,6 +91,16 @@ if $nextest; then
 else
   cargo test --locked -p tests --test cluster
 fi
+# Istio's own integration suites against the same cluster, with our image as every injected
+# proxy (docs/cluster.md): TestTraffic's protocols between every kind of workload and its DNS
+# capture, the mTLS reachability matrix and an authorization test. The full run of both agents
+# is `scripts/istio-integration.sh --agent both` (docs/istio-integration.md).
+step "Istio's integration tests (a subset, with our agent)"
+scripts/istio-integration.sh --agent ours --out target/istio-integration/ci-pilot \
+  -run '^TestTraffic$/^(services|dns|serverfirst|autopassthrough|instanceip|tls-origination)$' \
+  --istio.test.skipVM=true pilot
+scripts/istio-integration.sh --agent ours --out target/istio-integration/ci-security \
+  -run '^(TestReachability|TestAuthz_Principal)$' --istio.test.skipVM=true security
 step "cluster down"
 scripts/cluster.sh down
 trap - EXIT

@@ -57,14 +57,17 @@ def read(path: str, packages: "dict[str, str] | None" = None,
     return tests
 
 
+# What t.Skip printed: an indented `file.go:LINE: reason` line before `--- SKIP`.
+SKIP_MESSAGE = re.compile(r"^\s+[\w.]+\.go:\d+: (.+)$")
+
+
 def skip_reason(lines: list[str]) -> str:
-    """The text a skipped test gave: the lines after its `--- SKIP` line, or its last line."""
-    text = [l.strip() for l in lines if l.strip() and not l.strip().startswith("=== ")]
-    for i, l in enumerate(text):
-        if l.startswith("--- SKIP"):
-            rest = [t for t in text[i + 1:] if not t.startswith("---")]
-            if rest:
-                return rest[0][:200]
+    """The message a skipped test gave (its last `file.go:LINE:` line), or its last line."""
+    for line in reversed(lines):
+        match = SKIP_MESSAGE.match(line.rstrip("\n"))
+        if match:
+            return match.group(1).strip()[:200]
+    text = [l.strip() for l in lines if l.strip() and not l.strip().startswith(("=== ", "--- "))]
     return text[-1][:200] if text else ""
 
 

@@ -16,11 +16,11 @@ export GOFLAGS=-trimpath GOTOOLCHAIN=local
 
 # name → version: the directory key of each component.
 declare -A VERSION=(
-  [istio]=$ISTIO_VERSION [kubernetes]=$KUBERNETES_VERSION [etcd]=$ETCD_VERSION
+  [istio]=$ISTIO_VERSION [istio-test-servers]=$ISTIO_VERSION [kubernetes]=$KUBERNETES_VERSION [etcd]=$ETCD_VERSION
   [containerd]=$CONTAINERD_VERSION [runc]=$RUNC_VERSION [cni]=$CNI_PLUGINS_VERSION
   [coredns]=$COREDNS_VERSION [pause]=$(sha256sum "$here/go/pause/main.go" | cut -c1-12)
 )
-ORDER=(pause runc cni containerd etcd coredns kubernetes istio)
+ORDER=(pause runc cni containerd etcd coredns kubernetes istio istio-test-servers)
 
 bin_dir() { echo "$CACHE/bin/$1-${VERSION[$1]}"; }
 
@@ -30,6 +30,16 @@ build_istio() {
     "$p/pilot/cmd/pilot-discovery@$v" "$p/pilot/cmd/pilot-agent@$v" \
     "$p/istioctl/cmd/istioctl@$v" "$p/pkg/test/echo/cmd/server@$v" \
     "$p/pkg/test/echo/cmd/client@$v" "$p/cni/cmd/istio-cni@$v" "$p/cni/cmd/install-cni@$v"
+}
+
+# The servers Istio's integration suites deploy beside their echo apps (security: the sample
+# ext-authz server, the JWT/JWKS server).
+build_istio-test-servers() {
+  local v=$ISTIO_VERSION p=$ISTIO_MODULE
+  CGO_ENABLED=0 GOBIN=$1 go install -ldflags="-s -w" "$p/samples/extauthz/cmd/extauthz@$v"
+  local src
+  src=$(go mod download -json "$p@$v" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
+  (cd "$src/samples/jwt-server/src" && CGO_ENABLED=0 go build -ldflags="-s -w" -o "$1/jwt-server" main.go)
 }
 
 # Kubernetes' go.mod replaces its staging modules with ./staging paths, so `go install` refuses

@@ -9,6 +9,7 @@
 #                            exactly as the Dockerfile lays them out
 #   proxyv2-istio            the same image with Istio's Go pilot-agent instead of ours: the control
 #   install-cni              Istio's CNI installer and plugin (its `cni` chart's image)
+#   ext-authz, jwt-server    the servers Istio's security suites deploy (its samples)
 #   usage: scripts/cluster/images.sh <dir with our pilot-agent and istio-iptables> <out dir>
 #          scripts/cluster/images.sh --base   (only the Debian base layer; prints its path)
 # Archives whose inputs did not change are kept (the name carries a hash of the inputs).
@@ -55,16 +56,18 @@ scratch_layer() {
   cp /etc/ssl/certs/ca-certificates.crt "$dir/etc/ssl/certs/"
 }
 
-# image NAME HASH-INPUTS… -- OCI.PY-ARGS…: writes $out/NAME.tar unless its inputs are unchanged.
+# image NAME[=REFERENCE] HASH-INPUTS… -- OCI.PY-ARGS…: writes $out/NAME.tar, the image named
+# REFERENCE (default $IMAGE_HUB/NAME:$IMAGE_TAG), unless its inputs are unchanged.
 image() {
-  local name=$1 key
+  local name=${1%%=*} ref=$IMAGE_HUB/${1%%=*}:$IMAGE_TAG key
+  [[ $1 == *=* ]] && ref=${1#*=}
   shift
   local inputs=()
   while [[ $1 != -- ]]; do inputs+=("$1"); shift; done
   shift
-  key=$( (echo "$IMAGE_TAG"; sha256sum "$here/oci.py"; cat "${inputs[@]}" | sha256sum) | sha256sum | cut -c1-16)
+  key=$( (echo "$ref"; sha256sum "$here/oci.py"; cat "${inputs[@]}" | sha256sum) | sha256sum | cut -c1-16)
   if [[ -f $out/$name.tar && $(cat "$out/$name.key" 2>/dev/null) == "$key" ]]; then return 0; fi
-  python3 "$here/oci.py" --name "$IMAGE_HUB/$name:$IMAGE_TAG" "$@" -o "$out/$name.tar" >&2
+  python3 "$here/oci.py" --name "$ref" "$@" -o "$out/$name.tar" >&2
   echo "$key" >"$out/$name.key"
 }
 
@@ -128,5 +131,19 @@ install -D -m 0755 "$(bin istio)/install-cni" "$work/install-cni/usr/local/bin/i
 install -m 0755 "$(bin istio)/istio-cni" "$work/install-cni/opt/cni/bin/istio-cni"
 image install-cni "$base" "$work/install-cni/usr/local/bin/install-cni" -- \
   --layer "$base" --layer "$work/install-cni" --entrypoint /usr/local/bin/install-cni
+
+# The servers of Istio's security suites: ext-authz under the hub and tag the framework asks for,
+# the JWT server under the reference of the module's samples/jwt-server/jwt-server.yaml
+# (IfNotPresent: the imported image is used).
+servers=$(bin istio-test-servers)
+mkdir -p "$work/ext-authz" && scratch_layer "$work/ext-authz"
+install -m 0755 "$servers/extauthz" "$work/ext-authz/usr/local/bin/"
+image ext-authz "$work/ext-authz/usr/local/bin/extauthz" -- --layer "$work/ext-authz" \
+  --entrypoint /usr/local/bin/extauthz
+jwt_ref=$(sed -n 's/^ *- image: *\(.*jwt-server:.*\)$/\1/p' "$istio_src/samples/jwt-server/jwt-server.yaml")
+mkdir -p "$work/jwt-server/bin" && scratch_layer "$work/jwt-server"
+install -m 0755 "$servers/jwt-server" "$work/jwt-server/bin/"
+image "jwt-server=$jwt_ref" "$work/jwt-server/bin/jwt-server" -- --layer "$work/jwt-server" \
+  --workdir /bin --entrypoint /bin/jwt-server
 
 ls "$out"/*.tar

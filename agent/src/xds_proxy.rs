@@ -1,5 +1,6 @@
 //! The xDS proxy: Envoy's ADS stream (SotW and Delta) on the UDS `<configPath>/XDS`, relayed to
-//! istiod over one fresh upstream connection per Envoy stream.
+//! istiod over one fresh upstream connection per Envoy stream (Envoy's first stream takes over
+//! the one opened before Envoy ran, see warm start below).
 //!
 //! - Requests, ACKs, NACKs and responses pass verbatim and in order; the proxy never acks for
 //!   Envoy. Responses are relayed as the bytes istiod sent, never decoded beyond their type

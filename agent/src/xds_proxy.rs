@@ -44,10 +44,11 @@
 //!   another when it ends.
 //! - Warm start ([`warm`], `XDS_PROXY_PREFETCH`, on by default; not Istio): once Envoy's
 //!   bootstrap is written ([`XdsProxy::prefetch`]), the upstream stream opens with the
-//!   bootstrap's node and subscribes to CDS and LDS (and NDS) while Envoy starts. Envoy's first
-//!   stream takes it over: its first CDS and LDS requests are answered with the responses
-//!   istiod already sent (the newest, for SotW; all, in order, for Delta) and not repeated
-//!   upstream, so istiod sees one stream whose nonces Envoy's ACKs and NACKs answer.
+//!   bootstrap's node and subscribes to CDS and LDS (and NDS), then to the EDS and RDS names
+//!   their responses give, while Envoy starts. Envoy's first stream takes it over: its first
+//!   requests for them are answered with the responses istiod already sent (the newest, for
+//!   SotW; all, in order, for Delta) and not repeated upstream, so istiod sees one stream whose
+//!   nonces Envoy's ACKs and NACKs answer.
 
 mod authority;
 mod backoff;

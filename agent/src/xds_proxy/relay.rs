@@ -225,35 +225,50 @@ impl<F: Flavor> Drop for Warm<F> {
     }
 }
 
-/// Envoy's request against the warm stream's held responses: false when it is answered by
-/// them and so not relayed.
-fn claim<F: Flavor>(link: &Shared<F>, req: &F::Req, flush: &tokio::sync::Notify) -> bool {
-    let claim = {
+/// Envoy's request against the warm stream's held responses: whether it is relayed (false when
+/// the held responses answer it), and the warm stream's own request it calls for (a NACK of a
+/// CDS or LDS lets go of what that response named).
+fn claim<F: Flavor>(
+    link: &Shared<F>,
+    req: &F::Req,
+    flush: &tokio::sync::Notify,
+) -> (bool, Option<F::Req>) {
+    let t = F::req_type(req);
+    let (claim, own) = {
         let mut l = lock(link);
         let Some(w) = l.warm.as_mut() else {
-            return true;
+            return (true, None);
         };
-        w.claim(F::req_type(req), F::initial_names(req).as_deref())
+        let own = F::req_nack(req).and_then(|_| w.rejected(t));
+        (w.claim(t, F::initial_names(req).as_deref()), own)
     };
+    let own = own.map(|f| {
+        tracing::debug!(
+            flavor = F::NAME,
+            type_url = f.type_url,
+            "Envoy rejected what named it; letting go of the prefetched type"
+        );
+        F::follow(&f)
+    });
     match claim {
-        Claim::Relay => true,
+        Claim::Relay => (true, own),
         Claim::Served => {
             tracing::debug!(
                 flavor = F::NAME,
-                type_url = F::req_type(req),
+                type_url = t,
                 "answering Envoy's request with the prefetched responses"
             );
             flush.notify_one();
-            false
+            (false, own)
         }
         Claim::Changed => {
             tracing::debug!(
                 flavor = F::NAME,
-                type_url = F::req_type(req),
+                type_url = t,
                 "Envoy's request differs from the prefetched subscription; relaying it"
             );
             flush.notify_one();
-            true
+            (true, own)
         }
     }
 }
@@ -389,7 +404,13 @@ async fn downstream_to_upstream<F: Flavor>(
                 if F::req_type(&req) == type_url::ECDS && F::req_nack(&req).is_none() {
                     lock(&link).ecds_version = F::req_version(&req).to_string();
                 }
-                if claim::<F>(&link, &req, &flush) && !to_upstream(&link, req, &done).await {
+                let (relay, own) = claim::<F>(&link, &req, &flush);
+                if relay && !to_upstream(&link, req, &done).await {
+                    break;
+                }
+                if let Some(own) = own
+                    && !to_upstream(&link, own, &done).await
+                {
                     break;
                 }
                 if first_lds {
@@ -856,16 +877,43 @@ async fn relay<F: Flavor>(
             Ok(Some(Piece::Whole(resp))) => {
                 inputs.metrics.responses.inc();
                 backoff.reset();
-                let kept = {
+                // A held CDS or LDS names what Envoy asks for next: read outside the lock.
+                let follows = lock(link)
+                    .warm
+                    .as_ref()
+                    .is_some_and(|w| w.follows(resp.type_url()));
+                let update = follows
+                    .then(|| warm::names::update(resp.type_url(), &resp.bytes, F::DELTA))
+                    .and_then(|u| {
+                        u.map_err(
+                            |e| tracing::debug!(error = %e, "not following a prefetched response"),
+                        )
+                        .ok()
+                    });
+                let (kept, follow) = {
                     let mut l = lock(link);
                     if let Some(subs) = l.subs.as_mut() {
                         subs.on_response(&resp);
                     }
                     match l.warm.as_mut() {
-                        Some(w) => w.keep(resp),
-                        None => Ok(Some(resp)),
+                        Some(w) => {
+                            let follow = update.and_then(|u| w.follow(resp.type_url(), u));
+                            (w.keep(resp), follow)
+                        }
+                        None => (Ok(Some(resp)), None),
                     }
                 };
+                if let Some(f) = follow {
+                    tracing::debug!(
+                        flavor = F::NAME,
+                        type_url = f.type_url,
+                        names = f.names.len(),
+                        "prefetching what a held response names"
+                    );
+                    if !to_upstream(link, F::follow(&f), done).await {
+                        return Outcome::Done;
+                    }
+                }
                 let resp = match kept {
                     Ok(Some(resp)) => resp,
                     // Held for Envoy until it asks for the type.

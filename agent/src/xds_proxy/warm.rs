@@ -7,6 +7,11 @@
 //! upstream. From then on the stream is Envoy's: its ACKs and NACKs answer istiod's nonces,
 //! its later requests are relayed.
 //!
+//! - The names the held CDS and LDS responses give (EDS clusters' service names, the RDS route
+//!   names of HTTP connection managers: [`names`]) are subscribed too, as Envoy will ask for
+//!   them next, while Envoy has not taken the type that names them; their responses are held
+//!   as well. When Envoy rejects such a CDS or LDS response, what it named and Envoy did not
+//!   ask for yet is let go (Delta: unsubscribed).
 //! - SotW keeps the newest response of each held type (a SotW response is the whole state);
 //!   Delta keeps every response, in order (each is a change to the previous ones).
 //! - Held responses are bounded in bytes ([`MAX_HELD`]): past it the warm stream ends, and
@@ -16,7 +21,7 @@
 //!   (`ads_config.api_type`); otherwise the warm stream is closed and Envoy's is relayed as
 //!   without prefetch.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use proto::envoy::config::core::v3::{Locality, Node};
@@ -24,6 +29,9 @@ use proto::google::protobuf::{ListValue, Struct, Value, value::Kind};
 use proto::type_url;
 
 use super::codec::RawResponse;
+
+pub(crate) mod names;
+use names::Update;
 
 /// Most bytes of responses held for Envoy before it asks for them.
 pub(crate) const MAX_HELD: usize = 64 << 20;
@@ -184,6 +192,17 @@ pub(crate) enum Claim {
     Changed,
 }
 
+/// A subscription the warm stream makes (or drops) for the type Envoy asks for next.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Follow {
+    pub(crate) type_url: &'static str,
+    /// Every name now subscribed (SotW's request).
+    pub(crate) names: Vec<String>,
+    /// Delta's request: names subscribed and unsubscribed.
+    pub(crate) added: Vec<String>,
+    pub(crate) removed: Vec<String>,
+}
+
 /// The responses held for Envoy, per type, until Envoy asks for the type.
 #[derive(Debug)]
 pub(crate) struct Held {
@@ -192,6 +211,8 @@ pub(crate) struct Held {
     /// Responses released for Envoy, in istiod's order, not yet handed to Envoy's stream.
     ready: VecDeque<RawResponse>,
     bytes: usize,
+    /// Per CDS and LDS: each resource's names for the next type (SotW: one entry, the whole).
+    children: HashMap<String, BTreeMap<String, Vec<String>>>,
     /// Whether Envoy's stream has taken the warm one over.
     pub(crate) attached: bool,
 }
@@ -201,7 +222,7 @@ pub(crate) struct Held {
 pub(crate) struct Overflow;
 
 /// Resource names as a set, a wildcard (empty, or `*`) as empty.
-fn name_set(names: &[String]) -> std::collections::BTreeSet<&str> {
+fn name_set(names: &[String]) -> BTreeSet<&str> {
     names
         .iter()
         .map(String::as_str)
@@ -228,8 +249,94 @@ impl Held {
                 .collect(),
             ready: VecDeque::new(),
             bytes: 0,
+            children: HashMap::new(),
             attached: false,
         }
+    }
+
+    /// True when `type_url`'s responses are held and name what Envoy asks for next.
+    pub(crate) fn follows(&self, type_url: &str) -> bool {
+        names::next_type(type_url).is_some() && self.types.contains_key(type_url)
+    }
+
+    fn child_names(&self, parent: &str) -> BTreeSet<String> {
+        self.children
+            .get(parent)
+            .into_iter()
+            .flat_map(|m| m.values().flatten().cloned())
+            .collect()
+    }
+
+    /// A held CDS or LDS response's `update`: the subscription to make when the names of the
+    /// next type change. The next type is held from then on; in SotW, a type whose names are
+    /// all gone is let go (an empty SotW request would be a wildcard).
+    pub(crate) fn follow(&mut self, parent: &str, update: Update) -> Option<Follow> {
+        let child = names::next_type(parent)?;
+        if !self.types.contains_key(parent) {
+            return None;
+        }
+        let before = self.child_names(parent);
+        let map = self.children.entry(parent.to_string()).or_default();
+        match update {
+            Update::Replace(names) => {
+                map.clear();
+                map.insert(String::new(), names);
+            }
+            Update::Change { upserts, removed } => {
+                for (name, names) in upserts {
+                    map.insert(name, names);
+                }
+                for name in removed {
+                    map.remove(&name);
+                }
+            }
+        }
+        let after = self.child_names(parent);
+        if before == after {
+            return None;
+        }
+        let follow = Follow {
+            type_url: child,
+            names: after.iter().cloned().collect(),
+            added: after.difference(&before).cloned().collect(),
+            removed: before.difference(&after).cloned().collect(),
+        };
+        if follow.names.is_empty() && !self.delta {
+            self.let_go(child);
+            return None;
+        }
+        let t = self
+            .types
+            .entry(child.to_string())
+            .or_insert_with(|| HeldType {
+                names: Vec::new(),
+                responses: VecDeque::new(),
+            });
+        t.names = follow.names.clone();
+        Some(follow)
+    }
+
+    /// Stops holding `type_url`: its responses go.
+    fn let_go(&mut self, type_url: &str) {
+        if let Some(t) = self.types.remove(type_url) {
+            self.bytes -= t.responses.iter().map(|r| r.bytes.len()).sum::<usize>();
+        }
+    }
+
+    /// Envoy rejected a response of `parent`: the next type it named is let go, as Envoy may
+    /// never ask for it (Delta: unsubscribed, so that Envoy's own request is a new one).
+    pub(crate) fn rejected(&mut self, parent: &str) -> Option<Follow> {
+        let child = names::next_type(parent)?;
+        let t = self.types.get(child)?;
+        let names = t.names.clone();
+        self.let_go(child);
+        self.children.remove(parent);
+        (self.delta && !names.is_empty()).then(|| Follow {
+            type_url: child,
+            names: Vec::new(),
+            added: Vec::new(),
+            removed: names,
+        })
     }
 
     /// True while some type is still held for Envoy.
@@ -372,6 +479,90 @@ mod tests {
         h.new_generation();
         h.keep(big.clone()).unwrap();
         assert!(h.keep(big).is_err());
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_string()).collect()
+    }
+
+    #[test]
+    fn sotw_follows_what_held_cds_names_until_envoy_takes_cds() {
+        let mut h = Held::new(false, FIRST);
+        let f = h
+            .follow(type_url::CLUSTER, Update::Replace(names(&["a", "b"])))
+            .unwrap();
+        assert_eq!(
+            (f.type_url, f.names.clone()),
+            (type_url::ENDPOINT, names(&["a", "b"]))
+        );
+        assert!(h.holding());
+        // The same names again: no new request.
+        assert!(
+            h.follow(type_url::CLUSTER, Update::Replace(names(&["b", "a"])))
+                .is_none()
+        );
+        let f = h
+            .follow(type_url::CLUSTER, Update::Replace(names(&["a", "c"])))
+            .unwrap();
+        assert_eq!(f.names, names(&["a", "c"]));
+        h.keep(resp(type_url::ENDPOINT, "e1")).unwrap();
+        assert_eq!(h.claim(type_url::CLUSTER, Some(&[])), Claim::Served);
+        // Envoy has CDS: it asks for EDS itself from now on.
+        assert!(
+            h.follow(type_url::CLUSTER, Update::Replace(names(&["d"])))
+                .is_none()
+        );
+        assert_eq!(
+            h.claim(type_url::ENDPOINT, Some(&names(&["c", "a"]))),
+            Claim::Served
+        );
+        h.take_ready();
+        assert_eq!(h.claim(type_url::LISTENER, Some(&[])), Claim::Served);
+        assert!(h.finished());
+        // All names gone: EDS is let go (an empty SotW request is a wildcard).
+        let mut h = Held::new(false, FIRST);
+        h.follow(type_url::CLUSTER, Update::Replace(names(&["a"])));
+        assert!(
+            h.follow(type_url::CLUSTER, Update::Replace(vec![]))
+                .is_none()
+        );
+        assert_eq!(h.claim(type_url::ENDPOINT, Some(&[])), Claim::Relay);
+    }
+
+    #[test]
+    fn delta_follows_changes_and_a_nack_unsubscribes() {
+        let mut h = Held::new(true, FIRST);
+        let change = |up: &[(&str, &[&str])], removed: &[&str]| Update::Change {
+            upserts: up
+                .iter()
+                .map(|(n, c)| ((*n).to_string(), names(c)))
+                .collect(),
+            removed: names(removed),
+        };
+        let f = h
+            .follow(
+                type_url::LISTENER,
+                change(&[("l1", &["80"]), ("l2", &["80", "9080"])], &[]),
+            )
+            .unwrap();
+        assert_eq!(
+            (f.type_url, f.added.clone(), f.removed.clone()),
+            (type_url::ROUTE, names(&["80", "9080"]), vec![])
+        );
+        let f = h.follow(type_url::LISTENER, change(&[], &["l2"])).unwrap();
+        assert_eq!(
+            (f.added.clone(), f.removed.clone()),
+            (vec![], names(&["9080"]))
+        );
+        h.keep(resp(type_url::ROUTE, "r1")).unwrap();
+        assert_eq!(h.claim(type_url::LISTENER, Some(&[])), Claim::Served);
+        let f = h.rejected(type_url::LISTENER).unwrap();
+        assert_eq!((f.type_url, f.removed), (type_url::ROUTE, names(&["80"])));
+        assert_eq!(
+            h.claim(type_url::ROUTE, Some(&names(&["80"]))),
+            Claim::Relay
+        );
+        assert!(h.rejected(type_url::LISTENER).is_none());
     }
 
     #[test]

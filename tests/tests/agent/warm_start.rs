@@ -7,8 +7,8 @@
 //!   reaches it: it keeps one un-acked push per type; the agent's keeping the newest of
 //!   several pushes is `agent`'s `xds_proxy::tests::warm`); istiod-lite sees one
 //!   connection, SYNCED with Envoy's ACKs of its nonces, and the agent counts the responses it
-//!   handed Envoy from what it held (`istio_agent_xds_proxy_prefetch_served_total`); in Delta
-//!   (the default) and SotW (`ISTIO_DELTA_XDS=false`);
+//!   handed Envoy from what it held (`istio_agent_xds_proxy_prefetch_served_total`: CDS, EDS,
+//!   LDS, RDS); in Delta (the default) and SotW (`ISTIO_DELTA_XDS=false`);
 //! - `istiod-lite replay` of a recorded dump whose CDS upstream Envoy rejects: the prefetched
 //!   CDS is NACKed, and istiod-lite's `/debug/syncz` shows Envoy's error;
 //! - `XDS_PROXY_PREFETCH=false`: nothing reaches istiod-lite before Envoy runs.
@@ -231,10 +231,10 @@ fn change_before_envoy_is_not_lost(extra_env: &[(&str, &str)]) {
         "it takes over the prefetched upstream stream",
         Duration::from_secs(5),
     );
-    // One connection, CDS and LDS acknowledged by Envoy with istiod-lite's nonces.
+    // One connection, every type acknowledged by Envoy with istiod-lite's nonces.
     assert_eventually(Duration::from_secs(20), || {
         let row = sync_row(istiod.monitoring)?;
-        for ty in ["CDS", "LDS"] {
+        for ty in ["CDS", "EDS", "LDS", "RDS"] {
             let t = &row["types"][ty];
             if t["status"] != "SYNCED" || t["ackedNonce"] != t["sentNonce"] {
                 return Err(format!("{ty} not synced: {row}"));
@@ -245,10 +245,12 @@ fn change_before_envoy_is_not_lost(extra_env: &[(&str, &str)]) {
     let served = assert_eventually(Duration::from_secs(10), || {
         g.agent_counter("istio_agent_xds_proxy_prefetch_served_total")
     });
+    // CDS, EDS (httpbin's and the late service's endpoints), LDS and RDS (port 80's routes).
     assert!(
-        served >= 2.0,
-        "CDS and LDS came from the agent's prefetch: {served}"
+        served >= 4.0,
+        "CDS, EDS, LDS and RDS came from the agent's prefetch: {served}"
     );
+    eprintln!("responses served from the prefetch: {served}");
 }
 
 #[test]

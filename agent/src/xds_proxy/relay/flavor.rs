@@ -41,6 +41,8 @@ pub(crate) trait Flavor: Send + Sync + 'static {
     fn warm(w: super::AnyWarm) -> Option<super::Warm<Self>>
     where
         Self: Sized;
+    /// The warm stream's subscription for the type Envoy asks for next.
+    fn follow(f: &super::warm::Follow) -> Self::Req;
     /// Puts the node on a stream's first request.
     fn set_node(r: &mut Self::Req, node: Node);
     /// A first request's resource names (no nonce, no error, nothing else asked); `None` for
@@ -122,6 +124,13 @@ impl Flavor for Sotw {
             super::AnyWarm::Delta(_) => None,
         }
     }
+    fn follow(f: &super::warm::Follow) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: f.type_url.into(),
+            resource_names: f.names.clone(),
+            ..Default::default()
+        }
+    }
     fn set_node(r: &mut DiscoveryRequest, node: Node) {
         r.node = Some(node);
     }
@@ -193,6 +202,14 @@ impl Flavor for Delta {
         match w {
             super::AnyWarm::Delta(w) => Some(w),
             super::AnyWarm::Sotw(_) => None,
+        }
+    }
+    fn follow(f: &super::warm::Follow) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: f.type_url.into(),
+            resource_names_subscribe: f.added.clone(),
+            resource_names_unsubscribe: f.removed.clone(),
+            ..Default::default()
         }
     }
     fn set_node(r: &mut DeltaDiscoveryRequest, node: Node) {

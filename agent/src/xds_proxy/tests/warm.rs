@@ -315,3 +315,145 @@ async fn shutdown_ends_a_warm_stream_no_envoy_took() {
     .await
     .expect("the warm upstream stream stays open after shutdown");
 }
+
+fn eds_cluster(name: &str) -> proto::envoy_types_crate::pb::google::protobuf::Any {
+    use proto::envoy::config::cluster::v3 as c;
+    proto::pack(&c::Cluster {
+        name: name.into(),
+        cluster_discovery_type: Some(c::cluster::ClusterDiscoveryType::Type(
+            c::cluster::DiscoveryType::Eds as i32,
+        )),
+        eds_cluster_config: Some(c::cluster::EdsClusterConfig {
+            service_name: name.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+fn rds_listener(name: &str, route: &str) -> proto::envoy_types_crate::pb::google::protobuf::Any {
+    use proto::envoy::config::listener::v3 as l;
+    use proto::envoy::extensions::filters::network::http_connection_manager::v3 as hcm;
+    let manager = hcm::HttpConnectionManager {
+        route_specifier: Some(hcm::http_connection_manager::RouteSpecifier::Rds(
+            hcm::Rds {
+                route_config_name: route.into(),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    };
+    proto::pack(&l::Listener {
+        name: name.into(),
+        filter_chains: vec![l::FilterChain {
+            filters: vec![l::Filter {
+                name: "envoy.filters.network.http_connection_manager".into(),
+                config_type: Some(l::filter::ConfigType::TypedConfig(proto::pack(&manager))),
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    })
+}
+
+/// SotW: the EDS names of the held CDS and the RDS names of the held LDS are subscribed before
+/// Envoy runs; Envoy's own EDS and RDS requests for them are answered from what is held.
+#[tokio::test]
+async fn sotw_eds_and_rds_named_by_held_responses_are_prefetched() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), false).await;
+    h.proxy.prefetch(prefetch(false), h.token.clone());
+    let mut up = next(&mut ads.sotw).await;
+    next(&mut up.requests).await;
+    next(&mut up.requests).await;
+    let svc = "outbound|80||a.ns.svc.cluster.local";
+    let mut cds = resp(type_url::CLUSTER, "c1");
+    cds.resources = vec![eds_cluster(svc)];
+    up.responses.send(Ok(cds.clone())).await.unwrap();
+    let mut eds = req(type_url::ENDPOINT, "");
+    eds.resource_names = vec![svc.into()];
+    assert_eq!(next(&mut up.requests).await, eds);
+    let mut lds = resp(type_url::LISTENER, "l1");
+    lds.resources = vec![rds_listener("0.0.0.0_80", "80")];
+    up.responses.send(Ok(lds.clone())).await.unwrap();
+    let mut rds = req(type_url::ROUTE, "");
+    rds.resource_names = vec!["80".into()];
+    assert_eq!(next(&mut up.requests).await, rds);
+    for r in [resp(type_url::ENDPOINT, "e1"), resp(type_url::ROUTE, "r1")] {
+        up.responses.send(Ok(r)).await.unwrap();
+    }
+
+    let (tx, mut from_proxy) = envoy_sotw(&h, req(type_url::CLUSTER, "")).await;
+    assert_eq!(message(&mut from_proxy).await, cds);
+    tx.send(eds.clone()).await.unwrap();
+    assert_eq!(
+        message(&mut from_proxy).await,
+        resp(type_url::ENDPOINT, "e1")
+    );
+    tx.send(req(type_url::LISTENER, "")).await.unwrap();
+    assert_eq!(message(&mut from_proxy).await, lds);
+    tx.send(rds.clone()).await.unwrap();
+    assert_eq!(message(&mut from_proxy).await, resp(type_url::ROUTE, "r1"));
+    // None of Envoy's four first requests went upstream; its ACK does.
+    let mut ack = req(type_url::ROUTE, "r1");
+    ack.version_info = "v-r1".into();
+    ack.resource_names = vec!["80".into()];
+    tx.send(ack.clone()).await.unwrap();
+    assert_eq!(next(&mut up.requests).await, ack);
+    assert_eq!(h.metrics.prefetch_served.get(), 4);
+}
+
+/// Delta: a NACK of a prefetched LDS unsubscribes the routes it named (Envoy did not ask for
+/// them), after relaying Envoy's NACK with its error.
+#[tokio::test]
+async fn delta_nack_of_a_held_lds_lets_go_of_its_routes() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), false).await;
+    h.proxy.prefetch(prefetch(true), h.token.clone());
+    let mut up = next(&mut ads.delta).await;
+    next(&mut up.requests).await;
+    next(&mut up.requests).await;
+    let lds = DeltaDiscoveryResponse {
+        resources: vec![Resource {
+            name: "0.0.0.0_80".into(),
+            version: "1".into(),
+            resource: Some(rds_listener("0.0.0.0_80", "80")),
+            ..Default::default()
+        }],
+        ..delta_resp(type_url::LISTENER, "l1", &[])
+    };
+    up.responses.send(Ok(lds.clone())).await.unwrap();
+    assert_eq!(
+        next(&mut up.requests).await,
+        DeltaDiscoveryRequest {
+            resource_names_subscribe: vec!["80".into()],
+            ..delta_req(type_url::ROUTE, "")
+        }
+    );
+    let mut client = envoy_client(&h.path).await;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(delta_req(type_url::LISTENER, "")).await.unwrap();
+    let mut from_proxy = client
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(message(&mut from_proxy).await, lds);
+    let rejected = DeltaDiscoveryRequest {
+        error_detail: Some(RpcStatus {
+            code: tonic::Code::InvalidArgument as i32,
+            message: "listener '0.0.0.0_80': bad filter".into(),
+            details: vec![],
+        }),
+        ..delta_req(type_url::LISTENER, "l1")
+    };
+    tx.send(rejected.clone()).await.unwrap();
+    assert_eq!(next(&mut up.requests).await, rejected);
+    assert_eq!(
+        next(&mut up.requests).await,
+        DeltaDiscoveryRequest {
+            resource_names_unsubscribe: vec!["80".into()],
+            ..delta_req(type_url::ROUTE, "")
+        }
+    );
+}

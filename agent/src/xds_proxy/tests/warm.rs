@@ -457,3 +457,49 @@ async fn delta_nack_of_a_held_lds_lets_go_of_its_routes() {
         }
     );
 }
+
+/// The warm stream's upstream lost before Envoy connects: the new upstream stream replays its
+/// subscriptions (with the node), what the lost one sent is dropped, Envoy gets the new one's.
+#[tokio::test]
+async fn a_warm_stream_lost_before_envoy_reconnects_and_serves_the_new_streams_responses() {
+    let mut ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), false).await;
+    h.proxy.prefetch(prefetch(false), h.token.clone());
+    let mut up = next(&mut ads.sotw).await;
+    next(&mut up.requests).await;
+    next(&mut up.requests).await;
+    up.responses
+        .send(Ok(resp(type_url::CLUSTER, "old")))
+        .await
+        .unwrap();
+    drop(up);
+    let mut up = next(&mut ads.sotw).await;
+    let cds = next(&mut up.requests).await;
+    assert_eq!(
+        (cds.type_url.as_str(), cds.node),
+        (type_url::CLUSTER, Some(node()))
+    );
+    assert_eq!(next(&mut up.requests).await, req(type_url::LISTENER, ""));
+    up.responses
+        .send(Ok(resp(type_url::CLUSTER, "new")))
+        .await
+        .unwrap();
+    // The response is held before Envoy asks.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while h.metrics.responses.get() < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the new stream's CDS reaches the proxy");
+    let (tx, mut from_proxy) = envoy_sotw(&h, req(type_url::CLUSTER, "")).await;
+    assert_eq!(
+        message(&mut from_proxy).await,
+        resp(type_url::CLUSTER, "new")
+    );
+    let mut ack = req(type_url::CLUSTER, "new");
+    ack.version_info = "v-new".into();
+    tx.send(ack.clone()).await.unwrap();
+    assert_eq!(next(&mut up.requests).await, ack);
+    assert_eq!(h.metrics.prefetch_served.get(), 1);
+}

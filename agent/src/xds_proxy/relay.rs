@@ -805,6 +805,74 @@ async fn forward_rewrite<F: Flavor>(
     send(down_tx, Ok(Down::Whole(out)), done, "Envoy").await
 }
 
+/// A whole response through the warm stream's state (on every stream: the subscriptions
+/// record it first): held for Envoy (`Ok(None)`), with a subscription for what a held CDS or
+/// LDS names; dropped before Envoy is there (`Ok(None)`); or handed back to be relayed, after
+/// the held responses Envoy asked for are sent.
+async fn pass_warm<F: Flavor>(
+    inputs: &Inputs,
+    link: &Shared<F>,
+    resp: RawResponse,
+    upstream: &mut Responses,
+    down_tx: &mpsc::Sender<Result<Down, tonic::Status>>,
+    done: &CancellationToken,
+) -> Result<Option<RawResponse>, Outcome> {
+    // A held CDS or LDS names what Envoy asks for next: read outside the lock.
+    let follows = lock(link)
+        .warm
+        .as_ref()
+        .is_some_and(|w| w.follows(resp.type_url()));
+    let update = follows
+        .then(|| warm::names::update(resp.type_url(), &resp.bytes, F::DELTA))
+        .and_then(|u| {
+            u.map_err(|e| tracing::debug!(error = %e, "not following a prefetched response"))
+                .ok()
+        });
+    let (kept, follow) = {
+        let mut l = lock(link);
+        if let Some(subs) = l.subs.as_mut() {
+            subs.on_response(&resp);
+        }
+        match l.warm.as_mut() {
+            Some(w) => {
+                let follow = update.and_then(|u| w.follow(resp.type_url(), u));
+                (w.keep(resp), follow)
+            }
+            None => (Ok(Some(resp)), None),
+        }
+    };
+    if let Some(f) = follow {
+        tracing::debug!(
+            flavor = F::NAME,
+            type_url = f.type_url,
+            names = f.names.len(),
+            "prefetching what a held response names"
+        );
+        if !to_upstream(link, F::follow(&f), done).await {
+            return Err(Outcome::Done);
+        }
+    }
+    let resp = match kept {
+        Ok(Some(resp)) => resp,
+        // Held for Envoy until it asks for the type.
+        Ok(None) => return Ok(None),
+        Err(warm::Overflow) => return Err(overflow(link)),
+    };
+    if forwarded(resp.type_url()) && lock(link).warm.as_ref().is_some_and(|w| !w.attached) {
+        // No Envoy yet, and none that subscribed to it.
+        tracing::debug!(
+            type_url = resp.type_url(),
+            "dropping a response no Envoy asked for"
+        );
+        return Ok(None);
+    }
+    // What Envoy asked for before goes first.
+    if !flush_ready::<F>(inputs, link, upstream, down_tx, done).await {
+        return Err(Outcome::Done);
+    }
+    Ok(Some(resp))
+}
+
 /// Relays one upstream generation's responses until it ends.
 async fn relay<F: Flavor>(
     inputs: &Inputs,
@@ -877,63 +945,12 @@ async fn relay<F: Flavor>(
             Ok(Some(Piece::Whole(resp))) => {
                 inputs.metrics.responses.inc();
                 backoff.reset();
-                // A held CDS or LDS names what Envoy asks for next: read outside the lock.
-                let follows = lock(link)
-                    .warm
-                    .as_ref()
-                    .is_some_and(|w| w.follows(resp.type_url()));
-                let update = follows
-                    .then(|| warm::names::update(resp.type_url(), &resp.bytes, F::DELTA))
-                    .and_then(|u| {
-                        u.map_err(
-                            |e| tracing::debug!(error = %e, "not following a prefetched response"),
-                        )
-                        .ok()
-                    });
-                let (kept, follow) = {
-                    let mut l = lock(link);
-                    if let Some(subs) = l.subs.as_mut() {
-                        subs.on_response(&resp);
-                    }
-                    match l.warm.as_mut() {
-                        Some(w) => {
-                            let follow = update.and_then(|u| w.follow(resp.type_url(), u));
-                            (w.keep(resp), follow)
-                        }
-                        None => (Ok(Some(resp)), None),
-                    }
-                };
-                if let Some(f) = follow {
-                    tracing::debug!(
-                        flavor = F::NAME,
-                        type_url = f.type_url,
-                        names = f.names.len(),
-                        "prefetching what a held response names"
-                    );
-                    if !to_upstream(link, F::follow(&f), done).await {
-                        return Outcome::Done;
-                    }
-                }
-                let resp = match kept {
-                    Ok(Some(resp)) => resp,
-                    // Held for Envoy until it asks for the type.
-                    Ok(None) => continue,
-                    Err(warm::Overflow) => return overflow(link),
-                };
-                if forwarded(resp.type_url())
-                    && lock(link).warm.as_ref().is_some_and(|w| !w.attached)
-                {
-                    // No Envoy yet, and none that subscribed to it.
-                    tracing::debug!(
-                        type_url = resp.type_url(),
-                        "dropping a response no Envoy asked for"
-                    );
-                    continue;
-                }
-                // What Envoy asked for before goes first.
-                if !flush_ready::<F>(inputs, link, &mut upstream, down_tx, done).await {
-                    return Outcome::Done;
-                }
+                let resp =
+                    match pass_warm::<F>(inputs, link, resp, &mut upstream, down_tx, done).await {
+                        Ok(Some(resp)) => resp,
+                        Ok(None) => continue,
+                        Err(outcome) => return outcome,
+                    };
                 let t = resp.type_url();
                 if t == type_url::NAME_TABLE {
                     let Some(sink) = &inputs.nds else {

@@ -64,7 +64,8 @@ class Relay:
         self.delay = delay_ms / 1000
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
         self.ready.wait(5)
 
     def _run(self):
@@ -109,10 +110,16 @@ class Relay:
                              return_exceptions=True)
 
     def close(self):
-        def stop():
+        async def stop():
             self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             self.loop.stop()
-        self.loop.call_soon_threadsafe(stop)
+        asyncio.run_coroutine_threadsafe(stop(), self.loop)
+        self.thread.join(5)
+        self.loop.close()
 
 
 def run_one(agent, prefetch, delay_ms):

@@ -21,23 +21,23 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-const SERVICE_ACCOUNT: &str = "warm-sa";
+pub(crate) const SERVICE_ACCOUNT: &str = "warm-sa";
 
 /// The agent with Envoy behind a gate.
-struct Gated {
-    agent: Child,
+pub(crate) struct Gated {
+    pub(crate) agent: Child,
     scratch: tempfile::TempDir,
-    envoy_admin: SocketAddr,
+    pub(crate) envoy_admin: SocketAddr,
     status: SocketAddr,
 }
 
 impl Gated {
     /// Lets Envoy start.
-    fn open(&self) {
+    pub(crate) fn open(&self) {
         std::fs::write(self.scratch.path().join("gate"), "").expect("gate");
     }
 
-    fn envoy_ready(&self) -> Result<(), String> {
+    pub(crate) fn envoy_ready(&self) -> Result<(), String> {
         match http_get(self.envoy_admin, "/ready")? {
             (200, _) => Ok(()),
             other => Err(format!("Envoy /ready: {other:?}")),
@@ -45,7 +45,7 @@ impl Gated {
     }
 
     /// The agent's metric `name` (a counter without labels) from its merged `/stats/prometheus`.
-    fn agent_counter(&self, name: &str) -> Result<f64, String> {
+    pub(crate) fn agent_counter(&self, name: &str) -> Result<f64, String> {
         let (_, body) = http_get(self.status, "/stats/prometheus")?;
         body.lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
@@ -56,7 +56,7 @@ impl Gated {
 /// Starts `pilot-agent proxy sidecar` against `discovery`, its Envoy (`binaryPath`) a script
 /// that waits for `<scratch>/gate` and writes Envoy's output to `<scratch>/envoy.out` (recorded
 /// configs access-log to `/dev/stdout`, which an unprivileged Envoy must be able to reopen).
-fn start_gated(
+pub(crate) fn start_gated(
     envoy: &Path,
     discovery: SocketAddr,
     provision: impl FnOnce(&Path),
@@ -145,7 +145,7 @@ fn sent_nonce(row: &Value, ty: &str) -> Result<String, String> {
         .ok_or_else(|| format!("{ty} not sent yet: {row}"))
 }
 
-fn envoy_has_cluster(admin: SocketAddr, name: &str) -> Result<(), String> {
+pub(crate) fn envoy_has_cluster(admin: SocketAddr, name: &str) -> Result<(), String> {
     let (_, body) = http_get(admin, "/clusters")?;
     if body.contains(name) {
         Ok(())

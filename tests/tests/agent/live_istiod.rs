@@ -14,7 +14,10 @@
 //! - two istiods on the same files (CA root and key, config folder) as a comma-separated
 //!   `discoveryAddress`, the one in use SIGKILLed: Envoy is SYNCED via the other within 2 s (goal
 //!   1 s, printed as `FIGURE`), its ADS stream to the agent never re-opened, and the next
-//!   certificate signed by the other's CA (`live_istiods_failover`).
+//!   certificate signed by the other's CA (`live_istiods_failover`);
+//! - warm start (`XDS_PROXY_PREFETCH`, Envoy started by the agent behind a gate): a NACK of the
+//!   prefetched CDS is recorded by istiod with Envoy's error, and a change istiod pushes before
+//!   Envoy asks is what Envoy gets (`live_istiod_warm_start`).
 //!
 //! The test command builds Istio's binaries first and sets `ISTIO_GO_BIN`; without them these
 //! tests skip, and fail under `CI=true`.

@@ -304,6 +304,10 @@ impl App {
             components.spawn("sds", Duration::from_secs(2), sds.run(token.clone()));
         }
         let (proxy, listener) = xds;
+        let prefetch = config
+            .upstream
+            .prefetch
+            .then(|| (proxy.clone(), token.clone()));
         components.spawn(
             "xds",
             Duration::from_secs(2),
@@ -325,7 +329,7 @@ impl App {
 
         let result = if config.envoy.launched() && !shutdown.is_shutting_down() {
             // A failed component triggers the shutdown Envoy watches: Envoy drains and exits.
-            run_envoy(&config, &bound, &shutdown).await
+            run_envoy(&config, &bound, &shutdown, prefetch).await
         } else {
             tokio::select! {
                 _ = shutdown.token().cancelled() => {}
@@ -550,8 +554,15 @@ fn bind_status_server(
     ))
 }
 
-/// Writes Envoy's bootstrap and runs Envoy; returns the exit code.
-async fn run_envoy(config: &Config, bound: &Bound, shutdown: &Shutdown) -> anyhow::Result<i32> {
+/// Writes Envoy's bootstrap and runs Envoy; returns the exit code. With `prefetch`
+/// (`XDS_PROXY_PREFETCH`), the xDS proxy opens its upstream stream with the bootstrap's node
+/// before Envoy starts.
+async fn run_envoy(
+    config: &Config,
+    bound: &Bound,
+    shutdown: &Shutdown,
+    prefetch: Option<(XdsProxy, tokio_util::sync::CancellationToken)>,
+) -> anyhow::Result<i32> {
     let written = bootstrap::write(
         config,
         Ports {
@@ -560,6 +571,17 @@ async fn run_envoy(config: &Config, bound: &Bound, shutdown: &Shutdown) -> anyho
         None,
     )
     .context("writing Envoy's bootstrap")?;
+    if let Some((proxy, token)) = prefetch {
+        // A customConfigFile is the operator's own: its node and ADS are not ours to assume.
+        match written
+            .generated
+            .then(|| xds_proxy::Prefetch::from_bootstrap(&written.path))
+        {
+            Some(Ok(p)) => proxy.prefetch(p, token),
+            Some(Err(e)) => tracing::warn!(error = %e, "no xDS prefetch"),
+            None => tracing::info!("no xDS prefetch: Envoy runs a customConfigFile"),
+        }
+    }
     Ok(match envoy::run(config, written, shutdown.clone()).await {
         Ok(o) => o.exit_code(),
         Err(e) => {

@@ -1,5 +1,6 @@
 //! The xDS proxy: Envoy's ADS stream (SotW and Delta) on the UDS `<configPath>/XDS`, relayed to
-//! istiod over one fresh upstream connection per Envoy stream.
+//! istiod over one fresh upstream connection per Envoy stream (Envoy's first stream takes over
+//! the one opened before Envoy ran, see warm start below).
 //!
 //! - Requests, ACKs, NACKs and responses pass verbatim and in order; the proxy never acks for
 //!   Envoy. Responses are relayed as the bytes istiod sent, never decoded beyond their type
@@ -41,6 +42,13 @@
 //!   (default: on for proxyless, i.e. `DISABLE_ENVOY=true` or `ISTIO_META_GENERATOR=grpc`).
 //!   NDS stays single: one open stream holds the proxy's NDS subscription and hands it to
 //!   another when it ends.
+//! - Warm start ([`warm`], `XDS_PROXY_PREFETCH`, on by default; not Istio): once Envoy's
+//!   bootstrap is written ([`XdsProxy::prefetch`]), the upstream stream opens with the
+//!   bootstrap's node and subscribes to CDS and LDS (and NDS), then to the EDS and RDS names
+//!   their responses give, while Envoy starts. Envoy's first stream takes it over: its first
+//!   requests for them are answered with the responses istiod already sent (the newest, for
+//!   SotW; all, in order, for Delta) and not repeated upstream, so istiod sees one stream whose
+//!   nonces Envoy's ACKs and NACKs answer.
 
 mod authority;
 mod backoff;
@@ -55,6 +63,7 @@ mod sieve;
 mod streams;
 mod subscriptions;
 mod upstream;
+pub mod warm;
 pub mod wasm;
 
 use std::convert::Infallible;
@@ -74,6 +83,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use codec::RawResponse;
 pub use connect::upstream;
+pub use warm::Prefetch;
 
 #[cfg(feature = "fuzzing")]
 pub(crate) mod fuzzing {
@@ -210,6 +220,7 @@ pub struct Metrics {
     pub(crate) upstream_reconnects: Family<ReconnectLabels, Counter>,
     pub(crate) downstream_streams: Gauge,
     pub(crate) streams_refused: Counter,
+    pub(crate) prefetch_served: Counter,
 }
 
 impl Metrics {
@@ -255,6 +266,11 @@ impl Metrics {
             "xDS streams refused because the XDS socket's concurrent stream cap was reached",
             m.streams_refused.clone(),
         );
+        registry.register(
+            "xds_proxy_prefetch_served",
+            "Responses handed to Envoy from those the proxy fetched before Envoy asked (XDS_PROXY_PREFETCH)",
+            m.prefetch_served.clone(),
+        );
         m
     }
 }
@@ -265,6 +281,8 @@ pub struct XdsProxy {
     inputs: Arc<Inputs>,
     /// The open downstream streams (SotW and Delta alike).
     open: streams::Open,
+    /// The warm stream Envoy's first stream takes over ([`XdsProxy::prefetch`]).
+    warm: Arc<std::sync::Mutex<Option<relay::AnyWarm>>>,
 }
 
 impl XdsProxy {
@@ -273,7 +291,60 @@ impl XdsProxy {
         XdsProxy {
             inputs: Arc::new(inputs),
             open,
+            warm: Arc::default(),
         }
+    }
+
+    fn warm_slot(&self) -> std::sync::MutexGuard<'_, Option<relay::AnyWarm>> {
+        self.warm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Opens the warm stream ([`warm`]) with `prefetch`'s node and flavor, for the next stream
+    /// on the socket to take over; it ends with `token` when none has. Only with one stream at
+    /// a time (Envoy's rule): with several there is no "Envoy's first stream".
+    pub fn prefetch(&self, prefetch: Prefetch, token: CancellationToken) {
+        if self.inputs.streams != Streams::One {
+            tracing::debug!("no xDS prefetch: the socket serves several streams");
+            return;
+        }
+        let stream = match self.open.admit() {
+            Ok(s) => s,
+            Err(status) => {
+                tracing::warn!(status = %status, "no xDS prefetch: the stream was not admitted");
+                return;
+            }
+        };
+        let done = stream.done().clone();
+        let inputs = self.inputs.clone();
+        let warm = if prefetch.delta {
+            relay::AnyWarm::Delta(relay::prefetch::<relay::Delta>(
+                inputs,
+                stream,
+                prefetch.node,
+            ))
+        } else {
+            relay::AnyWarm::Sotw(relay::prefetch::<relay::Sotw>(
+                inputs,
+                stream,
+                prefetch.node,
+            ))
+        };
+        *self.warm_slot() = Some(warm);
+        let slot = self.warm.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = token.cancelled() => {}
+                _ = done.cancelled() => {}
+            }
+            // Not taken over (or over): dropping it ends it.
+            let left = slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take_if(|w| w.is_over() || token.is_cancelled());
+            drop(left);
+        });
     }
 
     /// The tonic service (also usable on other transports in tests).
@@ -309,20 +380,31 @@ fn serve_method<F: relay::Flavor>(
         return tonic::Status::unimplemented("compressed xDS requests are not supported")
             .into_http();
     }
-    let stream = match proxy.open.admit() {
-        Ok(stream) => stream,
-        Err(status) => {
-            proxy.inputs.metrics.streams_refused.inc();
-            return status.into_http();
-        }
+    // Envoy's first stream takes the warm one over when it speaks its flavor and it is alive.
+    let warm = proxy
+        .warm_slot()
+        .take()
+        .and_then(|w| F::warm(w).filter(|w| !w.is_over()));
+    let decode = |body| {
+        tonic::Streaming::new_request(
+            codec::request_decoder::<F::Req>(),
+            body,
+            None,
+            Some(proxy.inputs.server.max_recv_msg_size),
+        )
     };
-    let requests = tonic::Streaming::new_request(
-        codec::request_decoder::<F::Req>(),
-        request.into_body(),
-        None,
-        Some(proxy.inputs.server.max_recv_msg_size),
-    );
-    let responses = relay::start::<F>(proxy.inputs.clone(), requests, stream);
+    let responses = match warm {
+        Some(warm) => warm.attach(decode(request.into_body())),
+        None => match proxy.open.admit() {
+            Ok(stream) => {
+                relay::start::<F>(proxy.inputs.clone(), decode(request.into_body()), stream)
+            }
+            Err(status) => {
+                proxy.inputs.metrics.streams_refused.inc();
+                return status.into_http();
+            }
+        },
+    };
     let mut response =
         http::Response::new(tonic::body::Body::new(codec::ResponseBody::new(responses)));
     response.headers_mut().insert(

@@ -1297,3 +1297,15 @@ fn private_key_provider_is_warned_about() {
         "{out}"
     );
 }
+
+#[test]
+fn xds_prefetch_is_on_and_the_switch_turns_it_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefetch =
+        |pairs: &[(&str, &str)]| load(dir.path(), &env(pairs)).unwrap().upstream.prefetch;
+    assert!(prefetch(&[]));
+    assert!(!prefetch(&[("XDS_PROXY_PREFETCH", "false")]));
+    let strict = env(&[("XDS_PROXY_PREFETCH", "sometimes"), (STRICT_ENV, "true")]);
+    let err = load(dir.path(), &strict).unwrap_err().to_string();
+    assert!(err.contains("XDS_PROXY_PREFETCH"), "{err}");
+}

@@ -47,6 +47,11 @@ pub struct XdsUpstream {
     /// `xds_proxy::MAX_STREAMS` at once (gRPC-Go 1.66+ opens one per channel target,
     /// istio#53532). `false` is Istio's one stream at a time: a new stream ends the previous.
     pub multi_stream: bool,
+    /// `XDS_PROXY_PREFETCH` (default true; not in Istio): when Envoy's bootstrap is written,
+    /// the xDS proxy opens the upstream stream with its node and fetches CDS and LDS while
+    /// Envoy starts; Envoy's first stream takes it over (`xds_proxy::warm`). `false`: the
+    /// upstream stream opens when Envoy connects, as Istio's.
+    pub prefetch: bool,
     /// `COMPLIANCE_POLICY`: the TLS versions, suites and groups of the connection (the CA
     /// client's policy).
     pub compliance: sds::Compliance,
@@ -135,6 +140,7 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
         wasm,
         reconnect: i.env.bool("XDS_PROXY_RECONNECT", true)?,
         multi_stream: i.env.bool("XDS_PROXY_MULTI_STREAM", i.proxyless)?,
+        prefetch: i.env.bool("XDS_PROXY_PREFETCH", true)?,
         keepalive,
         server_name: istiod_server_name(&address, i.istiod_san),
         address,

@@ -15,7 +15,8 @@ use super::backoff::Backoff;
 use super::codec::{Down, RawResponse, forwarded};
 use super::streams::Stream;
 use super::subscriptions::Subscriptions;
-use super::upstream::{Piece, RequestStream, Responses};
+use super::upstream::{HOLD, Piece, RequestStream, Responses};
+use super::warm::{self, Claim};
 use super::{Inputs, ReconnectLabels, TerminationLabels};
 
 mod flavor;
@@ -40,6 +41,9 @@ struct Link<F: Flavor> {
     subs: Option<F::Subs>,
     /// The last ECDS version Envoy acknowledged (the proxy's own ECDS NACKs carry it).
     ecds_version: String,
+    /// A warm stream's responses held for Envoy ([`warm`]); `None` once all are handed over,
+    /// and on a stream Envoy opened.
+    warm: Option<warm::Held>,
 }
 
 type Shared<F> = Arc<std::sync::Mutex<Link<F>>>;
@@ -85,19 +89,239 @@ pub(crate) fn start<F: Flavor>(
         tx: up_tx,
         subs: inputs.reconnect.then(F::Subs::default),
         ecds_version: String::new(),
+        warm: None,
     }));
     tracing::info!(flavor = F::NAME, "Envoy connected to the xDS proxy");
+    let flush = Arc::new(tokio::sync::Notify::new());
     tokio::spawn(downstream_to_upstream::<F>(
         inputs.clone(),
         downstream,
         link.clone(),
         stream.clone(),
+        flush.clone(),
     ));
     tokio::spawn(async move {
-        upstream_to_downstream::<F>(inputs, up_rx, link, down_tx, done).await;
+        let first = (Vec::new(), up_rx);
+        upstream_to_downstream::<F>(inputs, first, link, down_tx, done, flush).await;
         drop(stream);
     });
     ReceiverStream::new(down_rx)
+}
+
+/// A warm stream ([`warm`]): opened upstream before Envoy connects, taken over by Envoy's
+/// first stream. Dropped without being taken over, it ends.
+pub(crate) struct Warm<F: Flavor> {
+    inputs: Arc<Inputs>,
+    link: Shared<F>,
+    stream: Arc<Stream>,
+    flush: Arc<tokio::sync::Notify>,
+    down_rx: Option<mpsc::Receiver<Result<Down, tonic::Status>>>,
+}
+
+/// Opens the warm stream: the upstream with `node` on its first request, subscribed to CDS and
+/// LDS (and NDS when this stream takes it), its responses held for Envoy.
+pub(crate) fn prefetch<F: Flavor>(
+    inputs: Arc<Inputs>,
+    stream: Stream,
+    node: proto::envoy::config::core::v3::Node,
+) -> Warm<F> {
+    let stream = Arc::new(stream);
+    let done = stream.done().clone();
+    let queue = inputs.queue.max(1);
+    let (down_tx, down_rx) = mpsc::channel::<Result<Down, tonic::Status>>(queue);
+    let (up_tx, up_rx) = mpsc::channel::<F::Req>(queue);
+    let mut first: Vec<F::Req> = warm::FIRST.iter().map(|t| F::subscribe(t)).collect();
+    if let Some(req) = first.first_mut() {
+        F::set_node(req, node);
+    }
+    if inputs.nds.is_some() && stream.claim_nds() {
+        first.push(F::subscribe(type_url::NAME_TABLE));
+    }
+    let mut subs = inputs.reconnect.then(F::Subs::default);
+    if let Some(subs) = subs.as_mut() {
+        for req in &first {
+            subs.on_request(req.clone());
+        }
+    }
+    let link: Shared<F> = Arc::new(std::sync::Mutex::new(Link {
+        tx: up_tx,
+        subs,
+        ecds_version: String::new(),
+        warm: Some(warm::Held::new(F::DELTA, warm::FIRST)),
+    }));
+    tracing::info!(
+        flavor = F::NAME,
+        "opening the upstream xDS stream before Envoy connects (XDS_PROXY_PREFETCH)"
+    );
+    let flush = Arc::new(tokio::sync::Notify::new());
+    let task = (inputs.clone(), link.clone(), stream.clone(), flush.clone());
+    tokio::spawn(async move {
+        let (inputs, link, stream, flush) = task;
+        upstream_to_downstream::<F>(inputs, (first, up_rx), link, down_tx, done, flush).await;
+        drop(stream);
+    });
+    Warm {
+        inputs,
+        link,
+        stream,
+        flush,
+        down_rx: Some(down_rx),
+    }
+}
+
+/// A warm stream of either flavor.
+pub(crate) enum AnyWarm {
+    Sotw(Warm<Sotw>),
+    Delta(Warm<Delta>),
+}
+
+impl AnyWarm {
+    pub(crate) fn is_over(&self) -> bool {
+        match self {
+            AnyWarm::Sotw(w) => w.is_over(),
+            AnyWarm::Delta(w) => w.is_over(),
+        }
+    }
+}
+
+impl<F: Flavor> Warm<F> {
+    /// True once the warm stream has ended (it cannot be taken over).
+    pub(crate) fn is_over(&self) -> bool {
+        self.stream.done().is_cancelled()
+    }
+
+    /// Envoy's stream takes the warm one over; returns the stream of responses for Envoy.
+    pub(crate) fn attach(
+        mut self,
+        downstream: tonic::Streaming<F::Req>,
+    ) -> ReceiverStream<Result<Down, tonic::Status>> {
+        if let Some(w) = lock(&self.link).warm.as_mut() {
+            w.attached = true;
+        }
+        tracing::info!(
+            flavor = F::NAME,
+            "Envoy connected to the xDS proxy; it takes over the prefetched upstream stream"
+        );
+        tokio::spawn(downstream_to_upstream::<F>(
+            self.inputs.clone(),
+            downstream,
+            self.link.clone(),
+            self.stream.clone(),
+            self.flush.clone(),
+        ));
+        let Some(rx) = self.down_rx.take() else {
+            unreachable!("attach consumes the warm stream")
+        };
+        ReceiverStream::new(rx)
+    }
+}
+
+impl<F: Flavor> Drop for Warm<F> {
+    fn drop(&mut self) {
+        if self.down_rx.is_some() {
+            // Never taken over: the upstream stream ends.
+            self.stream.done().cancel();
+        }
+    }
+}
+
+/// Envoy's request against the warm stream's held responses: whether it is relayed (false when
+/// the held responses answer it), and the warm stream's own request it calls for (a NACK of a
+/// CDS or LDS lets go of what that response named).
+fn claim<F: Flavor>(
+    link: &Shared<F>,
+    req: &F::Req,
+    flush: &tokio::sync::Notify,
+) -> (bool, Option<F::Req>) {
+    let t = F::req_type(req);
+    let (claim, own) = {
+        let mut l = lock(link);
+        let Some(w) = l.warm.as_mut() else {
+            return (true, None);
+        };
+        let own = F::req_nack(req).and_then(|_| w.rejected(t));
+        (w.claim(t, F::initial_names(req).as_deref()), own)
+    };
+    let own = own.map(|f| {
+        tracing::debug!(
+            flavor = F::NAME,
+            type_url = f.type_url,
+            "Envoy rejected what named it; letting go of the prefetched type"
+        );
+        F::follow(&f)
+    });
+    match claim {
+        Claim::Relay => (true, own),
+        Claim::Served => {
+            tracing::debug!(
+                flavor = F::NAME,
+                type_url = t,
+                "answering Envoy's request with the prefetched responses"
+            );
+            flush.notify_one();
+            (false, own)
+        }
+        Claim::Changed => {
+            tracing::debug!(
+                flavor = F::NAME,
+                type_url = t,
+                "Envoy's request differs from the prefetched subscription; relaying it"
+            );
+            flush.notify_one();
+            (true, own)
+        }
+    }
+}
+
+/// Sends the warm stream's released responses to Envoy, in istiod's order; drops the warm
+/// state once everything is handed over. False when the relay is over.
+async fn flush_ready<F: Flavor>(
+    inputs: &Inputs,
+    link: &Shared<F>,
+    upstream: &mut Responses,
+    down_tx: &mpsc::Sender<Result<Down, tonic::Status>>,
+    done: &CancellationToken,
+) -> bool {
+    let ready = {
+        let mut l = lock(link);
+        let Some(w) = l.warm.as_mut() else {
+            return true;
+        };
+        if !w.attached {
+            return true;
+        }
+        let ready = w.take_ready();
+        if w.finished() {
+            l.warm = None;
+            upstream.hold(HOLD);
+        }
+        ready
+    };
+    for resp in ready {
+        inputs.metrics.prefetch_served.inc();
+        if !send(down_tx, Ok(Down::Whole(resp)), done, "Envoy").await {
+            return false;
+        }
+    }
+    true
+}
+
+/// A warm stream's held responses passed [`warm::MAX_HELD`]: it ends, and Envoy's stream with
+/// it when Envoy took it over.
+fn overflow<F: Flavor>(link: &Shared<F>) -> Outcome {
+    let attached = lock(link).warm.as_ref().is_some_and(|w| w.attached);
+    tracing::warn!(
+        max = warm::MAX_HELD,
+        attached,
+        "the responses prefetched for Envoy passed the cap; ending the prefetched xDS stream"
+    );
+    if attached {
+        Outcome::End(tonic::Status::unavailable(
+            "the xDS proxy's prefetched responses passed its cap; reconnect",
+        ))
+    } else {
+        Outcome::Done
+    }
 }
 
 /// Sends on a bounded channel until it has room, the other side is gone or the stream is done;
@@ -130,6 +354,7 @@ async fn downstream_to_upstream<F: Flavor>(
     mut downstream: tonic::Streaming<F::Req>,
     link: Shared<F>,
     stream: Arc<Stream>,
+    flush: Arc<tokio::sync::Notify>,
 ) {
     let done = stream.done().clone();
     let mut lds_seen = false;
@@ -179,7 +404,13 @@ async fn downstream_to_upstream<F: Flavor>(
                 if F::req_type(&req) == type_url::ECDS && F::req_nack(&req).is_none() {
                     lock(&link).ecds_version = F::req_version(&req).to_string();
                 }
-                if !to_upstream(&link, req, &done).await {
+                let (relay, own) = claim::<F>(&link, &req, &flush);
+                if relay && !to_upstream(&link, req, &done).await {
+                    break;
+                }
+                if let Some(own) = own
+                    && !to_upstream(&link, own, &done).await
+                {
                     break;
                 }
                 if first_lds {
@@ -319,12 +550,17 @@ async fn open<F: Flavor>(
 
 async fn upstream_to_downstream<F: Flavor>(
     inputs: Arc<Inputs>,
-    first: mpsc::Receiver<F::Req>,
+    first: (Vec<F::Req>, mpsc::Receiver<F::Req>),
     link: Shared<F>,
     down_tx: mpsc::Sender<Result<Down, tonic::Status>>,
     done: CancellationToken,
+    flush: Arc<tokio::sync::Notify>,
 ) {
     let envoy_gone = || {
+        // A warm stream no Envoy took over has no Envoy to lose.
+        if lock(&link).warm.as_ref().is_some_and(|w| !w.attached) {
+            return;
+        }
         tracing::info!(flavor = F::NAME, "Envoy disconnected from the xDS proxy");
         inputs
             .metrics
@@ -334,7 +570,7 @@ async fn upstream_to_downstream<F: Flavor>(
             })
             .inc();
     };
-    let mut body = (Vec::new(), first);
+    let mut body = first;
     let mut established = false;
     let mut backoff = Backoff::default();
     let mut generation = 0u64;
@@ -352,9 +588,22 @@ async fn upstream_to_downstream<F: Flavor>(
             )))
         });
         let outcome = match opened {
-            Ok(upstream) => {
+            Ok(mut upstream) => {
                 established = true;
-                relay::<F>(&inputs, &link, upstream, &down_tx, &done, &mut backoff).await
+                if lock(&link).warm.as_ref().is_some_and(warm::Held::holding) {
+                    // Held responses are held whole (and bounded by the warm cap).
+                    upstream.hold(warm::MAX_HELD);
+                }
+                relay::<F>(
+                    &inputs,
+                    &link,
+                    upstream,
+                    &down_tx,
+                    &done,
+                    &flush,
+                    &mut backoff,
+                )
+                .await
             }
             Err(status) => {
                 inputs.metrics.istiod_connection_failures.inc();
@@ -425,6 +674,9 @@ async fn upstream_to_downstream<F: Flavor>(
         let replay = {
             let mut l = lock(&link);
             l.tx = tx;
+            if let Some(w) = l.warm.as_mut() {
+                w.new_generation();
+            }
             l.subs
                 .as_mut()
                 .map(Subscriptions::replay)
@@ -553,6 +805,74 @@ async fn forward_rewrite<F: Flavor>(
     send(down_tx, Ok(Down::Whole(out)), done, "Envoy").await
 }
 
+/// A whole response through the warm stream's state (on every stream: the subscriptions
+/// record it first): held for Envoy (`Ok(None)`), with a subscription for what a held CDS or
+/// LDS names; dropped before Envoy is there (`Ok(None)`); or handed back to be relayed, after
+/// the held responses Envoy asked for are sent.
+async fn pass_warm<F: Flavor>(
+    inputs: &Inputs,
+    link: &Shared<F>,
+    resp: RawResponse,
+    upstream: &mut Responses,
+    down_tx: &mpsc::Sender<Result<Down, tonic::Status>>,
+    done: &CancellationToken,
+) -> Result<Option<RawResponse>, Outcome> {
+    // A held CDS or LDS names what Envoy asks for next: read outside the lock.
+    let follows = lock(link)
+        .warm
+        .as_ref()
+        .is_some_and(|w| w.follows(resp.type_url()));
+    let update = follows
+        .then(|| warm::names::update(resp.type_url(), &resp.bytes, F::DELTA))
+        .and_then(|u| {
+            u.map_err(|e| tracing::debug!(error = %e, "not following a prefetched response"))
+                .ok()
+        });
+    let (kept, follow) = {
+        let mut l = lock(link);
+        if let Some(subs) = l.subs.as_mut() {
+            subs.on_response(&resp);
+        }
+        match l.warm.as_mut() {
+            Some(w) => {
+                let follow = update.and_then(|u| w.follow(resp.type_url(), u));
+                (w.keep(resp), follow)
+            }
+            None => (Ok(Some(resp)), None),
+        }
+    };
+    if let Some(f) = follow {
+        tracing::debug!(
+            flavor = F::NAME,
+            type_url = f.type_url,
+            names = f.names.len(),
+            "prefetching what a held response names"
+        );
+        if !to_upstream(link, F::follow(&f), done).await {
+            return Err(Outcome::Done);
+        }
+    }
+    let resp = match kept {
+        Ok(Some(resp)) => resp,
+        // Held for Envoy until it asks for the type.
+        Ok(None) => return Ok(None),
+        Err(warm::Overflow) => return Err(overflow(link)),
+    };
+    if forwarded(resp.type_url()) && lock(link).warm.as_ref().is_some_and(|w| !w.attached) {
+        // No Envoy yet, and none that subscribed to it.
+        tracing::debug!(
+            type_url = resp.type_url(),
+            "dropping a response no Envoy asked for"
+        );
+        return Ok(None);
+    }
+    // What Envoy asked for before goes first.
+    if !flush_ready::<F>(inputs, link, upstream, down_tx, done).await {
+        return Err(Outcome::Done);
+    }
+    Ok(Some(resp))
+}
+
 /// Relays one upstream generation's responses until it ends.
 async fn relay<F: Flavor>(
     inputs: &Inputs,
@@ -560,6 +880,7 @@ async fn relay<F: Flavor>(
     mut upstream: Responses,
     down_tx: &mpsc::Sender<Result<Down, tonic::Status>>,
     done: &CancellationToken,
+    flush: &tokio::sync::Notify,
     backoff: &mut Backoff,
 ) -> Outcome {
     let mut held = Held::default();
@@ -590,11 +911,22 @@ async fn relay<F: Flavor>(
                 }
                 continue;
             }
+            // A warm stream's responses Envoy just asked for.
+            () = flush.notified(), if !mid_message => {
+                if !flush_ready::<F>(inputs, link, &mut upstream, down_tx, done).await {
+                    return Outcome::Done;
+                }
+                continue;
+            }
             // With MAX_REWRITES pending, istiod is read again once the oldest is done.
             m = upstream.next(), if mid_message || rewrites.len() < MAX_REWRITES => m,
         };
         match msg {
             Ok(Some(Piece::Part(bytes))) => {
+                if !mid_message && lock(link).warm.as_ref().is_some_and(warm::Held::holding) {
+                    // Longer than the warm cap: it cannot be held.
+                    return overflow(link);
+                }
                 mid_message = true;
                 held.push(bytes);
             }
@@ -613,9 +945,12 @@ async fn relay<F: Flavor>(
             Ok(Some(Piece::Whole(resp))) => {
                 inputs.metrics.responses.inc();
                 backoff.reset();
-                if let Some(subs) = lock(link).subs.as_mut() {
-                    subs.on_response(&resp);
-                }
+                let resp =
+                    match pass_warm::<F>(inputs, link, resp, &mut upstream, down_tx, done).await {
+                        Ok(Some(resp)) => resp,
+                        Ok(None) => continue,
+                        Err(outcome) => return outcome,
+                    };
                 let t = resp.type_url();
                 if t == type_url::NAME_TABLE {
                     let Some(sink) = &inputs.nds else {

@@ -21,6 +21,7 @@ use crate::config::XdsServer;
 struct Harness {
     _dir: tempfile::TempDir,
     path: PathBuf,
+    proxy: XdsProxy,
     token: CancellationToken,
     metrics: Metrics,
     tables: Arc<std::sync::Mutex<Vec<NameTable>>>,
@@ -129,10 +130,11 @@ async fn proxy_full(
         server,
     });
     let token = CancellationToken::new();
-    tokio::spawn(serve(proxy, listener, token.clone()));
+    tokio::spawn(serve(proxy.clone(), listener, token.clone()));
     Harness {
         _dir: dir,
         path,
+        proxy,
         token,
         metrics,
         tables,
@@ -741,6 +743,7 @@ async fn responses_reach_envoy_as_sent() {
 mod hostile;
 mod reconnect;
 mod streams;
+mod warm;
 mod wasm;
 
 /// Gathered writes never hold a response back: 300 small responses, each sent only after the

@@ -68,6 +68,8 @@ enum State {
 /// Cuts the upstream's data frames into [`Piece`]s.
 pub(crate) struct Framer {
     hold: usize,
+    /// The hold limit from the next response on ([`Responses::hold`]).
+    next_hold: Option<usize>,
     delta: bool,
     state: State,
 }
@@ -76,6 +78,7 @@ impl Framer {
     pub(crate) fn new(hold: usize, delta: bool) -> Self {
         Framer {
             hold,
+            next_hold: None,
             delta,
             state: State::Header { raw: [0; 5], n: 0 },
         }
@@ -122,6 +125,9 @@ impl Framer {
                         }
                     }
                     let len = u32::from_be_bytes([raw[1], raw[2], raw[3], raw[4]]) as usize;
+                    if let Some(hold) = self.next_hold.take() {
+                        self.hold = hold;
+                    }
                     self.state = State::Held {
                         len,
                         buf: BytesMut::new(),
@@ -312,6 +318,12 @@ pub(crate) async fn call<Req: Message + 'static>(
 }
 
 impl Responses {
+    /// Responses from the next one on are held whole up to `hold` bytes (the warm stream's
+    /// held responses, [`super::warm`]); longer ones for Envoy are relayed as they come.
+    pub(crate) fn hold(&mut self, hold: usize) {
+        self.framer.next_hold = Some(hold);
+    }
+
     /// True when part of a response was relayed and the rest has not come yet.
     pub(crate) fn relaying(&self) -> bool {
         self.framer.relaying()

@@ -14,7 +14,10 @@
 //! - two istiods on the same files (CA root and key, config folder) as a comma-separated
 //!   `discoveryAddress`, the one in use SIGKILLed: Envoy is SYNCED via the other within 2 s (goal
 //!   1 s, printed as `FIGURE`), its ADS stream to the agent never re-opened, and the next
-//!   certificate signed by the other's CA (`live_istiods_failover`).
+//!   certificate signed by the other's CA (`live_istiods_failover`);
+//! - warm start (`XDS_PROXY_PREFETCH`, Envoy started by the agent behind a gate): a NACK of the
+//!   prefetched CDS is recorded by istiod with Envoy's error, and a change istiod pushes before
+//!   Envoy asks is what Envoy gets (`live_istiod_warm_start`).
 //!
 //! The test command builds Istio's binaries first and sets `ISTIO_GO_BIN`; without them these
 //! tests skip, and fail under `CI=true`.
@@ -593,3 +596,132 @@ fn root_serial(path: &Path) -> String {
         .trim_start_matches("serial=")
         .to_lowercase()
 }
+
+/// Our proxy's row of Istio's `/debug/syncz`; an error unless there is exactly one.
+fn syncz_row(istiod: &Istiod) -> Result<serde_json::Value, String> {
+    let (code, body) = http_get(istiod.http, "/debug/syncz")?;
+    if code != 200 {
+        return Err(format!("/debug/syncz {code}: {body}"));
+    }
+    let rows: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+    let rows: Vec<&serde_json::Value> = rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["proxy"].as_str() == Some("local.demo"))
+        .collect();
+    match rows[..] {
+        [row] => Ok(row.clone()),
+        _ => Err(format!("want one connection of our proxy: {body}")),
+    }
+}
+
+fn cluster_sent(istiod: &Istiod) -> Result<String, String> {
+    let row = syncz_row(istiod)?;
+    row["cluster_sent"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| format!("no CDS sent yet: {row}"))
+}
+
+/// Warm start (`XDS_PROXY_PREFETCH`) against Istio's istiod, Envoy started by the agent behind
+/// a gate (`warm_start::start_gated`):
+/// - with Istio's defaults, istiod sends CDS to the agent's node before Envoy runs; upstream
+///   Envoy rejects that prefetched CDS (Istio-only metadata exchange), and istiod records
+///   Envoy's error for it (`/debug/syncz`, `resources.<CDS>.lastError`);
+/// - without Istio's extensions: a ServiceEntry added while Envoy is held back makes istiod push
+///   a second CDS before Envoy asks (istiod, unlike istiod-lite, does not wait for an ACK);
+///   Envoy gets the newest (the new cluster), one connection SYNCED, Envoy's first responses
+///   from the agent's prefetch.
+#[test]
+fn live_istiod_warm_start() {
+    use crate::warm_start::{SERVICE_ACCOUNT as WARM_SA, envoy_has_cluster, start_gated};
+    let Some(go_bin) = istio_go_bin() else {
+        return;
+    };
+    let Some(envoy_path) = envoy_bin() else {
+        return;
+    };
+    let work = tempfile::Builder::new()
+        .prefix("live-warm-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let lite = harness::local::LocalIstiod::start("");
+    let ca_dir = lite.ca_dir.path().to_path_buf();
+    let api = FakeApi::start();
+    let mut istiod = Istiod::start(&go_bin, &work.path().join("istiod"), &ca_dir, api.addr);
+    let token = api.token("demo", WARM_SA);
+    let root = std::fs::read_to_string(istiod.dir.join("cacerts/root-cert.pem")).expect("root");
+    let provision = |d: &Path| {
+        write_file(&d.join("var/run/secrets/tokens/istio-token"), &token);
+        write_file(&d.join("var/run/secrets/istio/root-cert.pem"), &root);
+    };
+    let served = |g: &crate::warm_start::Gated| {
+        g.agent_counter("istio_agent_xds_proxy_prefetch_served_total")
+            .unwrap_or(0.0)
+    };
+
+    // 1. A NACK of the prefetched CDS reaches istiod with Envoy's error.
+    {
+        let g = start_gated(&envoy_path, istiod.secure_grpc, provision, &[]);
+        let sent = assert_eventually(Duration::from_secs(30), || cluster_sent(&istiod));
+        assert!(g.envoy_ready().is_err(), "Envoy is behind its gate");
+        g.open();
+        let error = assert_eventually(Duration::from_secs(30), || {
+            let row = syncz_row(&istiod)?;
+            row["resources"][CLUSTER_URL]["lastError"]
+                .as_str()
+                .filter(|e| !e.is_empty())
+                .map(str::to_string)
+                .ok_or_else(|| format!("no CDS error recorded yet: {row}"))
+        });
+        assert!(
+            error.contains("envoy.tcp.metadataexchange.config.MetadataExchange"),
+            "istiod has Envoy's error for the prefetched CDS: {error}"
+        );
+        let row = syncz_row(&istiod).expect("syncz");
+        assert_eq!(
+            row["cluster_sent"].as_str(),
+            Some(sent.as_str()),
+            "the NACK answered the prefetched push: {row}"
+        );
+        assert!(served(&g) >= 1.0, "CDS came from the prefetch");
+    }
+
+    // 2. A change between the prefetch and Envoy's request is what Envoy gets.
+    istiod.kill();
+    istiod.istio_extensions = false;
+    istiod.spawn();
+    let g = start_gated(&envoy_path, istiod.secure_grpc, provision, &[]);
+    let first = assert_eventually(Duration::from_secs(30), || cluster_sent(&istiod));
+    write_file(
+        &istiod.dir.join("config/late.yaml"),
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\n\
+         metadata: { name: late, namespace: demo }\n\
+         spec:\n  hosts: [late.demo.svc.cluster.local]\n  addresses: [198.19.0.12]\n  \
+         ports: [{ number: 31081, name: http, protocol: HTTP, targetPort: 8080 }]\n  \
+         location: MESH_INTERNAL\n  resolution: STATIC\n  endpoints: [{ address: 198.18.0.6 }]\n",
+    );
+    assert_eventually(Duration::from_secs(30), || {
+        let now = cluster_sent(&istiod)?;
+        (now != first)
+            .then_some(())
+            .ok_or_else(|| format!("istiod has not pushed the change yet ({now})"))
+    });
+    g.open();
+    assert_eventually(Duration::from_secs(30), || {
+        envoy_has_cluster(g.envoy_admin, "outbound|31081||late.demo.svc.cluster.local")
+    });
+    assert_eventually(Duration::from_secs(30), || istiod.synced());
+    let nacks = lines(&g.agent, "Envoy rejected an xDS response");
+    assert!(nacks.is_empty(), "Envoy NACKed: {nacks:#?}");
+    let n = served(&g);
+    eprintln!("responses served from the prefetch: {n}");
+    assert!(
+        n >= 2.0,
+        "Envoy's first CDS and LDS came from the prefetch: {n}"
+    );
+}
+
+const CLUSTER_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";

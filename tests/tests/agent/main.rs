@@ -23,4 +23,5 @@ mod probes;
 mod sds;
 mod spire;
 mod templates;
+mod warm_start;
 mod xds_reconnect;

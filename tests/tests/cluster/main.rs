@@ -8,6 +8,7 @@ mod image;
 mod lifecycle;
 mod scenario;
 mod vm;
+mod warm_start;
 
 use harness::cluster::{Agent, Cluster};
 use scenario::Scenario;

@@ -1,6 +1,7 @@
 //! What differs between SotW and Delta ADS for the relay: request and response types, the
 //! proxy's own requests (NDS, PCDS, health, ECDS NACKs) and the ECDS Wasm rewrite.
 
+use proto::envoy::config::core::v3::Node;
 use proto::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
@@ -33,8 +34,20 @@ pub(crate) trait Flavor: Send + Sync + 'static {
     fn req_type(r: &Self::Req) -> &str;
     /// A NACK's nonce and error detail (`None` for a request or an ACK).
     fn req_nack(r: &Self::Req) -> Option<(&str, &RpcStatus)>;
-    /// The proxy's own initial request for `type_url` (NDS, PCDS).
+    /// The proxy's own initial request for `type_url` (NDS, PCDS; CDS and LDS, wildcard, on
+    /// a warm stream).
     fn subscribe(type_url: &str) -> Self::Req;
+    /// The warm stream, when it is of this flavor (else it is dropped, and so ends).
+    fn warm(w: super::AnyWarm) -> Option<super::Warm<Self>>
+    where
+        Self: Sized;
+    /// The warm stream's subscription for the type Envoy asks for next.
+    fn follow(f: &super::warm::Follow) -> Self::Req;
+    /// Puts the node on a stream's first request.
+    fn set_node(r: &mut Self::Req, node: Node);
+    /// A first request's resource names (no nonce, no error, nothing else asked); `None` for
+    /// any other request.
+    fn initial_names(r: &Self::Req) -> Option<Vec<String>>;
     /// The proxy's ACK (error `None`) or NACK for a response of its own type `type_url`.
     fn ack(type_url: &str, resp: &Head, error: Option<String>) -> Self::Req;
     /// Workload health for istiod: a request with `error_detail` when unhealthy.
@@ -105,6 +118,26 @@ impl Flavor for Sotw {
             ..Default::default()
         }
     }
+    fn warm(w: super::AnyWarm) -> Option<super::Warm<Self>> {
+        match w {
+            super::AnyWarm::Sotw(w) => Some(w),
+            super::AnyWarm::Delta(_) => None,
+        }
+    }
+    fn follow(f: &super::warm::Follow) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: f.type_url.into(),
+            resource_names: f.names.clone(),
+            ..Default::default()
+        }
+    }
+    fn set_node(r: &mut DiscoveryRequest, node: Node) {
+        r.node = Some(node);
+    }
+    fn initial_names(r: &DiscoveryRequest) -> Option<Vec<String>> {
+        (r.response_nonce.is_empty() && r.error_detail.is_none() && r.version_info.is_empty())
+            .then(|| r.resource_names.clone())
+    }
     fn ack(type_url: &str, resp: &Head, error: Option<String>) -> DiscoveryRequest {
         DiscoveryRequest {
             type_url: type_url.into(),
@@ -164,6 +197,30 @@ impl Flavor for Delta {
             type_url: type_url.into(),
             ..Default::default()
         }
+    }
+    fn warm(w: super::AnyWarm) -> Option<super::Warm<Self>> {
+        match w {
+            super::AnyWarm::Delta(w) => Some(w),
+            super::AnyWarm::Sotw(_) => None,
+        }
+    }
+    fn follow(f: &super::warm::Follow) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: f.type_url.into(),
+            resource_names_subscribe: f.added.clone(),
+            resource_names_unsubscribe: f.removed.clone(),
+            ..Default::default()
+        }
+    }
+    fn set_node(r: &mut DeltaDiscoveryRequest, node: Node) {
+        r.node = Some(node);
+    }
+    fn initial_names(r: &DeltaDiscoveryRequest) -> Option<Vec<String>> {
+        (r.response_nonce.is_empty()
+            && r.error_detail.is_none()
+            && r.resource_names_unsubscribe.is_empty()
+            && r.initial_resource_versions.is_empty())
+        .then(|| r.resource_names_subscribe.clone())
     }
     fn ack(type_url: &str, resp: &Head, error: Option<String>) -> DeltaDiscoveryRequest {
         DeltaDiscoveryRequest {

@@ -134,6 +134,9 @@ def table(ours_path: str, istio_path: str, meta: dict, notes_path: str) -> None:
         note = ""
         if (o["result"], i["result"]) != ("pass", "pass"):
             note = explain(f"{suite} {name}", notes) or o["reason"] or i["reason"]
+        if "not run" in (o["result"], i["result"]):
+            agent = "ours" if o is missing else "Istio's agent"
+            note = f"{agent}: not run in this table's runs. {note}".strip()
         if o["result"] == "fail" and i["result"] == "pass":
             note = "REGRESSION: " + note
         rows.append((suite, name, o, i, note))
@@ -155,6 +158,15 @@ def table(ours_path: str, istio_path: str, meta: dict, notes_path: str) -> None:
               f"{count(lambda r: r[2]['result'] == 'fail' and r[3]['result'] == 'fail')} | "
               f"{count(lambda r: r[2]['result'] == 'fail' and r[3]['result'] == 'pass')} | "
               f"{count(lambda r: r[2]['result'] == 'skip' or r[3]['result'] == 'skip')} |")
+    failing = [r for r in rows if "fail" in (r[2]["result"], r[3]["result"])]
+    print("\n## Failing with either agent\n")
+    if not failing:
+        print("None.")
+    else:
+        print("| suite | test | ours | Istio's agent | why |")
+        print("|---|---|---|---|---|")
+        for suite, name, o, i, note in failing:
+            print(f"| `{suite}` | `{name}` | {cell(o)} | {cell(i)} | {note.replace('|', '/')} |")
     print("\n## Every test\n")
     print("| suite | test | ours | Istio's agent | note |")
     print("|---|---|---|---|---|")

@@ -21,37 +21,110 @@ fn prefetch(delta: bool) -> Prefetch {
     }
 }
 
+/// Envoy's error for a response it rejects.
+fn rejection(message: &str) -> Option<RpcStatus> {
+    Some(RpcStatus {
+        code: tonic::Code::InvalidArgument as i32,
+        message: message.into(),
+        details: vec![],
+    })
+}
+
 fn nack(t: &str, nonce: &str, version: &str, message: &str) -> DiscoveryRequest {
     DiscoveryRequest {
         type_url: t.into(),
         response_nonce: nonce.into(),
         version_info: version.into(),
-        error_detail: Some(RpcStatus {
-            code: tonic::Code::InvalidArgument as i32,
-            message: message.into(),
-            details: vec![],
-        }),
+        error_detail: rejection(message),
         ..Default::default()
     }
 }
 
-/// Envoy's stream on the proxy, its first request `first` sent.
-async fn envoy_sotw(
-    h: &Harness,
-    first: DiscoveryRequest,
-) -> (
-    mpsc::Sender<DiscoveryRequest>,
-    tonic::Streaming<DiscoveryResponse>,
-) {
-    let mut client = envoy_client(&h.path).await;
+/// A proxy (with NDS or not) prefetching in Delta or SotW.
+async fn warm(delta: bool, nds: bool) -> (FakeAds, Harness) {
+    let ads = FakeAds::start().await.unwrap();
+    let h = proxy(ads.connect(), nds).await;
+    h.proxy.prefetch(prefetch(delta), h.token.clone());
+    (ads, h)
+}
+
+type Warm<Req, Resp> = (FakeAds, Harness, UpStream<Req, Resp>);
+
+/// [`warm`] in SotW, and the warm upstream stream it opened.
+async fn warm_sotw(nds: bool) -> Warm<DiscoveryRequest, DiscoveryResponse> {
+    let (mut ads, h) = warm(false, nds).await;
+    let up = next(&mut ads.sotw).await;
+    (ads, h, up)
+}
+
+/// [`warm`] in Delta without NDS, and the warm upstream stream it opened.
+async fn warm_delta() -> Warm<DeltaDiscoveryRequest, DeltaDiscoveryResponse> {
+    let (mut ads, h) = warm(true, false).await;
+    let up = next(&mut ads.delta).await;
+    (ads, h, up)
+}
+
+/// istiod sends `r` on the upstream stream `up`.
+async fn push<Req, Resp>(up: &UpStream<Req, Resp>, r: Resp) {
+    up.responses.send(Ok(r)).await.unwrap();
+}
+
+/// The upstream stream whose requests arrive on `requests` ends within 10 s.
+async fn ends<T>(requests: &mut mpsc::Receiver<T>, failure: &str) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while requests.recv().await.is_some() {}
+    })
+    .await
+    .expect(failure);
+}
+
+/// Envoy's side of a stream: its request sender and the proxy's responses.
+type Envoy<Req, Resp> = (mpsc::Sender<Req>, tonic::Streaming<Resp>);
+
+/// Envoy's stream on the proxy, opened by `open`, its first request `first` sent.
+async fn envoy_stream<Req, Resp, F, Fut>(h: &Harness, first: Req, open: F) -> Envoy<Req, Resp>
+where
+    F: FnOnce(EnvoyClient, ReceiverStream<Req>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<tonic::Streaming<Resp>>, tonic::Status>>,
+{
+    let client = envoy_client(&h.path).await;
     let (tx, rx) = mpsc::channel(8);
     tx.send(first).await.unwrap();
-    let from_proxy = client
-        .stream_aggregated_resources(ReceiverStream::new(rx))
+    let from_proxy = open(client, ReceiverStream::new(rx))
         .await
         .unwrap()
         .into_inner();
     (tx, from_proxy)
+}
+
+async fn envoy_sotw(
+    h: &Harness,
+    first: DiscoveryRequest,
+) -> Envoy<DiscoveryRequest, DiscoveryResponse> {
+    envoy_stream(h, first, |mut c, rx| async move {
+        c.stream_aggregated_resources(rx).await
+    })
+    .await
+}
+
+async fn envoy_delta(
+    h: &Harness,
+    first: DeltaDiscoveryRequest,
+) -> Envoy<DeltaDiscoveryRequest, DeltaDiscoveryResponse> {
+    envoy_stream(h, first, |mut c, rx| async move {
+        c.delta_aggregated_resources(rx).await
+    })
+    .await
+}
+
+/// Envoy sends `r`; it reaches istiod as it is.
+async fn relayed<T: Clone + PartialEq + std::fmt::Debug>(
+    tx: &mpsc::Sender<T>,
+    upstream: &mut mpsc::Receiver<T>,
+    r: &T,
+) {
+    tx.send(r.clone()).await.unwrap();
+    assert_eq!(&next(upstream).await, r);
 }
 
 async fn message<T>(s: &mut tonic::Streaming<T>) -> T {
@@ -76,10 +149,7 @@ async fn quiet<T: std::fmt::Debug>(rx: &mut mpsc::Receiver<T>) {
 /// later pushes pass as ever.
 #[tokio::test]
 async fn sotw_envoy_takes_over_the_prefetched_stream() {
-    let mut ads = FakeAds::start().await.unwrap();
-    let h = proxy(ads.connect(), false).await;
-    h.proxy.prefetch(prefetch(false), h.token.clone());
-    let mut up = next(&mut ads.sotw).await;
+    let (mut ads, h, mut up) = warm_sotw(false).await;
     assert_eq!(up.metadata.get("authorization").unwrap(), "Bearer tok123");
     let cds = next(&mut up.requests).await;
     assert_eq!(cds.type_url, type_url::CLUSTER);
@@ -88,18 +158,9 @@ async fn sotw_envoy_takes_over_the_prefetched_stream() {
     assert_eq!(next(&mut up.requests).await, req(type_url::LISTENER, ""));
 
     // istiod answers, and pushes a change before Envoy is there.
-    up.responses
-        .send(Ok(resp(type_url::CLUSTER, "c1")))
-        .await
-        .unwrap();
-    up.responses
-        .send(Ok(resp(type_url::LISTENER, "l1")))
-        .await
-        .unwrap();
-    up.responses
-        .send(Ok(resp(type_url::CLUSTER, "c2")))
-        .await
-        .unwrap();
+    push(&up, resp(type_url::CLUSTER, "c1")).await;
+    push(&up, resp(type_url::LISTENER, "l1")).await;
+    push(&up, resp(type_url::CLUSTER, "c2")).await;
 
     let mut first = req(type_url::CLUSTER, "");
     first.node = Some(Node {
@@ -114,8 +175,7 @@ async fn sotw_envoy_takes_over_the_prefetched_stream() {
     // One upstream stream, and Envoy's first CDS request not repeated on it.
     let mut ack = req(type_url::CLUSTER, "c2");
     ack.version_info = "v-c2".into();
-    tx.send(ack.clone()).await.unwrap();
-    assert_eq!(next(&mut up.requests).await, ack);
+    relayed(&tx, &mut up.requests, &ack).await;
 
     tx.send(req(type_url::LISTENER, "")).await.unwrap();
     assert_eq!(
@@ -123,26 +183,18 @@ async fn sotw_envoy_takes_over_the_prefetched_stream() {
         resp(type_url::LISTENER, "l1")
     );
     let rejected = nack(type_url::LISTENER, "l1", "", "listener 'x': bad filter");
-    tx.send(rejected.clone()).await.unwrap();
-    assert_eq!(next(&mut up.requests).await, rejected);
+    relayed(&tx, &mut up.requests, &rejected).await;
 
     // Envoy's own later subscription goes upstream; the answer and later pushes reach Envoy.
     let mut eds = req(type_url::ENDPOINT, "");
     eds.resource_names = vec!["outbound|80||a.ns.svc.cluster.local".into()];
-    tx.send(eds.clone()).await.unwrap();
-    assert_eq!(next(&mut up.requests).await, eds);
-    up.responses
-        .send(Ok(resp(type_url::ENDPOINT, "e1")))
-        .await
-        .unwrap();
+    relayed(&tx, &mut up.requests, &eds).await;
+    push(&up, resp(type_url::ENDPOINT, "e1")).await;
     assert_eq!(
         message(&mut from_proxy).await,
         resp(type_url::ENDPOINT, "e1")
     );
-    up.responses
-        .send(Ok(resp(type_url::CLUSTER, "c3")))
-        .await
-        .unwrap();
+    push(&up, resp(type_url::CLUSTER, "c3")).await;
     assert_eq!(
         message(&mut from_proxy).await,
         resp(type_url::CLUSTER, "c3")
@@ -180,10 +232,7 @@ fn delta_req(t: &str, nonce: &str) -> DeltaDiscoveryRequest {
 /// NACK of a prefetched response reaches istiod with Envoy's error.
 #[tokio::test]
 async fn delta_envoy_gets_every_prefetched_response_in_order() {
-    let mut ads = FakeAds::start().await.unwrap();
-    let h = proxy(ads.connect(), false).await;
-    h.proxy.prefetch(prefetch(true), h.token.clone());
-    let mut up = next(&mut ads.delta).await;
+    let (mut ads, h, mut up) = warm_delta().await;
     let cds = next(&mut up.requests).await;
     assert_eq!(
         (cds.type_url.as_str(), cds.node),
@@ -200,43 +249,26 @@ async fn delta_envoy_gets_every_prefetched_response_in_order() {
     };
     let l1 = delta_resp(type_url::LISTENER, "l1", &["virtualInbound"]);
     for r in [&c1, &l1, &c2] {
-        up.responses.send(Ok(r.clone())).await.unwrap();
+        push(&up, r.clone()).await;
     }
 
-    let mut client = envoy_client(&h.path).await;
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(DeltaDiscoveryRequest {
+    let first = DeltaDiscoveryRequest {
         node: Some(node()),
         ..delta_req(type_url::CLUSTER, "")
-    })
-    .await
-    .unwrap();
-    let mut from_proxy = client
-        .delta_aggregated_resources(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    };
+    let (tx, mut from_proxy) = envoy_delta(&h, first).await;
     assert_eq!(message(&mut from_proxy).await, c1);
     assert_eq!(message(&mut from_proxy).await, c2);
     for n in ["c1", "c2"] {
-        tx.send(delta_req(type_url::CLUSTER, n)).await.unwrap();
-        assert_eq!(
-            next(&mut up.requests).await,
-            delta_req(type_url::CLUSTER, n)
-        );
+        relayed(&tx, &mut up.requests, &delta_req(type_url::CLUSTER, n)).await;
     }
     tx.send(delta_req(type_url::LISTENER, "")).await.unwrap();
     assert_eq!(message(&mut from_proxy).await, l1);
     let rejected = DeltaDiscoveryRequest {
-        error_detail: Some(RpcStatus {
-            code: tonic::Code::InvalidArgument as i32,
-            message: "listener 'virtualInbound': bad filter".into(),
-            details: vec![],
-        }),
+        error_detail: rejection("listener 'virtualInbound': bad filter"),
         ..delta_req(type_url::LISTENER, "l1")
     };
-    tx.send(rejected.clone()).await.unwrap();
-    assert_eq!(next(&mut up.requests).await, rejected);
+    relayed(&tx, &mut up.requests, &rejected).await;
     assert_eq!(h.metrics.prefetch_served.get(), 3);
     assert!(ads.delta.try_recv().is_err(), "a second upstream stream");
 }
@@ -245,28 +277,18 @@ async fn delta_envoy_gets_every_prefetched_response_in_order() {
 /// warm stream is not used; the stream is relayed as without prefetch.
 #[tokio::test]
 async fn another_flavor_ends_the_warm_stream_and_is_relayed_cold() {
-    let mut ads = FakeAds::start().await.unwrap();
-    let h = proxy(ads.connect(), false).await;
-    h.proxy.prefetch(prefetch(true), h.token.clone());
-    let mut warm = next(&mut ads.delta).await;
+    let (mut ads, h, mut warm) = warm_delta().await;
     next(&mut warm.requests).await;
     let (_tx, mut from_proxy) = envoy_sotw(&h, req(type_url::CLUSTER, "")).await;
     let mut up = next(&mut ads.sotw).await;
     assert_eq!(next(&mut up.requests).await, req(type_url::CLUSTER, ""));
-    up.responses
-        .send(Ok(resp(type_url::CLUSTER, "c1")))
-        .await
-        .unwrap();
+    push(&up, resp(type_url::CLUSTER, "c1")).await;
     assert_eq!(
         message(&mut from_proxy).await,
         resp(type_url::CLUSTER, "c1")
     );
     // The warm stream's upstream ends.
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while warm.requests.recv().await.is_some() {}
-    })
-    .await
-    .expect("the warm upstream stream stays open");
+    ends(&mut warm.requests, "the warm upstream stream stays open").await;
     assert_eq!(h.metrics.prefetch_served.get(), 0);
 }
 
@@ -274,23 +296,17 @@ async fn another_flavor_ends_the_warm_stream_and_is_relayed_cold() {
 /// and Envoy's first LDS request does not subscribe it a second time.
 #[tokio::test]
 async fn the_warm_stream_takes_nds_before_envoy() {
-    let mut ads = FakeAds::start().await.unwrap();
-    let h = proxy(ads.connect(), true).await;
-    h.proxy.prefetch(prefetch(false), h.token.clone());
-    let mut up = next(&mut ads.sotw).await;
+    let (_ads, h, mut up) = warm_sotw(true).await;
     next(&mut up.requests).await;
     next(&mut up.requests).await;
     assert_eq!(next(&mut up.requests).await, req(type_url::NAME_TABLE, ""));
     let mut nds = resp(type_url::NAME_TABLE, "nds1");
     nds.resources
         .push(proto::pack(&table("svc.ns.svc.cluster.local")));
-    up.responses.send(Ok(nds)).await.unwrap();
+    push(&up, nds).await;
     assert_eq!(next(&mut up.requests).await.response_nonce, "nds1");
     assert_eq!(h.tables.lock().unwrap().len(), 1);
-    up.responses
-        .send(Ok(resp(type_url::LISTENER, "l1")))
-        .await
-        .unwrap();
+    push(&up, resp(type_url::LISTENER, "l1")).await;
     let (_tx, mut from_proxy) = envoy_sotw(&h, req(type_url::LISTENER, "")).await;
     assert_eq!(
         message(&mut from_proxy).await,
@@ -309,11 +325,11 @@ async fn shutdown_ends_a_warm_stream_no_envoy_took() {
     let mut up = next(&mut ads.sotw).await;
     next(&mut up.requests).await;
     token.cancel();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while up.requests.recv().await.is_some() {}
-    })
-    .await
-    .expect("the warm upstream stream stays open after shutdown");
+    ends(
+        &mut up.requests,
+        "the warm upstream stream stays open after shutdown",
+    )
+    .await;
 }
 
 fn eds_cluster(name: &str) -> proto::envoy_types_crate::pb::google::protobuf::Any {
@@ -360,27 +376,24 @@ fn rds_listener(name: &str, route: &str) -> proto::envoy_types_crate::pb::google
 /// Envoy runs; Envoy's own EDS and RDS requests for them are answered from what is held.
 #[tokio::test]
 async fn sotw_eds_and_rds_named_by_held_responses_are_prefetched() {
-    let mut ads = FakeAds::start().await.unwrap();
-    let h = proxy(ads.connect(), false).await;
-    h.proxy.prefetch(prefetch(false), h.token.clone());
-    let mut up = next(&mut ads.sotw).await;
+    let (_ads, h, mut up) = warm_sotw(false).await;
     next(&mut up.requests).await;
     next(&mut up.requests).await;
     let svc = "outbound|80||a.ns.svc.cluster.local";
     let mut cds = resp(type_url::CLUSTER, "c1");
     cds.resources = vec![eds_cluster(svc)];
-    up.responses.send(Ok(cds.clone())).await.unwrap();
+    push(&up, cds.clone()).await;
     let mut eds = req(type_url::ENDPOINT, "");
     eds.resource_names = vec![svc.into()];
     assert_eq!(next(&mut up.requests).await, eds);
     let mut lds = resp(type_url::LISTENER, "l1");
     lds.resources = vec![rds_listener("0.0.0.0_80", "80")];
-    up.responses.send(Ok(lds.clone())).await.unwrap();
+    push(&up, lds.clone()).await;
     let mut rds = req(type_url::ROUTE, "");
     rds.resource_names = vec!["80".into()];
     assert_eq!(next(&mut up.requests).await, rds);
     for r in [resp(type_url::ENDPOINT, "e1"), resp(type_url::ROUTE, "r1")] {
-        up.responses.send(Ok(r)).await.unwrap();
+        push(&up, r).await;
     }
 
     let (tx, mut from_proxy) = envoy_sotw(&h, req(type_url::CLUSTER, "")).await;
@@ -398,8 +411,7 @@ async fn sotw_eds_and_rds_named_by_held_responses_are_prefetched() {
     let mut ack = req(type_url::ROUTE, "r1");
     ack.version_info = "v-r1".into();
     ack.resource_names = vec!["80".into()];
-    tx.send(ack.clone()).await.unwrap();
-    assert_eq!(next(&mut up.requests).await, ack);
+    relayed(&tx, &mut up.requests, &ack).await;
     assert_eq!(h.metrics.prefetch_served.get(), 4);
 }
 
@@ -407,10 +419,7 @@ async fn sotw_eds_and_rds_named_by_held_responses_are_prefetched() {
 /// them), after relaying Envoy's NACK with its error.
 #[tokio::test]
 async fn delta_nack_of_a_held_lds_lets_go_of_its_routes() {
-    let mut ads = FakeAds::start().await.unwrap();
-    let h = proxy(ads.connect(), false).await;
-    h.proxy.prefetch(prefetch(true), h.token.clone());
-    let mut up = next(&mut ads.delta).await;
+    let (_ads, h, mut up) = warm_delta().await;
     next(&mut up.requests).await;
     next(&mut up.requests).await;
     let lds = DeltaDiscoveryResponse {
@@ -422,7 +431,7 @@ async fn delta_nack_of_a_held_lds_lets_go_of_its_routes() {
         }],
         ..delta_resp(type_url::LISTENER, "l1", &[])
     };
-    up.responses.send(Ok(lds.clone())).await.unwrap();
+    push(&up, lds.clone()).await;
     assert_eq!(
         next(&mut up.requests).await,
         DeltaDiscoveryRequest {
@@ -430,25 +439,13 @@ async fn delta_nack_of_a_held_lds_lets_go_of_its_routes() {
             ..delta_req(type_url::ROUTE, "")
         }
     );
-    let mut client = envoy_client(&h.path).await;
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(delta_req(type_url::LISTENER, "")).await.unwrap();
-    let mut from_proxy = client
-        .delta_aggregated_resources(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut from_proxy) = envoy_delta(&h, delta_req(type_url::LISTENER, "")).await;
     assert_eq!(message(&mut from_proxy).await, lds);
     let rejected = DeltaDiscoveryRequest {
-        error_detail: Some(RpcStatus {
-            code: tonic::Code::InvalidArgument as i32,
-            message: "listener '0.0.0.0_80': bad filter".into(),
-            details: vec![],
-        }),
+        error_detail: rejection("listener '0.0.0.0_80': bad filter"),
         ..delta_req(type_url::LISTENER, "l1")
     };
-    tx.send(rejected.clone()).await.unwrap();
-    assert_eq!(next(&mut up.requests).await, rejected);
+    relayed(&tx, &mut up.requests, &rejected).await;
     assert_eq!(
         next(&mut up.requests).await,
         DeltaDiscoveryRequest {
@@ -462,16 +459,10 @@ async fn delta_nack_of_a_held_lds_lets_go_of_its_routes() {
 /// subscriptions (with the node), what the lost one sent is dropped, Envoy gets the new one's.
 #[tokio::test]
 async fn a_warm_stream_lost_before_envoy_reconnects_and_serves_the_new_streams_responses() {
-    let mut ads = FakeAds::start().await.unwrap();
-    let h = proxy(ads.connect(), false).await;
-    h.proxy.prefetch(prefetch(false), h.token.clone());
-    let mut up = next(&mut ads.sotw).await;
+    let (mut ads, h, mut up) = warm_sotw(false).await;
     next(&mut up.requests).await;
     next(&mut up.requests).await;
-    up.responses
-        .send(Ok(resp(type_url::CLUSTER, "old")))
-        .await
-        .unwrap();
+    push(&up, resp(type_url::CLUSTER, "old")).await;
     drop(up);
     let mut up = next(&mut ads.sotw).await;
     let cds = next(&mut up.requests).await;
@@ -480,10 +471,7 @@ async fn a_warm_stream_lost_before_envoy_reconnects_and_serves_the_new_streams_r
         (type_url::CLUSTER, Some(node()))
     );
     assert_eq!(next(&mut up.requests).await, req(type_url::LISTENER, ""));
-    up.responses
-        .send(Ok(resp(type_url::CLUSTER, "new")))
-        .await
-        .unwrap();
+    push(&up, resp(type_url::CLUSTER, "new")).await;
     // The response is held before Envoy asks.
     tokio::time::timeout(Duration::from_secs(10), async {
         while h.metrics.responses.get() < 2 {
@@ -499,7 +487,6 @@ async fn a_warm_stream_lost_before_envoy_reconnects_and_serves_the_new_streams_r
     );
     let mut ack = req(type_url::CLUSTER, "new");
     ack.version_info = "v-new".into();
-    tx.send(ack.clone()).await.unwrap();
-    assert_eq!(next(&mut up.requests).await, ack);
+    relayed(&tx, &mut up.requests, &ack).await;
     assert_eq!(h.metrics.prefetch_served.get(), 1);
 }

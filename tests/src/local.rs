@@ -289,34 +289,72 @@ impl LocalIstiod {
     /// A token for `demo/<service_account>` from `istiod-lite token` (`ttl` as a Go duration;
     /// `None` for its default).
     pub fn token(&self, service_account: &str, ttl: Option<&str>) -> String {
-        let mut cmd = Command::new(workspace_bin("istiod-lite"));
-        cmd.arg("token")
-            .arg("--ca-dir")
-            .arg(self.ca_dir.path())
-            .args(["--namespace", "demo", "--service-account", service_account]);
-        if let Some(ttl) = ttl {
-            cmd.args(["--ttl", ttl]);
-        }
-        let out = cmd.output().expect("istiod-lite token");
-        assert!(
-            out.status.success(),
-            "istiod-lite token failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        token(self.ca_dir.path(), service_account, ttl)
     }
 
     /// Puts a token for `demo/<service_account>` and the CA root at Istio's relative paths
     /// under `scratch`.
     pub fn provision(&self, scratch: &Path, service_account: &str) {
-        write_file(
-            &scratch.join("var/run/secrets/tokens/istio-token"),
-            &self.token(service_account, None),
-        );
-        write_file(
-            &scratch.join("var/run/secrets/istio/root-cert.pem"),
-            &std::fs::read_to_string(self.ca_dir.path().join("root-cert.pem")).expect("CA root"),
-        );
+        provision(self.ca_dir.path(), scratch, service_account);
+    }
+}
+
+/// A token for `demo/<service_account>` from `istiod-lite token` against the CA folder
+/// `ca_dir` (`ttl` as a Go duration; `None` for its default).
+pub fn token(ca_dir: &Path, service_account: &str, ttl: Option<&str>) -> String {
+    let mut cmd = Command::new(workspace_bin("istiod-lite"));
+    cmd.arg("token").arg("--ca-dir").arg(ca_dir).args([
+        "--namespace",
+        "demo",
+        "--service-account",
+        service_account,
+    ]);
+    if let Some(ttl) = ttl {
+        cmd.args(["--ttl", ttl]);
+    }
+    let out = cmd.output().expect("istiod-lite token");
+    assert!(
+        out.status.success(),
+        "istiod-lite token failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Puts a token for `demo/<service_account>` and the root of the CA folder `ca_dir` at
+/// Istio's relative paths under `scratch`.
+pub fn provision(ca_dir: &Path, scratch: &Path, service_account: &str) {
+    write_file(
+        &scratch.join("var/run/secrets/tokens/istio-token"),
+        &token(ca_dir, service_account, None),
+    );
+    write_file(
+        &scratch.join("var/run/secrets/istio/root-cert.pem"),
+        &std::fs::read_to_string(ca_dir.join("root-cert.pem")).expect("CA root"),
+    );
+}
+
+/// The agent's row (its proxy in the `demo` namespace) in the `/debug/syncz` of the
+/// istiod-lite monitored at `monitoring`; an error unless there is exactly one.
+pub fn agent_sync_row(monitoring: SocketAddr) -> Result<serde_json::Value, String> {
+    let (code, body) = crate::http_get(monitoring, "/debug/syncz")?;
+    if code != 200 {
+        return Err(format!("/debug/syncz {code}"));
+    }
+    let rows: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+    let ours: Vec<&serde_json::Value> = rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| {
+            r["proxy"]
+                .as_str()
+                .is_some_and(|p| p.contains("local.demo"))
+        })
+        .collect();
+    match ours[..] {
+        [row] => Ok(row.clone()),
+        _ => Err(format!("want one connection of the agent's: {body}")),
     }
 }
 

@@ -133,22 +133,7 @@ fn fails_over(form: Address) {
         config_dir.path(),
         ca_dir.path(),
     ));
-    let token = Command::new(workspace_bin("istiod-lite"))
-        .arg("token")
-        .arg("--ca-dir")
-        .arg(ca_dir.path())
-        .args(["--namespace", "demo", "--service-account", SERVICE_ACCOUNT])
-        .output()
-        .expect("istiod-lite token");
-    assert!(token.status.success(), "istiod-lite token failed");
-    write_file(
-        &scratch.join("var/run/secrets/tokens/istio-token"),
-        String::from_utf8_lossy(&token.stdout).trim(),
-    );
-    write_file(
-        &scratch.join("var/run/secrets/istio/root-cert.pem"),
-        &std::fs::read_to_string(ca_dir.path().join("root-cert.pem")).expect("CA root"),
-    );
+    harness::local::provision(ca_dir.path(), scratch, SERVICE_ACCOUNT);
 
     let user = Unprivileged::new(scratch, &envoy);
     let ports = Ports::free();

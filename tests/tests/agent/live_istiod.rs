@@ -167,20 +167,7 @@ impl Istiod {
     /// `/debug/syncz` for our proxy: Ok when CDS, LDS, RDS and EDS were sent and the last of
     /// each acked; the error says which is not.
     fn synced(&self) -> Result<(), String> {
-        let (code, body) = http_get(self.http, "/debug/syncz")?;
-        if code != 200 {
-            return Err(format!("/debug/syncz {code}: {body}"));
-        }
-        let rows: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-        let rows: Vec<&serde_json::Value> = rows
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| r["proxy"].as_str() == Some("local.demo"))
-            .collect();
-        let [row] = rows[..] else {
-            return Err(format!("want one connection of our proxy: {body}"));
-        };
+        let row = &syncz_row(self)?;
         for ty in ["cluster", "listener", "route", "endpoint"] {
             let sent = row[format!("{ty}_sent")].as_str().unwrap_or_default();
             let acked = row[format!("{ty}_acked")].as_str().unwrap_or_default();
@@ -327,25 +314,53 @@ fn lines(child: &Child, needle: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn live_istiod_certificate_xds_nds_and_restart() {
-    let Some(go_bin) = istio_go_bin() else {
-        return;
-    };
-    let Some(envoy_path) = envoy_bin() else {
-        return;
-    };
-    if !harness::require_bin("dig") {
-        return;
+/// What each test here starts from: Istio's Go binaries, Envoy, a scratch folder under /tmp,
+/// an istiod-lite for its CA folder (Istio's cacerts layout; istiod plugs it in) and the fake
+/// API server.
+struct Live {
+    go_bin: PathBuf,
+    envoy_path: PathBuf,
+    work: tempfile::TempDir,
+    lite: harness::local::LocalIstiod,
+    api: FakeApi,
+}
+
+/// [`Live`], its scratch folder named `prefix…`; `None` (outside CI) without Istio's
+/// binaries, Envoy or one of `bins`.
+fn live(prefix: &str, bins: &[&str]) -> Option<Live> {
+    let go_bin = istio_go_bin()?;
+    let envoy_path = envoy_bin()?;
+    if !bins.iter().all(|b| harness::require_bin(b)) {
+        return None;
     }
     let work = tempfile::Builder::new()
-        .prefix("live-istiod-")
+        .prefix(prefix)
         .tempdir_in("/tmp")
         .expect("tempdir");
-    // istiod-lite writes a CA folder in Istio's cacerts layout; istiod plugs it in.
     let lite = harness::local::LocalIstiod::start("");
-    let ca_dir = lite.ca_dir.path().to_path_buf();
     let api = FakeApi::start();
+    Some(Live {
+        go_bin,
+        envoy_path,
+        work,
+        lite,
+        api,
+    })
+}
+
+#[test]
+fn live_istiod_certificate_xds_nds_and_restart() {
+    let Some(l) = live("live-istiod-", &["dig"]) else {
+        return;
+    };
+    let Live {
+        go_bin,
+        envoy_path,
+        work,
+        lite,
+        api,
+    } = l;
+    let ca_dir = lite.ca_dir.path().to_path_buf();
     let mut istiod = Istiod::start(&go_bin, &work.path().join("istiod"), &ca_dir, api.addr);
     let token = api.token("demo", SERVICE_ACCOUNT);
 
@@ -477,18 +492,16 @@ fn live_istiod_certificate_xds_nds_and_restart() {
 /// never re-opened, and the next certificate is signed by the other's CA.
 #[test]
 fn live_istiods_failover() {
-    let Some(go_bin) = istio_go_bin() else {
+    let Some(l) = live("live-istiods-", &[]) else {
         return;
     };
-    let Some(envoy_path) = envoy_bin() else {
-        return;
-    };
-    let work = tempfile::Builder::new()
-        .prefix("live-istiods-")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    let lite = harness::local::LocalIstiod::start("");
-    let api = FakeApi::start();
+    let Live {
+        go_bin,
+        envoy_path,
+        work,
+        lite,
+        api,
+    } = l;
     let files = work.path().join("istiod");
     write_files(&files, lite.ca_dir.path(), api.addr);
     let mut istiods = vec![
@@ -637,19 +650,17 @@ fn cluster_sent(istiod: &Istiod) -> Result<String, String> {
 #[test]
 fn live_istiod_warm_start() {
     use crate::warm_start::{SERVICE_ACCOUNT as WARM_SA, envoy_has_cluster, start_gated};
-    let Some(go_bin) = istio_go_bin() else {
+    let Some(l) = live("live-warm-", &[]) else {
         return;
     };
-    let Some(envoy_path) = envoy_bin() else {
-        return;
-    };
-    let work = tempfile::Builder::new()
-        .prefix("live-warm-")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    let lite = harness::local::LocalIstiod::start("");
+    let Live {
+        go_bin,
+        envoy_path,
+        work,
+        lite,
+        api,
+    } = l;
     let ca_dir = lite.ca_dir.path().to_path_buf();
-    let api = FakeApi::start();
     let mut istiod = Istiod::start(&go_bin, &work.path().join("istiod"), &ca_dir, api.addr);
     let token = api.token("demo", WARM_SA);
     let root = std::fs::read_to_string(istiod.dir.join("cacerts/root-cert.pem")).expect("root");

@@ -13,7 +13,9 @@
 //!   CDS is NACKed, and istiod-lite's `/debug/syncz` shows Envoy's error;
 //! - `XDS_PROXY_PREFETCH=false`: nothing reaches istiod-lite before Envoy runs.
 
-use harness::local::{HTTPBIN_HOST, LocalIstiod, Ports, Unprivileged, agent_env, httpbin_config};
+use harness::local::{
+    HTTPBIN_HOST, LocalIstiod, Ports, Unprivileged, agent_env, agent_sync_row, httpbin_config,
+};
 use harness::{Child, assert_eventually, envoy_bin, http_get, repo_root, workspace_bin};
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -113,28 +115,18 @@ pub(crate) fn start_gated(
     }
 }
 
-/// The agent's row in the `/debug/syncz` of the istiod-lite monitored at `monitoring`; an
-/// error unless there is exactly one.
-fn sync_row(monitoring: SocketAddr) -> Result<Value, String> {
-    let (code, body) = http_get(monitoring, "/debug/syncz")?;
-    if code != 200 {
-        return Err(format!("/debug/syncz {code}"));
-    }
-    let rows: Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-    let ours: Vec<&Value> = rows
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| {
-            r["proxy"]
-                .as_str()
-                .is_some_and(|p| p.contains("local.demo"))
-        })
-        .collect();
-    match ours[..] {
-        [row] => Ok(row.clone()),
-        _ => Err(format!("want one connection of the agent's: {body}")),
-    }
+/// Envoy behind its gate, the agent against an istiod-lite serving httpbin; `None` without
+/// Envoy (outside CI).
+fn gated_on_istiod_lite(extra_env: &[(&str, &str)]) -> Option<(LocalIstiod, Gated)> {
+    let envoy = envoy_bin()?;
+    let istiod = LocalIstiod::start(&httpbin_config());
+    let g = start_gated(
+        &envoy,
+        istiod.secure,
+        |d| istiod.provision(d, SERVICE_ACCOUNT),
+        extra_env,
+    );
+    Some((istiod, g))
 }
 
 fn sent_nonce(row: &Value, ty: &str) -> Result<String, String> {
@@ -175,21 +167,16 @@ spec:
 /// istiod-lite answers the agent before Envoy runs; a change pushed then is what Envoy gets;
 /// one connection, SYNCED through Envoy's ACKs; Envoy's first responses came from the agent.
 fn change_before_envoy_is_not_lost(extra_env: &[(&str, &str)]) {
-    let Some(envoy) = envoy_bin() else { return };
-    let istiod = LocalIstiod::start(&httpbin_config());
-    let g = start_gated(
-        &envoy,
-        istiod.secure,
-        |d| istiod.provision(d, SERVICE_ACCOUNT),
-        extra_env,
-    );
+    let Some((istiod, g)) = gated_on_istiod_lite(extra_env) else {
+        return;
+    };
     g.agent.wait_for_line(
         "opening the upstream xDS stream before Envoy connects",
         Duration::from_secs(20),
     );
     // Envoy is not running, yet istiod-lite has sent CDS and LDS to the agent's node.
     let first = assert_eventually(Duration::from_secs(20), || {
-        let row = sync_row(istiod.monitoring)?;
+        let row = agent_sync_row(istiod.monitoring)?;
         sent_nonce(&row, "LDS")?;
         sent_nonce(&row, "CDS")
     });
@@ -217,7 +204,7 @@ fn change_before_envoy_is_not_lost(extra_env: &[(&str, &str)]) {
         }
     });
     assert_eq!(
-        sent_nonce(&sync_row(istiod.monitoring).expect("syncz"), "CDS").as_deref(),
+        sent_nonce(&agent_sync_row(istiod.monitoring).expect("syncz"), "CDS").as_deref(),
         Ok(first.as_str()),
         "istiod-lite holds the change until Envoy's ACK"
     );
@@ -233,7 +220,7 @@ fn change_before_envoy_is_not_lost(extra_env: &[(&str, &str)]) {
     );
     // One connection, every type acknowledged by Envoy with istiod-lite's nonces.
     assert_eventually(Duration::from_secs(20), || {
-        let row = sync_row(istiod.monitoring)?;
+        let row = agent_sync_row(istiod.monitoring)?;
         for ty in ["CDS", "EDS", "LDS", "RDS"] {
             let t = &row["types"][ty];
             if t["status"] != "SYNCED" || t["ackedNonce"] != t["sentNonce"] {
@@ -265,27 +252,25 @@ fn sotw_change_before_envoy_is_not_lost() {
 
 #[test]
 fn without_prefetch_istiod_sees_nothing_before_envoy() {
-    let Some(envoy) = envoy_bin() else { return };
-    let istiod = LocalIstiod::start(&httpbin_config());
-    let g = start_gated(
-        &envoy,
-        istiod.secure,
-        |d| istiod.provision(d, SERVICE_ACCOUNT),
-        &[("XDS_PROXY_PREFETCH", "false")],
-    );
+    let Some((istiod, g)) = gated_on_istiod_lite(&[("XDS_PROXY_PREFETCH", "false")]) else {
+        return;
+    };
     // The agent has written the bootstrap and run Envoy's binary (the gate): with prefetch
     // the upstream stream would be open by now.
     g.agent
         .wait_for_line("starting Envoy", Duration::from_secs(20));
-    let early =
-        harness::assert_eventually_result(Duration::from_secs(1), || sync_row(istiod.monitoring));
+    let early = harness::assert_eventually_result(Duration::from_secs(1), || {
+        agent_sync_row(istiod.monitoring)
+    });
     assert!(
         early.is_err(),
         "a connection of the agent's before Envoy: {early:?}"
     );
     g.open();
     assert_eventually(Duration::from_secs(30), || g.envoy_ready());
-    assert_eventually(Duration::from_secs(20), || sync_row(istiod.monitoring));
+    assert_eventually(Duration::from_secs(20), || {
+        agent_sync_row(istiod.monitoring)
+    });
     let served = g
         .agent_counter("istio_agent_xds_proxy_prefetch_served_total")
         .unwrap_or(0.0);
@@ -317,31 +302,14 @@ fn nack_of_prefetched_config_reaches_the_control_plane() {
     let secure = harness::local::listen_addr(&replay, "secure-grpc");
     let monitoring = harness::local::listen_addr(&replay, "monitoring");
     harness::local::wait_ready(monitoring);
-    let provision = |d: &Path| {
-        let out = Command::new(workspace_bin("istiod-lite"))
-            .arg("token")
-            .arg("--ca-dir")
-            .arg(ca_dir.path())
-            .args(["--namespace", "demo", "--service-account", SERVICE_ACCOUNT])
-            .output()
-            .expect("istiod-lite token");
-        assert!(out.status.success(), "istiod-lite token failed");
-        harness::local::write_file(
-            &d.join("var/run/secrets/tokens/istio-token"),
-            String::from_utf8_lossy(&out.stdout).trim(),
-        );
-        harness::local::write_file(
-            &d.join("var/run/secrets/istio/root-cert.pem"),
-            &std::fs::read_to_string(ca_dir.path().join("root-cert.pem")).expect("CA root"),
-        );
-    };
+    let provision = |d: &Path| harness::local::provision(ca_dir.path(), d, SERVICE_ACCOUNT);
     let g = start_gated(&envoy, secure, provision, &[]);
     let sent = assert_eventually(Duration::from_secs(20), || {
-        sent_nonce(&sync_row(monitoring)?, "CDS")
+        sent_nonce(&agent_sync_row(monitoring)?, "CDS")
     });
     g.open();
     let row = assert_eventually(Duration::from_secs(30), || {
-        let row = sync_row(monitoring)?;
+        let row = agent_sync_row(monitoring)?;
         if row["types"]["CDS"]["nack"].is_string() {
             Ok(row)
         } else {

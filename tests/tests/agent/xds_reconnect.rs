@@ -69,24 +69,7 @@ fn start(extra_env: &[(&str, &str)]) -> Option<Sidecar> {
 /// The view of the istiod-lite monitored at `monitoring`: one connection of the agent's, with
 /// CDS and LDS acked and nothing stale; returns its connection id.
 pub(crate) fn synced(monitoring: SocketAddr) -> Result<String, String> {
-    let (code, body) = http_get(monitoring, "/debug/syncz")?;
-    if code != 200 {
-        return Err(format!("/debug/syncz {code}"));
-    }
-    let rows: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-    let ours: Vec<&serde_json::Value> = rows
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| {
-            r["proxy"]
-                .as_str()
-                .is_some_and(|p| p.contains("local.demo"))
-        })
-        .collect();
-    let [row] = ours[..] else {
-        return Err(format!("want one connection of the agent's: {body}"));
-    };
+    let row = harness::local::agent_sync_row(monitoring)?;
     let types = row["types"].as_object().ok_or("no types")?;
     for (ty, t) in types {
         match t["status"].as_str() {

@@ -49,7 +49,7 @@ if [[ $agent == both ]]; then
   python3 "$repo/scripts/lib/integration_table.py" --table "$out/ours.json" "$out/istio.json" \
     --module "$ISTIO_VERSION" --date "$(date -u +%F)" --commit "$(git -C "$repo" rev-parse --short HEAD)" \
     --command "scripts/istio-integration.sh --agent both ${run:+-run '$run' }${skip:+-skip '$skip' }${extra[*]+${extra[*]} }${suites[*]}" \
-    --notes "$repo/tests/data/istio-integration/notes.tsv" >"$repo/docs/istio-integration.md"
+    --notes "$repo/tests/data/istio-integration/notes.tsv" --suites "${suites[@]}" >"$repo/docs/istio-integration.md"
   echo "istio-integration: docs/istio-integration.md written" >&2
   exit "$status"
 fi

@@ -112,7 +112,7 @@ fn envoy_takes_over_the_prefetched_stream() {
     }
     let id = format!("{pod}.{NS}");
     assert_eventually_result(Duration::from_secs(60), || {
-        let status = cluster.istioctl(&["proxy-status", "-n", NS])?;
+        let status = cluster.istioctl(&["proxy-status", "-v", "1", "-n", NS])?;
         let rows: Vec<&str> = status.lines().filter(|l| l.contains(&id)).collect();
         match rows[..] {
             [row] if row.matches("SYNCED").count() >= 4 => Ok(()),
@@ -150,11 +150,26 @@ fn a_nack_of_prefetched_config_reaches_istiod() {
         .expect("an istiod pod");
     assert_eventually_result(Duration::from_secs(60), || {
         let logs = log(&cluster, "istio-system", &istiod, "discovery", "10m");
-        logs.lines()
-            .find(|l| l.contains("ACK ERROR") && l.contains(&pod) && l.contains("600"))
-            .map(|_| ())
+        nack_entries(&logs, &pod)
+            .any(|entry| entry.contains("http_status: 999"))
+            .then_some(())
             .ok_or_else(|| "istiod has not logged the NACK with Envoy's error yet".to_string())
     })
     .expect("istiod logs the NACK with Envoy's error");
     let _ = cluster.kubectl(&["delete", "-n", NS, "envoyfilter", "warm-nack"]);
+}
+
+/// istiod's `ACK ERROR` entries for a pod, each with the lines of Envoy's error that follow it
+/// (the error detail is multi-line; the next entry starts with a timestamp).
+fn nack_entries<'a>(logs: &'a str, pod: &'a str) -> impl Iterator<Item = String> + 'a {
+    let lines: Vec<&str> = logs.lines().collect();
+    let starts: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].contains("ACK ERROR") && lines[i].contains(pod))
+        .collect();
+    starts.into_iter().map(move |i| {
+        let end = (i + 1..lines.len())
+            .find(|&j| lines[j].starts_with("20"))
+            .unwrap_or(lines.len());
+        lines[i..end].join("\n")
+    })
 }

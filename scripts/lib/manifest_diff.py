@@ -4,20 +4,33 @@
   manifest_diff.py A.yaml B.yaml   prints `kind namespace name` for each object in A not in B
 """
 
+import re
 import sys
 
-import yaml
+# istioctl's manifests: top-level keys at column 0, `metadata`'s own keys two spaces in.
+TOP = re.compile(r"^(\w+):\s*(.*)$")
+META = re.compile(r"^  (name|namespace):\s*(\S+)\s*$")
 
 
 def objects(path: str) -> "set[tuple[str, str, str]]":
+    """(kind, namespace, name) of each document, read without a YAML library."""
+    found = set()
     with open(path, encoding="utf-8") as f:
-        found = set()
-        for doc in yaml.safe_load_all(f):
-            if not isinstance(doc, dict) or "kind" not in doc:
-                continue
-            meta = doc.get("metadata") or {}
-            found.add((doc["kind"], meta.get("namespace") or "default", meta.get("name", "")))
-        return found
+        for doc in re.split(r"^---\s*$", f.read(), flags=re.M):
+            kind, meta, in_meta = "", {}, False
+            for line in doc.splitlines():
+                top = TOP.match(line)
+                if top:
+                    in_meta = top.group(1) == "metadata"
+                    if top.group(1) == "kind":
+                        kind = top.group(2).strip().strip('"')
+                    continue
+                field = META.match(line) if in_meta else None
+                if field:
+                    meta.setdefault(field.group(1), field.group(2).strip('"'))
+            if kind:
+                found.add((kind, meta.get("namespace", "default"), meta.get("name", "")))
+    return found
 
 
 def main() -> None:

@@ -64,17 +64,7 @@ impl Cluster {
             );
             return None;
         }
-        let versions =
-            std::fs::read_to_string(crate::repo_root().join("scripts/cluster/versions.env"))
-                .expect("scripts/cluster/versions.env");
-        let value = |key: &str| {
-            versions
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{key}=")))
-                .and_then(|v| v.split_whitespace().next())
-                .unwrap_or_else(|| panic!("versions.env has no {key}"))
-                .to_string()
-        };
+        let value = crate::pinned;
         Some(Cluster {
             hub: value("IMAGE_HUB"),
             tag: value("IMAGE_TAG"),

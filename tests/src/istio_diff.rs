@@ -132,17 +132,7 @@ mod tests {
     /// what the tests accept.
     #[test]
     fn the_targeted_module_is_the_one_the_build_pins() {
-        let versions =
-            std::fs::read_to_string(crate::repo_root().join("scripts/cluster/versions.env"))
-                .expect("versions.env");
-        let value = |key: &str| {
-            versions
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{key}=")))
-                .and_then(|v| v.split_whitespace().next())
-                .unwrap_or_else(|| panic!("versions.env has no {key}"))
-                .to_string()
-        };
+        let value = crate::pinned;
         assert_eq!(
             format!("{}@{}", value("ISTIO_MODULE"), value("ISTIO_VERSION")),
             crate::istio_release::MODULE

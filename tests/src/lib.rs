@@ -32,6 +32,7 @@ pub mod mesh;
 pub mod netns;
 pub mod prereq;
 pub mod process;
+pub mod vm;
 
 pub use envoy::Envoy;
 pub use http::http_get;
@@ -98,6 +99,20 @@ where
             }
         }
     }
+}
+
+/// A value of `scripts/cluster/versions.env` (the pinned versions the scripts build), the first
+/// word after `KEY=`.
+pub fn pinned(key: &str) -> String {
+    let path = repo_root().join("scripts/cluster/versions.env");
+    let versions = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    versions
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.split_whitespace().next())
+        .unwrap_or_else(|| panic!("versions.env has no {key}"))
+        .to_string()
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use harness::assert_eventually_result;
 use harness::cluster::{Agent, Cluster};
+use harness::vm::{exec as vm_exec, vm_sh};
 use harness::{repo_root, workspace_bin};
 
 /// Checks that fail with Istio's agent on the VM and pass with ours, each a row of
@@ -30,31 +31,6 @@ const SECRET_TTL: &str = "60s";
 const TOKEN_SECONDS: u64 = 600;
 /// How long a change may take to reach istiod, the WorkloadEntry and every proxy.
 const PROPAGATION: Duration = Duration::from_secs(60);
-
-fn vm_sh() -> Command {
-    let mut c = Command::new(repo_root().join("scripts/vm.sh"));
-    c.env(
-        "PATH",
-        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    );
-    c
-}
-
-/// `vm.sh exec sh -c SCRIPT`: success and stdout+stderr.
-fn vm_exec(script: &str) -> (bool, String) {
-    let out = vm_sh()
-        .args(["exec", "sh", "-c", script])
-        .output()
-        .expect("vm.sh exec");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
 
 fn vm_ok(script: &str) -> Result<String, String> {
     match vm_exec(script) {

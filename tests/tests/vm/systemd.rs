@@ -8,7 +8,8 @@
 
 use harness::netns::{Netns, sh};
 use harness::process::Child;
-use harness::{assert_eventually, repo_root, workspace_bin};
+use harness::vm::{exec, vm_sh};
+use harness::{assert_eventually, workspace_bin};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
@@ -17,31 +18,6 @@ use std::time::{Duration, Instant, SystemTime};
 const TOKEN_LIFETIME: Duration = Duration::from_secs(90);
 /// The workload certificate's (SECRET_TTL): renewed every ~30 s (grace ratio 0.5).
 const SECRET_TTL: &str = "60s";
-
-fn vm_sh() -> Command {
-    let mut c = Command::new(repo_root().join("scripts/vm.sh"));
-    c.env(
-        "PATH",
-        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    );
-    c
-}
-
-/// `vm.sh exec sh -c SCRIPT`: success and stdout+stderr.
-fn exec(script: &str) -> (bool, String) {
-    let out = vm_sh()
-        .args(["exec", "sh", "-c", script])
-        .output()
-        .expect("vm.sh exec");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
 
 /// Tears the VM down (every process, mount, namespace and file `vm.sh up` made), even when the
 /// test fails.

@@ -325,6 +325,10 @@ systemctl enable --now echo",
                 expired_token,
             ),
             (
+                "systemctl restart: a pod's steady calls resume by themselves",
+                restart_seam,
+            ),
+            (
                 "ISTIO_AGENT_FLAGS=router: a VM gateway routes a pod's call",
                 gateway,
             ),
@@ -698,6 +702,69 @@ fn expired_token(w: &World) -> Result<(), String> {
         renewed.as_secs_f64(),
         restarted.as_secs_f64()
     );
+    Ok(())
+}
+
+/// `systemctl restart istio` under a pod's steady calls to the VM (one call at a time, each
+/// with a 1 s timeout, timed here): the agent drains Envoy (inbound listeners, 5 s), Envoy
+/// exits, the start script takes the capture off and puts it back, and a new Envoy starts.
+/// Calls fail only between Envoy's exit and the new one's readiness: the check is that they
+/// resume by themselves within the drain and start, and the figure is how many failed and for
+/// how long.
+fn restart_seam(w: &World) -> Result<(), String> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let pod = w.echo_pod()?;
+    let url = format!("http://{GROUP}.{}:8080/", w.vm_ns);
+    let stop = AtomicBool::new(false);
+    let t0 = Instant::now();
+    let (calls, restarted) = std::thread::scope(|s| {
+        let caller = s.spawn(|| {
+            let mut calls = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let at = t0.elapsed();
+                let out = w.cluster.exec(
+                    &w.pods_ns,
+                    &pod,
+                    "app",
+                    &["/usr/local/bin/client", &url, "--timeout", "1s"],
+                );
+                let ok = matches!(&out, Ok(o) if o.contains("StatusCode=200"));
+                calls.push((at, ok));
+            }
+            calls
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        let restart_at = t0.elapsed();
+        let restart = vm_ok("systemctl restart istio");
+        let ready_at = assert_eventually_result(PROPAGATION, ready).map(|()| t0.elapsed());
+        std::thread::sleep(Duration::from_secs(5));
+        stop.store(true, Ordering::Relaxed);
+        let calls = caller.join().unwrap_or_default();
+        (calls, restart.and(ready_at.map(|r| (restart_at, r))))
+    });
+    let (restart_at, ready_at) = restarted?;
+    let failed: Vec<Duration> = calls.iter().filter(|c| !c.1).map(|c| c.0).collect();
+    let last = calls.iter().rev().take(3).all(|c| c.1);
+    let window = match (failed.first(), failed.last()) {
+        (Some(a), Some(b)) => format!(
+            "from {:.1} s to {:.1} s after the restart",
+            a.saturating_sub(restart_at).as_secs_f64(),
+            b.saturating_sub(restart_at).as_secs_f64()
+        ),
+        _ => "none".to_string(),
+    };
+    println!(
+        "FIGURE [{}] systemctl restart under steady calls: {} of {} failed ({window}); restart -> agent ready {:.1} s",
+        w.word(),
+        failed.len(),
+        calls.len(),
+        ready_at.saturating_sub(restart_at).as_secs_f64()
+    );
+    if calls.len() < 10 || !last {
+        return Err(format!(
+            "the calls did not resume after the restart: {calls:?} (restart at {restart_at:?})"
+        ));
+    }
     Ok(())
 }
 

@@ -2,6 +2,9 @@
 """Objects of one Kubernetes manifest that another lacks.
 
   manifest_diff.py A.yaml B.yaml   prints `kind namespace name` for each object in A not in B
+
+The kind is qualified by its API version and group (`Gateway.v1.networking.istio.io`) where it
+has a group, so that kubectl tells apart kinds of the same name.
 """
 
 import sys
@@ -16,7 +19,11 @@ def objects(path: str) -> "set[tuple[str, str, str]]":
             if not isinstance(doc, dict) or "kind" not in doc:
                 continue
             meta = doc.get("metadata") or {}
-            found.add((doc["kind"], meta.get("namespace") or "default", meta.get("name", "")))
+            kind = doc["kind"]
+            group, _, version = str(doc.get("apiVersion", "")).rpartition("/")
+            if group:
+                kind = f"{kind}.{version}.{group}"
+            found.add((kind, meta.get("namespace") or "default", meta.get("name", "")))
         return found
 
 

@@ -97,10 +97,9 @@ fi
 # is `scripts/istio-integration.sh --agent both` (docs/istio-integration.md).
 step "Istio's integration tests (a subset, with our agent)"
 scripts/istio-integration.sh --agent ours --out target/istio-integration/ci-pilot \
-  -run '^TestTraffic$/^(services|dns|serverfirst|autopassthrough|instanceip|tls-origination)$' \
-  --istio.test.skipVM=true pilot
+  -run '^TestTraffic$/^(services|dns|serverfirst|autopassthrough|instanceip|tls-origination)$' pilot
 scripts/istio-integration.sh --agent ours --out target/istio-integration/ci-security \
-  -run '^(TestReachability|TestAuthz_Principal)$' --istio.test.skipVM=true security
+  -run '^(TestReachability|TestAuthz_Principal)$' security
 step "cluster down"
 scripts/cluster.sh down
 trap - EXIT

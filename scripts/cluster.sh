@@ -11,6 +11,8 @@
 #   scripts/cluster.sh status   what runs
 #   scripts/cluster.sh env      `export KUBECONFIG=… PATH=…` (kubectl and istioctl that reach the
 #                               cluster's namespace)
+#   scripts/cluster.sh load TAR…           import more OCI archives into the running node
+#   scripts/cluster.sh tag IMAGE NAME      give an image of the node a second name
 # Environment: MESH_AGENT_BIN (our pilot-agent and istio-iptables for the proxyv2 image; default
 # target/debug), MESH_CLUSTER_DIR (state; default /var/tmp/mesh-cluster), MESH_CACHE (builds).
 set -euo pipefail
@@ -360,6 +362,22 @@ up() {
   echo "$STATE/kubeconfig"
 }
 
+# Images `up` does not load (scripts/cluster/images.sh --vm), into the running node.
+load() {
+  alive "$(holder)" || die "the cluster is not up"
+  local tar
+  for tar in "$@"; do
+    in_node "$(bin containerd)/ctr" -n k8s.io images import "$tar" >>"$STATE/logs/images.log" 2>&1 ||
+      die "importing $tar into containerd failed; its log: $STATE/logs/images.log"
+  done
+}
+
+tag() {
+  alive "$(holder)" || die "the cluster is not up"
+  in_node "$(bin containerd)/ctr" -n k8s.io images tag --force "$1" "$2" >>"$STATE/logs/images.log" 2>&1 ||
+    die "naming $1 $2 failed; its log: $STATE/logs/images.log"
+}
+
 status() {
   alive "$(holder)" || { echo "cluster: down"; return 1; }
   local name pid
@@ -375,5 +393,7 @@ case ${1:-} in
   down) down ;;
   status) status ;;
   env) echo "export KUBECONFIG=$STATE/kubeconfig PATH=$STATE/bin:\$PATH" ;;
-  *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+  load) shift; load "$@" ;;
+  tag) (($# == 3)) || die "usage: $0 tag IMAGE NAME"; tag "$2" "$3" ;;
+  *) echo "usage: $0 up|down|status|env|load TAR…|tag IMAGE NAME" >&2; exit 2 ;;
 esac

@@ -97,10 +97,9 @@ fi
 # both agents is `scripts/istio-integration.sh --agent both` (docs/istio-integration.md).
 step "Istio's integration tests (a subset, with our agent)"
 scripts/istio-integration.sh --agent ours --out target/istio-integration/ci-pilot \
-  -run '^TestTraffic$/^(services|dns|serverfirst|autopassthrough|instanceip|tls-origination)$' \
-  --istio.test.skipVM=true pilot
+  -run '^TestTraffic$/^(services|dns|serverfirst|autopassthrough|instanceip|tls-origination)$' pilot
 scripts/istio-integration.sh --agent ours --out target/istio-integration/ci-ecc \
-  -run '^TestStrictMTLS$' --istio.test.skipVM=true security/ecc_signature_algorithm
+  -run '^TestStrictMTLS$' security/ecc_signature_algorithm
 step "cluster down"
 scripts/cluster.sh down
 trap - EXIT

@@ -31,8 +31,10 @@ SVC_CIDR=198.19.0.0/16
 KUBERNETES_SVC_IP=198.19.0.1
 DNS_IP=198.19.0.10
 CGROUP_ROOT=mesh-node
+# scripts/cluster/registry.py, on the node's loopback: what containerd resolves `localhost/...` to.
+REGISTRY=127.0.0.1:5000
 # Components in start order; `down` stops them in reverse.
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd registry kubelet kube-proxy)
 
 log() { echo "cluster: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -174,6 +176,9 @@ state = "/run/containerd"
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "$IMAGE_HUB/pause:$IMAGE_TAG"
+  # Pulls (imagePullPolicy: Always) of `localhost/...` go to scripts/cluster/registry.py.
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "$STATE/node/certs.d"
 [plugins.'io.containerd.cri.v1.runtime']
   # root here lacks CAP_SYS_RESOURCE: runc cannot lower a container's oom_score_adj.
   restrict_oom_score_adj = true
@@ -183,6 +188,12 @@ state = "/run/containerd"
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["/opt/cni/bin"]
     conf_dir = "/etc/cni/net.d"
+EOF
+  mkdir -p "$STATE/node/certs.d/localhost"
+  cat >"$STATE/node/certs.d/localhost/hosts.toml" <<EOF
+server = "http://$REGISTRY"
+[host."http://$REGISTRY"]
+  capabilities = ["pull", "resolve"]
 EOF
   cat >"$STATE/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -278,6 +289,8 @@ start_node() {
     in_node "$(bin containerd)/ctr" -n k8s.io images import "$tar" >>"$STATE/logs/images.log" 2>&1 ||
       die "importing $tar into containerd failed"
   done
+  start registry python3 "$here/registry.py" --listen "$REGISTRY" "$STATE/images"
+  wait_for registry 30 in_node curl -sf "http://$REGISTRY/v2/"
   start kubelet env PATH="$shim_path" "$(bin kubernetes)/kubelet" --config "$STATE/kubelet.yaml" \
     --kubeconfig "$STATE/pki/kubelet.kubeconfig" --node-ip "$NODE_IP" --hostname-override "$NODE"
   start kube-proxy "$(bin kubernetes)/kube-proxy" --config "$STATE/kube-proxy.yaml"

@@ -910,5 +910,6 @@ fn token_expiry_with_our_agent() {
         }
     })
     .expect("a certificate after a restart with an expired token");
-    world.call_vm().expect("a pod still calls the VM");
+    // The restart makes the WorkloadEntry unhealthy until the probe passes again.
+    assert_eventually_result(PROPAGATION, || world.call_vm()).expect("a pod still calls the VM");
 }

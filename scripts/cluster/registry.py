@@ -68,22 +68,24 @@ def handler(store: Store):
             self._answer(body=False)
 
         def _answer(self, body: bool) -> None:
-            if self.path == "/v2/" or self.path == "/v2":
+            # containerd adds `?ns=<registry host>` when it resolves through a hosts.toml.
+            path = self.path.split("?", 1)[0]
+            if path in ("/v2/", "/v2"):
                 return self._send(200, b"{}", "application/json", None, body)
-            m = MANIFEST.match(self.path)
+            m = MANIFEST.match(path)
             if m:
                 repo, ref = m.groups()
                 digest = ref if ref.startswith("sha256:") else store.tags.get((repo, ref))
                 if digest in store.types and digest in store.blobs:
                     return self._send(200, store.read(digest), store.types[digest], digest, body)
                 return self._error(404, "MANIFEST_UNKNOWN", f"{repo}:{ref}", body)
-            m = BLOB.match(self.path)
+            m = BLOB.match(path)
             if m and m.group(2) in store.blobs:
                 digest = m.group(2)
                 return self._send(200, store.read(digest), "application/octet-stream", digest, body)
             if m:
                 return self._error(404, "BLOB_UNKNOWN", m.group(2), body)
-            return self._error(404, "NAME_UNKNOWN", self.path, body)
+            return self._error(404, "NAME_UNKNOWN", path, body)
 
         def do_POST(self) -> None:
             self._error(405, "UNSUPPORTED", "read-only registry", True)

@@ -93,13 +93,14 @@ else
 fi
 # Istio's own integration suites against the same cluster, with our image as every injected
 # proxy (docs/cluster.md): TestTraffic's protocols between every kind of workload and its DNS
-# capture, and mTLS under a STRICT PeerAuthentication with ECDSA workload keys. The full run of
+# capture; mTLS reachability under every PeerAuthentication/DestinationRule mode and an
+# AuthorizationPolicy by principal. The full run of
 # both agents is `scripts/istio-integration.sh --agent both` (docs/istio-integration.md).
 step "Istio's integration tests (a subset, with our agent)"
 scripts/istio-integration.sh --agent ours --out target/istio-integration/ci-pilot \
   -run '^TestTraffic$/^(services|dns|serverfirst|autopassthrough|instanceip|tls-origination)$' pilot
-scripts/istio-integration.sh --agent ours --out target/istio-integration/ci-ecc \
-  -run '^TestStrictMTLS$' security/ecc_signature_algorithm
+scripts/istio-integration.sh --agent ours --out target/istio-integration/ci-security \
+  -run '^(TestReachability|TestAuthz_Principal)$' security
 step "cluster down"
 scripts/cluster.sh down
 trap - EXIT

@@ -1,6 +1,7 @@
 //! AWS: the EC2 instance metadata service (IMDS). An IMDSv2 session token first (`PUT
-//! /latest/api/token`), else IMDSv1 without one, as Istio; an instance whose IAM info names an
-//! `arn:aws:iam` role is on AWS. It gives `aws_region`, `aws_availability_zone` and
+//! /latest/api/token`), else IMDSv1 without one, as Istio (discovery asks IMDSv1 alongside a
+//! token that is late, [`detect`]); an instance whose IAM info names an `arn:aws:iam` role is
+//! on AWS. It gives `aws_region`, `aws_availability_zone` and
 //! `aws_instance_id`, and the locality (region, availability zone). Each request has Istio's
 //! 100 ms.
 
@@ -15,6 +16,8 @@ use crate::config::PlatformConfig;
 
 /// Istio's timeout for each request to the IMDS.
 const TIMEOUT: Duration = Duration::from_millis(100);
+/// How long discovery waits for the token before asking IMDSv1 as well.
+const IMDSV1_AFTER: Duration = Duration::from_millis(10);
 /// The IMDSv2 token's header, and the lifetime asked for it (Istio's 60 s).
 const TOKEN_HEADER: &str = "X-aws-ec2-metadata-token";
 const TOKEN_TTL_HEADER: &str = "X-aws-ec2-metadata-token-ttl-seconds";
@@ -57,12 +60,38 @@ async fn get(host: &str, path: &str, token: Option<&str>, deadline: Instant) -> 
     }
 }
 
+/// Whether the IAM info (`iam/info`) names an IAM role: the instance is on AWS.
+fn is_aws(info: &str) -> bool {
+    info.contains("arn:aws:iam")
+}
+
+/// The IAM info read with `token` (none: IMDSv1); `Some(token)` when it says AWS.
+async fn identify(host: &str, token: Option<String>, deadline: Instant) -> Option<Option<String>> {
+    let info = get(host, "iam/info", token.as_deref(), deadline).await?;
+    is_aws(&info).then_some(token)
+}
+
 /// Whether the instance is on AWS; if so, the token it was asked with (for the metadata).
+/// As Istio: an IMDSv2 token, else IMDSv1. An IMDS answers the token at once; when it has not
+/// within [`IMDSV1_AFTER`] (an address that never answers, or a hop limit the answer cannot
+/// cross), IMDSv1 is asked meanwhile instead of after the token's 100 ms, so a silent address
+/// costs one timeout, not two.
 pub(super) async fn detect(config: &PlatformConfig, deadline: Instant) -> Option<Option<String>> {
     let host = &config.endpoints.aws;
-    let token = token(host, deadline).await;
-    let info = get(host, "iam/info", token.as_deref(), deadline).await?;
-    info.contains("arn:aws:iam").then_some(token)
+    let token = token(host, deadline);
+    tokio::pin!(token);
+    tokio::select! {
+        t = &mut token => return identify(host, t, deadline).await,
+        _ = tokio::time::sleep(IMDSV1_AFTER) => {}
+    }
+    let (token, v1) = tokio::join!(token, get(host, "iam/info", None, deadline));
+    if v1.as_deref().is_some_and(is_aws) {
+        return Some(token);
+    }
+    match token {
+        Some(t) => identify(host, Some(t), deadline).await,
+        None => None,
+    }
 }
 
 /// AWS's metadata and locality. `token`: the one [`detect`] used (none: ask for one).

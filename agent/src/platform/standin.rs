@@ -21,6 +21,8 @@ use crate::config::{Config, Inputs, NodeType, ProxyFlags};
 pub enum Serve {
     /// AWS's IMDS; `tokens: false` refuses IMDSv2 tokens (IMDSv1 only).
     Aws { tokens: bool },
+    /// AWS's IMDS with IMDSv2 required, answering the token after 50 ms.
+    AwsLateToken,
     /// Google's metadata server and Compute API; `vm`: a GCE instance outside GKE (no cluster
     /// attributes, an instance template, labels in the Compute API).
     Gcp { vm: bool },
@@ -95,7 +97,12 @@ async fn accept(listener: tokio::net::TcpListener, serve: Serve, seen: Arc<Mutex
                 seen.lock()
                     .unwrap()
                     .push(format!("{} {}", req.method(), req.uri()));
-                async move { Ok::<_, Infallible>(answer(serve, &req)) }
+                async move {
+                    if serve == Serve::AwsLateToken && req.method() == http::Method::PUT {
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                    Ok::<_, Infallible>(answer(serve, &req))
+                }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
@@ -120,6 +127,7 @@ fn header<'a>(req: &'a http::Request<Incoming>, name: &str) -> &'a str {
 fn answer(serve: Serve, req: &http::Request<Incoming>) -> http::Response<Full<Bytes>> {
     match serve {
         Serve::Aws { tokens } => aws(tokens, req),
+        Serve::AwsLateToken => aws(true, req),
         Serve::Gcp { vm } => gcp(vm, req),
         Serve::Azure => azure(req),
         Serve::Hang => reply(500, ""),

@@ -91,6 +91,42 @@ async fn gce_vm_labels_and_resolv_conf_zone() {
     );
 }
 
+/// Discovery with a token that comes late (50 ms): IMDSv1 is asked meanwhile (refused: IMDSv2
+/// required), then the IAM info with the token; AWS all the same. An IMDS that never answers is
+/// asked for the token and, meanwhile, IMDSv1: two requests, no platform.
+#[tokio::test]
+async fn discovery_asks_imdsv1_while_the_token_is_late() {
+    let dir = tempfile::tempdir().unwrap();
+    let aws = StandIn::start(Serve::AwsLateToken);
+    let c = config(
+        dir.path(),
+        &[("CLOUD_PLATFORM_AWS_METADATA_HOST", &aws.host())],
+    );
+    let p = discover(&c.platform, BOUND).await;
+    assert_eq!(p.cloud, Some(Cloud::Aws));
+    assert_eq!(p.metadata["aws_region"], "us-west-2");
+    let seen = aws.requests();
+    let info = "GET /latest/meta-data/iam/info";
+    assert_eq!(
+        seen.iter().filter(|r| *r == info).count(),
+        2,
+        "IMDSv1, then with the token: {seen:?}"
+    );
+    assert_eq!(
+        seen.iter().filter(|r| r.starts_with("PUT")).count(),
+        1,
+        "{seen:?}"
+    );
+
+    let hang = StandIn::start(Serve::Hang);
+    let c = config(
+        dir.path(),
+        &[("CLOUD_PLATFORM_AWS_METADATA_HOST", &hang.host())],
+    );
+    assert_eq!(discover(&c.platform, BOUND).await, Platform::none());
+    assert_eq!(hang.requests().len(), 2, "{:?}", hang.requests());
+}
+
 /// `GCP_METADATA` (with `GCP_QUOTA_PROJECT`, `GCP_ZONE`) is the GCP metadata and makes the
 /// platform GCP without a metadata server.
 #[tokio::test]

@@ -30,6 +30,8 @@ use crate::config::{CloudPlatform, PlatformConfig};
 /// How long the platform may take in all, discovery and metadata alike (Istio's bound on
 /// discovery).
 pub const BOUND: Duration = Duration::from_secs(5);
+/// Past the bound, what is still running is cut without its answers.
+const SLACK: Duration = Duration::from_millis(50);
 
 /// A request to a metadata server that failed (logged at debug: off a cloud, they all fail).
 #[derive(Debug, thiserror::Error)]
@@ -105,8 +107,9 @@ pub async fn discover(config: &PlatformConfig, bound: Duration) -> Platform {
             CloudPlatform::Discover => detect(config, deadline).await,
         }
     };
-    // Every request is bounded by the deadline; this also bounds the DNS lookups.
-    let platform = match tokio::time::timeout_at(deadline, search).await {
+    // Every request, retry and wait ends by the deadline, so what answered by then is kept;
+    // this is the net under them.
+    let platform = match tokio::time::timeout_at(deadline + SLACK, search).await {
         Ok(p) => p,
         Err(_) => {
             tracing::info!(

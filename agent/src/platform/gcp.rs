@@ -74,7 +74,8 @@ async fn get(config: &PlatformConfig, suffix: &str, deadline: Instant) -> Result
             return Err(error);
         }
         let nanos = u64::try_from(pause.as_nanos()).unwrap_or(u64::MAX).max(1);
-        tokio::time::sleep(Duration::from_nanos(rand::random_range(1..=nanos))).await;
+        let pause_for = Duration::from_nanos(rand::random_range(1..=nanos));
+        tokio::time::sleep_until(deadline.min(Instant::now() + pause_for)).await;
         pause = (pause * 2).min(Duration::from_secs(30));
         attempt += 1;
     }
@@ -121,16 +122,18 @@ async fn on_gce(config: &PlatformConfig, deadline: Instant) -> bool {
         })
     }));
     probes.push(Box::pin(async {
-        match tokio::net::lookup_host((e.gcp_dns_name.as_str(), 80)).await {
-            Ok(mut addrs) => addrs.any(|a| a.ip() == METADATA_IP),
-            Err(_) => false,
+        let lookup = tokio::net::lookup_host((e.gcp_dns_name.as_str(), 80));
+        match tokio::time::timeout_at(deadline, lookup).await {
+            Ok(Ok(mut addrs)) => addrs.any(|a| a.ip() == METADATA_IP),
+            _ => false,
         }
     }));
     let first = probes.next().await.unwrap_or(false);
     if first || !hint {
         return first;
     }
-    tokio::time::timeout(Duration::from_secs(5), probes.next())
+    let wait = deadline.min(Instant::now() + Duration::from_secs(5));
+    tokio::time::timeout_at(wait, probes.next())
         .await
         .ok()
         .flatten()

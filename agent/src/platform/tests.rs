@@ -410,6 +410,31 @@ async fn a_hanging_server_is_bounded() {
     }
 }
 
+/// What answered by the bound is kept: a GCE VM whose Compute API hangs still gets its
+/// metadata and locality (without labels) when the bound ends the labels' request.
+#[tokio::test]
+async fn what_answered_by_the_bound_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let gcp = StandIn::start(Serve::Gcp { vm: true });
+    let hang = StandIn::start(Serve::Hang);
+    let mut c = config(
+        dir.path(),
+        &[
+            ("CLOUD_PLATFORM", "gcp"),
+            ("GCE_METADATA_HOST", &gcp.host()),
+        ],
+    );
+    c.platform.endpoints.gcp_compute = format!("http://{}", hang.host());
+    let bound = Duration::from_millis(800);
+    let started = Instant::now();
+    let p = discover(&c.platform, bound).await;
+    assert!(started.elapsed() < bound + Duration::from_secs(1));
+    assert_eq!(p.metadata["gcp_project"], "test-proj");
+    assert_eq!(p.locality.zone, "us-central1-c");
+    assert!(p.labels.is_empty());
+    assert_eq!(hang.requests().len(), 1, "the labels were asked for");
+}
+
 /// Without any server (every endpoint refuses), no platform; it is found once and shared by
 /// whoever waits for it.
 #[tokio::test]

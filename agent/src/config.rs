@@ -11,6 +11,7 @@ mod envoy;
 pub mod grpc;
 pub mod identity;
 mod node;
+pub mod platform;
 pub mod probe;
 pub mod proxy_config;
 mod status;
@@ -25,6 +26,7 @@ pub use env::{Metrics as EnvMetrics, STRICT_ENV};
 pub use envoy::{EnvoyConfig, HeapLimit};
 pub use grpc::XdsServer;
 pub use node::Node;
+pub use platform::{CloudPlatform, PlatformConfig};
 pub use proxy_config::{AuthPolicy, ProxyConfig, StatsMatcher, split_host_port};
 pub use status::StatusConfig;
 pub use upstream::XdsUpstream;
@@ -217,6 +219,8 @@ pub struct Config {
     pub xds_server: XdsServer,
     /// The status server (probes, app metrics, workload health).
     pub status: StatusConfig,
+    /// `CLOUD_PLATFORM` and the metadata servers the platform is discovered from.
+    pub platform: PlatformConfig,
     /// The variables whose value did not parse and whose default was used instead (warned
     /// about at load; counted in `istio_agent_env_parse_errors_total`).
     pub env_fallbacks: Vec<String>,
@@ -422,6 +426,7 @@ impl Config {
         };
         let status = status::load(env, &proxy)?;
         let bootstrap = bootstrap::load(env, &base_dir)?;
+        let platform = platform::load(env, node.ips.iter().any(IpAddr::is_ipv6))?;
         let env_fallbacks = fallbacks.into_variables();
 
         Ok(Config {
@@ -437,6 +442,7 @@ impl Config {
             upstream,
             xds_server,
             status,
+            platform,
             env_fallbacks,
         })
     }

@@ -713,13 +713,15 @@ fn config_dump_is_the_whole_tree() {
         "dns",
         "upstream",
         "status",
+        "platform",
         "xds_socket",
     ] {
         assert!(v.get(group).is_some(), "{group} missing from the dump");
     }
     assert_eq!(v["bootstrap"]["secure_metrics_port"], 15091);
     assert_eq!(v["bootstrap"]["compliance_policy"], "fips-140-2");
-    assert_eq!(v["bootstrap"]["gcp_metadata"], "p|1|c|z");
+    assert_eq!(v["platform"]["gcp_static"]["gcp_project"], "p");
+    assert_eq!(v["platform"]["cloud"], "discover");
     assert_eq!(v["bootstrap"]["xds_root_ca"], "/etc/root.pem");
     assert_eq!(v["envoy"]["launched"], true);
     assert_eq!(v["envoy"]["status_port"], 15021);

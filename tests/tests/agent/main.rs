@@ -1,8 +1,9 @@
 //! End-to-end tests of pilot-agent and its pieces: the injected sidecar's lifecycle with real
 //! Envoy against istiod-lite, lifecycle and identity faults, our SDS server against real Envoy,
 //! the image's root filesystem, proxyless gRPC through the agent, the agent's own xDS
-//! upstream reconnects, rewritten app probes as the kubelet sends them, and the opt-in
-//! lifecycle lockdown (`PROXY_LIFECYCLE_LOCKDOWN`).
+//! upstream reconnects, rewritten app probes as the kubelet sends them, the opt-in
+//! lifecycle lockdown (`PROXY_LIFECYCLE_LOCKDOWN`), and the cloud platform's metadata in the
+//! bootstrap (`CLOUD_PLATFORM`).
 //!
 //! One test binary for all of them; each module is one former binary, so a test's name is
 //! `<module>::<test>` (`cargo nextest run -p tests --test agent agent_faults::`).
@@ -19,6 +20,7 @@ mod istio_diff_status;
 mod istiod_failover;
 mod live_istiod;
 mod lockdown;
+mod platform;
 mod probes;
 mod sds;
 mod spire;

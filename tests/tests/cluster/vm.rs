@@ -26,7 +26,7 @@ pub const ISTIO_DIFFERS: &[&str] = &[];
 const VM_IP: &str = "198.18.32.2";
 const GROUP: &str = "vm";
 /// The workload certificate's lifetime on the VM: renewed at half of it.
-const SECRET_TTL: &str = "60s";
+const SECRET_TTL: &str = "30s";
 /// The shortest token the API server issues (TokenRequest refuses less than 10 minutes).
 const TOKEN_SECONDS: u64 = 600;
 /// How long a change may take to reach istiod, the WorkloadEntry and every proxy.

@@ -135,6 +135,11 @@ if ((${#vm[@]})); then
     fail "building the VM images failed; its log: $out/images.log"
   "$repo/scripts/cluster.sh" load "$CACHE/images/vm/$vm_image.tar" >>"$out/images.log" 2>&1 ||
     fail "loading $vm_image into the node failed; its log: $out/images.log"
+  # The framework deploys its default VM (TestTraffic's `vm` workload) as Ubuntu Noble
+  # (release-1.31's echo.DefaultVMDistro); only Debian's archive is reachable here, so the
+  # Debian 12 image, with the same package and start script, also answers to that name.
+  "$repo/scripts/cluster.sh" tag "$IMAGE_HUB/app_sidecar_debian_12:$tag" "$IMAGE_HUB/app_sidecar_ubuntu_noble:$tag" \
+    >>"$out/images.log" 2>&1 || fail "naming app_sidecar_debian_12:$tag as app_sidecar_ubuntu_noble failed; its log: $out/images.log"
   [[ $tag == "$IMAGE_TAG" ]] ||
     "$repo/scripts/cluster.sh" tag "$IMAGE_HUB/app:$IMAGE_TAG" "$IMAGE_HUB/app:$tag" >>"$out/images.log" 2>&1 ||
     fail "naming the app image $IMAGE_HUB/app:$tag failed; its log: $out/images.log"

@@ -160,7 +160,11 @@ pub mod fuzzing {
 
     /// Unpacks `b` as an HTTP module body (`layer: false`) or a packed OCI layer, each layer
     /// capped at `cap` bytes.
-    pub fn unpack(b: &[u8], layer: bool, cap: u64) -> Result<Vec<u8>, String> {
+    pub fn unpack(
+        b: &[u8],
+        layer: bool,
+        cap: u64,
+    ) -> Result<Vec<u8>, super::unpack::UnpackError> {
         let blob = bytes::Bytes::copy_from_slice(b);
         let body = if layer {
             super::unpack::Body::Layer { blob, packed: true }

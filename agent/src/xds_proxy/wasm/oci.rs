@@ -224,7 +224,7 @@ pub(super) async fn fetch(
     let manifest_url = r.url(scheme, "manifests", &r.reference()).map_err(&fail)?;
     let (status, _, manifest) =
         match fetch::get(opts, &manifest_url, Some(&accept), MAX_MANIFEST).await {
-            Err(e) if e == fetch::PLAIN_HTTP_ANSWER => {
+            Err(e @ fetch::FetchError::PlainHttpAnswer) => {
                 let (host, port) = (
                     manifest_url.host_str().unwrap_or_default(),
                     manifest_url.port(),

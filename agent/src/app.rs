@@ -453,7 +453,7 @@ fn bind_xds(
         sink
     });
     let proxy = XdsProxy::new(xds_proxy::Inputs {
-        upstream: xds_proxy::upstream(&config.upstream).map_err(anyhow::Error::msg)?,
+        upstream: xds_proxy::upstream(&config.upstream)?,
         nds,
         pcds: config.upstream.proxy_config_xds.then(|| {
             let manager = manager.clone();

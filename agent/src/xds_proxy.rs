@@ -82,7 +82,7 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 pub use codec::RawResponse;
-pub use connect::upstream;
+pub use connect::{ConnectError, upstream};
 pub use warm::Prefetch;
 
 #[cfg(feature = "fuzzing")]
@@ -114,8 +114,9 @@ pub enum Error {
 }
 
 /// Opens a new upstream channel to istiod (called once per Envoy stream).
-pub type Connect =
-    Arc<dyn Fn() -> BoxFuture<'static, Result<tonic::transport::Channel, String>> + Send + Sync>;
+pub type Connect = Arc<
+    dyn Fn() -> BoxFuture<'static, Result<tonic::transport::Channel, ConnectError>> + Send + Sync,
+>;
 
 /// Called when an upstream connection is lost: what became of the istiod it went to
 /// (`dead`: its address refuses connections; `stalled`: it still accepts TCP, so the process is

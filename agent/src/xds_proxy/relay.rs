@@ -527,7 +527,10 @@ const MAX_REWRITES: usize = 8;
 struct Rewrite(tokio::task::JoinHandle<Option<Rewritten>>);
 
 /// The original response and what the rewrite made of it.
-type Rewritten = (RawResponse, Result<Option<bytes::Bytes>, String>);
+type Rewritten = (
+    RawResponse,
+    Result<Option<bytes::Bytes>, super::wasm::ConvertError>,
+);
 
 impl Rewrite {
     fn start<F: Flavor>(
@@ -586,7 +589,12 @@ async fn forward_rewrite<F: Flavor>(
         Err(e) => {
             tracing::warn!(error = %e, nonce = resp.head.nonce, "NACKing an ECDS response: its Wasm could not be converted");
             let version = lock(link).ecds_version.clone();
-            return to_upstream(link, F::ecds_nack(&resp.head, &version, e), done).await;
+            return to_upstream(
+                link,
+                F::ecds_nack(&resp.head, &version, e.to_string()),
+                done,
+            )
+            .await;
         }
     };
     send(down_tx, Ok(Down::Whole(out)), done, "Envoy").await

@@ -21,7 +21,7 @@ mod oci;
 mod unpack;
 
 pub use cache::{Cache, PullPolicy, Request};
-pub use convert::{ALLOW_PREFIX, DENY_PREFIX, convert_delta, convert_sotw};
+pub use convert::{ALLOW_PREFIX, ConvertError, DENY_PREFIX, convert_delta, convert_sotw};
 pub use metrics::Metrics;
 
 /// The cache and fetch settings (Istio's `WASM_*` variables).

@@ -11,6 +11,7 @@ use proto::type_url;
 
 use super::super::codec::{Head, RawResponse};
 use super::super::subscriptions::{DeltaSubscriptions, SotwSubscriptions, Subscriptions};
+use super::super::wasm::ConvertError;
 use crate::health::Health;
 
 fn health_error(h: &Health) -> Option<RpcStatus> {
@@ -65,7 +66,7 @@ pub(crate) trait Flavor: Send + Sync + 'static {
     fn convert_wasm<'a>(
         bytes: &'a [u8],
         cache: &'a super::super::wasm::Cache,
-    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, String>>;
+    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, ConvertError>>;
 }
 
 /// The first resource of a response of the proxy's own types (`what`: NDS, PCDS), decoded
@@ -172,7 +173,7 @@ impl Flavor for Sotw {
     fn convert_wasm<'a>(
         bytes: &'a [u8],
         cache: &'a super::super::wasm::Cache,
-    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, String>> {
+    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, ConvertError>> {
         Box::pin(super::super::wasm::convert_sotw(bytes, cache))
     }
 }
@@ -257,7 +258,7 @@ impl Flavor for Delta {
     fn convert_wasm<'a>(
         bytes: &'a [u8],
         cache: &'a super::super::wasm::Cache,
-    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, String>> {
+    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, ConvertError>> {
         Box::pin(super::super::wasm::convert_delta(bytes, cache))
     }
 }

@@ -458,7 +458,7 @@ fn bind_xds(
         pcds: config.upstream.proxy_config_xds.then(|| {
             let manager = manager.clone();
             let sink: xds_proxy::PcdsSink =
-                Arc::new(move |pems| manager.set_config_trust_bundle(&pems));
+                Arc::new(move |pems| Ok(manager.set_config_trust_bundle(&pems)?));
             sink
         }),
         metrics: xds_proxy::Metrics::new(registry),

@@ -132,11 +132,15 @@ pub type Knock = Arc<dyn Fn() -> BoxFuture<'static, Option<bool>> + Send + Sync>
 /// Returns the bearer token for the next upstream stream, if any.
 pub type TokenFn = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
+/// Why a sink refused what it was given: the component's own error, whose message the NACK
+/// carries.
+pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Receives each NDS table; an error becomes a NACK.
-pub type NdsSink = Arc<dyn Fn(NameTable) -> Result<(), String> + Send + Sync>;
+pub type NdsSink = Arc<dyn Fn(NameTable) -> Result<(), SinkError> + Send + Sync>;
 
 /// Receives each PCDS `caCertificatesPem` (`PROXY_CONFIG_XDS_AGENT`); an error becomes a NACK.
-pub type PcdsSink = Arc<dyn Fn(Vec<String>) -> Result<(), String> + Send + Sync>;
+pub type PcdsSink = Arc<dyn Fn(Vec<String>) -> Result<(), SinkError> + Send + Sync>;
 
 /// How to reach istiod.
 #[derive(Clone)]

@@ -31,6 +31,16 @@ else
   missing_tool "cargo clippy" clippy
 fi
 
+step "function lengths and Result<_, String> (scripts/fn-lengths.py; a report, it fails nothing)"
+if command -v python3 >/dev/null 2>&1; then
+  for src in */src agent/src/xds_proxy.rs\ agent/src/xds_proxy; do
+    # shellcheck disable=SC2086 # the xds proxy's file and folder are one entry
+    echo "$src: $(python3 scripts/fn-lengths.py --summary $src)"
+  done
+else
+  missing_tool python3 "function length"
+fi
+
 step "cargo deny (licenses, bans, sources; advisories from a local database only)"
 if cargo deny --version >/dev/null 2>&1; then
   # cargo metadata, which cargo-deny reads, wants every crate the lock file lists, for every

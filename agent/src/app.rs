@@ -453,12 +453,12 @@ fn bind_xds(
         sink
     });
     let proxy = XdsProxy::new(xds_proxy::Inputs {
-        upstream: xds_proxy::upstream(&config.upstream).map_err(anyhow::Error::msg)?,
+        upstream: xds_proxy::upstream(&config.upstream)?,
         nds,
         pcds: config.upstream.proxy_config_xds.then(|| {
             let manager = manager.clone();
             let sink: xds_proxy::PcdsSink =
-                Arc::new(move |pems| manager.set_config_trust_bundle(&pems));
+                Arc::new(move |pems| Ok(manager.set_config_trust_bundle(&pems)?));
             sink
         }),
         metrics: xds_proxy::Metrics::new(registry),

@@ -643,7 +643,6 @@ pub fn load_config(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ProxyFlags;
 
     fn free_port() -> u16 {
         std::net::TcpListener::bind("127.0.0.1:0")
@@ -668,16 +667,7 @@ mod tests {
         .chain(extra)
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-        Config::load(crate::config::Inputs {
-            node_type: NodeType::Sidecar,
-            flags: ProxyFlags::default(),
-            env: &env,
-            base_dir: dir.to_path_buf(),
-            interface_ips: vec![],
-            is_root: false,
-            cgroup_memory_limit: None,
-        })
-        .unwrap()
+        Config::sidecar_for_test(dir, &env).unwrap()
     }
 
     /// Binds an app on `config` (status server on a free port); returns it with its shutdown

@@ -289,6 +289,23 @@ pub fn parse_downward_api(text: &str) -> BTreeMap<String, String> {
 }
 
 impl Config {
+    /// A sidecar's configuration from `env` alone, rooted at `dir` (tests).
+    #[cfg(test)]
+    pub(crate) fn sidecar_for_test(
+        dir: &Path,
+        env: &HashMap<String, String>,
+    ) -> Result<Config, Error> {
+        Config::load(Inputs {
+            node_type: NodeType::Sidecar,
+            flags: ProxyFlags::default(),
+            env,
+            base_dir: dir.to_path_buf(),
+            interface_ips: vec![],
+            is_root: false,
+            cgroup_memory_limit: None,
+        })
+    }
+
     /// Resolves one of Istio's relative paths (`./etc/...`) against the base directory;
     /// absolute paths stay as they are.
     pub fn path(&self, p: &str) -> PathBuf {

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
 
-use crate::config::{Config, Inputs, NodeType, ProxyFlags};
+use crate::config::Config;
 
 /// What the stand-in serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -271,16 +271,7 @@ pub fn config(dir: &Path, pairs: &[(&str, &str)]) -> Config {
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
     env.extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let mut c = Config::load(Inputs {
-        node_type: NodeType::Sidecar,
-        flags: ProxyFlags::default(),
-        env: &env,
-        base_dir: dir.to_path_buf(),
-        interface_ips: vec![],
-        is_root: false,
-        cgroup_memory_limit: None,
-    })
-    .unwrap();
+    let mut c = Config::sidecar_for_test(dir, &env).unwrap();
     let e = &mut c.platform.endpoints;
     if !e.gcp_host_set {
         e.gcp = closed.clone();

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::standin::{AZURE_VERSION, Serve, StandIn, config};
 use super::*;
-use crate::config::{Config, Inputs, NodeType, ProxyFlags};
+use crate::config::Config;
 
 /// AWS named: an IMDSv2 token first, every metadata read with it, three reads at once.
 #[tokio::test]
@@ -309,15 +309,7 @@ fn load(dir: &std::path::Path, pairs: &[(&str, &str)]) -> Result<Config, crate::
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    Config::load(Inputs {
-        node_type: NodeType::Sidecar,
-        flags: ProxyFlags::default(),
-        env: &env,
-        base_dir: dir.to_path_buf(),
-        interface_ips: vec![],
-        is_root: false,
-        cgroup_memory_limit: None,
-    })
+    Config::sidecar_for_test(dir, &env)
 }
 
 /// The real servers' addresses by default (AWS's IPv6 one for a proxy with an IPv6 address,

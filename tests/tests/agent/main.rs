@@ -1,8 +1,8 @@
 //! End-to-end tests of pilot-agent and its pieces: the injected sidecar's lifecycle with real
 //! Envoy against istiod-lite, lifecycle and identity faults, our SDS server against real Envoy,
 //! the image's root filesystem, proxyless gRPC through the agent, the agent's own xDS
-//! upstream reconnects, rewritten app probes as the kubelet sends them, and the opt-in
-//! lifecycle lockdown (`PROXY_LIFECYCLE_LOCKDOWN`).
+//! upstream reconnects, rewritten app probes as the kubelet sends them, the opt-in
+//! lifecycle lockdown (`PROXY_LIFECYCLE_LOCKDOWN`), and the agent's CPU profile read back.
 //!
 //! One test binary for all of them; each module is one former binary, so a test's name is
 //! `<module>::<test>` (`cargo nextest run -p tests --test agent agent_faults::`).
@@ -19,6 +19,7 @@ mod istio_diff_status;
 mod istiod_failover;
 mod live_istiod;
 mod lockdown;
+mod pprof;
 mod probes;
 mod sds;
 mod spire;

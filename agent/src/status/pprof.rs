@@ -36,8 +36,8 @@ const GO_RUNTIME: &str = "not served: a profile of Go's runtime, and pilot-agent
     program (tokio tasks, no goroutines); /debug/pprof/profile serves a CPU profile";
 const TRACE: &str = "not served: Go's execution tracer (go tool trace), and pilot-agent is a \
     Rust program; /debug/pprof/profile serves a CPU profile";
-const SYMBOL: &str = "not served: the CPU profiles here carry their function names from the \
-    executable's symbol table, or its build ID for go tool pprof to name them from a copy";
+const SYMBOL: &str = "not served: the CPU profiles here name their functions themselves (from \
+    the binaries' symbol tables), so go tool pprof has no address to look up";
 
 /// Go's endpoints that have no counterpart here, with the reason each answers.
 const GO_ONLY: &[(&str, &str)] = &[

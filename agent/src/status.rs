@@ -409,7 +409,13 @@ async fn handle(
             None => full(404, "{}"),
         },
         Route::ConfigDump => json_response(state.inputs.config_dump.clone()),
-        Route::Pprof(page) => pprof::serve(page, req.uri().query()).await,
+        Route::Pprof(page) => {
+            // Boxed and dynamic: the profile's code is not inlined into this function, which
+            // every probe runs (nor its state into every request's).
+            let serve: std::pin::Pin<Box<dyn Future<Output = http::Response<Body>> + Send + '_>> =
+                Box::pin(pprof::serve(page, req.uri().query()));
+            serve.await
+        }
         Route::PprofRedirect => redirect_to_pprof(req.uri().query()),
         Route::App(p) => {
             let Some(probe) = state.inputs.probers.get(&p) else {
@@ -438,6 +444,7 @@ async fn handle(
 }
 
 /// Go's mux's answer to `/debug/pprof`: a permanent redirect to the subtree, query kept.
+#[cold]
 fn redirect_to_pprof(query: Option<&str>) -> http::Response<Body> {
     let to = match query {
         Some(q) => format!("/debug/pprof/?{q}"),

@@ -53,6 +53,7 @@ const GO_ONLY: &[(&str, &str)] = &[
 ];
 
 /// The page `name` (the path after `/debug/pprof/`) asks for.
+#[cold]
 pub(crate) fn page(name: &str) -> Page {
     match name {
         "" => Page::Index,

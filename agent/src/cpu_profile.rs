@@ -150,9 +150,17 @@ pub async fn run(duration: Duration) -> Result<Vec<u8>, Error> {
             _ = collect.tick() => profile.collect(),
         }
     }
-    tokio::task::spawn_blocking(move || profile.finish())
-        .await
-        .map_err(|e| Error::Finish(e.to_string()))?
+    tokio::task::spawn_blocking(move || {
+        let gz = profile.finish();
+        // What the profile touched (its buffers, the symbol table, the unwinder's tables, its
+        // code) goes back as the agent's start does, not kept resident.
+        crate::runtime::trim();
+        let released = crate::runtime::release_startup_code();
+        tracing::debug!(released, "released the profile's code pages");
+        gz
+    })
+    .await
+    .map_err(|e| Error::Finish(e.to_string()))?
 }
 
 /// A thread's name, or its id when it has none readable.

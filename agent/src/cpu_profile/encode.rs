@@ -34,7 +34,8 @@ struct Builder {
     profile: pb::Profile,
     strings: HashMap<String, i64>,
     locations: HashMap<u64, u64>,
-    functions: HashMap<String, u64>,
+    /// Function ids by object (its index in [`Code::objects`]) and name's place.
+    functions: HashMap<(usize, u32), u64>,
 }
 
 impl Builder {
@@ -55,11 +56,8 @@ impl Builder {
         }
     }
 
-    /// The function named `mangled` (its readable name: demangled, without the hash).
+    /// A new function named `mangled` (its readable name: demangled, without the hash).
     fn function(&mut self, mangled: &str) -> u64 {
-        if let Some(&id) = self.functions.get(mangled) {
-            return id;
-        }
         let id = self.profile.function.len() as u64 + 1;
         let name = format!("{:#}", rustc_demangle::demangle(mangled));
         let function = pb::Function {
@@ -69,8 +67,17 @@ impl Builder {
             ..pb::Function::default()
         };
         self.profile.function.push(function);
-        self.functions.insert(mangled.to_string(), id);
         id
+    }
+
+    /// The function of `code.objects[object]` whose name is at `at` in its string table.
+    fn named(&mut self, code: &Code, object: usize, at: u32) -> Option<u64> {
+        if let Some(&id) = self.functions.get(&(object, at)) {
+            return Some(id);
+        }
+        let id = self.function(&code.objects[object].name(at)?);
+        self.functions.insert((object, at), id);
+        Some(id)
     }
 
     /// The location of `addr`, named when its object's symbols say.
@@ -79,11 +86,15 @@ impl Builder {
             return id;
         }
         let id = self.profile.location.len() as u64 + 1;
-        let mapping = code.and_then(|c| c.mapping_of(addr));
-        let mapping_id = mapping.map_or(0, |(_, i)| i as u64 + 1);
-        let line = match mapping.and_then(|(o, _)| o.function(addr)) {
-            Some(name) => vec![pb::Line {
-                function_id: self.function(name),
+        let mapping = code.and_then(|c| Some((c, c.mapping_of(addr)?)));
+        let mapping_id = mapping.map_or(0, |(_, (_, i))| i as u64 + 1);
+        let function = mapping.and_then(|(c, (object, _))| {
+            let at = c.objects[object].function(addr)?;
+            self.named(c, object, at)
+        });
+        let line = match function {
+            Some(function_id) => vec![pb::Line {
+                function_id,
                 ..pb::Line::default()
             }],
             None => Vec::new(),

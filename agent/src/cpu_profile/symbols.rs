@@ -1,7 +1,8 @@
 //! The process's code as a profile names it: the executable and the shared libraries it
 //! runs (`/proc/self/maps`), each with its GNU build ID and function symbols (the ELF
-//! `.symtab`, or `.dynsym` where that was stripped, as in distributions' libc), read once at
-//! the end of a profile and dropped with it.
+//! `.symtab`, or `.dynsym` where that was stripped, as in distributions' libc), read at the
+//! end of a profile and dropped with it. The symbol table is read whole (24 bytes a symbol:
+//! ~0.6 MB for the shipped agent); of the string table only the names the profile uses.
 //!
 //! A binary stripped of its symbols still gives its mappings and build ID: the profile then
 //! carries its addresses only, and `go tool pprof` names them from an unstripped copy of the
@@ -28,9 +29,11 @@ pub struct Object {
     /// Run-time address minus link-time address (0 for a binary that is not position
     /// independent).
     bias: u64,
-    /// Function symbols sorted by address: (link-time address, size, name's offset in `names`).
+    /// Function symbols sorted by address: (link-time address, size, name's offset in the
+    /// string table).
     functions: Vec<(u64, u64, u32)>,
-    names: Vec<u8>,
+    /// The file and where its string table is: (offset, size).
+    names: Option<(File, u64, u64)>,
 }
 
 /// The process's code: the executable first, then the libraries in address order.
@@ -41,6 +44,8 @@ pub struct Code {
 
 /// Symbol tables past this are not read (a debug build of the agent has a few MB).
 const MAX_TABLE: u64 = 256 << 20;
+/// Names past this are not read (Rust's longest are a few KB).
+const MAX_NAME: usize = 64 << 10;
 
 impl Code {
     /// The running process's, or `None` when `/proc/self` cannot be read.
@@ -68,20 +73,20 @@ impl Code {
                 o.path.as_str()
             };
             if let Ok(file) = File::open(file) {
-                o.read_symbols(&file);
+                o.read_symbols(file);
             }
         }
         Some(Code { objects })
     }
 
-    /// The object holding run-time address `addr`, and the index of its range among all
-    /// objects' ranges (the profile's mappings, in order).
-    pub fn mapping_of(&self, addr: u64) -> Option<(&Object, usize)> {
+    /// The object holding run-time address `addr` (its index), and the index of its range
+    /// among all objects' ranges (the profile's mappings, in order).
+    pub fn mapping_of(&self, addr: u64) -> Option<(usize, usize)> {
         let mut index = 0;
-        for o in &self.objects {
+        for (i, o) in self.objects.iter().enumerate() {
             for r in &o.ranges {
                 if (r.start..r.limit).contains(&addr) {
-                    return Some((o, index));
+                    return Some((i, index));
                 }
                 index += 1;
             }
@@ -96,15 +101,15 @@ impl Code {
 }
 
 impl Object {
-    fn read_symbols(&mut self, file: &File) {
-        let Some(elf) = Elf::read(file) else {
+    fn read_symbols(&mut self, file: File) {
+        let Some(elf) = Elf::read(&file) else {
             return;
         };
-        self.build_id = elf.build_id(file).unwrap_or_default();
+        self.build_id = elf.build_id(&file).unwrap_or_default();
         self.bias = self.ranges.first().map_or(0, |r| elf.bias(r));
-        if let Some((functions, names)) = elf.functions(file) {
+        if let Some((functions, (offset, size))) = elf.functions(&file) {
             self.functions = functions;
-            self.names = names;
+            self.names = Some((file, offset, size));
         }
     }
 
@@ -113,8 +118,9 @@ impl Object {
         !self.functions.is_empty()
     }
 
-    /// The (mangled) name of the function holding run-time address `addr`.
-    pub fn function(&self, addr: u64) -> Option<&str> {
+    /// The function holding run-time address `addr`: where its name is in the string table
+    /// (one place per function, so [`Object::name`] is asked once for each).
+    pub fn function(&self, addr: u64) -> Option<u32> {
         let at = addr.wrapping_sub(self.bias);
         let i = self
             .functions
@@ -124,9 +130,30 @@ impl Object {
         if size != 0 && at >= start.saturating_add(size) {
             return None;
         }
-        let name = self.names.get(name as usize..)?;
-        let end = name.iter().position(|&b| b == 0)?;
-        std::str::from_utf8(&name[..end]).ok()
+        Some(name)
+    }
+
+    /// The (mangled) name at `at` in the string table, read from the file.
+    pub fn name(&self, at: u32) -> Option<String> {
+        let (file, offset, size) = self.names.as_ref()?;
+        let mut name = Vec::new();
+        let mut chunk = [0u8; 256];
+        let mut pos = u64::from(at);
+        while pos < *size && name.len() < MAX_NAME {
+            let want =
+                usize::try_from(size - pos).map_or(chunk.len(), |left| left.min(chunk.len()));
+            let n = file.read_at(&mut chunk[..want], offset + pos).ok()?;
+            if n == 0 {
+                break;
+            }
+            if let Some(end) = chunk[..n].iter().position(|&b| b == 0) {
+                name.extend_from_slice(&chunk[..end]);
+                return String::from_utf8(name).ok();
+            }
+            name.extend_from_slice(&chunk[..n]);
+            pos += n as u64;
+        }
+        None
     }
 }
 
@@ -260,14 +287,14 @@ impl Elf {
             })
     }
 
-    /// The function symbols of `.symtab` (else `.dynsym`), sorted, and its string table.
+    /// The function symbols of `.symtab` (else `.dynsym`), sorted, and where its string
+    /// table is (offset, size).
     #[allow(clippy::type_complexity)]
-    fn functions(&self, file: &File) -> Option<(Vec<(u64, u64, u32)>, Vec<u8>)> {
+    fn functions(&self, file: &File) -> Option<(Vec<(u64, u64, u32)>, (u64, u64))> {
         let table = |kind| self.sections.iter().find(|s| s.0 == kind);
         let &(_, offset, size, link) = table(SHT_SYMTAB).or_else(|| table(SHT_DYNSYM))?;
         let &(_, names_at, names_size, _) = self.sections.get(usize::try_from(link).ok()?)?;
         let table = read(file, offset, size)?;
-        let names = read(file, names_at, names_size)?;
         let mut functions: Vec<(u64, u64, u32)> = table
             .chunks_exact(24)
             .filter(|s| s[4] & 0xf == STT_FUNC && u16_at(s, 6) != Some(0))
@@ -276,7 +303,7 @@ impl Elf {
             .collect();
         functions.sort_unstable();
         functions.dedup_by_key(|f| f.0);
-        Some((functions, names))
+        Some((functions, (names_at, names_size)))
     }
 
     /// The GNU build ID note, in hex.
@@ -378,8 +405,9 @@ mod tests {
         assert!(code.named(), "{code:?}");
         let name = |addr: u64| {
             let (object, _) = code.mapping_of(addr).expect("mapped");
-            let name = object.function(addr).expect("named");
-            format!("{:#}", rustc_demangle::demangle(name))
+            let object = &code.objects[object];
+            let name = object.name(object.function(addr).expect("named"));
+            format!("{:#}", rustc_demangle::demangle(&name.expect("read")))
         };
         let here = names_functions_of_the_running_process as *const () as u64;
         assert!(

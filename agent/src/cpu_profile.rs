@@ -37,9 +37,6 @@ pub enum Error {
     Finish(String),
 }
 
-/// When, after a profile, the heap is trimmed and the code pages released: once the answer
-/// has been written.
-const RELEASE_AFTER: Duration = Duration::from_secs(1);
 /// How often the samples are moved out of the signal handler's buffer.
 const COLLECT_EVERY: Duration = Duration::from_millis(100);
 /// Distinct stacks kept, at most (each up to 64 addresses: 8 MiB in all); past it a sample of
@@ -156,17 +153,9 @@ pub async fn run(duration: Duration) -> Result<Vec<u8>, Error> {
     let gz = tokio::task::spawn_blocking(move || profile.finish())
         .await
         .map_err(|e| Error::Finish(e.to_string()))?;
-    // What the profile touched (its buffers, the unwinder's tables, its code and the answer's)
-    // goes back once the answer is sent, as after the agent's start.
-    tokio::spawn(async {
-        tokio::time::sleep(RELEASE_AFTER).await;
-        let _ = tokio::task::spawn_blocking(|| {
-            crate::runtime::trim();
-            let released = crate::runtime::release_startup_code();
-            tracing::debug!(released, "released the CPU profile's pages");
-        })
-        .await;
-    });
+    // The code pages the profile touched (the unwinder's tables, its own code, the answer's)
+    // go back at the idle trimmer's next tick (its heap, freed, at every tick).
+    crate::runtime::release_code_later();
     gz
 }
 

@@ -409,13 +409,7 @@ async fn handle(
             None => full(404, "{}"),
         },
         Route::ConfigDump => json_response(state.inputs.config_dump.clone()),
-        Route::Pprof(page) => {
-            // Boxed and dynamic: the profile's code is not inlined into this function, which
-            // every probe runs (nor its state into every request's).
-            let serve: std::pin::Pin<Box<dyn Future<Output = http::Response<Body>> + Send + '_>> =
-                Box::pin(pprof::serve(page, req.uri().query()));
-            serve.await
-        }
+        Route::Pprof(page) => pprof::serve(page, req.uri().query()).await,
         Route::PprofRedirect => redirect_to_pprof(req.uri().query()),
         Route::App(p) => {
             let Some(probe) = state.inputs.probers.get(&p) else {

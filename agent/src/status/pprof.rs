@@ -10,6 +10,7 @@
 //! errors are otherwise Go's `net/http/pprof`'s: its headers, its 500 for a second CPU profile
 //! while one runs, its 404 "Unknown profile".
 
+use std::pin::Pin;
 use std::time::Duration;
 
 use super::{Body, full};
@@ -66,15 +67,22 @@ pub(crate) fn page(name: &str) -> Page {
     }
 }
 
-/// Answers `page` for a request with `query`.
-pub(crate) async fn serve(page: Page, query: Option<&str>) -> http::Response<Body> {
-    match page {
-        Page::Index => typed(full(200, index()), "text/html; charset=utf-8"),
-        Page::Cmdline => typed(full(200, cmdline()), "text/plain; charset=utf-8"),
-        Page::Profile => profile(seconds(query)).await,
-        Page::GoOnly(why) => error(501, why),
-        Page::Unknown => error(404, "Unknown profile"),
-    }
+/// Answers `page` for a request with `query`. Boxed and dynamic: the profile's code is not
+/// inlined into the status server's handler, which every probe runs (nor its state into every
+/// request's).
+pub(crate) fn serve(
+    page: Page,
+    query: Option<&str>,
+) -> Pin<Box<dyn Future<Output = http::Response<Body>> + Send + '_>> {
+    Box::pin(async move {
+        match page {
+            Page::Index => typed(full(200, index()), "text/html; charset=utf-8"),
+            Page::Cmdline => typed(full(200, cmdline()), "text/plain; charset=utf-8"),
+            Page::Profile => profile(seconds(query)).await,
+            Page::GoOnly(why) => error(501, why),
+            Page::Unknown => error(404, "Unknown profile"),
+        }
+    })
 }
 
 async fn profile(seconds: u64) -> http::Response<Body> {

@@ -110,8 +110,10 @@ pub fn check_request(data: &[u8]) {
         return;
     };
     let local = flags & 1 != 0;
-    let localhost_only = flags & 2 != 0;
-    let profiling = flags & 16 != 0;
+    let rules = Rules {
+        metrics_localhost_only: flags & 2 != 0,
+        profiling: flags & 16 != 0,
+    };
     let method =
         [Method::GET, Method::POST, Method::HEAD, Method::PUT][usize::from(flags >> 2 & 3)].clone();
     let text = String::from_utf8_lossy(rest);
@@ -132,16 +134,12 @@ pub fn check_request(data: &[u8]) {
         }
     }
 
-    let rules = Rules {
-        metrics_localhost_only: localhost_only,
-        profiling,
-    };
     match route(uri.path(), &method, local, rules) {
         Route::Quit | Route::Drain => assert!(local && method == Method::POST, "{uri}"),
         Route::Ndsz | Route::ConfigDump => assert!(local, "{uri}"),
-        Route::Pprof(_) => assert!(local && profiling, "{uri}"),
-        Route::PprofRedirect => assert!(profiling, "{uri}"),
-        Route::Stats => assert!(local || !localhost_only, "{uri}"),
+        Route::Pprof(_) => assert!(local && rules.profiling, "{uri}"),
+        Route::PprofRedirect => assert!(rules.profiling, "{uri}"),
+        Route::Stats => assert!(local || !rules.metrics_localhost_only, "{uri}"),
         Route::App(p) => {
             assert!(
                 p.starts_with("/app-health/") || p.starts_with("/app-lifecycle/"),
@@ -181,7 +179,7 @@ pub fn check_request(data: &[u8]) {
     }
 
     if let Some(q) = uri.query() {
-        assert!(super::pprof::seconds(Some(q)) > 0);
+        assert!(pprof::seconds(Some(q)) > 0);
     }
     assert!(super::stats::scrape_timeout(&headers) < std::time::Duration::from_secs(3600));
     let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();

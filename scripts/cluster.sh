@@ -11,6 +11,8 @@
 #   scripts/cluster.sh status   what runs
 #   scripts/cluster.sh env      `export KUBECONFIG=… PATH=…` (kubectl and istioctl that reach the
 #                               cluster's namespace)
+#   scripts/cluster.sh load TAR…           import more OCI archives into the running node
+#   scripts/cluster.sh tag IMAGE NAME      give an image of the node a second name
 # Environment: MESH_AGENT_BIN (our pilot-agent and istio-iptables for the proxyv2 image; default
 # target/debug), MESH_CLUSTER_DIR (state; default /var/tmp/mesh-cluster), MESH_CACHE (builds).
 set -euo pipefail
@@ -29,8 +31,10 @@ SVC_CIDR=198.19.0.0/16
 KUBERNETES_SVC_IP=198.19.0.1
 DNS_IP=198.19.0.10
 CGROUP_ROOT=mesh-node
+# scripts/cluster/registry.py, on the node's loopback: what containerd resolves `localhost/...` to.
+REGISTRY=127.0.0.1:5000
 # Components in start order; `down` stops them in reverse.
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd registry kubelet kube-proxy)
 
 log() { echo "cluster: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -172,6 +176,9 @@ state = "/run/containerd"
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "$IMAGE_HUB/pause:$IMAGE_TAG"
+  # Pulls (imagePullPolicy: Always) of `localhost/...` go to scripts/cluster/registry.py.
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "$STATE/node/certs.d"
 [plugins.'io.containerd.cri.v1.runtime']
   # root here lacks CAP_SYS_RESOURCE: runc cannot lower a container's oom_score_adj.
   restrict_oom_score_adj = true
@@ -181,6 +188,12 @@ state = "/run/containerd"
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["/opt/cni/bin"]
     conf_dir = "/etc/cni/net.d"
+EOF
+  mkdir -p "$STATE/node/certs.d/localhost"
+  cat >"$STATE/node/certs.d/localhost/hosts.toml" <<EOF
+server = "http://$REGISTRY"
+[host."http://$REGISTRY"]
+  capabilities = ["pull", "resolve"]
 EOF
   cat >"$STATE/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -276,6 +289,8 @@ start_node() {
     in_node "$(bin containerd)/ctr" -n k8s.io images import "$tar" >>"$STATE/logs/images.log" 2>&1 ||
       die "importing $tar into containerd failed"
   done
+  start registry python3 "$here/registry.py" --listen "$REGISTRY" "$STATE/images"
+  wait_for registry 30 in_node curl -sf "http://$REGISTRY/v2/"
   start kubelet env PATH="$shim_path" "$(bin kubernetes)/kubelet" --config "$STATE/kubelet.yaml" \
     --kubeconfig "$STATE/pki/kubelet.kubeconfig" --node-ip "$NODE_IP" --hostname-override "$NODE"
   start kube-proxy "$(bin kubernetes)/kube-proxy" --config "$STATE/kube-proxy.yaml"
@@ -360,6 +375,22 @@ up() {
   echo "$STATE/kubeconfig"
 }
 
+# Images `up` does not load (scripts/cluster/images.sh --vm), into the running node.
+load() {
+  alive "$(holder)" || die "the cluster is not up"
+  local tar
+  for tar in "$@"; do
+    in_node "$(bin containerd)/ctr" -n k8s.io images import "$tar" >>"$STATE/logs/images.log" 2>&1 ||
+      die "importing $tar into containerd failed; its log: $STATE/logs/images.log"
+  done
+}
+
+tag() {
+  alive "$(holder)" || die "the cluster is not up"
+  in_node "$(bin containerd)/ctr" -n k8s.io images tag --force "$1" "$2" >>"$STATE/logs/images.log" 2>&1 ||
+    die "naming $1 $2 failed; its log: $STATE/logs/images.log"
+}
+
 status() {
   alive "$(holder)" || { echo "cluster: down"; return 1; }
   local name pid
@@ -375,5 +406,7 @@ case ${1:-} in
   down) down ;;
   status) status ;;
   env) echo "export KUBECONFIG=$STATE/kubeconfig PATH=$STATE/bin:\$PATH" ;;
-  *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+  load) shift; load "$@" ;;
+  tag) (($# == 3)) || die "usage: $0 tag IMAGE NAME"; tag "$2" "$3" ;;
+  *) echo "usage: $0 up|down|status|env|load TAR…|tag IMAGE NAME" >&2; exit 2 ;;
 esac

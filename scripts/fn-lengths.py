@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Function lengths (from `fn` to its closing brace; tests included) over 80 lines, and the count of
-`Result<_, String>`, in the Rust sources under the folders given: `scripts/fn-lengths.py iptables-init/src`."""
+`Result<_, String>`, in the Rust sources under the folders (or files) given:
+`scripts/fn-lengths.py iptables-init/src`, `scripts/fn-lengths.py agent/src/xds_proxy.rs agent/src/xds_proxy`.
+`--summary`: the last line only."""
 import re, sys, pathlib
 
 FN = re.compile(r'^\s*(pub(\([^)]*\))?\s+)?(const\s+)?(async\s+)?(unsafe\s+)?(extern\s+"[^"]*"\s+)?fn\s+(\w+)')
@@ -49,14 +51,16 @@ def functions(path):
             break
     return res
 
-roots = sys.argv[1:]
+summary = '--summary' in sys.argv[1:]
+roots = [a for a in sys.argv[1:] if a != '--summary']
 allf, strings = [], 0
 for r in roots:
-    for p in sorted(pathlib.Path(r).rglob('*.rs')):
+    root = pathlib.Path(r)
+    for p in [root] if root.is_file() else sorted(root.rglob('*.rs')):
         allf += functions(p)
         strings += len(re.findall(r'Result<[^;{]*?,\s*String\s*>', p.read_text()))
 over80 = [f for f in allf if f[0] > 80]
 over120 = [f for f in allf if f[0] > 120]
-for f in sorted(over80, reverse=True):
+for f in [] if summary else sorted(over80, reverse=True):
     print(f"{f[0]:5} {f[1]} {f[2]}")
 print(f"functions: {len(allf)}  over 80: {len(over80)}  over 120: {len(over120)}  Result<_, String>: {strings}")

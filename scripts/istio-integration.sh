@@ -2,12 +2,18 @@
 # Istio's own integration tests (tests/integration/ of the pinned istio module, run by its own
 # framework with `go test -tags=integ`) against the local cluster of scripts/cluster.sh, with our
 # proxy image or, as the control, Istio's Go agent in the same image.
-#   usage: scripts/istio-integration.sh [--agent ours|istio|both] [--out DIR] [SUITE…] [-run REGEX]
-#          [-skip REGEX] [--istio.test.FLAG=VALUE…] (passed to the framework as given)
+#   usage: scripts/istio-integration.sh [--agent ours|istio|both] [--vm] [--out DIR] [SUITE…]
+#          [-run REGEX] [-skip REGEX] [--istio.test.FLAG=VALUE…] (passed to the framework as given)
 #   --agent both: the same tests with ours, then with Istio's agent, then the two columns into
 #   docs/istio-integration.md (the rows that do not pass with both explained by
 #   tests/data/istio-integration/notes.tsv).
 #   SUITE: a package under tests/integration/ (default: pilot); REGEX: go test's -run / -skip.
+#   --vm: the VM tests too (without it the framework runs with --istio.test.skipVM): the echo
+#   workloads the framework deploys "as VMs" run the image app_sidecar_debian_12 with the agent
+#   under test in its istio-sidecar.deb (scripts/cluster/images.sh --vm, loaded into the node;
+#   Istio's agent's is tagged IMAGE_TAG_ISTIO, so that run uses that tag, under which the app
+#   image is named too), and the install has the east-west gateway through which they reach
+#   istiod (scripts/cluster/manifests/istio-eastwest*.yaml).
 # Before each suite, Istio is reinstalled as the framework installs it for its tests (the module's
 # tests/integration/base.yaml and iop-integration-test-defaults.yaml: DNS capture, access logs,
 # the ingress and egress gateways), with the cluster's upstream-Envoy settings and the suite's own
@@ -26,10 +32,11 @@ source "$repo/scripts/cluster/versions.env"
 CACHE=${MESH_CACHE:-/var/cache/mesh-agent}
 STATE=${MESH_CLUSTER_DIR:-/var/tmp/mesh-cluster}
 manifests=$repo/scripts/cluster/manifests
-agent=ours out=$repo/target/istio-integration run='' skip='' suites=() extra=()
+agent=ours vm=() out=$repo/target/istio-integration run='' skip='' suites=() extra=()
 while (($#)); do
   case $1 in
     --agent) agent=$2; shift 2 ;;
+    --vm) vm=(--vm); shift ;;
     --out) out=$2; shift 2 ;;
     -run) run=$2; shift 2 ;;
     -skip) skip=$2; shift 2 ;;
@@ -42,18 +49,22 @@ out=$(realpath -m "$out")
 if [[ $agent == both ]]; then
   status=0
   for one in ours istio; do
-    "$0" --agent "$one" --out "$out" ${run:+-run "$run"} ${skip:+-skip "$skip"} ${extra[@]+"${extra[@]}"} \
+    "$0" --agent "$one" --out "$out" ${vm[@]+"${vm[@]}"} ${run:+-run "$run"} ${skip:+-skip "$skip"} ${extra[@]+"${extra[@]}"} \
       "${suites[@]}" || status=$?
     ((status < 2)) || exit "$status"
   done
   python3 "$repo/scripts/lib/integration_table.py" --table "$out/ours.json" "$out/istio.json" \
     --module "$ISTIO_VERSION" --date "$(date -u +%F)" --commit "$(git -C "$repo" rev-parse --short HEAD)" \
-    --command "scripts/istio-integration.sh --agent both ${run:+-run '$run' }${skip:+-skip '$skip' }${extra[*]+${extra[*]} }${suites[*]}" \
+    --command "scripts/istio-integration.sh --agent both ${vm[*]+${vm[*]} }${run:+-run '$run' }${skip:+-skip '$skip' }${extra[*]+${extra[*]} }${suites[*]}" \
     --notes "$repo/tests/data/istio-integration/notes.tsv" --suites "${suites[@]}" >"$repo/docs/istio-integration.md"
   echo "istio-integration: docs/istio-integration.md written" >&2
   exit "$status"
 fi
-case $agent in ours) image=proxyv2 ;; istio) image=proxyv2-istio ;; *) echo "--agent ours|istio|both" >&2; exit 2 ;; esac
+case $agent in
+  ours) image=proxyv2 vm_tag=$IMAGE_TAG vm_image=app_sidecar_debian_12 ;;
+  istio) image=proxyv2-istio vm_tag=$IMAGE_TAG_ISTIO vm_image=app_sidecar_debian_12-istio ;;
+  *) echo "--agent ours|istio|both" >&2; exit 2 ;;
+esac
 fail() { echo "istio-integration: $*" >&2; exit 2; }
 
 "$repo/scripts/cluster.sh" status >/dev/null 2>&1 || fail "the cluster is not up (scripts/cluster.sh up)"
@@ -72,10 +83,21 @@ install_for() {
   "$STATE/bin/istioctl" manifest generate "${files[@]}" --set hub="$IMAGE_HUB" --set tag="$IMAGE_TAG" \
     --set values.global.proxy.image="$image" --set values.global.proxy_init.image="$image" \
     >"$manifest" 2>"$log" || fail "rendering Istio for $suite failed; its log: $log"
+  local deployments=(istiod istio-ingressgateway istio-egressgateway)
+  if ((${#vm[@]})); then
+    {
+      echo ---
+      "$STATE/bin/istioctl" manifest generate -f "$manifests/istio-gateways.yaml" -f "$manifests/istio-eastwest.yaml" \
+        --set hub="$IMAGE_HUB" --set tag="$IMAGE_TAG" --set values.global.proxy.image="$image"
+      echo ---
+      cat "$manifests/istio-eastwest-istiod.yaml"
+    } >>"$manifest" 2>>"$log" || fail "rendering the east-west gateway for $suite failed; its log: $log"
+    deployments+=(istio-eastwestgateway)
+  fi
   kubectl apply --server-side --force-conflicts -f "$manifest" >>"$log" 2>&1 ||
     fail "installing Istio for $suite failed; its log: $log"
   local deployment
-  for deployment in istiod istio-ingressgateway istio-egressgateway; do
+  for deployment in "${deployments[@]}"; do
     kubectl -n istio-system rollout status "deployment/$deployment" --timeout=240s >>"$log" 2>&1 ||
       fail "$deployment not ready for $suite; its log: $log"
   done
@@ -104,10 +126,30 @@ if [[ ! -f $src/go.sum ]]; then
   printf '//go:build tools\npackage tools\nimport _ "%s/pkg/test/framework"\n' "$ISTIO_MODULE" >"$src/tools.go"
   (cd "$src" && go mod tidy) || fail "resolving $ISTIO_MODULE@$ISTIO_VERSION failed"
 fi
+# The VM images: built (cached) and loaded into the node; the app image also under the tag of
+# Istio's agent's VM image, the one tag the framework takes both from.
+tag=$IMAGE_TAG
+if ((${#vm[@]})); then
+  tag=$vm_tag
+  "$repo/scripts/cluster/images.sh" --vm "${MESH_AGENT_BIN:-$repo/target/debug}" "$CACHE/images/vm" >"$out/images.log" 2>&1 ||
+    fail "building the VM images failed; its log: $out/images.log"
+  "$repo/scripts/cluster.sh" load "$CACHE/images/vm/$vm_image.tar" >>"$out/images.log" 2>&1 ||
+    fail "loading $vm_image into the node failed; its log: $out/images.log"
+  # The framework deploys its default VM (TestTraffic's `vm` workload) as Ubuntu Noble
+  # (release-1.31's echo.DefaultVMDistro); only Debian's archive is reachable here, so the
+  # Debian 12 image, with the same package and start script, also answers to that name.
+  "$repo/scripts/cluster.sh" tag "$IMAGE_HUB/app_sidecar_debian_12:$tag" "$IMAGE_HUB/app_sidecar_ubuntu_noble:$tag" \
+    >>"$out/images.log" 2>&1 || fail "naming app_sidecar_debian_12:$tag as app_sidecar_ubuntu_noble failed; its log: $out/images.log"
+  [[ $tag == "$IMAGE_TAG" ]] ||
+    "$repo/scripts/cluster.sh" tag "$IMAGE_HUB/app:$IMAGE_TAG" "$IMAGE_HUB/app:$tag" >>"$out/images.log" 2>&1 ||
+    fail "naming the app image $IMAGE_HUB/app:$tag failed; its log: $out/images.log"
+fi
 args=(--istio.test.kube.config="$STATE/kubeconfig" --istio.test.kube.deploy=false
-  --istio.test.hub="$IMAGE_HUB" --istio.test.tag="$IMAGE_TAG" --istio.test.pullpolicy=Never
-  --istio.test.kube.loadbalancer=false --istio.test.work_dir="$out/work-$agent" ${extra[@]+"${extra[@]}"})
-echo "istio-integration: ${suites[*]} with $agent ($IMAGE_HUB/$image:$IMAGE_TAG)" >&2
+  --istio.test.hub="$IMAGE_HUB" --istio.test.tag="$tag" --istio.test.pullpolicy=Never
+  --istio.test.kube.loadbalancer=false --istio.test.work_dir="$out/work-$agent")
+((${#vm[@]})) || args+=(--istio.test.skipVM=true)
+args+=(${extra[@]+"${extra[@]}"})
+echo "istio-integration: ${suites[*]} with $agent ($IMAGE_HUB/$image:$IMAGE_TAG${vm[*]+, VMs $IMAGE_HUB/app_sidecar_debian_12:$tag})" >&2
 : >"$out/$agent.json"
 rc=0
 for suite in "${suites[@]}"; do

@@ -397,6 +397,7 @@ impl Agent {
             .current_dir(w.join(dir))
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .envs([
+                ("CLOUD_PLATFORM", "none"),
                 ("POD_NAME", "bench"),
                 ("POD_NAMESPACE", NS),
                 ("SERVICE_ACCOUNT", "sa"),

@@ -38,7 +38,7 @@ fi
 cd "$work/pod"
 # The kubelet's soft open-file limit; the agent raises it to the hard limit.
 ulimit -Sn 1024
-env -i PATH="$PATH" POD_NAME=bench POD_NAMESPACE=demo SERVICE_ACCOUNT=sa INSTANCE_IP=127.0.0.1 \
+env -i PATH="$PATH" CLOUD_PLATFORM=none POD_NAME=bench POD_NAMESPACE=demo SERVICE_ACCOUNT=sa INSTANCE_IP=127.0.0.1 \
   ISTIOD_SAN=istiod.istio-system.svc ECC_SIGNATURE_ALGORITHM=ECDSA \
   ENVOY_STATUS_PORT=36021 ENVOY_PROMETHEUS_PORT=36090 \
   PROXY_CONFIG="{\"binaryPath\":\"$envoy\",\"discoveryAddress\":\"127.0.0.1:36012\",\"proxyAdminPort\":36000,\"statusPort\":36020,\"terminationDrainDuration\":\"1s\"}" \

@@ -26,7 +26,7 @@ for _ in $(seq 100); do [ -s "$work/ca/root-cert.pem" ] && break; sleep 0.05; do
 cp "$work/ca/root-cert.pem" "$work/pod/var/run/secrets/istio/"
 cd "$work/pod"
 start=$(date +%s%N)
-env -i PATH="$PATH" POD_NAME=bench POD_NAMESPACE=demo SERVICE_ACCOUNT=sa INSTANCE_IP=127.0.0.1 \
+env -i PATH="$PATH" CLOUD_PLATFORM=none POD_NAME=bench POD_NAMESPACE=demo SERVICE_ACCOUNT=sa INSTANCE_IP=127.0.0.1 \
   ISTIOD_SAN=istiod.istio-system.svc ECC_SIGNATURE_ALGORITHM=ECDSA \
   ISTIO_META_DNS_CAPTURE=true DNS_PROXY_ADDR=127.0.0.1:35053 \
   ENVOY_STATUS_PORT=35021 ENVOY_PROMETHEUS_PORT=35090 \

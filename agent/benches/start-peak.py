@@ -77,7 +77,7 @@ def run_one(agent, idle, wrap):
         shutil.copy(f"{work}/ca/root-cert.pem", f"{work}/pod/var/run/secrets/istio/")
         shutil.copy(TEMPLATE, f"{work}/pod/var/lib/istio/envoy/envoy_bootstrap_tmpl.json")
         env = {
-            "PATH": os.environ["PATH"], "POD_NAME": "bench", "POD_NAMESPACE": "demo",
+            "PATH": os.environ["PATH"], "POD_NAME": "bench", "POD_NAMESPACE": "demo", "CLOUD_PLATFORM": "none",
             "SERVICE_ACCOUNT": "sa", "INSTANCE_IP": "127.0.0.1",
             "ISTIOD_SAN": "istiod.istio-system.svc", "ECC_SIGNATURE_ALGORITHM": "ECDSA",
             "ISTIO_META_DNS_CAPTURE": "true", "DNS_PROXY_ADDR": "127.0.0.1:41053",

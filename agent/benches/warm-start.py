@@ -155,7 +155,7 @@ def run_one(agent, prefetch, delay_ms):
             relay = Relay(delay_ms)
             port = RELAY
         env = {
-            "PATH": os.environ["PATH"], "POD_NAME": "bench", "POD_NAMESPACE": "demo",
+            "PATH": os.environ["PATH"], "POD_NAME": "bench", "POD_NAMESPACE": "demo", "CLOUD_PLATFORM": "none",
             "SERVICE_ACCOUNT": "sa", "INSTANCE_IP": "127.0.0.1",
             "ISTIOD_SAN": "istiod.istio-system.svc", "ECC_SIGNATURE_ALGORITHM": "ECDSA",
             "ISTIO_META_DNS_CAPTURE": "true", "DNS_PROXY_ADDR": "127.0.0.1:42053",

@@ -21,6 +21,7 @@ use crate::config::{Config, NodeType};
 use crate::envoy::readiness::EnvoyReadiness;
 use crate::envoy::{self, admin::Admin};
 use crate::lifecycle::{Components, Readiness, Shutdown};
+use crate::platform::Pending;
 use crate::status::{self, StatusServer, probe::Prober};
 use crate::xds_proxy::{self, XdsProxy};
 
@@ -65,6 +66,8 @@ pub struct App {
     dns: Option<dns_proxy::DnsProxy>,
     health: Option<HealthCheck>,
     sockets: SocketFiles,
+    /// The cloud platform, searched for while the rest starts.
+    platform: Pending,
 }
 
 /// The agent's Unix socket files, removed when dropped: after the run, or when binding fails
@@ -164,6 +167,8 @@ impl App {
     /// identity (secret manager and SDS socket), the xDS proxy, the status server.
     pub async fn bind(inputs: Inputs) -> anyhow::Result<App> {
         let config = Arc::new(inputs.config);
+        // First: the metadata servers are asked while everything else starts.
+        let platform = Pending::start(config.platform.clone());
         let config_dump = config.dump().to_string();
         tracing::info!(config = %config_dump, "effective configuration");
         let shutdown = inputs.shutdown;
@@ -258,6 +263,7 @@ impl App {
             dns,
             health,
             sockets,
+            platform,
         })
     }
 
@@ -280,6 +286,7 @@ impl App {
             dns,
             health,
             sockets,
+            platform,
         } = self;
         let mut components = Components::new(shutdown.clone(), readiness.clone());
         let token = components.token();
@@ -323,13 +330,11 @@ impl App {
             let path = config.bootstrap.grpc_xds_bootstrap.clone();
             tokio::spawn(status::grpc_ready::wait(path, guard, token.clone()));
         }
-        if let Err(e) = bootstrap::write_grpc_bootstrap(&config) {
-            tracing::warn!(error = %e, "writing the gRPC xDS bootstrap failed");
-        }
+        tokio::spawn(write_grpc_bootstrap(config.clone(), platform.clone()));
 
         let result = if config.envoy.launched() && !shutdown.is_shutting_down() {
             // A failed component triggers the shutdown Envoy watches: Envoy drains and exits.
-            run_envoy(&config, &bound, &shutdown, prefetch).await
+            run_envoy(&config, &bound, &shutdown, &platform, prefetch).await
         } else {
             tokio::select! {
                 _ = shutdown.token().cancelled() => {}
@@ -448,12 +453,12 @@ fn bind_xds(
         sink
     });
     let proxy = XdsProxy::new(xds_proxy::Inputs {
-        upstream: xds_proxy::upstream(&config.upstream).map_err(anyhow::Error::msg)?,
+        upstream: xds_proxy::upstream(&config.upstream)?,
         nds,
         pcds: config.upstream.proxy_config_xds.then(|| {
             let manager = manager.clone();
             let sink: xds_proxy::PcdsSink =
-                Arc::new(move |pems| manager.set_config_trust_bundle(&pems));
+                Arc::new(move |pems| Ok(manager.set_config_trust_bundle(&pems)?));
             sink
         }),
         metrics: xds_proxy::Metrics::new(registry),
@@ -555,20 +560,34 @@ fn bind_status_server(
     ))
 }
 
-/// Writes Envoy's bootstrap and runs Envoy; returns the exit code. With `prefetch`
-/// (`XDS_PROXY_PREFETCH`), the xDS proxy opens its upstream stream with the bootstrap's node
-/// before Envoy starts.
+/// Writes the gRPC xDS bootstrap once the platform is known.
+async fn write_grpc_bootstrap(config: Arc<Config>, platform: Pending) {
+    let platform = platform.get().await;
+    if let Err(e) = bootstrap::write_grpc_bootstrap(&config, &platform) {
+        tracing::warn!(error = %e, "writing the gRPC xDS bootstrap failed");
+    }
+}
+
+/// Writes Envoy's bootstrap once the platform is known and runs Envoy; returns the exit code
+/// (0 when shut down before). With `prefetch` (`XDS_PROXY_PREFETCH`), the xDS proxy opens its
+/// upstream stream with the bootstrap's node before Envoy starts.
 async fn run_envoy(
     config: &Config,
     bound: &Bound,
     shutdown: &Shutdown,
+    platform: &Pending,
     prefetch: Option<(XdsProxy, tokio_util::sync::CancellationToken)>,
 ) -> anyhow::Result<i32> {
+    let platform = tokio::select! {
+        p = platform.get() => p,
+        _ = shutdown.token().cancelled() => return Ok(0),
+    };
     let written = bootstrap::write(
         config,
         Ports {
             status: bound.status.map_or(config.proxy.status_port, |a| a.port()),
         },
+        &platform,
         None,
     )
     .context("writing Envoy's bootstrap")?;
@@ -635,9 +654,11 @@ mod tests {
     }
 
     /// A sidecar's configuration under `dir`: pod `p` in `ns` at 127.0.0.1, an unreachable CA,
-    /// the `extra` variables and `proxy_config` as PROXY_CONFIG.
+    /// no cloud platform (no metadata server is asked), the `extra` variables and
+    /// `proxy_config` as PROXY_CONFIG.
     fn sidecar_config(dir: &Path, extra: &[(&str, &str)], proxy_config: &str) -> Config {
         let env: HashMap<String, String> = [
+            ("CLOUD_PLATFORM", "none"),
             ("POD_NAME", "p"),
             ("POD_NAMESPACE", "ns"),
             ("INSTANCE_IP", "127.0.0.1"),

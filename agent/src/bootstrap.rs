@@ -10,9 +10,10 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::config::{Config, NodeType};
+use crate::platform::Platform;
 
 mod builtin;
 mod clusters;
@@ -90,28 +91,16 @@ pub fn local_address_ip_version(config: &Config) -> &'static str {
     }
 }
 
-/// `node.cluster`: the service cluster (`istio-proxy` becomes `<app>.<ns>`, and stays
-/// `istio-proxy` without a namespace).
-pub fn service_cluster(config: &Config) -> Result<String, Error> {
-    Ok(metadata::node(config)?.cluster)
-}
-
-/// Node metadata: ProxyConfig `ISTIO_META_*`, env `ISTIO_META_*`, the members of
-/// `ISTIO_METAJSON_*`, then the typed fields the agent owns.
-pub fn node_metadata(config: &Config) -> Result<Map<String, Value>, Error> {
-    Ok(metadata::node(config)?.metadata)
-}
-
 /// Renders the built-in bootstrap as JSON.
-pub fn render(config: &Config, ports: Ports) -> Result<Value, Error> {
-    builtin::render(&options::Options::new(config, ports)?)
+pub fn render(config: &Config, ports: Ports, platform: &Platform) -> Result<Value, Error> {
+    builtin::render(&options::Options::new(config, ports, platform)?)
 }
 
 /// The data a template is rendered with (Istio's template parameters).
-pub fn template_data(config: &Config, ports: Ports) -> Result<Value, Error> {
+pub fn template_data(config: &Config, ports: Ports, platform: &Platform) -> Result<Value, Error> {
     Ok(template_data::template_data(
         config,
-        &options::Options::new(config, ports)?,
+        &options::Options::new(config, ports, platform)?,
     ))
 }
 
@@ -172,17 +161,23 @@ fn write_file(path: &Path, text: &str) -> Result<(), Error> {
     })
 }
 
-/// Writes the bootstrap for Envoy: `customConfigFile` as is, or a rendered template (see
-/// [`template_path`]), or the built-in bootstrap, into `<configPath>/envoy-rev.json` (or `out`).
-/// A Lightstep tracer's access token goes to `<configPath>/lightstep_access_token.txt` first.
-pub fn write(config: &Config, ports: Ports, out: Option<&Path>) -> Result<Written, Error> {
+/// Writes the bootstrap for Envoy on `platform`: `customConfigFile` as is, or a rendered
+/// template (see [`template_path`]), or the built-in bootstrap, into
+/// `<configPath>/envoy-rev.json` (or `out`). A Lightstep tracer's access token goes to
+/// `<configPath>/lightstep_access_token.txt` first.
+pub fn write(
+    config: &Config,
+    ports: Ports,
+    platform: &Platform,
+    out: Option<&Path>,
+) -> Result<Written, Error> {
     if !config.proxy.custom_config_file.is_empty() && out.is_none() {
         return Ok(Written {
             path: config.path(&config.proxy.custom_config_file),
             generated: false,
         });
     }
-    let opts = options::Options::new(config, ports)?;
+    let opts = options::Options::new(config, ports, platform)?;
     if let Some(telemetry::Tracer::Lightstep { access_token, .. }) = &opts.telemetry.tracer {
         let token = config
             .path(&config.proxy.config_path)

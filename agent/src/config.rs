@@ -3,6 +3,7 @@
 //! expected.
 
 mod bootstrap;
+pub mod ca_provider;
 mod dns;
 pub mod dump;
 mod env;
@@ -10,6 +11,7 @@ mod envoy;
 pub mod grpc;
 pub mod identity;
 mod node;
+pub mod platform;
 pub mod probe;
 pub mod proxy_config;
 mod status;
@@ -24,6 +26,7 @@ pub use env::{Metrics as EnvMetrics, STRICT_ENV};
 pub use envoy::{EnvoyConfig, HeapLimit};
 pub use grpc::XdsServer;
 pub use node::Node;
+pub use platform::{CloudPlatform, PlatformConfig};
 pub use proxy_config::{AuthPolicy, ProxyConfig, StatsMatcher, split_host_port};
 pub use status::StatusConfig;
 pub use upstream::XdsUpstream;
@@ -74,6 +77,15 @@ pub enum Error {
     Socket(sds::Error),
     #[error("invalid proxy type {0:?}: expected sidecar, router or waypoint")]
     NodeType(String),
+    /// `PROV_CERT` beside mounted certificates (`FILE_MOUNTED_CERTS`, or GKE's files).
+    #[error("invalid options: PROV_CERT and {0} are mutually exclusive")]
+    ProvCertExclusive(&'static str),
+    #[error("CA_PROVIDER=GkeWorkloadCertificate: GKE workload certificate files ({0}) not present")]
+    GkeWorkloadFiles(String),
+    #[error(
+        "CA provider {0:?} not registered (CA_PROVIDER: Citadel, Istio's CA, is the one CA client; GoogleCA is chosen by a CA_ADDR under googleapis.com; GkeWorkloadCertificate reads mounted files)"
+    )]
+    CaProviderNotRegistered(String),
     #[error("invalid flag --{flag}={value:?}: expected {expected}")]
     Flag {
         flag: String,
@@ -210,6 +222,8 @@ pub struct Config {
     pub xds_server: XdsServer,
     /// The status server (probes, app metrics, workload health).
     pub status: StatusConfig,
+    /// `CLOUD_PLATFORM` and the metadata servers the platform is discovered from.
+    pub platform: PlatformConfig,
     /// The variables whose value did not parse and whose default was used instead (warned
     /// about at load; counted in `istio_agent_env_parse_errors_total`).
     pub env_fallbacks: Vec<String>,
@@ -348,7 +362,16 @@ impl Config {
             .get("PROV_CERT")
             .map(|d| sds::CertDir::istio(&resolve(&base_dir, d)));
         let istiod_san = env.get("ISTIOD_SAN");
-        let file_mounted_certs = env.bool("FILE_MOUNTED_CERTS", false)?;
+        let ca_provider = ca_provider::load(ca_provider::Inputs {
+            env,
+            base_dir: &base_dir,
+            discovery_address: &proxy.discovery_address,
+            prov_cert: prov_cert.is_some(),
+            file_mounted_certs: env.bool("FILE_MOUNTED_CERTS", false)?,
+        })?;
+        // GKE's files are mounted certificates too, for the CA client and the xDS upstream.
+        let file_mounted_certs =
+            env.bool("FILE_MOUNTED_CERTS", false)? || ca_provider.mounted_files().is_some();
         // One TLS policy for every connection the agent makes to istiod, and Envoy's share.
         let compliance = compliance_policy(env);
         // One keepalive for every gRPC connection, made or served (`GRPC_KEEPALIVE_*`).
@@ -365,6 +388,7 @@ impl Config {
             istiod_san,
             socket: &workload_socket,
             file_mounted_certs,
+            ca_provider: &ca_provider,
             compliance,
             grpc_keepalive: client_keepalive,
         })?;
@@ -405,6 +429,7 @@ impl Config {
         };
         let status = status::load(env, &proxy, flags.profiling)?;
         let bootstrap = bootstrap::load(env, &base_dir)?;
+        let platform = platform::load(env, node.ips.iter().any(IpAddr::is_ipv6))?;
         let env_fallbacks = fallbacks.into_variables();
 
         Ok(Config {
@@ -420,6 +445,7 @@ impl Config {
             upstream,
             xds_server,
             status,
+            platform,
             env_fallbacks,
         })
     }

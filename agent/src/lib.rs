@@ -5,6 +5,8 @@
 //!   `bootstrap`).
 //! - [`config`]: the typed configuration (flags, env map, ProxyConfig layers).
 //! - [`bootstrap`]: Envoy's bootstrap and node metadata; the gRPC xDS bootstrap.
+//! - [`platform`]: the cloud platform (`CLOUD_PLATFORM`, else discovered) the node metadata
+//!   and locality take facts from.
 //! - `envoy`: Envoy's argv, process and drain sequence.
 //! - `status`: the status server on 15020.
 //! - [`lifecycle`]: the one shutdown signal and readiness guards.
@@ -40,6 +42,7 @@ pub mod lifecycle;
 mod log_capture;
 pub mod log_format;
 pub mod log_scopes;
+pub mod platform;
 pub mod runtime;
 mod sock_diag;
 mod status;

@@ -175,11 +175,19 @@ fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
         } => {
             let config = app::load_config(node_type, flags, env, base_dir)?;
             let out = output.map(|o| config.path(&o));
+            let rt = runtime()?;
+            let platform = rt.block_on(agent::platform::discover(
+                &config.platform,
+                agent::platform::BOUND,
+            ));
+            // A DNS lookup still running must not hold the exit.
+            rt.shutdown_background();
             let written = agent::bootstrap::write(
                 &config,
                 agent::bootstrap::Ports {
                     status: config.proxy.status_port,
                 },
+                &platform,
                 out.as_deref(),
             )?;
             println!("{}", written.path.display());

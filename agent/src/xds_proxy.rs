@@ -82,7 +82,7 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 pub use codec::RawResponse;
-pub use connect::upstream;
+pub use connect::{ConnectError, upstream};
 pub use warm::Prefetch;
 
 #[cfg(feature = "fuzzing")]
@@ -114,8 +114,9 @@ pub enum Error {
 }
 
 /// Opens a new upstream channel to istiod (called once per Envoy stream).
-pub type Connect =
-    Arc<dyn Fn() -> BoxFuture<'static, Result<tonic::transport::Channel, String>> + Send + Sync>;
+pub type Connect = Arc<
+    dyn Fn() -> BoxFuture<'static, Result<tonic::transport::Channel, ConnectError>> + Send + Sync,
+>;
 
 /// Called when an upstream connection is lost: what became of the istiod it went to
 /// (`dead`: its address refuses connections; `stalled`: it still accepts TCP, so the process is
@@ -131,11 +132,15 @@ pub type Knock = Arc<dyn Fn() -> BoxFuture<'static, Option<bool>> + Send + Sync>
 /// Returns the bearer token for the next upstream stream, if any.
 pub type TokenFn = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
+/// Why a sink refused what it was given: the component's own error, whose message the NACK
+/// carries.
+pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Receives each NDS table; an error becomes a NACK.
-pub type NdsSink = Arc<dyn Fn(NameTable) -> Result<(), String> + Send + Sync>;
+pub type NdsSink = Arc<dyn Fn(NameTable) -> Result<(), SinkError> + Send + Sync>;
 
 /// Receives each PCDS `caCertificatesPem` (`PROXY_CONFIG_XDS_AGENT`); an error becomes a NACK.
-pub type PcdsSink = Arc<dyn Fn(Vec<String>) -> Result<(), String> + Send + Sync>;
+pub type PcdsSink = Arc<dyn Fn(Vec<String>) -> Result<(), SinkError> + Send + Sync>;
 
 /// How to reach istiod.
 #[derive(Clone)]

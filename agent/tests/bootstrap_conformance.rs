@@ -151,6 +151,7 @@ fn generate_with(
         Ports {
             status: config.proxy.status_port,
         },
+        &agent::platform::Platform::none(),
         None,
     )
     .map_err(|e| format!("bootstrap: {e:?}"))?;
@@ -803,7 +804,13 @@ fn extras(envoy: &Path, way: Way) {
         cgroup_memory_limit: None,
     })
     .expect("config");
-    let written = bootstrap::write(&config, Ports { status: 15020 }, None).expect("bootstrap");
+    let written = bootstrap::write(
+        &config,
+        Ports { status: 15020 },
+        &agent::platform::Platform::none(),
+        None,
+    )
+    .expect("bootstrap");
     let b: Value =
         serde_json::from_str(&std::fs::read_to_string(&written.path).expect("read")).expect("json");
     if way == Way::IstioTemplate && !env["ISTIO_BOOTSTRAP"].ends_with(".json") {

@@ -60,7 +60,13 @@ fn render(template: &Path, annotations: &str, env: &[(&str, &str)], outlier: &st
         cgroup_memory_limit: None,
     })
     .expect("config");
-    let written = bootstrap::write(&config, Ports { status: 15020 }, None).expect("bootstrap");
+    let written = bootstrap::write(
+        &config,
+        Ports { status: 15020 },
+        &agent::platform::Platform::none(),
+        None,
+    )
+    .expect("bootstrap");
     let text = std::fs::read_to_string(&written.path).expect("read bootstrap");
     let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
     Render {

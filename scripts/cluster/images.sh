@@ -10,7 +10,13 @@
 #   proxyv2-istio            the same image with Istio's Go pilot-agent instead of ours: the control
 #   install-cni              Istio's CNI installer and plugin (its `cni` chart's image)
 #   ext-authz, jwt-server    the servers Istio's security suites deploy (its samples)
-#   usage: scripts/cluster/images.sh <dir with our pilot-agent and istio-iptables> <out dir>
+# and with --vm only the images of Istio's VM echo workloads (Istio's tests run them as pods):
+#   app_sidecar_debian_12    Debian 12 with the packages of Istio's app_sidecar_base, our
+#                            istio-sidecar.deb (scripts/build-deb.sh) installed by dpkg, Istio's
+#                            echo server and client, its test certificates, a sudoers for the
+#                            app's user, app-sidecar/echo-start.sh as the entrypoint
+#   app_sidecar_debian_12:$IMAGE_TAG_ISTIO   the same with Istio's Go pilot-agent in the package
+#   usage: scripts/cluster/images.sh [--vm] <dir with our pilot-agent and istio-iptables> <out dir>
 #          scripts/cluster/images.sh --base   (only the Debian base layer; prints its path)
 # Archives whose inputs did not change are kept (the name carries a hash of the inputs).
 set -euo pipefail
@@ -26,19 +32,21 @@ bin() { "$here/build.sh" --dir "$1"; }
 istio_src=$(go mod download -json "$ISTIO_MODULE@$ISTIO_VERSION" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
 envoy=${ENVOY_BIN:-$repo/.tools/bin/envoy}
 
-# Debian bookworm with what Istio's proxy base has (iptables, nftables, iproute2, CA roots) and
-# its users: the base layer of proxyv2, proxyv2-istio, app and install-cni. Built once.
+# Debian bookworm with PACKAGES and USERS (name:uid…), built once per package and user list.
+# Without arguments: what Istio's proxy base has (iptables, nftables, iproute2, CA roots) and its
+# users, the base layer of proxyv2, proxyv2-istio, app and install-cni.
 base_layer() {
-  local packages=iptables,nftables,iproute2,ca-certificates,curl,procps
+  local packages=${1:-iptables,nftables,iproute2,ca-certificates,curl,procps}
+  local users=${2:-istio-proxy:1337 application:1338} user
   local tar="$CACHE/rootfs/debian-bookworm-$(echo "$packages" | sha256sum | cut -c1-12).tar"
+  [[ $# == 0 ]] || tar="$CACHE/rootfs/debian-bookworm-$(echo "$packages $users" | sha256sum | cut -c1-12).tar"
   if [[ ! -f $tar ]]; then
     mkdir -p "$CACHE/rootfs" "$CACHE/logs"
-    local root="$work/base" log="$CACHE/logs/rootfs-base.log"
+    local root="$work/base" log="$CACHE/logs/rootfs-$(basename "$tar" .tar).log"
     echo "images: debootstrap bookworm (log: $log)" >&2
     debootstrap --variant=minbase --include="$packages" bookworm "$root" "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$log" 2>&1 ||
       { echo "images: debootstrap failed; its log: $log" >&2; tail -n 20 "$log" >&2; exit 1; }
-    chroot "$root" useradd -m --uid 1337 --user-group istio-proxy
-    chroot "$root" useradd -m --uid 1338 --user-group application
+    for user in $users; do chroot "$root" useradd -m --uid "${user#*:}" --user-group "${user%%:*}"; done
     rm -rf "$root"/var/cache/apt/* "$root"/var/lib/apt/lists/* "$root"/dev/* "$root"/proc/* "$root"/sys/*
     tar --numeric-owner -C "$root" -cf "$tar.partial" . && mv "$tar.partial" "$tar"
     rm -rf "$root"
@@ -71,9 +79,66 @@ image() {
   echo "$key" >"$out/$name.key"
 }
 
+# vm_image NAME TAG AGENT_DIR: Istio's app_sidecar image for Debian 12 (its
+# Dockerfile.app_sidecar over app_sidecar_base_debian_12) with the package built from AGENT_DIR's
+# pilot-agent and istio-iptables. The base is one layer, and what the certificates, dpkg and the
+# app add is the second.
+vm_image() {
+  local name=$1 tag=$2 agent_dir=$3 key
+  [[ -x $envoy ]] || { echo "images: no Envoy at $envoy (scripts/setup.sh installs it)" >&2; exit 1; }
+  local certs=$istio_src/tests/testdata/certs root=$work/$name-root
+  local inputs=("$agent_dir/pilot-agent" "$agent_dir/istio-iptables" "$envoy" "$repo/scripts/build-deb.sh"
+    "$istio_src/tools/packaging/common/envoy_bootstrap.json" "$repo"/docs/vm/* "$here"/app-sidecar/*
+    "$(bin istio)/server" "$(bin istio)/client" "$0")
+  mapfile -t -O "${#inputs[@]}" inputs < <(find "$certs" -type f | sort)
+  key=$( (echo "$tag $vm_base"; sha256sum "$here/oci.py"; cat "${inputs[@]}" | sha256sum) | sha256sum | cut -c1-16)
+  if [[ -f $out/$name.tar && $(cat "$out/$name.key" 2>/dev/null) == "$key" ]]; then return 0; fi
+  local log="$CACHE/logs/image-$name.log"
+  mkdir -p "$root" "$CACHE/logs"
+  tar -C "$root" -xf "$vm_base"
+  touch "$work/$name.stamp"
+  OUT=$root/tmp/istio-sidecar.deb "$repo/scripts/build-deb.sh" "$agent_dir" >"$log" 2>&1 &&
+    chroot "$root" dpkg -i /tmp/istio-sidecar.deb >>"$log" 2>&1 ||
+    { echo "images: $name: building or installing istio-sidecar.deb failed; its log: $log" >&2; exit 1; }
+  rm "$root/tmp/istio-sidecar.deb"
+  # Istio's test certificates: the echo server's (cert.crt, cert.key) and the ones every VM image
+  # starts with in the sidecar's secrets directory.
+  cp -r "$certs/." "$root/var/lib/istio/"
+  # /var/run/secrets/istio: /var/run is a link to /run, which must not resolve on this host.
+  install -d "$root/run/secrets/istio"
+  cp "$certs/default/"* "$root/run/secrets/istio/"
+  chmod -R u+w,go-w "$root/var/lib/istio" "$root/run/secrets/istio"
+  install -m 0440 "$here/app-sidecar/sudoers" "$root/etc/sudoers"
+  install -m 0755 "$here/app-sidecar/echo-start.sh" "$(bin istio)/server" "$(bin istio)/client" "$root/usr/local/bin/"
+  # The second layer: what changed since the base was unpacked, with its owners (the package's
+  # istio-proxy user is made by its postinst). Nothing is removed from the base.
+  # (/dev is the runtime's: what the package's scripts wrote to an empty /dev is left out.)
+  (cd "$root" && find . -cnewer "$work/$name.stamp" ! -path . ! -path './dev/*' | sort) >"$work/$name.files"
+  tar --numeric-owner --no-recursion -C "$root" -T "$work/$name.files" -cf "$work/$name.layer.tar"
+  python3 "$here/oci.py" --name "$IMAGE_HUB/app_sidecar_debian_12:$tag" --layer "$vm_base" \
+    --layer "$work/$name.layer.tar" --workdir / --entrypoint /usr/local/bin/echo-start.sh -o "$out/$name.tar" >&2
+  echo "$key" >"$out/$name.key"
+  rm -rf "$root"
+}
+
 if [[ ${1:-} == --base ]]; then base_layer; exit 0; fi
+vm=0
+[[ ${1:-} == --vm ]] && { vm=1; shift; }
 agent_bin=$(cd "$1" && pwd) out=$2
 mkdir -p "$out"
+if ((vm)); then
+  # Istio's app_sidecar_base_debian_12: its packages (and procps: the framework's pod script waits
+  # for Envoy with pgrep), its app user (istio-proxy comes with the package). iptables is the
+  # nftables variant, Debian 12's default, as there.
+  vm_base=$(base_layer ca-certificates,curl,iptables,iproute2,iputils-ping,knot-dnsutils,netcat-openbsd,tcpdump,conntrack,bsdmainutils,net-tools,lsof,sudo,procps \
+    application:1338)
+  vm_image app_sidecar_debian_12 "$IMAGE_TAG" "$agent_bin"
+  mkdir -p "$work/istio-agent"
+  cp "$(bin istio)/pilot-agent" "$agent_bin/istio-iptables" "$work/istio-agent/"
+  vm_image app_sidecar_debian_12-istio "$IMAGE_TAG_ISTIO" "$work/istio-agent"
+  ls "$out"/app_sidecar_*.tar
+  exit 0
+fi
 base=$(base_layer)
 
 mkdir -p "$work/pause"

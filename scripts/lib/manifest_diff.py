@@ -2,6 +2,9 @@
 """Objects of one Kubernetes manifest that another lacks.
 
   manifest_diff.py A.yaml B.yaml   prints `kind namespace name` for each object in A not in B
+
+The kind is qualified by its API version and group (`Gateway.v1.networking.istio.io`) where it
+has a group, so that kubectl tells apart kinds of the same name.
 """
 
 import re
@@ -17,17 +20,22 @@ def objects(path: str) -> "set[tuple[str, str, str]]":
     found = set()
     with open(path, encoding="utf-8") as f:
         for doc in re.split(r"^---\s*$", f.read(), flags=re.M):
-            kind, meta, in_meta = "", {}, False
+            kind, api, meta, in_meta = "", "", {}, False
             for line in doc.splitlines():
                 top = TOP.match(line)
                 if top:
                     in_meta = top.group(1) == "metadata"
                     if top.group(1) == "kind":
                         kind = top.group(2).strip().strip('"')
+                    elif top.group(1) == "apiVersion":
+                        api = top.group(2).strip().strip('"')
                     continue
                 field = META.match(line) if in_meta else None
                 if field:
                     meta.setdefault(field.group(1), field.group(2).strip('"'))
+            group, _, version = api.rpartition("/")
+            if kind and group:
+                kind = f"{kind}.{version}.{group}"
             if kind:
                 found.add((kind, meta.get("namespace", "default"), meta.get("name", "")))
     return found

@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use crate::prereq;
 
+mod token;
+pub use token::Review;
+
 /// The two proxy images every scenario runs with: ours, and Istio's Go agent as the control.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Agent {
@@ -113,10 +116,20 @@ impl Cluster {
 
     /// `kubectl apply -f -` of a YAML document.
     pub fn apply(&self, yaml: &str) -> Result<String, String> {
+        self.with_stdin(&["apply", "-f", "-"], yaml)
+    }
+
+    /// `kubectl create -f - -o json` of a document (a review's answer, say).
+    pub fn create(&self, doc: &str) -> Result<String, String> {
+        self.with_stdin(&["create", "-f", "-", "-o", "json"], doc)
+    }
+
+    fn with_stdin(&self, args: &[&str], yaml: &str) -> Result<String, String> {
         use std::io::Write;
+        let what = format!("kubectl {}", args.join(" "));
         let mut child = self
             .tool("kubectl")
-            .args(["apply", "-f", "-"])
+            .args(args)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -127,17 +140,14 @@ impl Cluster {
             .take()
             .expect("piped stdin")
             .write_all(yaml.as_bytes())
-            .map_err(|e| format!("kubectl apply: writing the manifest: {e}"))?;
+            .map_err(|e| format!("{what}: writing the manifest: {e}"))?;
         let out = child
             .wait_with_output()
             .map_err(|e| format!("kubectl: {e}"))?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
-            Err(format!(
-                "kubectl apply: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ))
+            Err(format!("{what}: {}", String::from_utf8_lossy(&out.stderr)))
         }
     }
 

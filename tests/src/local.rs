@@ -133,10 +133,13 @@ pub fn write_file(path: &Path, contents: &str) {
     std::fs::write(path, contents).expect("write");
 }
 
-/// The agent's environment: the same for `bootstrap` and `proxy`, no Kubernetes at all.
+/// The agent's environment: the same for `bootstrap` and `proxy`, no Kubernetes at all, and no
+/// cloud platform (`CLOUD_PLATFORM=none`: on the host a test must not ask a real metadata
+/// server; `agent::platform::tests` use stand-ins).
 pub fn agent_env(cmd: &mut Command, discovery: SocketAddr, service_account: &str, ports: &Ports) {
     cmd.env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("CLOUD_PLATFORM", "none")
         .env("ISTIO_AGENT_EXTERNAL_ENVOY", "true")
         .env("POD_NAME", "local")
         .env("POD_NAMESPACE", "demo")

@@ -4,12 +4,15 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use super::{Error, node_metadata};
+use super::{Error, metadata};
 use crate::config::Config;
+use crate::platform::Platform;
 
-/// Writes the gRPC xDS bootstrap (`GRPC_XDS_BOOTSTRAP`) for proxyless clients.
-pub fn write_grpc_bootstrap(config: &Config) -> Result<PathBuf, Error> {
-    let mut meta = node_metadata(config)?;
+/// Writes the gRPC xDS bootstrap (`GRPC_XDS_BOOTSTRAP`) for proxyless clients: the node's id,
+/// metadata and locality (a pod label's, else `platform`'s), as Envoy's bootstrap has them.
+pub fn write_grpc_bootstrap(config: &Config, platform: &Platform) -> Result<PathBuf, Error> {
+    let node = metadata::node(config, platform)?;
+    let mut meta = node.metadata;
     meta.insert("GENERATOR".into(), json!("grpc"));
     let xds = config.xds_socket();
     let mut doc = json!({
@@ -18,7 +21,7 @@ pub fn write_grpc_bootstrap(config: &Config) -> Result<PathBuf, Error> {
             "channel_creds": [{ "type": "insecure" }],
             "server_features": ["xds_v3"]
         }],
-        "node": { "id": config.node_id(), "metadata": meta, "locality": {} },
+        "node": { "id": config.node_id(), "metadata": meta, "locality": node.locality.to_json() },
         "server_listener_resource_name_template": "xds.istio.io/grpc/lds/inbound/%s"
     });
     if let Some(dir) = &config.identity.output_certs {

@@ -1,6 +1,7 @@
 //! The bootstrap's `node`: its metadata as Istio's agent builds it (`ISTIO_META_*`, the members
 //! of `ISTIO_METAJSON_*` objects, the pod's labels and annotations, then the typed fields the
-//! agent owns), its service cluster and its locality.
+//! agent owns, the cloud platform's among them), its service cluster and its locality (a pod
+//! label's, else the platform's).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -9,6 +10,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Error, ISTIO_RELEASE};
 use crate::config::{AuthPolicy, Config, split_host_port};
+use crate::platform::Platform;
 
 /// The label Istio keeps the sanitised locality under.
 const LOCALITY_LABEL: &str = "istio-locality";
@@ -50,10 +52,10 @@ pub struct Node {
     pub metadata_discovery: bool,
 }
 
-/// Builds the node metadata, cluster and locality.
-pub fn node(config: &Config) -> Result<Node, Error> {
+/// Builds the node metadata, cluster and locality on `platform`.
+pub fn node(config: &Config, platform: &Platform) -> Result<Node, Error> {
     let (mut meta, static_labels) = env_metadata(config);
-    let (labels, static_labels, locality) = labels_and_locality(config, static_labels);
+    let (labels, static_labels, locality) = labels_and_locality(config, static_labels, platform);
     let metadata_discovery = insert_agent_fields(config, &mut meta);
     insert_workload_fields(config, &mut meta);
     for (key, v) in [
@@ -64,6 +66,9 @@ pub fn node(config: &Config) -> Result<Node, Error> {
         if !v.is_empty() {
             meta.insert(key.into(), json!(v));
         }
+    }
+    if !platform.metadata.is_empty() {
+        meta.insert("PLATFORM_METADATA".into(), json!(platform.metadata));
     }
     if !labels.is_empty() {
         meta.insert("LABELS".into(), json!(labels));
@@ -153,15 +158,24 @@ fn json_object(var: &str, value: &str) -> Option<Map<String, Value>> {
     }
 }
 
-/// Labels: the static ones, then the pod's labels file. Without a labels file both are the
-/// same map, so the sanitised locality shows in STATIC_LABELS too (as upstream). Returns the
-/// labels, the static labels and the locality they name.
+/// Labels: the static ones (`ISTIO_METAJSON_LABELS`, then the platform's instance labels),
+/// then the pod's labels file. Without a labels file the labels are the static ones only when
+/// `ISTIO_METAJSON_LABELS` gave some, and then they are one map (as upstream): the sanitised
+/// locality shows in STATIC_LABELS too. Returns the labels, the static labels and the locality
+/// they name, else the platform's.
 fn labels_and_locality(
     config: &Config,
     mut static_labels: BTreeMap<String, String>,
+    platform: &Platform,
 ) -> (BTreeMap<String, String>, BTreeMap<String, String>, Locality) {
-    let mut labels = static_labels.clone();
+    let same_map = !static_labels.is_empty();
+    static_labels.extend(platform.labels.clone());
     let has_labels_file = !config.node.pod_labels.is_empty();
+    let mut labels = if has_labels_file || same_map {
+        static_labels.clone()
+    } else {
+        BTreeMap::new()
+    };
     for (k, v) in &config.node.pod_labels {
         if k != "pod-template-hash" {
             labels.insert(k.clone(), v.clone());
@@ -172,12 +186,18 @@ fn labels_and_locality(
         .or_else(|| labels.get(LOCALITY_LABEL))
         .cloned()
         .unwrap_or_default();
+    if locality_label.is_empty() {
+        let locality = Locality {
+            region: platform.locality.region.clone(),
+            zone: platform.locality.zone.clone(),
+            sub_zone: String::new(),
+        };
+        return (labels, static_labels, locality);
+    }
     let sanitised = locality_label.replace('.', "/");
-    if !sanitised.is_empty() {
-        labels.insert(LOCALITY_LABEL.into(), sanitised.clone());
-        if !has_labels_file {
-            static_labels = labels.clone();
-        }
+    labels.insert(LOCALITY_LABEL.into(), sanitised.clone());
+    if !has_labels_file {
+        static_labels = labels.clone();
     }
     let mut parts = sanitised.splitn(3, '/').map(str::to_string);
     let locality = Locality {

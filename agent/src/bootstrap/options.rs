@@ -10,6 +10,7 @@ use super::stats::{self, Stats};
 use super::telemetry::{self, Telemetry, Tracer};
 use super::{Error, Ports};
 use crate::config::Config;
+use crate::platform::Platform;
 
 /// The name of the Lightstep token file under `configPath`.
 pub const LIGHTSTEP_TOKEN_FILE: &str = "lightstep_access_token.txt";
@@ -223,8 +224,8 @@ fn string_list(raw: &Value, field: &str) -> Result<Vec<String>, Error> {
 
 impl Options {
     /// Computes the options; errors name the ProxyConfig field or variable at fault.
-    pub fn new(config: &Config, ports: Ports) -> Result<Options, Error> {
-        let node = metadata::node(config)?;
+    pub fn new(config: &Config, ports: Ports, platform: &Platform) -> Result<Options, Error> {
+        let node = metadata::node(config, platform)?;
         let raw = &config.proxy.raw;
         let node_id = config.node_id();
         let waypoint = node_id.starts_with("waypoint~");

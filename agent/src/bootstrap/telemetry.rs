@@ -165,11 +165,11 @@ pub fn telemetry(config: &Config, meta: &Map<String, Value>) -> Result<Telemetry
         } else if let Some(d) = object(tracing, "tracing", "datadog")? {
             t.tracer = service_address(config, d, "tracing.datadog")?.map(Tracer::Datadog);
         } else if let Some(s) = object(tracing, "tracing", "stackdriver")? {
-            let project_id = gcp_project(config).ok_or_else(|| {
+            let project_id = gcp_project(meta).ok_or_else(|| {
                 bad(
                     "tracing.stackdriver",
                     &Value::Object(s.clone()),
-                    "a GCP project (set GCP_METADATA=<project>|<number>|<cluster>|<zone>)",
+                    "a GCP project: the GCP platform's gcp_project (on GCP, or GCP_METADATA=<project>|<number>|<cluster>|<location>)",
                 )
             })?;
             let max = |k: &str| -> Result<i64, Error> {
@@ -230,15 +230,17 @@ pub fn telemetry(config: &Config, meta: &Map<String, Value>) -> Result<Telemetry
     Ok(t)
 }
 
-/// The GCP project from `GCP_METADATA` (`project|number|cluster|zone`), Istio's override of
-/// GCP platform detection.
-fn gcp_project(config: &Config) -> Option<String> {
-    config
-        .bootstrap
-        .gcp_metadata
-        .split('|')
-        .next()
-        .filter(|p| !p.is_empty())
+/// The GCP project of the platform's metadata (`PLATFORM_METADATA.gcp_project`), as Istio
+/// takes it: present, even empty.
+pub(super) fn gcp_project(meta: &Map<String, Value>) -> Option<String> {
+    platform_value(meta, "gcp_project")
+}
+
+/// A key of the node's `PLATFORM_METADATA`.
+pub(super) fn platform_value(meta: &Map<String, Value>, key: &str) -> Option<String> {
+    meta.get("PLATFORM_METADATA")?
+        .get(key)?
+        .as_str()
         .map(str::to_string)
 }
 

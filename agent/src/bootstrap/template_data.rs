@@ -165,7 +165,8 @@ fn ports(d: &mut Map<String, Value>, config: &Config, o: &Options) {
     }
 }
 
-/// The workload socket, the files Envoy writes, load reporting, self-discovery and STS.
+/// The workload socket, the files Envoy writes, load reporting, self-discovery, STS and the
+/// GCP project.
 fn files(d: &mut Map<String, Value>, config: &Config, o: &Options) {
     let mut put = |k: &str, v: Value| {
         d.insert(k.to_string(), v);
@@ -192,6 +193,13 @@ fn files(d: &mut Map<String, Value>, config: &Config, o: &Options) {
     if config.flags.sts_port > 0 {
         put("sts", json!(true));
         put("sts_port", json!(config.flags.sts_port));
+        if let Some(project) = super::telemetry::gcp_project(&o.metadata) {
+            put("gcp_project_id", json!(project));
+        }
+    }
+    // The GCP platform's project number, for the template (as Istio's).
+    if let Some(number) = super::telemetry::platform_value(&o.metadata, "gcp_project_number") {
+        put("gcp_project_number", json!(number));
     }
 }
 

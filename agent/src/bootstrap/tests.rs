@@ -1,7 +1,10 @@
 use super::*;
 use crate::config::{Inputs, ProxyFlags};
+use crate::platform::Platform;
 use serde_json::json;
 use std::collections::HashMap;
+
+mod platform;
 
 fn config(dir: &Path, pairs: &[(&str, &str)]) -> Config {
     let env: HashMap<String, String> = pairs
@@ -29,20 +32,20 @@ fn config(dir: &Path, pairs: &[(&str, &str)]) -> Config {
 fn workload_socket_keys() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), &[]);
-    let node = metadata::node(&c).unwrap();
+    let node = metadata::node(&c, &Platform::none()).unwrap();
     assert_eq!(node.metadata["WORKLOAD_IDENTITY_SOCKET_FILE"], "socket");
     assert!(!node.metadata.contains_key("credential"));
     assert!(!node.metadata.contains_key("file-credential"));
 
     c.workload_socket.file = "spire.sock".into();
     c.workload_socket.external = true;
-    let node = metadata::node(&c).unwrap();
+    let node = metadata::node(&c, &Platform::none()).unwrap();
     assert_eq!(node.metadata["file-credential"], "true");
     assert_eq!(node.metadata["WORKLOAD_IDENTITY_SOCKET_FILE"], "spire.sock");
     assert!(!node.metadata.contains_key("credential"));
 
     c.workload_socket.credential_socket = true;
-    let node = metadata::node(&c).unwrap();
+    let node = metadata::node(&c, &Platform::none()).unwrap();
     assert_eq!(node.metadata["credential"], "true");
     assert_eq!(node.metadata["file-credential"], "true");
 }
@@ -55,7 +58,8 @@ fn write_pod_info(dir: &Path, name: &str, text: &str) {
 }
 
 fn patterns(c: &Config) -> Vec<String> {
-    render(c, Ports { status: 15020 }).unwrap()["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"]
+    render(c, Ports { status: 15020 }, &Platform::none()).unwrap()["stats_config"]["stats_matcher"]
+        ["inclusion_list"]["patterns"]
         .as_array()
         .unwrap()
         .iter()
@@ -155,7 +159,7 @@ fn bootstrap_has_istio_shape() {
             ("SERVICE_ACCOUNT", "sa"),
         ],
     );
-    let b = render(&c, Ports { status: 15020 }).unwrap();
+    let b = render(&c, Ports { status: 15020 }, &Platform::none()).unwrap();
     assert_eq!(
         b["node"]["id"],
         "sidecar~198.18.0.2~p.ns1~ns1.svc.cluster.local"
@@ -191,7 +195,8 @@ fn bootstrap_has_istio_shape() {
 
     let sotw = config(dir.path(), &[("ISTIO_DELTA_XDS", "false")]);
     assert_eq!(
-        render(&sotw, Ports { status: 1 }).unwrap()["dynamic_resources"]["ads_config"]["api_type"],
+        render(&sotw, Ports { status: 1 }, &Platform::none()).unwrap()["dynamic_resources"]["ads_config"]
+            ["api_type"],
         "GRPC"
     );
 }
@@ -209,7 +214,7 @@ fn bad_metajson_is_skipped() {
             ("ISTIO_METAJSON_GOOD", r#"{"k":"v"}"#),
         ],
     );
-    let b = render(&c, Ports { status: 1 }).expect("renders");
+    let b = render(&c, Ports { status: 1 }, &Platform::none()).expect("renders");
     let meta = &b["node"]["metadata"];
     assert_eq!(meta["k"], "v");
     assert!(
@@ -230,7 +235,7 @@ fn template_and_custom_config() {
         dir.path(),
         &[("ISTIO_BOOTSTRAP", "t.json"), ("POD_NAMESPACE", "n")],
     );
-    let w = write(&c, Ports { status: 123 }, None).unwrap();
+    let w = write(&c, Ports { status: 123 }, &Platform::none(), None).unwrap();
     assert!(w.generated);
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&w.path).unwrap()).unwrap();
     assert_eq!(v["p"], 123);
@@ -242,7 +247,7 @@ fn template_and_custom_config() {
         dir.path(),
         &[("PROXY_CONFIG", "customConfigFile: /x/custom.json")],
     );
-    let w = write(&c, Ports { status: 1 }, None).unwrap();
+    let w = write(&c, Ports { status: 1 }, &Platform::none(), None).unwrap();
     assert_eq!(w.path, PathBuf::from("/x/custom.json"));
     assert!(!w.generated);
 }
@@ -272,7 +277,7 @@ fn lockdown_moves_admin_to_the_proxys_socket() {
         );
     };
     let c = config(dir.path(), &[("PROXY_LIFECYCLE_LOCKDOWN", "true")]);
-    let w = write(&c, Ports { status: 15020 }, None).unwrap();
+    let w = write(&c, Ports { status: 15020 }, &Platform::none(), None).unwrap();
     check(&serde_json::from_str(&std::fs::read_to_string(&w.path).unwrap()).unwrap());
 
     // A YAML template with Istio's admin and cluster shape.
@@ -290,7 +295,7 @@ fn lockdown_moves_admin_to_the_proxys_socket() {
             ("PROXY_LIFECYCLE_LOCKDOWN", "true"),
         ],
     );
-    let w = write(&c, Ports { status: 15020 }, None).unwrap();
+    let w = write(&c, Ports { status: 15020 }, &Platform::none(), None).unwrap();
     assert!(w.path.ends_with("envoy-rev.json"), "{}", w.path.display());
     check(&serde_json::from_str(&std::fs::read_to_string(&w.path).unwrap()).unwrap());
 
@@ -303,7 +308,7 @@ fn lockdown_moves_admin_to_the_proxys_socket() {
             ("PROXY_LIFECYCLE_LOCKDOWN", "true"),
         ],
     );
-    let e = write(&c, Ports { status: 15020 }, None)
+    let e = write(&c, Ports { status: 15020 }, &Platform::none(), None)
         .unwrap_err()
         .to_string();
     assert!(
@@ -331,7 +336,7 @@ fn template_data_has_istio_keys() {
             ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
         ],
     );
-    let d = template_data(&c, Ports { status: 15020 }).unwrap();
+    let d = template_data(&c, Ports { status: 15020 }, &Platform::none()).unwrap();
     assert_eq!(d["nodeType"], "sidecar");
     assert_eq!(
         d["nodeID"],
@@ -398,7 +403,7 @@ fn istio_style_template_renders_json() {
             ("PROXY_CONFIG", pc),
         ],
     );
-    let data = template_data(&c, Ports { status: 15020 }).unwrap();
+    let data = template_data(&c, Ports { status: 15020 }, &Platform::none()).unwrap();
     let out = template::render(text, &data).unwrap();
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
     assert_eq!(v["node"]["id"], data["nodeID"]);
@@ -431,7 +436,7 @@ fn istio_style_template_renders_json() {
 fn grpc_bootstrap_written() {
     let dir = tempfile::tempdir().unwrap();
     let c = config(dir.path(), &[("OUTPUT_CERTS", "./out")]);
-    let p = write_grpc_bootstrap(&c).unwrap();
+    let p = write_grpc_bootstrap(&c, &Platform::none()).unwrap();
     let v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
     assert_eq!(v["node"]["metadata"]["GENERATOR"], "grpc");
     assert!(v["certificate_providers"]["default"].is_object());
@@ -442,18 +447,23 @@ fn grpc_bootstrap_written() {
 #[test]
 fn istio_version_and_cluster_defaults() {
     let dir = tempfile::tempdir().unwrap();
-    let b = render(&config(dir.path(), &[]), Ports { status: 1 }).unwrap();
+    let b = render(
+        &config(dir.path(), &[]),
+        Ports { status: 1 },
+        &Platform::none(),
+    )
+    .unwrap();
     assert_eq!(b["node"]["metadata"]["ISTIO_VERSION"], ISTIO_RELEASE);
     assert_eq!(b["node"]["cluster"], "istio-proxy");
     let c = config(dir.path(), &[("ISTIO_META_ISTIO_VERSION", "1.29.2")]);
-    let b = render(&c, Ports { status: 1 }).unwrap();
+    let b = render(&c, Ports { status: 1 }, &Platform::none()).unwrap();
     assert_eq!(b["node"]["metadata"]["ISTIO_VERSION"], "1.29.2");
     // Istio's proxyv2 image sets ISTIO_META_ISTIO_PROXY_SHA; istioctl reads it back from the
     // node (`proxy-config`'s version line). Absent unless set, as in Istio.
     assert!(b["node"]["metadata"].get("ISTIO_PROXY_SHA").is_none());
     let sha = "istio-proxy:436f365a8007cd8a13a9f1321e7cce94bcc8883e";
     let c = config(dir.path(), &[("ISTIO_META_ISTIO_PROXY_SHA", sha)]);
-    let b = render(&c, Ports { status: 1 }).unwrap();
+    let b = render(&c, Ports { status: 1 }, &Platform::none()).unwrap();
     assert_eq!(b["node"]["metadata"]["ISTIO_PROXY_SHA"], sha);
 }
 
@@ -463,7 +473,12 @@ fn istio_version_and_cluster_defaults() {
 fn metadata_discovery_resolution() {
     let dir = tempfile::tempdir().unwrap();
     let on = |pairs: &[(&str, &str)]| {
-        let b = render(&config(dir.path(), pairs), Ports { status: 1 }).unwrap();
+        let b = render(
+            &config(dir.path(), pairs),
+            Ports { status: 1 },
+            &Platform::none(),
+        )
+        .unwrap();
         let ext = b["bootstrap_extensions"][0]["name"] == "metadata_discovery";
         let prefix = b["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"][1]
             == json!({"prefix": "workload_discovery"});
@@ -513,7 +528,9 @@ fn bad_telemetry_settings_are_named() {
         (r#"{"extraStatTags":"a"}"#, "extraStatTags"),
     ] {
         let c = config(dir.path(), &[("PROXY_CONFIG", pc)]);
-        let err = render(&c, Ports { status: 1 }).unwrap_err().to_string();
+        let err = render(&c, Ports { status: 1 }, &Platform::none())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(field), "{pc}: {err}");
     }
 }
@@ -532,7 +549,7 @@ fn runtime_flags_follow_policy_and_values() {
             ("PROXY_CONFIG", pc),
         ],
     );
-    let b = render(&c, Ports { status: 1 }).unwrap();
+    let b = render(&c, Ports { status: 1 }, &Platform::none()).unwrap();
     let layer = &b["layered_runtime"]["layers"][0]["static_layer"];
     assert_eq!(
         layer["envoy.reloadable_features.google_grpc_disable_tls_13"],
@@ -566,10 +583,10 @@ fn stats_durations_are_protobuf_durations() {
             ),
         );
         let c = config(dir.path(), &[]);
-        let d = template_data(&c, Ports { status: 15020 }).unwrap();
+        let d = template_data(&c, Ports { status: 15020 }, &Platform::none()).unwrap();
         assert_eq!(d["stats_flush_interval"], want_flush, "{flush}");
         assert_eq!(d["stats_eviction_interval"], want_eviction, "{eviction}");
-        let b = render(&c, Ports { status: 15020 }).unwrap();
+        let b = render(&c, Ports { status: 15020 }, &Platform::none()).unwrap();
         assert_eq!(b["stats_flush_interval"], want_flush, "{flush}");
         assert_eq!(b["stats_eviction_interval"], want_eviction, "{eviction}");
     }

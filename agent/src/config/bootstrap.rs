@@ -30,8 +30,6 @@ pub struct BootstrapConfig {
     pub status_port_proxy_protocol: bool,
     /// `DNS_PROXY_ADDR`, reported to istiod as node metadata.
     pub dns_proxy_addr: String,
-    /// `GCP_METADATA` (`project|number|cluster|zone`): the GCP project a Stackdriver tracer needs.
-    pub gcp_metadata: String,
     /// `HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED` (true; false adds Envoy's runtime flag
     /// of that name as `"false"`).
     pub http_strip_fragment_from_path: bool,
@@ -60,7 +58,6 @@ pub fn load(env: Env<'_>, base_dir: &Path) -> Result<BootstrapConfig, Error> {
         compliance_policy: env.str("COMPLIANCE_POLICY", ""),
         status_port_proxy_protocol: env.bool("ENVOY_STATUS_PORT_ENABLE_PROXY_PROTOCOL", false)?,
         dns_proxy_addr: env.str("DNS_PROXY_ADDR", ""),
-        gcp_metadata: env.str("GCP_METADATA", ""),
         http_strip_fragment_from_path: env
             .bool("HTTP_STRIP_FRAGMENT_FROM_PATH_UNSAFE_IF_DISABLED", true)?,
     })

@@ -10,7 +10,7 @@ use sds::RootSource;
 use sds::ca::ALLOW_PLAINTEXT_TOKEN_ENV;
 use sds::config::{CertDir, KeyAlgorithm, LOCALHOST_SERVER_NAME, ROOT_CERT_FILE, paths};
 
-use super::{Error, env::Env, resolve};
+use super::{Error, ca_provider::CaProvider, env::Env, resolve};
 
 /// What the identity settings depend on besides the environment.
 pub struct Inputs<'a> {
@@ -31,6 +31,8 @@ pub struct Inputs<'a> {
     pub socket: &'a WorkloadSocket,
     /// `FILE_MOUNTED_CERTS`: no CA; certificates from `./etc/certs`.
     pub file_mounted_certs: bool,
+    /// `CA_PROVIDER`, settled: GKE's files, or the provider a CA client needs.
+    pub ca_provider: &'a CaProvider,
     /// `COMPLIANCE_POLICY`, parsed once for every connection to istiod.
     pub compliance: sds::Compliance,
     /// `GRPC_KEEPALIVE_*` (interval, timeout) as a gRPC client uses them.
@@ -218,7 +220,9 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
     };
 
     let spiffe_creds = CertDir::istio(&base(paths::WORKLOAD_SPIFFE_CREDENTIALS));
-    let file_mounted_certs = if i.file_mounted_certs {
+    let file_mounted_certs = if let Some(gke) = i.ca_provider.mounted_files() {
+        Some(gke.clone())
+    } else if i.file_mounted_certs {
         Some(d.etc_certs.clone())
     } else if non_empty_file(&spiffe_creds.cert_chain)
         && non_empty_file(&spiffe_creds.key)
@@ -228,6 +232,11 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
     } else {
         None
     };
+
+    // A CA client is made only without mounted certificates or an external SDS server.
+    if file_mounted_certs.is_none() && !i.socket.external {
+        i.ca_provider.require_client()?;
+    }
 
     let crl_enabled = env.bool("PILOT_ENABLE_CA_CRL", d.crl_path.is_some())?;
     Ok(sds::Config {

@@ -713,13 +713,15 @@ fn config_dump_is_the_whole_tree() {
         "dns",
         "upstream",
         "status",
+        "platform",
         "xds_socket",
     ] {
         assert!(v.get(group).is_some(), "{group} missing from the dump");
     }
     assert_eq!(v["bootstrap"]["secure_metrics_port"], 15091);
     assert_eq!(v["bootstrap"]["compliance_policy"], "fips-140-2");
-    assert_eq!(v["bootstrap"]["gcp_metadata"], "p|1|c|z");
+    assert_eq!(v["platform"]["gcp_static"]["gcp_project"], "p");
+    assert_eq!(v["platform"]["cloud"], "discover");
     assert_eq!(v["bootstrap"]["xds_root_ca"], "/etc/root.pem");
     assert_eq!(v["envoy"]["launched"], true);
     assert_eq!(v["envoy"]["status_port"], 15021);
@@ -1308,4 +1310,81 @@ fn xds_prefetch_is_on_and_the_switch_turns_it_off() {
     let strict = env(&[("XDS_PROXY_PREFETCH", "sometimes"), (STRICT_ENV, "true")]);
     let err = load(dir.path(), &strict).unwrap_err().to_string();
     assert!(err.contains("XDS_PROXY_PREFETCH"), "{err}");
+}
+
+const PLAINTEXT_ISTIOD: &str = r#"{"discoveryAddress":"istiod.istio-system.svc:15010"}"#;
+
+/// `CA_PROVIDER` as Istio's agent settles it: `Citadel` by default; another name, or a `CA_ADDR`
+/// under googleapis.com (`GoogleCA`), has no CA client and stops the start, unless no CA client
+/// is needed (mounted certificates); `PROV_CERT` and `FILE_MOUNTED_CERTS` exclude each other.
+#[test]
+fn ca_provider_is_checked_as_istio_checks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(load(dir.path(), &env(&[("CA_PROVIDER", "Citadel")])).is_ok());
+    for (k, v, name) in [
+        ("CA_PROVIDER", "Vault", "\"Vault\""),
+        ("CA_PROVIDER", "citadel", "\"citadel\""),
+        ("CA_ADDR", "meshca.googleapis.com:443", "\"GoogleCA\""),
+    ] {
+        let err = load(dir.path(), &env(&[(k, v)])).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("CA provider {name} not registered")),
+            "{k}={v}: {err}"
+        );
+    }
+    // With mounted certificates no CA client is made, so the name is not checked (Istio).
+    // (istiod in plain text: the xDS connection then needs no mounted root of its own.)
+    let e = env(&[
+        ("CA_PROVIDER", "Vault"),
+        ("FILE_MOUNTED_CERTS", "true"),
+        ("PROXY_CONFIG", PLAINTEXT_ISTIOD),
+    ]);
+    let c = load(dir.path(), &e).unwrap();
+    assert!(c.identity.file_mounted_certs.is_some());
+    let e = env(&[("PROV_CERT", "./etc/prov"), ("FILE_MOUNTED_CERTS", "true")]);
+    let err = load(dir.path(), &e).unwrap_err().to_string();
+    assert!(
+        err.contains("PROV_CERT and FILE_MOUNTED_CERTS are mutually exclusive"),
+        "{err}"
+    );
+}
+
+/// `CA_PROVIDER=GkeWorkloadCertificate`: GKE's three files in
+/// `./var/run/secrets/workload-spiffe-credentials` are the workload certificate (no CA) and the
+/// xDS connection is file-mounted; a missing file names the files; `PROV_CERT` is refused.
+#[test]
+fn gke_workload_certificate_provider_reads_the_mounted_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let gke = [
+        ("CA_PROVIDER", "GkeWorkloadCertificate"),
+        ("PROXY_CONFIG", PLAINTEXT_ISTIOD),
+    ];
+    let err = load(dir.path(), &env(&gke)).unwrap_err().to_string();
+    assert!(
+        err.contains("GKE workload certificate files") && err.contains("certificates.pem"),
+        "{err}"
+    );
+    let creds = dir
+        .path()
+        .join("var/run/secrets/workload-spiffe-credentials");
+    std::fs::create_dir_all(&creds).unwrap();
+    for f in ["certificates.pem", "private_key.pem", "ca_certificates.pem"] {
+        std::fs::write(creds.join(f), "x").unwrap();
+    }
+    let c = load(dir.path(), &env(&gke)).unwrap();
+    let files = c.identity.file_mounted_certs.expect("GKE's files");
+    assert_eq!(files.cert_chain, creds.join("certificates.pem"));
+    assert_eq!(files.key, creds.join("private_key.pem"));
+    assert_eq!(files.root, creds.join("ca_certificates.pem"));
+    // The xDS connection is file-mounted too: over TLS it wants the ProxyConfig's root.
+    let tls = env(&[("CA_PROVIDER", "GkeWorkloadCertificate")]);
+    let err = load(dir.path(), &tls).unwrap_err().to_string();
+    assert!(err.contains("ISTIO_META_TLS_CLIENT_ROOT_CERT"), "{err}");
+    let mut with_prov = gke.to_vec();
+    with_prov.push(("PROV_CERT", "./etc/prov"));
+    let err = load(dir.path(), &env(&with_prov)).unwrap_err().to_string();
+    assert!(
+        err.contains("PROV_CERT and FILE_MOUNTED_CERTS of GKE workload cert are mutually"),
+        "{err}"
+    );
 }

@@ -11,13 +11,25 @@ use sds::tls::failover::Failover;
 use super::{Connect, Knock, Probe, TokenFn, Upstream};
 use crate::config::XdsUpstream;
 
+/// Why the connector to istiod could not be built, or one connection not opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The discovery address does not parse (the reason names the bad entry).
+    #[error("discoveryAddress: {0}")]
+    Address(String),
+    #[error(transparent)]
+    Channel(#[from] sds::Error),
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
+}
+
 /// The proxy's [`Upstream`] for `config`. A new connection is only asked for after the previous
 /// one was lost, closed or could not open a stream, so each one starts past the target the
 /// previous one used: a dead or stalled istiod is tried last, and the others first.
 /// The address was validated when the config was loaded; an error here names it again.
-pub fn upstream(config: &XdsUpstream) -> Result<Upstream, String> {
-    let failover = Failover::new(&config.address, config.plaintext)
-        .map_err(|e| format!("discoveryAddress: {e}"))?;
+pub fn upstream(config: &XdsUpstream) -> Result<Upstream, ConnectError> {
+    let failover =
+        Failover::new(&config.address, config.plaintext).map_err(ConnectError::Address)?;
     let mut inputs = sds::ChannelInputs::new(
         config.address.clone(),
         config.root.clone(),
@@ -48,9 +60,8 @@ pub fn upstream(config: &XdsUpstream) -> Result<Upstream, String> {
             if let Some(previous) = previous {
                 failover.failed(previous);
             }
-            let (channel, addr) = sds::tls::connect_failover(&inputs, &failover, per_target)
-                .await
-                .map_err(|e| e.to_string())?;
+            let (channel, addr) =
+                sds::tls::connect_failover(&inputs, &failover, per_target).await?;
             *in_use
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(addr);

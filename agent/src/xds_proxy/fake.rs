@@ -131,11 +131,9 @@ impl FakeAds {
         std::sync::Arc::new(move || {
             let uri = uri.clone();
             Box::pin(async move {
-                tonic::transport::Endpoint::from_shared(uri)
-                    .map_err(|e| e.to_string())?
+                Ok(tonic::transport::Endpoint::from_shared(uri)?
                     .connect()
-                    .await
-                    .map_err(|e| e.to_string())
+                    .await?)
             })
         })
     }

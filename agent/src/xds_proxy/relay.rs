@@ -21,8 +21,8 @@ use super::{Inputs, ReconnectLabels, TerminationLabels};
 
 mod flavor;
 mod handover;
-use flavor::own_resource;
 pub(crate) use flavor::{Delta, Flavor, Sotw};
+use flavor::{OwnResponseError, own_resource};
 pub(crate) use handover::{AnyWarm, Warm, prefetch};
 use handover::{claim, flush_ready, overflow, pass_warm};
 
@@ -527,7 +527,10 @@ const MAX_REWRITES: usize = 8;
 struct Rewrite(tokio::task::JoinHandle<Option<Rewritten>>);
 
 /// The original response and what the rewrite made of it.
-type Rewritten = (RawResponse, Result<Option<bytes::Bytes>, String>);
+type Rewritten = (
+    RawResponse,
+    Result<Option<bytes::Bytes>, super::wasm::ConvertError>,
+);
 
 impl Rewrite {
     fn start<F: Flavor>(
@@ -586,7 +589,12 @@ async fn forward_rewrite<F: Flavor>(
         Err(e) => {
             tracing::warn!(error = %e, nonce = resp.head.nonce, "NACKing an ECDS response: its Wasm could not be converted");
             let version = lock(link).ecds_version.clone();
-            return to_upstream(link, F::ecds_nack(&resp.head, &version, e), done).await;
+            return to_upstream(
+                link,
+                F::ecds_nack(&resp.head, &version, e.to_string()),
+                done,
+            )
+            .await;
         }
     };
     send(down_tx, Ok(Down::Whole(out)), done, "Envoy").await
@@ -678,13 +686,19 @@ async fn relay<F: Flavor>(
                     };
                     let result =
                         own_resource::<F, NameTable>(&resp, "NDS").and_then(|table| match table {
-                            Some(table) => sink(table),
+                            Some(table) => sink(table).map_err(OwnResponseError::Rejected),
                             None => Ok(()),
                         });
                     if let Err(e) = &result {
                         tracing::warn!(error = %e, "rejecting NDS response");
                     }
-                    if !to_upstream(link, F::ack(t, &resp.head, result.err()), done).await {
+                    if !to_upstream(
+                        link,
+                        F::ack(t, &resp.head, result.err().map(|e| e.to_string())),
+                        done,
+                    )
+                    .await
+                    {
                         return Outcome::Done;
                     }
                 } else if t == type_url::PROXY_CONFIG {
@@ -694,14 +708,22 @@ async fn relay<F: Flavor>(
                     };
                     let result = own_resource::<F, ProxyConfigTrust>(&resp, "PCDS").and_then(
                         |pc| match pc {
-                            Some(pc) => sink(pc.ca_certificates_pem),
+                            Some(pc) => {
+                                sink(pc.ca_certificates_pem).map_err(OwnResponseError::Rejected)
+                            }
                             None => Ok(()),
                         },
                     );
                     if let Err(e) = &result {
                         tracing::warn!(error = %e, "rejecting PCDS response");
                     }
-                    if !to_upstream(link, F::ack(t, &resp.head, result.err()), done).await {
+                    if !to_upstream(
+                        link,
+                        F::ack(t, &resp.head, result.err().map(|e| e.to_string())),
+                        done,
+                    )
+                    .await
+                    {
                         return Outcome::Done;
                     }
                 } else if t == type_url::ECDS

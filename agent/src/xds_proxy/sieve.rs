@@ -14,7 +14,7 @@ use prost::Message;
 /// Why a response could not be read (prost's decode of the whole message fails too).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("malformed response at byte {at}: {what}")]
-pub(crate) struct SieveError {
+pub struct SieveError {
     at: u64,
     what: &'static str,
 }
@@ -550,12 +550,38 @@ pub(crate) fn first_resource_type(mut prefix: &[u8], delta: bool) -> Option<Stri
     None
 }
 
+/// What a response reads as: its head, and in Delta the resources' names and versions.
+#[cfg(any(test, feature = "fuzzing"))]
+type Read = (
+    super::codec::Head,
+    Option<super::subscriptions::DeltaResources>,
+);
+
+/// Where the sieve and prost disagree on a response.
+#[cfg(any(test, feature = "fuzzing"))]
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum Disagreement {
+    /// Both read it, differently (each reading as `Debug` shows it).
+    #[error("prost read {prost}, the sieve {sieve}")]
+    Read { prost: String, sieve: String },
+    #[error("prost reads it, the sieve does not: {0}")]
+    SieveRejects(#[source] SieveError),
+    #[error("prost reads it, the sieve does not: kept bytes: {0}")]
+    KeptBytes(#[source] prost::DecodeError),
+    #[error("the sieve reads it, prost does not: {0}")]
+    ProstRejects(#[source] prost::DecodeError),
+}
+
 /// Sieves `bytes` (a `DeltaDiscoveryResponse` when `delta`, else a `DiscoveryResponse`) fed in
 /// the chunks that `cuts` (offsets, any order, out of range ones ignored) make, and compares the
 /// result with prost's decode of the whole message: `Ok(true)` when both read it and agree,
 /// `Ok(false)` when both reject it, `Err` (what differs) otherwise.
 #[cfg(any(test, feature = "fuzzing"))]
-pub fn check_against_prost(bytes: &[u8], delta: bool, cuts: &[usize]) -> Result<bool, String> {
+pub fn check_against_prost(
+    bytes: &[u8],
+    delta: bool,
+    cuts: &[usize],
+) -> Result<bool, Disagreement> {
     use super::codec::Head;
     use super::subscriptions::DeltaResources;
     let mut cuts: Vec<usize> = cuts.iter().copied().filter(|&c| c <= bytes.len()).collect();
@@ -569,7 +595,7 @@ pub fn check_against_prost(bytes: &[u8], delta: bool, cuts: &[usize]) -> Result<
         at = c;
     }
     let kept = fed.and_then(|()| sieve.finish());
-    let whole = Head::decode(bytes).and_then(|h| {
+    let whole: Result<Read, _> = Head::decode(bytes).and_then(|h| {
         let resources = if delta {
             Some(DeltaResources::decode(bytes)?)
         } else {
@@ -577,10 +603,10 @@ pub fn check_against_prost(bytes: &[u8], delta: bool, cuts: &[usize]) -> Result<
         };
         Ok((h, resources))
     });
-    let sieved = kept.map_err(|e| e.to_string()).and_then(|kept| {
-        let h = Head::decode(&kept[..]).map_err(|e| format!("kept bytes: {e}"))?;
+    let sieved = kept.map_err(Disagreement::SieveRejects).and_then(|kept| {
+        let h = Head::decode(&kept[..]).map_err(Disagreement::KeptBytes)?;
         let resources = if delta {
-            Some(DeltaResources::decode(&kept[..]).map_err(|e| format!("kept bytes: {e}"))?)
+            Some(DeltaResources::decode(&kept[..]).map_err(Disagreement::KeptBytes)?)
         } else {
             None
         };
@@ -588,10 +614,13 @@ pub fn check_against_prost(bytes: &[u8], delta: bool, cuts: &[usize]) -> Result<
     });
     match (whole, sieved) {
         (Ok(w), Ok(s)) if w == s => Ok(true),
-        (Ok(w), Ok(s)) => Err(format!("prost read {w:?}, the sieve {s:?}")),
+        (Ok(w), Ok(s)) => Err(Disagreement::Read {
+            prost: format!("{w:?}"),
+            sieve: format!("{s:?}"),
+        }),
         (Err(_), Err(_)) => Ok(false),
-        (Ok(_), Err(e)) => Err(format!("prost reads it, the sieve does not: {e}")),
-        (Err(e), Ok(_)) => Err(format!("the sieve reads it, prost does not: {e}")),
+        (Ok(_), Err(e)) => Err(e),
+        (Err(e), Ok(_)) => Err(Disagreement::ProstRejects(e)),
     }
 }
 

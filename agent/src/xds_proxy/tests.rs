@@ -431,8 +431,14 @@ async fn a_new_envoy_stream_replaces_the_previous_one() {
 
 #[tokio::test]
 async fn upstream_unreachable_fails_envoy_stream() {
-    let unreachable: Connect =
-        Arc::new(|| Box::pin(async { Err("connection refused".to_string()) }));
+    let unreachable: Connect = Arc::new(|| {
+        Box::pin(async {
+            Err(ConnectError::Channel(sds::Error::Channel {
+                addr: "istiod".into(),
+                reason: "connection refused".into(),
+            }))
+        })
+    });
     let h = proxy(unreachable, false).await;
     let mut client = envoy_client(&h.path).await;
     let (tx, rx) = mpsc::channel(8);

@@ -21,7 +21,7 @@ mod oci;
 mod unpack;
 
 pub use cache::{Cache, PullPolicy, Request};
-pub use convert::{ALLOW_PREFIX, DENY_PREFIX, convert_delta, convert_sotw};
+pub use convert::{ALLOW_PREFIX, ConvertError, DENY_PREFIX, convert_delta, convert_sotw};
 pub use metrics::Metrics;
 
 /// The cache and fetch settings (Istio's `WASM_*` variables).
@@ -112,6 +112,15 @@ pub enum Error {
     },
 }
 
+/// Why a job on the blocking pool gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WorkError {
+    #[error(transparent)]
+    Closed(#[from] tokio::sync::AcquireError),
+    #[error("Wasm work failed: {0}")]
+    Failed(#[from] tokio::task::JoinError),
+}
+
 /// The Wasm binary's magic number (`\0asm`).
 const WASM_MAGIC: &[u8] = b"\0asm";
 
@@ -134,19 +143,13 @@ impl Work {
     async fn run<T: Send + 'static>(
         &self,
         job: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T, String> {
-        let place = self
-            .0
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::task::spawn_blocking(move || {
+    ) -> Result<T, WorkError> {
+        let place = self.0.clone().acquire_owned().await?;
+        Ok(tokio::task::spawn_blocking(move || {
             let _place = place;
             job()
         })
-        .await
-        .map_err(|e| format!("Wasm work failed: {e}"))
+        .await?)
     }
 }
 
@@ -154,13 +157,13 @@ impl Work {
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing {
     /// Parses `b` as an OCI manifest and, when it parses, picks the module's layer.
-    pub fn manifest(b: &[u8]) -> Result<(String, bool), String> {
+    pub fn manifest(b: &[u8]) -> Result<(String, bool), super::oci::OciError> {
         super::oci::Manifest::parse(b)?.module_layer()
     }
 
     /// Unpacks `b` as an HTTP module body (`layer: false`) or a packed OCI layer, each layer
     /// capped at `cap` bytes.
-    pub fn unpack(b: &[u8], layer: bool, cap: u64) -> Result<Vec<u8>, String> {
+    pub fn unpack(b: &[u8], layer: bool, cap: u64) -> Result<Vec<u8>, super::unpack::UnpackError> {
         let blob = bytes::Bytes::copy_from_slice(b);
         let body = if layer {
             super::unpack::Body::Layer { blob, packed: true }

@@ -485,12 +485,14 @@ fn drain_waits_for_open_connections_with_exit_on_zero_active_connections() {
 }
 
 /// Runs `pilot-agent bootstrap sidecar --output envoy-rev.json` in `dir` for pod `p` of
-/// NAMESPACE at `instance_ip`, with nothing else of our environment but `env`; it must succeed.
+/// NAMESPACE at `instance_ip`, with nothing else of our environment but `env` (and no cloud
+/// platform: it runs on the host, where no real metadata server may be asked); it must succeed.
 fn write_bootstrap(dir: &Path, instance_ip: &str, env: &[(&str, &str)]) {
     let out = Command::new(harness::workspace_bin("pilot-agent"))
         .args(["bootstrap", "sidecar", "--output", "envoy-rev.json"])
         .current_dir(dir)
         .env_clear()
+        .env("CLOUD_PLATFORM", "none")
         .env("POD_NAME", "p")
         .env("POD_NAMESPACE", NAMESPACE)
         .env("INSTANCE_IP", instance_ip)

@@ -253,6 +253,8 @@ fn rootfs_with_the_default_istio_release_renders_its_template() {
         .args(["bootstrap", "sidecar", "--output", "envoy-rev.json"])
         .current_dir(root.path())
         .env_clear()
+        // On the host: no real metadata server is asked.
+        .env("CLOUD_PLATFORM", "none")
         .env("POD_NAME", "p")
         .env("POD_NAMESPACE", "ns1")
         .env("INSTANCE_IP", "10.3.3.3")

@@ -11,6 +11,7 @@ use proto::type_url;
 
 use super::super::codec::{Head, RawResponse};
 use super::super::subscriptions::{DeltaSubscriptions, SotwSubscriptions, Subscriptions};
+use super::super::wasm::ConvertError;
 use crate::health::Health;
 
 fn health_error(h: &Health) -> Option<RpcStatus> {
@@ -65,21 +66,38 @@ pub(crate) trait Flavor: Send + Sync + 'static {
     fn convert_wasm<'a>(
         bytes: &'a [u8],
         cache: &'a super::super::wasm::Cache,
-    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, String>>;
+    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, ConvertError>>;
+}
+
+/// Why the proxy NACKs a response of its own types (NDS, PCDS).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OwnResponseError {
+    #[error("malformed {what} response: {source}")]
+    Malformed {
+        what: &'static str,
+        source: prost::DecodeError,
+    },
+    #[error(transparent)]
+    Unpack(#[from] proto::UnpackError),
+    #[error("{what} response without a resource")]
+    NoResource { what: &'static str },
+    /// The component it feeds refused it.
+    #[error(transparent)]
+    Rejected(super::super::SinkError),
 }
 
 /// The first resource of a response of the proxy's own types (`what`: NDS, PCDS), decoded
 /// from the raw response.
 pub(super) fn own_resource<F: Flavor, M: prost::Name + Default>(
     resp: &RawResponse,
-    what: &str,
-) -> Result<Option<M>, String> {
+    what: &'static str,
+) -> Result<Option<M>, OwnResponseError> {
     let full = resp
         .decode::<F::Resp>()
-        .map_err(|e| format!("malformed {what} response: {e}"))?;
+        .map_err(|source| OwnResponseError::Malformed { what, source })?;
     match F::first_resource(&full) {
-        Some(Some(any)) => proto::unpack::<M>(any).map(Some).map_err(|e| e.to_string()),
-        Some(None) => Err(format!("{what} response without a resource")),
+        Some(Some(any)) => Ok(Some(proto::unpack::<M>(any)?)),
+        Some(None) => Err(OwnResponseError::NoResource { what }),
         None => Ok(None),
     }
 }
@@ -172,7 +190,7 @@ impl Flavor for Sotw {
     fn convert_wasm<'a>(
         bytes: &'a [u8],
         cache: &'a super::super::wasm::Cache,
-    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, String>> {
+    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, ConvertError>> {
         Box::pin(super::super::wasm::convert_sotw(bytes, cache))
     }
 }
@@ -257,7 +275,7 @@ impl Flavor for Delta {
     fn convert_wasm<'a>(
         bytes: &'a [u8],
         cache: &'a super::super::wasm::Cache,
-    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, String>> {
+    ) -> futures::future::BoxFuture<'a, Result<Option<bytes::Bytes>, ConvertError>> {
         Box::pin(super::super::wasm::convert_delta(bytes, cache))
     }
 }

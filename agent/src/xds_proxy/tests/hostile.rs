@@ -159,8 +159,14 @@ fn header<'a>(f: &'a Frame, name: &str) -> Option<&'a [u8]> {
 
 #[tokio::test]
 async fn an_hpack_bomb_is_refused_on_its_stream_and_the_connection_serves_on() {
-    let connect: Connect =
-        Arc::new(|| Box::pin(async { Err("no upstream in this test".to_string()) }));
+    let connect: Connect = Arc::new(|| {
+        Box::pin(async {
+            Err(ConnectError::Channel(sds::Error::Channel {
+                addr: "istiod".into(),
+                reason: "no upstream in this test".into(),
+            }))
+        })
+    });
     let h = proxy(connect, false).await;
     let mut c = Client {
         conn: UnixStream::connect(&h.path).await.unwrap(),

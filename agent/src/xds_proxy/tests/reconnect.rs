@@ -319,8 +319,7 @@ impl Freezer {
         Arc::new(move || {
             let uri = uri.clone();
             Box::pin(async move {
-                Ok(tonic::transport::Endpoint::from_shared(uri)
-                    .map_err(|e| e.to_string())?
+                Ok(tonic::transport::Endpoint::from_shared(uri)?
                     .http2_keep_alive_interval(keepalive)
                     .keep_alive_timeout(keepalive)
                     .connect_lazy())
@@ -438,11 +437,7 @@ async fn cutter(to: std::net::SocketAddr, limit: u64) -> Connect {
     let uri = format!("http://{addr}");
     Arc::new(move || {
         let uri = uri.clone();
-        Box::pin(async move {
-            Ok(tonic::transport::Endpoint::from_shared(uri)
-                .map_err(|e| e.to_string())?
-                .connect_lazy())
-        })
+        Box::pin(async move { Ok(tonic::transport::Endpoint::from_shared(uri)?.connect_lazy()) })
     })
 }
 

@@ -101,16 +101,20 @@ pub(crate) enum Update {
     },
 }
 
+/// A CDS or LDS response whose names could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("reading the names a response gives: {0}")]
+pub(crate) struct NamesError(#[from] prost::DecodeError);
+
 /// The [`Update`] a CDS or LDS response (`bytes`, encoded) makes.
-pub(crate) fn update(type_url: &str, bytes: &[u8], delta: bool) -> Result<Update, String> {
+pub(crate) fn update(type_url: &str, bytes: &[u8], delta: bool) -> Result<Update, NamesError> {
     use prost::Message;
-    let err = |e: prost::DecodeError| format!("reading the names a response gives: {e}");
     if delta {
-        let r = DeltaResources::decode(bytes).map_err(err)?;
+        let r = DeltaResources::decode(bytes)?;
         let mut upserts = Vec::with_capacity(r.resources.len());
         for res in r.resources {
             let names = match &res.resource {
-                Some(any) => named(type_url, &any.value).map_err(err)?,
+                Some(any) => named(type_url, &any.value)?,
                 None => Vec::new(),
             };
             upserts.push((res.name, names));
@@ -120,11 +124,11 @@ pub(crate) fn update(type_url: &str, bytes: &[u8], delta: bool) -> Result<Update
             removed: r.removed_resources,
         });
     }
-    let r = SotwResources::decode(bytes).map_err(err)?;
+    let r = SotwResources::decode(bytes)?;
     let mut names = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for any in &r.resources {
-        for n in named(type_url, &any.value).map_err(err)? {
+        for n in named(type_url, &any.value)? {
             if seen.insert(n.clone()) {
                 names.push(n);
             }

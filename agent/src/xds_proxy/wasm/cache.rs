@@ -264,7 +264,7 @@ impl Cache {
                 .work
                 .run(move || unpack::stage(body, &dir, cap))
                 .await
-                .map_err(&fail)?
+                .map_err(|e| fail(e.to_string()))?
                 .map_err(|e| {
                     self.metrics.fetch(metrics::FETCH_FAILURE);
                     fail(e.to_string())

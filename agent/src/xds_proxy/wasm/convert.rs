@@ -35,16 +35,52 @@ const VERSION_ENV: &str = "ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION";
 pub const ALLOW_PREFIX: &str = "wasm-default-allow";
 pub const DENY_PREFIX: &str = "wasm-default-deny";
 
+/// Why an ECDS response is NACKed: it does not decode, or (`Resources`) some of its
+/// resources are not valid extension configs.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error(transparent)]
+    Response(#[from] prost::DecodeError),
+    #[error("{}", join(.0))]
+    Resources(Vec<ConvertError>),
+    #[error("failed to unmarshal extension config resource: {0}")]
+    Resource(#[source] prost::DecodeError),
+    #[error("typed extension config {name} does not contain any typed config")]
+    NoTypedConfig { name: String },
+    #[error("failed to unmarshal extension config resource into Wasm HTTP filter: {0}")]
+    HttpWasm(#[source] prost::DecodeError),
+    #[error("failed to unmarshal extension config resource into Wasm Network filter: {0}")]
+    NetworkWasm(#[source] prost::DecodeError),
+    #[error("Wasm filter {name} has no config")]
+    NoConfig { name: String },
+    #[error("no remote and local load found in Wasm filter {name}")]
+    NoCode { name: String },
+}
+
+fn join(errors: &[ConvertError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Rewrites a SotW ECDS response; `Ok(None)` when nothing changed.
-pub async fn convert_sotw(bytes: &[u8], cache: &Cache) -> Result<Option<bytes::Bytes>, String> {
-    let mut resp = DiscoveryResponse::decode(bytes).map_err(|e| e.to_string())?;
+pub async fn convert_sotw(
+    bytes: &[u8],
+    cache: &Cache,
+) -> Result<Option<bytes::Bytes>, ConvertError> {
+    let mut resp = DiscoveryResponse::decode(bytes)?;
     let changed = convert_all(resp.resources.iter_mut().collect(), cache).await?;
     Ok(changed.then(|| resp.encode_to_vec().into()))
 }
 
 /// Rewrites a Delta ECDS response; `Ok(None)` when nothing changed.
-pub async fn convert_delta(bytes: &[u8], cache: &Cache) -> Result<Option<bytes::Bytes>, String> {
-    let mut resp = DeltaDiscoveryResponse::decode(bytes).map_err(|e| e.to_string())?;
+pub async fn convert_delta(
+    bytes: &[u8],
+    cache: &Cache,
+) -> Result<Option<bytes::Bytes>, ConvertError> {
+    let mut resp = DeltaDiscoveryResponse::decode(bytes)?;
     let anys = resp
         .resources
         .iter_mut()
@@ -55,7 +91,7 @@ pub async fn convert_delta(bytes: &[u8], cache: &Cache) -> Result<Option<bytes::
 }
 
 /// Converts every resource at once; every resource's error is named.
-async fn convert_all(resources: Vec<&mut Any>, cache: &Cache) -> Result<bool, String> {
+async fn convert_all(resources: Vec<&mut Any>, cache: &Cache) -> Result<bool, ConvertError> {
     let start = std::time::Instant::now();
     let results =
         futures::future::join_all(resources.into_iter().map(|r| convert_one(r, cache))).await;
@@ -74,7 +110,7 @@ async fn convert_all(resources: Vec<&mut Any>, cache: &Cache) -> Result<bool, St
     if errors.is_empty() {
         Ok(changed)
     } else {
-        Err(errors.join("; "))
+        Err(ConvertError::Resources(errors))
     }
 }
 
@@ -144,7 +180,7 @@ fn fail_open(c: &PluginConfig) -> bool {
 }
 
 /// Converts one resource; `Ok(true)` when it was rewritten.
-async fn convert_one(resource: &mut Any, cache: &Cache) -> Result<bool, String> {
+async fn convert_one(resource: &mut Any, cache: &Cache) -> Result<bool, ConvertError> {
     let m = cache.metrics();
     let result = convert_inner(resource, cache).await;
     m.conversion(match &result {
@@ -166,45 +202,36 @@ enum Converted {
     Fallback(&'static str),
 }
 
-async fn convert_inner(resource: &mut Any, cache: &Cache) -> Result<Converted, String> {
-    let mut ec = TypedExtensionConfig::decode(&resource.value[..])
-        .map_err(|e| format!("failed to unmarshal extension config resource: {e}"))?;
+async fn convert_inner(resource: &mut Any, cache: &Cache) -> Result<Converted, ConvertError> {
+    let mut ec =
+        TypedExtensionConfig::decode(&resource.value[..]).map_err(ConvertError::Resource)?;
     let Some(typed) = ec.typed_config.as_ref() else {
-        return Err(format!(
-            "typed extension config {} does not contain any typed config",
-            ec.name
-        ));
+        return Err(ConvertError::NoTypedConfig { name: ec.name });
     };
     let mut filter = match typed.type_url.as_str() {
-        HTTP_WASM => Filter::Http(HttpWasm::decode(&typed.value[..]).map_err(|e| {
-            format!("failed to unmarshal extension config resource into Wasm HTTP filter: {e}")
-        })?),
-        NETWORK_WASM => Filter::Network(NetworkWasm::decode(&typed.value[..]).map_err(|e| {
-            format!("failed to unmarshal extension config resource into Wasm Network filter: {e}")
-        })?),
+        HTTP_WASM => {
+            Filter::Http(HttpWasm::decode(&typed.value[..]).map_err(ConvertError::HttpWasm)?)
+        }
+        NETWORK_WASM => Filter::Network(
+            NetworkWasm::decode(&typed.value[..]).map_err(ConvertError::NetworkWasm)?,
+        ),
         // Not Wasm (TypedStruct-wrapped Wasm included: istiod sends Wasm typed).
         _ => return Ok(Converted::Unchanged),
     };
     let Some(config) = filter.config() else {
-        return Err(format!("Wasm filter {} has no config", ec.name));
+        return Err(ConvertError::NoConfig { name: ec.name });
     };
     let vm = match config.vm.as_mut() {
         Some(plugin_config::Vm::VmConfig(vm)) => vm,
         None => {
-            return Err(format!(
-                "no remote and local load found in Wasm filter {}",
-                ec.name
-            ));
+            return Err(ConvertError::NoCode { name: ec.name });
         }
     };
     match vm.code.as_ref().and_then(|c| c.specifier.as_ref()) {
         Some(async_data_source::Specifier::Remote(_)) => {}
         Some(async_data_source::Specifier::Local(_)) => return Ok(Converted::Unchanged),
         None => {
-            return Err(format!(
-                "no remote and local load found in Wasm filter {}",
-                ec.name
-            ));
+            return Err(ConvertError::NoCode { name: ec.name });
         }
     }
     let open = fail_open(config);

@@ -10,6 +10,74 @@ use http_body_util::{BodyExt, Empty, Limited};
 
 use super::{Error, Options};
 
+/// Why one GET gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum FetchError {
+    #[error("scheme {scheme} is not supported for Wasm fetches")]
+    Scheme { scheme: String },
+    #[error("URL without a host")]
+    NoHost,
+    #[error("resolving {host}: {source}")]
+    Resolve {
+        host: String,
+        source: std::io::Error,
+    },
+    #[error("{host} has no address")]
+    NoAddress { host: String },
+    #[error(
+        "connection blocked: {ip} is link-local, multicast, unspecified or a cloud metadata address"
+    )]
+    AlwaysBlocked { ip: IpAddr },
+    #[error("connection blocked: {ip} is in blocked CIDR range {net}/{bits}")]
+    BlockedCidr { ip: IpAddr, net: IpAddr, bits: u8 },
+    #[error("no system root certificates to verify the server with")]
+    NoRoots,
+    #[error(transparent)]
+    Tls(#[from] rustls::Error),
+    #[error(transparent)]
+    Request(#[from] http::Error),
+    #[error("server name {host}: {source}")]
+    ServerName {
+        host: String,
+        source: rustls_pki_types::InvalidDnsNameError,
+    },
+    #[error("connecting to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("connecting to {addr} timed out")]
+    ConnectTimeout { addr: SocketAddr },
+    /// A TLS handshake answered by a plain-HTTP server (the registry fallback's cue).
+    #[error("the server answered the TLS handshake with plain HTTP")]
+    PlainHttpAnswer,
+    #[error("TLS handshake with {addr}: {source}")]
+    Handshake {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Send(#[from] crate::http1::Error),
+    #[error("reading the body timed out after {0:?}")]
+    BodyTimeout(Duration),
+    #[error("body larger than {0} bytes")]
+    BodyTooLarge(usize),
+    #[error(transparent)]
+    Body(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl FetchError {
+    /// Whether no retry can change the answer: the address is blocked or the scheme unknown.
+    fn is_final(&self) -> bool {
+        matches!(
+            self,
+            FetchError::AlwaysBlocked { .. }
+                | FetchError::BlockedCidr { .. }
+                | FetchError::Scheme { .. }
+        )
+    }
+}
+
 /// Addresses never fetched from, whatever `BLOCKED_CIDRS_IN_WASM_FETCH` says: link-local
 /// unicast (cloud metadata at 169.254.169.254; fe80::/10), link-local multicast (224.0.0.0/24,
 /// ff02::/16), the unspecified address, and the metadata services outside link-local (AWS's
@@ -83,31 +151,27 @@ fn contains(ip: IpAddr, cidr: (IpAddr, u8)) -> bool {
 }
 
 /// Why `ip` may not be fetched from, if it may not.
-pub(super) fn blocked(opts: &Options, ip: IpAddr) -> Option<String> {
+pub(super) fn blocked(opts: &Options, ip: IpAddr) -> Option<FetchError> {
     let ip = canonical(ip);
     if ALWAYS_BLOCKED.iter().any(|c| in_cidr(ip, *c)) {
-        return Some(format!(
-            "connection blocked: {ip} is link-local, multicast, unspecified or a cloud metadata address"
-        ));
+        return Some(FetchError::AlwaysBlocked { ip });
     }
     opts.blocked_cidrs
         .iter()
         .find(|c| in_cidr(ip, **c))
-        .map(|c| {
-            format!(
-                "connection blocked: {ip} is in blocked CIDR range {}/{}",
-                c.0, c.1
-            )
-        })
+        .map(|&(net, bits)| FetchError::BlockedCidr { ip, net, bits })
 }
 
 /// The first resolved address of `host:port` that may be fetched from: the address dialled,
 /// so a name cannot resolve to one address for the check and another for the connection.
-async fn resolve(opts: &Options, host: &str, port: u16) -> Result<SocketAddr, String> {
+async fn resolve(opts: &Options, host: &str, port: u16) -> Result<SocketAddr, FetchError> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
         .await
-        .map_err(|e| format!("resolving {host}: {e}"))?
+        .map_err(|source| FetchError::Resolve {
+            host: host.into(),
+            source,
+        })?
         .collect();
     let mut refused = None;
     for a in addrs {
@@ -116,12 +180,12 @@ async fn resolve(opts: &Options, host: &str, port: u16) -> Result<SocketAddr, St
             None => return Ok(a),
         }
     }
-    Err(refused.unwrap_or_else(|| format!("{host} has no address")))
+    Err(refused.unwrap_or_else(|| FetchError::NoAddress { host: host.into() }))
 }
 
 /// A TLS client for Wasm fetches: the system's roots, or no verification for a host in
 /// `WASM_INSECURE_REGISTRIES`.
-fn tls_config(insecure: bool) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+fn tls_config(insecure: bool) -> Result<std::sync::Arc<rustls::ClientConfig>, FetchError> {
     if insecure {
         return Ok(crate::status::probe::tls::insecure_client_config(vec![]));
     }
@@ -131,19 +195,15 @@ fn tls_config(insecure: bool) -> Result<std::sync::Arc<rustls::ClientConfig>, St
         let _ = roots.add(cert);
     }
     if roots.is_empty() {
-        return Err("no system root certificates to verify the server with".into());
+        return Err(FetchError::NoRoots);
     }
     let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(std::sync::Arc::new(config))
 }
-
-/// A TLS handshake answered by a plain-HTTP server (the registry fallback's cue).
-pub(super) const PLAIN_HTTP_ANSWER: &str = "the server answered the TLS handshake with plain HTTP";
 
 /// One GET over HTTP or HTTPS: status, headers and body (at most `cap` bytes). Redirects are
 /// not followed (a 3xx is the answer).
@@ -152,13 +212,17 @@ pub(super) async fn get(
     url: &url::Url,
     accept: Option<&str>,
     cap: u64,
-) -> Result<(http::StatusCode, http::HeaderMap, bytes::Bytes), String> {
+) -> Result<(http::StatusCode, http::HeaderMap, bytes::Bytes), FetchError> {
     let https = match url.scheme() {
         "http" => false,
         "https" => true,
-        other => return Err(format!("scheme {other} is not supported for Wasm fetches")),
+        other => {
+            return Err(FetchError::Scheme {
+                scheme: other.into(),
+            });
+        }
     };
-    let host = url.host_str().ok_or("URL without a host")?;
+    let host = url.host_str().ok_or(FetchError::NoHost)?;
     let port = url.port_or_known_default().unwrap_or(80);
     let addr = resolve(opts, host, port).await?;
     let mut path = url.path().to_string();
@@ -175,9 +239,7 @@ pub(super) async fn get(
     if let Some(a) = accept {
         req = req.header(http::header::ACCEPT, a);
     }
-    let req = req
-        .body(Empty::<bytes::Bytes>::new())
-        .map_err(|e| e.to_string())?;
+    let req = req.body(Empty::<bytes::Bytes>::new())?;
     let resp = if https {
         let config = tls_config(opts.insecure(host, url.port()))?;
         let name = rustls_pki_types::ServerName::try_from(
@@ -185,49 +247,49 @@ pub(super) async fn get(
                 .trim_end_matches(']')
                 .to_string(),
         )
-        .map_err(|e| format!("server name {host}: {e}"))?;
+        .map_err(|source| FetchError::ServerName {
+            host: host.into(),
+            source,
+        })?;
         let tls = async {
             let tcp = tokio::net::TcpStream::connect(addr)
                 .await
-                .map_err(|e| format!("connecting to {addr}: {e}"))?;
+                .map_err(|source| FetchError::Connect { addr, source })?;
             tokio_rustls::TlsConnector::from(config)
                 .connect(name, tcp)
                 .await
-                .map_err(|e| {
-                    if e.to_string().contains("InvalidContentType") {
-                        PLAIN_HTTP_ANSWER.to_string()
+                .map_err(|source| {
+                    if source.to_string().contains("InvalidContentType") {
+                        FetchError::PlainHttpAnswer
                     } else {
-                        format!("TLS handshake with {addr}: {e}")
+                        FetchError::Handshake { addr, source }
                     }
                 })
         };
         let stream = tokio::time::timeout(opts.http_timeout, tls)
             .await
-            .map_err(|_| format!("connecting to {addr} timed out"))??;
-        crate::http1::send_on(stream, req, &addr.to_string(), opts.http_timeout)
-            .await
-            .map_err(|e| e.to_string())?
+            .map_err(|_| FetchError::ConnectTimeout { addr })??;
+        crate::http1::send_on(stream, req, &addr.to_string(), opts.http_timeout).await?
     } else {
         crate::http1::send_to(
             &crate::http1::Target::Tcp(addr.to_string()),
             req,
             opts.http_timeout,
         )
-        .await
-        .map_err(|e| e.to_string())?
+        .await?
     };
     let (parts, body) = resp.into_parts();
     let cap = usize::try_from(cap).unwrap_or(usize::MAX);
     let body = tokio::time::timeout(opts.http_timeout, Limited::new(body, cap).collect())
         .await
-        .map_err(|_| format!("reading the body timed out after {:?}", opts.http_timeout))?
+        .map_err(|_| FetchError::BodyTimeout(opts.http_timeout))?
         .map_err(|e| {
             if e.downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some()
             {
-                format!("body larger than {cap} bytes")
+                FetchError::BodyTooLarge(cap)
             } else {
-                e.to_string()
+                FetchError::Body(e)
             }
         })?
         .to_bytes();
@@ -263,10 +325,8 @@ pub(super) async fn http(opts: &Options, url: &str) -> Result<bytes::Bytes, Erro
                     )));
                 }
             }
-            Err(e) if e.starts_with("connection blocked") || e.contains("is not supported") => {
-                return Err(fail(e));
-            }
-            Err(e) => last = e,
+            Err(e) if e.is_final() => return Err(fail(e.to_string())),
+            Err(e) => last = e.to_string(),
         }
         if attempt < attempts {
             tokio::time::sleep(backoff).await;

@@ -15,6 +15,33 @@ const DOCKER_LAYER: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
 const OCI_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 const WASM_LAYER: &str = "application/vnd.module.wasm.content.layer.v1+wasm";
 
+/// Why a reference, a URL or a manifest was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    #[error("digest {digest:?}: expected sha256:<hex>")]
+    DigestAlgorithm { digest: String },
+    #[error("digest {digest:?}: expected 64 hex digits")]
+    DigestHex { digest: String },
+    #[error("{reference:?}: expected registry/repository")]
+    Reference { reference: String },
+    #[error(transparent)]
+    Url(#[from] url::ParseError),
+    #[error("manifest larger than {MAX_MANIFEST} bytes")]
+    ManifestTooLarge,
+    #[error("manifest is not an image manifest: {0}")]
+    Manifest(#[source] serde_json::Error),
+    #[error("number of layers must be greater than zero")]
+    NoLayers,
+    #[error("invalid media type {media_type} (expect {DOCKER_LAYER})")]
+    DockerLayerType { media_type: String },
+    #[error(
+        "the image is in neither format: a last layer of type {OCI_LAYER}, or two layers one of type {WASM_LAYER}"
+    )]
+    Layout,
+    #[error("layer without a digest")]
+    LayerWithoutDigest,
+}
+
 /// `registry/repository[:tag][@sha256:digest]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reference {
@@ -25,29 +52,31 @@ pub struct Reference {
 }
 
 impl Reference {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, OciError> {
         let (rest, digest) = match s.split_once('@') {
             Some((r, d)) => {
                 let hex = d
                     .strip_prefix("sha256:")
-                    .ok_or_else(|| format!("digest {d:?}: expected sha256:<hex>"))?;
+                    .ok_or_else(|| OciError::DigestAlgorithm { digest: d.into() })?;
                 if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(format!("digest {d:?}: expected 64 hex digits"));
+                    return Err(OciError::DigestHex { digest: d.into() });
                 }
                 (r, Some(hex.to_ascii_lowercase()))
             }
             None => (s, None),
         };
-        let (registry, path) = rest
-            .split_once('/')
-            .ok_or_else(|| format!("{s:?}: expected registry/repository"))?;
+        let (registry, path) = rest.split_once('/').ok_or_else(|| OciError::Reference {
+            reference: s.into(),
+        })?;
         // A tag is after the last `/`'s last `:`.
         let (repository, tag) = match path.rsplit_once(':') {
             Some((r, t)) if !t.contains('/') => (r, Some(t.to_string())),
             _ => (path, None),
         };
         if registry.is_empty() || repository.is_empty() {
-            return Err(format!("{s:?}: expected registry/repository"));
+            return Err(OciError::Reference {
+                reference: s.into(),
+            });
         }
         Ok(Reference {
             registry: registry.to_string(),
@@ -75,12 +104,11 @@ impl Reference {
         }
     }
 
-    fn url(&self, scheme: &str, kind: &str, what: &str) -> Result<url::Url, String> {
-        url::Url::parse(&format!(
+    fn url(&self, scheme: &str, kind: &str, what: &str) -> Result<url::Url, OciError> {
+        Ok(url::Url::parse(&format!(
             "{scheme}://{}/v2/{}/{kind}/{what}",
             self.registry, self.repository
-        ))
-        .map_err(|e| e.to_string())
+        ))?)
     }
 }
 
@@ -152,29 +180,25 @@ pub(crate) struct Manifest {
 
 impl Manifest {
     /// Parses a manifest of at most [`MAX_MANIFEST`] bytes.
-    pub(crate) fn parse(b: &[u8]) -> Result<Self, String> {
+    pub(crate) fn parse(b: &[u8]) -> Result<Self, OciError> {
         if u64::try_from(b.len()).unwrap_or(u64::MAX) > MAX_MANIFEST {
-            return Err(format!("manifest larger than {MAX_MANIFEST} bytes"));
+            return Err(OciError::ManifestTooLarge);
         }
-        serde_json::from_slice(b).map_err(|e| format!("manifest is not an image manifest: {e}"))
+        serde_json::from_slice(b).map_err(OciError::Manifest)
     }
 
     /// The layer holding the module (Istio's three layouts: a Docker image or a standard OCI
     /// image whose last layer is a tar.gz, or the Wasm artifact's two layers) and whether it
     /// is packed (a tar.gz holding `plugin.wasm`).
-    pub(crate) fn module_layer(&self) -> Result<(String, bool), String> {
+    pub(crate) fn module_layer(&self) -> Result<(String, bool), OciError> {
         let empty = Layers::default();
         let layers = self.layers.as_ref().unwrap_or(&empty);
         let (layer, packed) = if self.media_type.as_deref() == Some(DOCKER_MANIFEST) {
-            let last = layers
-                .last
-                .as_ref()
-                .ok_or("number of layers must be greater than zero")?;
+            let last = layers.last.as_ref().ok_or(OciError::NoLayers)?;
             if last.media_type() != DOCKER_LAYER {
-                return Err(format!(
-                    "invalid media type {} (expect {DOCKER_LAYER})",
-                    last.media_type()
-                ));
+                return Err(OciError::DockerLayerType {
+                    media_type: last.media_type().into(),
+                });
             }
             (last, true)
         } else if let Some(last) = layers.last.as_ref().filter(|l| l.media_type() == OCI_LAYER) {
@@ -184,11 +208,9 @@ impl Manifest {
         {
             (w, false)
         } else {
-            return Err(format!(
-                "the image is in neither format: a last layer of type {OCI_LAYER}, or two layers one of type {WASM_LAYER}"
-            ));
+            return Err(OciError::Layout);
         };
-        let digest = layer.digest.clone().ok_or("layer without a digest")?;
+        let digest = layer.digest.clone().ok_or(OciError::LayerWithoutDigest)?;
         Ok((digest, packed))
     }
 }
@@ -213,18 +235,20 @@ pub(super) async fn fetch(
         url: url.to_string(),
         reason,
     };
-    let r = Reference::parse(reference).map_err(|reason| Error::Url {
+    let r = Reference::parse(reference).map_err(|e| Error::Url {
         url: url.to_string(),
-        reason,
+        reason: e.to_string(),
     })?;
     // HTTPS; a registry that answers in plain HTTP is fetched over HTTP only when
     // `WASM_PLAIN_HTTP_REGISTRIES` names it (Istio falls back for every registry).
     let accept = format!("{OCI_MANIFEST}, {DOCKER_MANIFEST}");
     let mut scheme = "https";
-    let manifest_url = r.url(scheme, "manifests", &r.reference()).map_err(&fail)?;
+    let manifest_url = r
+        .url(scheme, "manifests", &r.reference())
+        .map_err(|e| fail(e.to_string()))?;
     let (status, _, manifest) =
         match fetch::get(opts, &manifest_url, Some(&accept), MAX_MANIFEST).await {
-            Err(e) if e == fetch::PLAIN_HTTP_ANSWER => {
+            Err(e @ fetch::FetchError::PlainHttpAnswer) => {
                 let (host, port) = (
                     manifest_url.host_str().unwrap_or_default(),
                     manifest_url.port(),
@@ -237,7 +261,7 @@ pub(super) async fn fetch(
                 }
                 tracing::info!(url, "fetching the image over plain HTTP");
                 scheme = "http";
-                let u = r.url(scheme, "manifests", &r.reference()).map_err(&fail)?;
+                let u = r.url(scheme, "manifests", &r.reference()).map_err(|e| fail(e.to_string()))?;
                 fetch::get(opts, &u, Some(&accept), MAX_MANIFEST).await
             }
             other => other,
@@ -252,7 +276,7 @@ pub(super) async fn fetch(
     let parsed = work
         .run(move || (sha256_hex(&manifest), Manifest::parse(&manifest)))
         .await
-        .map_err(&fail)?;
+        .map_err(|e| fail(e.to_string()))?;
     let (digest, manifest) = parsed;
     if !checksum.is_empty() && digest != checksum {
         return Err(Error::Checksum {
@@ -261,13 +285,17 @@ pub(super) async fn fetch(
             want: checksum.to_string(),
         });
     }
-    let (blob_digest, packed) = manifest.and_then(|m| m.module_layer()).map_err(&fail)?;
+    let (blob_digest, packed) = manifest
+        .and_then(|m| m.module_layer())
+        .map_err(|e| fail(e.to_string()))?;
     if !valid_digest(&blob_digest) {
         return Err(fail(format!(
             "layer digest {blob_digest:?}: expected sha256:<64 hex digits>"
         )));
     }
-    let blob_url = r.url(scheme, "blobs", &blob_digest).map_err(&fail)?;
+    let blob_url = r
+        .url(scheme, "blobs", &blob_digest)
+        .map_err(|e| fail(e.to_string()))?;
     let (status, _, blob) = fetch::get(opts, &blob_url, None, opts.max_binary_size)
         .await
         .map_err(|e| fail(format!("could not fetch layer: {e}")))?;
@@ -285,7 +313,7 @@ pub(super) async fn fetch(
             (blob, matches.then_some(()).ok_or(blob_digest))
         })
         .await
-        .map_err(&fail)?;
+        .map_err(|e| fail(e.to_string()))?;
     if let Err(d) = matches {
         return Err(fail(format!("layer does not match its digest {d}")));
     }
@@ -311,8 +339,14 @@ mod tests {
             Reference::parse("reg:5000/p").unwrap().reference(),
             "latest"
         );
-        assert!(Reference::parse("plugin").is_err());
-        assert!(Reference::parse("reg/p@md5:00").is_err());
+        assert!(matches!(
+            Reference::parse("plugin"),
+            Err(OciError::Reference { .. })
+        ));
+        assert!(matches!(
+            Reference::parse("reg/p@md5:00"),
+            Err(OciError::DigestAlgorithm { .. })
+        ));
     }
 
     fn layer(media: &str, digest: &str) -> String {
@@ -343,24 +377,30 @@ mod tests {
             layer("x", "f"),
             layer("y", "g")
         );
-        assert!(pick(three).unwrap_err().contains("neither format"));
+        assert!(matches!(pick(three), Err(OciError::Layout)));
         let docker_bad = format!(
             r#"{{"mediaType":"{DOCKER_MANIFEST}","layers":[{}]}}"#,
             layer(OCI_LAYER, "b")
         );
-        assert!(pick(docker_bad).unwrap_err().contains("invalid media type"));
+        assert!(matches!(
+            pick(docker_bad),
+            Err(OciError::DockerLayerType { media_type }) if media_type == OCI_LAYER
+        ));
         assert!(pick(r#"{"layers":null}"#.into()).is_err());
         assert!(pick(r#"{"layers":[{"mediaType":7}]}"#.into()).is_err());
         assert!(pick("[]".into()).is_err());
         let no_digest = format!(r#"{{"layers":[{{"mediaType":"{OCI_LAYER}"}}]}}"#);
-        assert!(pick(no_digest).unwrap_err().contains("without a digest"));
+        assert!(matches!(pick(no_digest), Err(OciError::LayerWithoutDigest)));
     }
 
     /// Past 4 MiB a manifest is refused before parsing; below it, a million layers keep three.
     #[test]
     fn manifest_size_is_capped_and_layers_kept_in_constant_space() {
         let big = vec![b' '; usize::try_from(MAX_MANIFEST).unwrap() + 1];
-        assert!(Manifest::parse(&big).unwrap_err().contains("larger than"));
+        assert!(matches!(
+            Manifest::parse(&big),
+            Err(OciError::ManifestTooLarge)
+        ));
         let mut many = String::from(r#"{"layers":["#);
         many.push_str(&"{},".repeat(1_000_000));
         many.push_str(&layer(OCI_LAYER, "last"));

@@ -18,7 +18,7 @@ const BLOCK: usize = 512;
 
 /// Why a body could not be made a module file.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum UnpackError {
+pub enum UnpackError {
     #[error(
         "a layer unpacks to more than {0} bytes (ISTIO_WASM_MAX_BINARY_SIZE_BYTES); is it a decompression bomb?"
     )]
@@ -26,9 +26,22 @@ pub(crate) enum UnpackError {
     #[error("{0} not found in the archive")]
     NotFound(&'static str),
     #[error("failed to parse layer as tar.gz: {0}")]
-    Archive(String),
+    Archive(#[source] io::Error),
+    #[error("failed to parse layer as tar.gz: not a module")]
+    NotModule,
+    #[cfg(any(test, feature = "fuzzing"))]
+    #[error(transparent)]
+    Read(io::Error),
     #[error("writing {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
+}
+
+/// A tar header whose size field is not an octal number.
+#[derive(Debug, thiserror::Error)]
+#[error("tar entry {name:?} has an unreadable size {size:?}")]
+struct TarSizeError {
+    name: String,
+    size: String,
 }
 
 /// The marker a [`Capped`] reader's error carries.
@@ -93,7 +106,7 @@ fn is_wasm(b: &[u8]) -> bool {
 }
 
 /// A tar entry's name (with the ustar prefix) and size, or `None` for the end of the archive.
-fn tar_header(h: &[u8; BLOCK]) -> Result<Option<(String, u64, u8)>, String> {
+fn tar_header(h: &[u8; BLOCK]) -> Result<Option<(String, u64, u8)>, TarSizeError> {
     if h.iter().all(|x| *x == 0) {
         return Ok(None);
     }
@@ -110,7 +123,10 @@ fn tar_header(h: &[u8; BLOCK]) -> Result<Option<(String, u64, u8)>, String> {
     }
     let size_text = String::from_utf8_lossy(&h[124..136]);
     let size = u64::from_str_radix(size_text.trim_matches(|c: char| c == '\0' || c == ' '), 8)
-        .map_err(|_| format!("tar entry {name:?} has an unreadable size {size_text:?}"))?;
+        .map_err(|_| TarSizeError {
+            size: size_text.to_string(),
+            name: name.clone(),
+        })?;
     Ok(Some((name, size, h[156])))
 }
 
@@ -270,7 +286,7 @@ pub(crate) fn stage(body: Body, dir: &Path, cap: u64) -> Result<Staged, UnpackEr
             // Istio's rule: a body that does not unpack to Wasm is taken as it came (the
             // checksum and the magic number then judge it).
             let Body::Http(b) = &body else {
-                return Err(UnpackError::Archive("not a module".into()));
+                return Err(UnpackError::NotModule);
             };
             out = restart(out).map_err(|e| write_err(&path, e))?;
             out.write_all(b).map_err(|e| write_err(&path, e))?;
@@ -278,7 +294,7 @@ pub(crate) fn stage(body: Body, dir: &Path, cap: u64) -> Result<Staged, UnpackEr
         Err(Fail::Missing(what)) => return Err(UnpackError::NotFound(what)),
         Err(Fail::Io(e)) => {
             return Err(match body {
-                Body::Layer { .. } => UnpackError::Archive(e.to_string()),
+                Body::Layer { .. } => UnpackError::Archive(e),
                 Body::Http(_) => write_err(&path, e),
             });
         }
@@ -427,7 +443,7 @@ impl Write for Counted<'_> {
 /// Unpacks `body` into memory (at most `cap` bytes per layer) for the fuzz targets and tests:
 /// what [`stage`] would write, or why not.
 #[cfg(any(test, feature = "fuzzing"))]
-pub(crate) fn unpack_to_vec(body: Body, cap: u64) -> Result<Vec<u8>, String> {
+pub(crate) fn unpack_to_vec(body: Body, cap: u64) -> Result<Vec<u8>, UnpackError> {
     let mut out = Vec::new();
     let r = match &body {
         Body::Http(b) => unbox(b, cap, &mut out),
@@ -444,12 +460,15 @@ pub(crate) fn unpack_to_vec(body: Body, cap: u64) -> Result<Vec<u8>, String> {
         Ok(()) => Ok(out),
         Err(Fail::NotWasm) => match body {
             Body::Http(b) => Ok(b.to_vec()),
-            Body::Layer { .. } => Err("not a module".into()),
+            Body::Layer { .. } => Err(UnpackError::NotModule),
         },
-        Err(Fail::TooLarge) => Err(UnpackError::TooLarge(cap).to_string()),
-        Err(Fail::Missing(w)) => Err(UnpackError::NotFound(w).to_string()),
-        Err(Fail::Io(e)) if over_cap(&e) => Err(UnpackError::TooLarge(cap).to_string()),
-        Err(Fail::Io(e)) => Err(e.to_string()),
+        Err(Fail::TooLarge) => Err(UnpackError::TooLarge(cap)),
+        Err(Fail::Missing(w)) => Err(UnpackError::NotFound(w)),
+        Err(Fail::Io(e)) if over_cap(&e) => Err(UnpackError::TooLarge(cap)),
+        Err(Fail::Io(e)) => Err(match body {
+            Body::Layer { .. } => UnpackError::Archive(e),
+            Body::Http(_) => UnpackError::Read(e),
+        }),
     }
 }
 
@@ -482,11 +501,11 @@ mod tests {
         t
     }
 
-    fn http(b: Vec<u8>, cap: u64) -> Result<Vec<u8>, String> {
+    fn http(b: Vec<u8>, cap: u64) -> Result<Vec<u8>, UnpackError> {
         unpack_to_vec(Body::Http(b.into()), cap)
     }
 
-    fn layer(b: Vec<u8>, cap: u64) -> Result<Vec<u8>, String> {
+    fn layer(b: Vec<u8>, cap: u64) -> Result<Vec<u8>, UnpackError> {
         unpack_to_vec(
             Body::Layer {
                 blob: b.into(),
@@ -531,21 +550,21 @@ mod tests {
         let m = module(5001);
         for body in [gz(&m), gz(&gz(&m)), gz(&tar("x", &m))] {
             let e = http(body, 5000).unwrap_err();
-            assert!(e.contains("more than 5000 bytes"), "{e}");
+            assert!(matches!(e, UnpackError::TooLarge(5000)), "{e}");
         }
         let e = layer(gz(&tar("plugin.wasm", &m)), 5000).unwrap_err();
-        assert!(e.contains("more than 5000 bytes"), "{e}");
+        assert!(matches!(e, UnpackError::TooLarge(5000)), "{e}");
         // An outer layer past the cap, even when what it holds would fit.
         let mut padded = tar("pad", &vec![0; 6000]);
         padded.extend_from_slice(&tar("plugin.wasm", &module(100)));
         let e = layer(gz(&padded), 5000).unwrap_err();
-        assert!(e.contains("more than 5000 bytes"), "{e}");
+        assert!(matches!(e, UnpackError::TooLarge(5000)), "{e}");
     }
 
     #[test]
     fn layers_without_the_plugin_or_cut_short_are_refused() {
         let e = layer(gz(&tar("other.wasm", &module(10))), 1 << 20).unwrap_err();
-        assert!(e.contains("plugin.wasm not found"), "{e}");
+        assert!(matches!(e, UnpackError::NotFound("plugin.wasm")), "{e}");
         let mut t = tar("plugin.wasm", &module(2000));
         t.truncate(BLOCK + 100);
         assert!(layer(gz(&t), 1 << 20).is_err());

@@ -1,9 +1,14 @@
-//! Compiles Istio's CA and NDS protos with protox (no system `protoc`).
+//! Compiles Istio's CA and NDS protos, and pprof's profile format, with protox (no system
+//! `protoc`).
 //! Well-known types map onto envoy-types' own `google.protobuf` so that one `Struct`/`Any`
 //! flows through the whole workspace.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["protos/istio/ca.proto", "protos/istio/nds.proto"];
+    let protos = [
+        "protos/istio/ca.proto",
+        "protos/istio/nds.proto",
+        "protos/perftools/profile.proto",
+    ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");
     }

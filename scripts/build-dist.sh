@@ -15,6 +15,9 @@
 # pilot-agent is also linked with agent/link/start-order.ld: the functions its start runs first
 # in the text segment, one contiguous run of pages (VmHWM 9.2–9.6 -> 7.5–7.7 MiB; regenerate it
 # with agent/benches/start-order.sh). START_ORDER_MAP=<file> writes the link map there.
+# pilot-agent keeps its symbol table (`-C strip=debuginfo` over the profile's `strip = true`): the
+# names its CPU profiles carry (/debug/pprof/profile, agent/src/cpu_profile/symbols.rs). The table
+# is not loaded (no RSS); it is ~2.4 MB of the file (docs/differences.md#pprof-go-runtime).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
@@ -24,7 +27,7 @@ cargo build --profile dist "$@" -p iptables-init --bin istio-iptables --target "
 # Linked from a copy named by its hash: cargo relinks when the arguments change, not the file.
 order="target/start-order-$(sha256sum agent/link/start-order.ld | cut -c1-16).ld"
 [[ -f $order ]] || cp agent/link/start-order.ld "$order"
-link=(-C "link-arg=-Wl,-T,$repo/$order")
+link=(-C "link-arg=-Wl,-T,$repo/$order" -C strip=debuginfo)
 [[ -n ${START_ORDER_MAP:-} ]] && link+=(-C "link-arg=-Wl,-Map=$START_ORDER_MAP")
 cargo rustc --profile dist "$@" -p agent --bin pilot-agent --target "$triple" -- "${link[@]}"
 mkdir -p target/dist

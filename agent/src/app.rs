@@ -538,6 +538,7 @@ fn bind_status_server(
                 None
             },
             metrics_localhost_only: config.status.metrics_localhost_only,
+            profiling: config.status.profiling,
             probers: config.status.app_probers.clone(),
             prober: Prober {
                 destination,

@@ -399,9 +399,7 @@ fn proxy_flags(
             "templateFile" => p.template_file = v,
             "outlierLogPath" => p.outlier_log_path = v,
             "external-envoy" => p.external_envoy = flag_bool(&name, &v)?,
-            "profiling" => {
-                flag_bool(&name, &v)?;
-            }
+            "profiling" => p.profiling = flag_bool(&name, &v)?,
             "output" => output = Some(v),
             _ => {}
         }
@@ -817,6 +815,7 @@ mod tests {
         assert_eq!(node_type, NodeType::Router);
         assert!(flags.log_as_json);
         assert_eq!(flags.sts_port, 15463);
+        assert!(flags.profiling);
         assert!(parse(&argv("proxy gateway")).is_err());
         assert!(
             parse(&argv("proxy --concurrency=x"))
@@ -824,6 +823,19 @@ mod tests {
                 .to_string()
                 .contains("concurrency")
         );
+    }
+
+    #[test]
+    fn profiling_is_on_unless_turned_off() {
+        let profiling = |line: &str| match parse(&argv(line)).unwrap().command {
+            Command::Proxy { flags, .. } => flags.profiling,
+            _ => panic!("not proxy"),
+        };
+        assert!(profiling("proxy sidecar"));
+        assert!(profiling("proxy sidecar --profiling=true"));
+        assert!(!profiling("proxy sidecar --profiling=false"));
+        assert!(!profiling("proxy --profiling=0 router"));
+        assert!(parse(&argv("proxy --profiling=maybe")).is_err());
     }
 
     #[test]

@@ -149,6 +149,8 @@ pub struct ProxyFlags {
     pub log_as_json: bool,
     /// `--external-envoy` (or `ISTIO_AGENT_EXTERNAL_ENVOY=true`)
     pub external_envoy: bool,
+    /// `--profiling` (true): `/debug/pprof/` on the status port.
+    pub profiling: bool,
 }
 
 impl Default for ProxyFlags {
@@ -165,6 +167,7 @@ impl Default for ProxyFlags {
             outlier_log_path: String::new(),
             log_as_json: false,
             external_envoy: false,
+            profiling: true,
         }
     }
 }
@@ -441,7 +444,7 @@ impl Config {
         } else {
             None
         };
-        let status = status::load(env, &proxy)?;
+        let status = status::load(env, &proxy, flags.profiling)?;
         let bootstrap = bootstrap::load(env, &base_dir)?;
         let platform = platform::load(env, node.ips.iter().any(IpAddr::is_ipv6))?;
         let env_fallbacks = fallbacks.into_variables();

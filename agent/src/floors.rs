@@ -16,6 +16,7 @@ const FLOORS: &[&str] = &[
     "log_scopes",
     "log_format",
     "runtime",
+    "cpu_profile",
     "sock_diag",
     "http1",
     "cgroup",

@@ -12,12 +12,15 @@
 //! - [`lifecycle`]: the one shutdown signal and readiness guards.
 //! - [`runtime`]: the one-thread runtime and the malloc tuning that keep the agent small.
 //! - `sock_diag`: the uid owning a loopback peer's socket (netlink inet_diag).
+//! - `cpu_profile`: the agent's CPU profile in pprof's format (`/debug/pprof/profile`).
 //!
 //! The modules the binary, the fuzz targets, the benches and `agent/tests` reach are public;
-//! `envoy`, `status`, `health`, `http1`, `cgroup` and `sock_diag` are the crate's own.
+//! `envoy`, `status`, `health`, `http1`, `cgroup`, `sock_diag` and `cpu_profile` are the crate's
+//! own.
 
 // unsafe only where a module or function allows it: malloc tuning and rlimits (runtime.rs),
-// the pre-exec hook that ties Envoy to the agent (envoy.rs).
+// the pre-exec hook that ties Envoy to the agent (envoy.rs), the CPU profiler's timer and
+// signal handler (cpu_profile/sampler.rs).
 #![deny(unsafe_code)]
 // No function over 120 lines of code (clippy.toml's `too-many-lines-threshold`).
 #![warn(clippy::too_many_lines)]
@@ -28,6 +31,7 @@ mod cgroup;
 pub mod cli;
 pub mod client;
 pub mod config;
+mod cpu_profile;
 mod envoy;
 #[cfg(test)]
 mod floors;

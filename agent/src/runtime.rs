@@ -65,6 +65,15 @@ pub fn trim() {
     }
 }
 
+/// Code pages to release at the idle trimmer's next tick ([`release_code_later`]).
+static RELEASE_CODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks the idle trimmer ([`trim_while_idle`]) to release the code pages at its next tick, as
+/// after startup: for work that ran code the idle agent does not (a CPU profile).
+pub fn release_code_later() {
+    RELEASE_CODE.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Unmaps the agent's own code and read-only data after startup, leaving only what the idle
 /// agent runs next in its RSS.
 ///
@@ -150,7 +159,20 @@ pub fn build() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
-/// Trims the heap after startup and then every [`TRIM_EVERY`] until the token is cancelled.
+/// One tick of the idle trimmer: the heap trimmed, and the code pages released when
+/// [`release_code_later`] asked; true when they were.
+fn tick() -> bool {
+    trim();
+    if !RELEASE_CODE.swap(false, std::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
+    let released = release_startup_code();
+    tracing::debug!(released, "released code pages");
+    true
+}
+
+/// Trims the heap after startup and then every [`TRIM_EVERY`] until the token is cancelled;
+/// releases the code pages after startup and at a tick after [`release_code_later`].
 pub async fn trim_while_idle(stop: tokio_util::sync::CancellationToken) {
     tokio::select! {
         _ = stop.cancelled() => return,
@@ -165,7 +187,9 @@ pub async fn trim_while_idle(stop: tokio_util::sync::CancellationToken) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = every.tick() => trim(),
+            _ = every.tick() => {
+                tick();
+            }
         }
     }
 }
@@ -271,5 +295,11 @@ Anonymous:           132 kB
             stop.cancel();
             task.await.unwrap();
         });
+    }
+
+    #[test]
+    fn code_pages_asked_for_go_at_the_next_tick() {
+        release_code_later();
+        assert!(tick(), "released");
     }
 }

@@ -1,10 +1,12 @@
 //! The status server (`statusPort`, default 15020): `/healthz/ready`, merged
 //! `/stats/prometheus`, app probes, `/quitquitquit`, `/drain`, `/debug/ndsz`,
-//! `/debug/config_dump` (the agent's effective configuration, secrets redacted).
+//! `/debug/config_dump` (the agent's effective configuration, secrets redacted), and with
+//! `--profiling` `/debug/pprof/` (the agent's CPU profile).
 
 pub mod conn;
 pub mod grpc_ready;
 pub mod lockdown;
+pub(crate) mod pprof;
 pub mod probe;
 pub mod process;
 pub(crate) mod route;
@@ -109,6 +111,8 @@ pub struct Inputs {
     pub envoy_prometheus: Option<SocketAddr>,
     pub app_metrics: Option<PrometheusAnnotations>,
     pub metrics_localhost_only: bool,
+    /// `--profiling`: `/debug/pprof/` is served.
+    pub profiling: bool,
     pub probers: AppProbers,
     pub prober: Prober,
     pub registry: Arc<Registry>,
@@ -302,7 +306,10 @@ async fn accept_loop(
                     req.uri().path(),
                     req.method(),
                     conn::is_local(peer.ip()),
-                    state.inputs.metrics_localhost_only,
+                    route::Rules {
+                        metrics_localhost_only: state.inputs.metrics_localhost_only,
+                        profiling: state.inputs.profiling,
+                    },
                 );
                 if route == Route::Stats {
                     // A scrape may be cut to make room for a probe (`conn`).
@@ -402,6 +409,8 @@ async fn handle(
             None => full(404, "{}"),
         },
         Route::ConfigDump => json_response(state.inputs.config_dump.clone()),
+        Route::Pprof(page) => pprof::serve(page, req.uri().query()).await,
+        Route::PprofRedirect => redirect_to_pprof(req.uri().query()),
         Route::App(p) => {
             let Some(probe) = state.inputs.probers.get(&p) else {
                 tracing::warn!(path = p, "app prober config does not exist");
@@ -426,6 +435,20 @@ async fn handle(
         Route::Refused(status) => full(status, ""),
         Route::NotFound => full(404, "404 page not found\n"),
     }
+}
+
+/// Go's mux's answer to `/debug/pprof`: a permanent redirect to the subtree, query kept.
+#[cold]
+fn redirect_to_pprof(query: Option<&str>) -> http::Response<Body> {
+    let to = match query {
+        Some(q) => format!("/debug/pprof/?{q}"),
+        None => "/debug/pprof/".into(),
+    };
+    let mut r = full(301, "<a href=\"/debug/pprof/\">Moved Permanently</a>.\n\n");
+    if let Ok(v) = http::HeaderValue::from_str(&to) {
+        r.headers_mut().insert(http::header::LOCATION, v);
+    }
+    r
 }
 
 /// Runs every readiness check; the error lists what is pending.

@@ -3,6 +3,7 @@
 //! - [`envoy`]: Envoy's v3 API (xDS, SDS, resource types), re-exported from `envoy-types`.
 //! - [`istio::ca`]: `istio.v1.auth.IstioCertificateService` (CSR signing).
 //! - [`istio::nds`]: `istio.networking.nds.v1.NameTable` (the DNS proxy's name table).
+//! - [`perftools::profiles`]: pprof's profile format (the agent's `/debug/pprof/profile`).
 //! - [`type_url`]: the type URLs the agent and control plane dispatch on.
 //!
 //! Well-known protobuf types (`Any`, `Struct`, `Duration`) are envoy-types' own; the Istio
@@ -52,6 +53,14 @@ pub mod istio {
                 crate::type_url::PROXY_CONFIG.into()
             }
         }
+    }
+}
+
+/// pprof's profile format (`perftools.profiles.Profile`, google/pprof's `proto/profile.proto`):
+/// what `go tool pprof` reads, gzip-compressed.
+pub mod perftools {
+    pub mod profiles {
+        tonic::include_proto!("perftools.profiles");
     }
 }
 

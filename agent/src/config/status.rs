@@ -32,6 +32,8 @@ pub struct StatusConfig {
     /// `METRICS_LOCALHOST_ACCESS_ONLY`: the merged metrics (and Envoy's prometheus listener)
     /// answer loopback peers only.
     pub metrics_localhost_only: bool,
+    /// `--profiling` (true): `/debug/pprof/` (the agent's CPU profile) is served.
+    pub profiling: bool,
 }
 
 impl StatusConfig {
@@ -46,7 +48,7 @@ impl StatusConfig {
     }
 }
 
-pub fn load(env: Env<'_>, proxy: &ProxyConfig) -> Result<StatusConfig, Error> {
+pub fn load(env: Env<'_>, proxy: &ProxyConfig, profiling: bool) -> Result<StatusConfig, Error> {
     let probers_text = env.raw("ISTIO_KUBE_APP_PROBERS").unwrap_or("");
     let app_probers = parse_probers(probers_text).map_err(|source| Error::Probe {
         var: "ISTIO_KUBE_APP_PROBERS",
@@ -83,5 +85,6 @@ pub fn load(env: Env<'_>, proxy: &ProxyConfig) -> Result<StatusConfig, Error> {
         merge_envoy_stats: env.bool("PILOT_AGENT_MERGE_ENVOY_STATS", true)?,
         rewrite_probe_legacy_localhost: env
             .bool("REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", false)?,
+        profiling,
     })
 }

@@ -15,6 +15,8 @@ use super::*;
 use crate::lifecycle::{DrainMode, Readiness, Shutdown};
 use crate::status::probe::{AppProbe, ProbeAction};
 
+mod pprof;
+
 /// A fake HTTP server: path → (status, body); records request lines.
 async fn fake_http(
     routes: HashMap<String, (u16, String)>,
@@ -120,11 +122,11 @@ async fn setup_with(
     app_port: Option<u16>,
     limits: conn::Limits,
 ) -> Setup {
-    setup_locked(envoy_stats, ready_stats, app_port, limits, None, None).await
+    setup_locked(envoy_stats, ready_stats, app_port, limits, None, None, true).await
 }
 
 /// [`setup_with`] with `PROXY_LIFECYCLE_LOCKDOWN`'s parts: a lockdown rule, and Envoy's admin on
-/// a Unix socket at `admin_socket`.
+/// a Unix socket at `admin_socket`; and `--profiling`.
 async fn setup_locked(
     envoy_stats: &str,
     ready_stats: &str,
@@ -132,6 +134,7 @@ async fn setup_locked(
     limits: conn::Limits,
     lockdown: Option<lockdown::Lockdown>,
     admin_socket: Option<&std::path::Path>,
+    profiling: bool,
 ) -> Setup {
     let mut routes = HashMap::new();
     routes.insert(
@@ -192,6 +195,7 @@ async fn setup_locked(
                 targets: vec![(p, "/metrics".into())],
             }),
             metrics_localhost_only: false,
+            profiling,
             probers,
             prober: Prober {
                 destination: "127.0.0.1".parse().unwrap(),
@@ -360,6 +364,7 @@ async fn lockdown_admits_the_proxys_uid_and_talks_to_admin_over_its_socket() {
         conn::Limits::default(),
         Some(ours),
         Some(&sock),
+        true,
     )
     .await;
     assert_eq!(get(s.addr, "GET", "/healthz/ready").await, (200, "".into()));
@@ -403,6 +408,7 @@ async fn lockdown_admits_the_proxys_uid_and_talks_to_admin_over_its_socket() {
         conn::Limits::default(),
         Some(theirs),
         Some(&sock),
+        true,
     )
     .await;
     for path in ["/quitquitquit", "/drain"] {

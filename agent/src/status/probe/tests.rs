@@ -494,6 +494,7 @@ async fn status_server_with(probers: &str, destination: &str, http2: bool) -> So
             envoy_prometheus: None,
             app_metrics: None,
             metrics_localhost_only: false,
+            profiling: true,
             probers: parse_probers(probers).unwrap(),
             prober: Prober {
                 destination: destination.parse().unwrap(),

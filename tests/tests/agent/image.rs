@@ -59,7 +59,9 @@ fn dist_build_script_links_both_shipped_binaries_static_and_non_pie() {
         r#"cargo build --profile dist "$@" -p iptables-init --bin istio-iptables --target "$triple""#,
         // pilot-agent's start code first in its text segment.
         r#"order="target/start-order-$(sha256sum agent/link/start-order.ld | cut -c1-16).ld""#,
-        r#"link=(-C "link-arg=-Wl,-T,$repo/$order")"#,
+        // ... and keeps its symbol table, so its CPU profiles (/debug/pprof/profile) name
+        // their functions.
+        r#"link=(-C "link-arg=-Wl,-T,$repo/$order" -C strip=debuginfo)"#,
         r#"cargo rustc --profile dist "$@" -p agent --bin pilot-agent --target "$triple" -- "${link[@]}""#,
         r#"cp "target/$triple/dist/pilot-agent" "target/$triple/dist/istio-iptables" target/dist/"#,
     ] {

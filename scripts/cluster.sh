@@ -69,6 +69,8 @@ start() {
 node_pids() {
   local ns
   ns=$(readlink "/proc/$(holder)/ns/mnt" 2>/dev/null) || return 0
+  # `mnt:[4026532239]`: the brackets are literal, not a -lname character class.
+  ns=$(sed 's/[][]/\\&/g' <<<"$ns")
   find /proc -mindepth 3 -maxdepth 3 -path '/proc/[0-9]*/ns/mnt' -lname "$ns" 2>/dev/null |
     cut -d/ -f3 | grep -vx "$(holder)" || true
 }

@@ -73,6 +73,20 @@ fn cert_chain() -> String {
     vm_exec("cat /etc/certs/cert-chain.pem 2>/dev/null").1
 }
 
+/// Waits (90 s at most) for a certificate other than `before` in `/etc/certs/cert-chain.pem`
+/// (`OUTPUT_CERTS`); how long it took.
+fn renewal_after(before: &str) -> Result<Duration, String> {
+    let t0 = Instant::now();
+    assert_eventually_result(Duration::from_secs(90), || {
+        let now = cert_chain();
+        if now.contains("BEGIN CERTIFICATE") && now != before {
+            Ok(t0.elapsed())
+        } else {
+            Err(format!("no renewal yet (SECRET_TTL {SECRET_TTL})"))
+        }
+    })
+}
+
 /// The prerequisites beyond the cluster's: the VM's tools, a free VM slot, Istio's binaries
 /// (the echo app for the VM, the Go agent for the control).
 fn prerequisites() -> Option<PathBuf> {
@@ -615,16 +629,7 @@ fn renewal_without_token(w: &World) -> Result<(), String> {
     if !before.contains("BEGIN CERTIFICATE") {
         return Err("no /etc/certs/cert-chain.pem (OUTPUT_CERTS)".into());
     }
-    let t0 = Instant::now();
-    assert_eventually_result(Duration::from_secs(90), || {
-        let now = cert_chain();
-        if now.contains("BEGIN CERTIFICATE") && now != before {
-            Ok(())
-        } else {
-            Err(format!("no renewal yet (SECRET_TTL {SECRET_TTL})"))
-        }
-    })?;
-    let waited = t0.elapsed();
+    let waited = renewal_after(&before)?;
     let (_, token) = vm_exec("ls /var/run/secrets/tokens/ 2>&1");
     if token.contains("istio-token") {
         return Err(format!("a token appeared: {token}"));
@@ -673,16 +678,7 @@ fn expired_token(w: &World) -> Result<(), String> {
     vm_ok(&format!(
         "install -d -m 0755 /var/run/secrets/tokens && cd /var/run/secrets/tokens && printf %s '{token}' >istio-token && chown istio-proxy:istio-proxy istio-token && chmod 0640 istio-token"
     ))?;
-    let before = cert_chain();
-    let t0 = Instant::now();
-    assert_eventually_result(Duration::from_secs(90), || {
-        if cert_chain() != before {
-            Ok(())
-        } else {
-            Err(format!("no renewal yet (SECRET_TTL {SECRET_TTL})"))
-        }
-    })?;
-    let renewed = t0.elapsed();
+    let renewed = renewal_after(&cert_chain())?;
     let before = cert_chain();
     let t1 = Instant::now();
     vm_ok("systemctl restart istio")?;
@@ -885,19 +881,10 @@ fn token_expiry_with_our_agent() {
     std::thread::sleep(wait + Duration::from_secs(1));
     let (_, token) = vm_exec("ls /var/run/secrets/tokens/");
     assert!(token.contains("istio-token"), "the token file is in place");
-    let before = cert_chain();
-    let t0 = Instant::now();
-    assert_eventually_result(Duration::from_secs(90), || {
-        if cert_chain() != before {
-            Ok(())
-        } else {
-            Err("no renewal yet".to_string())
-        }
-    })
-    .expect("a renewal after the token expired");
+    let renewed = renewal_after(&cert_chain()).expect("a renewal after the token expired");
     println!(
         "FIGURE renewal after the token expired: {:.1} s after expiry + 1 s (SECRET_TTL {SECRET_TTL})",
-        t0.elapsed().as_secs_f64()
+        renewed.as_secs_f64()
     );
     let before = cert_chain();
     vm_ok("systemctl restart istio").expect("restart");

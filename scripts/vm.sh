@@ -26,13 +26,13 @@
 # the namespace when `up` created it). The files stay in /run/mesh-vm/files.
 # A reboot inside (`systemctl reboot`) boots again in a fresh network namespace, as a machine
 # loses its iptables state; `poweroff` ends it. Prerequisites: scripts/vm/setup.sh, root.
-# The Debian root is made once per machine under /var/cache/mesh-agent/rootfs/ (debootstrap,
+# The Debian root is made once per machine under $MESH_CACHE/rootfs/ (default /var/cache/mesh-agent; debootstrap,
 # ~35 s); each VM writes to an overlay above it, removed by `down` with everything else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 NAME=mesh-vm
-CACHE=/var/cache/mesh-agent/rootfs
+CACHE=${MESH_CACHE:-/var/cache/mesh-agent}/rootfs
 LOWER=$CACHE/bookworm
 STATE=/var/lib/$NAME # overlay upper, work dir and merged root: the VM's disk
 RUN=/run/$NAME       # pids, boot log

@@ -2,7 +2,7 @@
 # Pod figures on the real cluster, our proxy image beside Istio's Go agent in one run
 # (scripts/lib/cluster_bench.py): pod created → Ready one at a time and PODS at once, the agent's
 # RSS and the istio-proxy container's memory at idle, istiod's CPU for the burst.
-#   usage: scripts/bench-cluster.sh [--pods N] [--services N] [--json FILE]
+#   usage: scripts/bench-cluster.sh [--pods N] [--services N] [--istiod-delay-ms D] [--json FILE]
 # Needs the cluster up (scripts/cluster.sh up with MESH_AGENT_BIN=target/dist for the shipped
 # build); it leaves the cluster as it found it.
 set -euo pipefail

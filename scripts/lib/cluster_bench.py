@@ -2,13 +2,18 @@
 """Pod figures on the local cluster (scripts/cluster.sh), both proxy images in one run.
 
 For each image (ours: proxyv2, Istio's Go agent: proxyv2-istio), in a namespace of its own:
-  - pod created → Ready: PODS pods one after another (each created, awaited, deleted), then PODS
-    pods created at once; the time from `kubectl create` returning to the watch seeing Ready;
+  - pod created → Ready: PODS pods one after another (each created, awaited, deleted; the two
+    images alternating), then PODS pods created at once; the time from `kubectl create` returning
+    to the watch seeing Ready;
   - per pod memory at idle: the agent's RSS and the istio-proxy container's cgroup memory
     (agent + Envoy), read from the node's /proc and cgroups;
   - istiod's CPU (its container's cpuacct) to bring the PODS pods created at once to Ready.
 With --services N, N Services (no endpoints) are created first in a namespace of their own, so
-istiod sends every proxy N more clusters. Prints one table; --json writes the raw figures.
+istiod sends every proxy N more clusters. With --istiod-delay-ms D the proxies reach istiod
+(xDS and CA) through scripts/lib/delay_relay.py on the node's address, each chunk held D ms each
+way (this kernel has no netem): the pods' `proxy.istio.io/config` names the relay as
+discoveryAddress and ISTIOD_SAN keeps istiod's certificate name. Prints one table; --json writes
+the raw figures.
 """
 
 import argparse
@@ -21,6 +26,9 @@ import threading
 import time
 
 STATE = os.environ.get("MESH_CLUSTER_DIR", "/var/tmp/mesh-cluster")
+NODE_NETNS = "/run/netns/mesh-node"
+NODE_IP = "198.18.0.1"
+RELAY_PORT = 15112
 KUBECTL = [f"{STATE}/bin/kubectl", "--kubeconfig", f"{STATE}/kubeconfig"]
 CGROUP = "/sys/fs/cgroup"
 
@@ -32,14 +40,18 @@ def kubectl(*args: str, stdin: str | None = None) -> str:
     return out.stdout
 
 
-def pod_yaml(ns: str, name: str, proxy: str, app: str) -> str:
+def pod_yaml(ns: str, name: str, proxy: str, app: str, relay: bool) -> str:
+    config = ""
+    if relay:
+        config = (f', proxy.istio.io/config: "{{discoveryAddress: {NODE_IP}:{RELAY_PORT}, '
+                  'proxyMetadata: {ISTIOD_SAN: istiod.istio-system.svc}}"')
     return f"""apiVersion: v1
 kind: Pod
 metadata:
   name: {name}
   namespace: {ns}
   labels: {{app: bench}}
-  annotations: {{sidecar.istio.io/proxyImage: "{proxy}"}}
+  annotations: {{sidecar.istio.io/proxyImage: "{proxy}"{config}}}
 spec:
   terminationGracePeriodSeconds: 1
   containers:
@@ -141,30 +153,66 @@ def services(n: int) -> None:
     kubectl("apply", "-f", "-", stdin=docs)
 
 
-def run_image(word: str, proxy: str, app: str, pods: int) -> dict:
-    ns = f"bench-{word}"
-    kubectl("create", "namespace", ns)
-    kubectl("label", "namespace", ns, "istio-injection=enabled")
-    watch = ReadyWatch(ns)
-    one_by_one = []
+def start_relay(delay_ms: int) -> subprocess.Popen:
+    """The delay relay in the node's network namespace, in front of istiod's Service."""
+    ip = kubectl("get", "service", "-n", "istio-system", "istiod", "-o", "jsonpath={.spec.clusterIP}")
+    relay = subprocess.Popen(
+        ["nsenter", f"--net={NODE_NETNS}", "--", sys.executable,
+         os.path.join(os.path.dirname(os.path.abspath(__file__)), "delay_relay.py"),
+         f"{NODE_IP}:{RELAY_PORT}", f"{ip}:15012", str(delay_ms)],
+        stdout=subprocess.PIPE, text=True)
+    if relay.stdout.readline().strip() != "ready":
+        relay.kill()
+        sys.exit("cluster_bench: the delay relay did not start")
+    return relay
+
+
+class Image:
+    """One proxy image's namespace, its Ready watch and its figures."""
+
+    def __init__(self, word: str, proxy: str, app: str, relay: bool):
+        self.ns, self.proxy, self.app, self.relay = f"bench-{word}", proxy, app, relay
+        kubectl("create", "namespace", self.ns)
+        kubectl("label", "namespace", self.ns, "istio-injection=enabled")
+        self.watch = ReadyWatch(self.ns)
+        self.figures: dict = {"one_by_one_s": []}
+
+    def create(self, names: list[str]) -> float:
+        docs = "".join(pod_yaml(self.ns, n, self.proxy, self.app, self.relay) for n in names)
+        kubectl("create", "-f", "-", stdin=docs)
+        return time.monotonic()
+
+    def one(self, name: str) -> None:
+        t0 = self.create([name])
+        self.figures["one_by_one_s"].append(self.watch.wait([name], 300)[name] - t0)
+        kubectl("delete", "pod", "-n", self.ns, name, "--wait=false")
+
+    def burst(self, pods: int) -> None:
+        cpu0 = istiod_cpu_seconds()
+        names = [f"burst-{i}" for i in range(pods)]
+        t0 = self.create(names)
+        self.figures["at_once_s"] = [t - t0 for t in self.watch.wait(names, 600).values()]
+        self.figures["istiod_cpu_s"] = istiod_cpu_seconds() - cpu0
+        time.sleep(10)  # idle
+        memory = [proxy_memory(self.ns, n) for n in names]
+        self.figures["agent_rss_mib"] = [m[0] for m in memory]
+        self.figures["proxy_container_mib"] = [m[1] for m in memory]
+
+    def close(self) -> None:
+        self.watch.stop()
+        kubectl("delete", "namespace", self.ns, "--wait=false")
+
+
+def run(images: dict[str, Image], pods: int) -> dict:
+    """One at a time, the images alternating pod by pod (so load from elsewhere falls on both
+    alike); then each image's burst."""
     for i in range(pods):
-        name = f"seq-{i}"
-        kubectl("create", "-f", "-", stdin=pod_yaml(ns, name, proxy, app))
-        t0 = time.monotonic()
-        one_by_one.append(watch.wait([name], 300)[name] - t0)
-        kubectl("delete", "pod", "-n", ns, name, "--wait=false")
-    cpu0 = istiod_cpu_seconds()
-    names = [f"burst-{i}" for i in range(pods)]
-    kubectl("create", "-f", "-", stdin="".join(pod_yaml(ns, n, proxy, app) for n in names))
-    t0 = time.monotonic()
-    at_once = [t - t0 for t in watch.wait(names, 600).values()]
-    cpu = istiod_cpu_seconds() - cpu0
-    time.sleep(10)  # idle
-    memory = [proxy_memory(ns, n) for n in names]
-    watch.stop()
-    kubectl("delete", "namespace", ns, "--wait=false")
-    return {"one_by_one_s": one_by_one, "at_once_s": at_once, "istiod_cpu_s": cpu,
-            "agent_rss_mib": [m[0] for m in memory], "proxy_container_mib": [m[1] for m in memory]}
+        for image in images.values():
+            image.one(f"seq-{i}")
+    for image in images.values():
+        image.burst(pods)
+        image.close()
+    return {word: image.figures for word, image in images.items()}
 
 
 def p90(xs: list[float]) -> float:
@@ -177,13 +225,19 @@ def main() -> None:
     ap.add_argument("--services", type=int, default=0)
     ap.add_argument("--hub", required=True)
     ap.add_argument("--tag", required=True)
+    ap.add_argument("--istiod-delay-ms", type=int, default=0)
     ap.add_argument("--json")
     args = ap.parse_args()
     app = f"{args.hub}/app:{args.tag}"
     services(args.services)
-    results = {}
-    for word, image in (("ours", "proxyv2"), ("istio", "proxyv2-istio")):
-        results[word] = run_image(word, f"{args.hub}/{image}:{args.tag}", app, args.pods)
+    relay = start_relay(args.istiod_delay_ms) if args.istiod_delay_ms else None
+    try:
+        images = {word: Image(word, f"{args.hub}/{image}:{args.tag}", app, relay is not None)
+                  for word, image in (("ours", "proxyv2"), ("istio", "proxyv2-istio"))}
+        results = run(images, args.pods)
+    finally:
+        if relay:
+            relay.kill()
     if args.services:
         kubectl("delete", "namespace", "bench-services", "--wait=false")
     o, i = results["ours"], results["istio"]
@@ -196,13 +250,14 @@ def main() -> None:
         ("istio-proxy container memory (agent + Envoy), median (MiB)", statistics.median(o["proxy_container_mib"]), statistics.median(i["proxy_container_mib"])),
         (f"istiod CPU to bring {args.pods} pods to Ready (s)", o["istiod_cpu_s"], i["istiod_cpu_s"]),
     ]
-    print(f"| with {args.services} extra Services | ours | Istio's agent | ratio |")
+    print(f"| with {args.services} extra Services, istiod {args.istiod_delay_ms} ms away | ours | Istio's agent | ratio |")
     print("|---|---|---|---|")
     for name, a, b in rows:
         print(f"| {name} | {a:.2f} | {b:.2f} | {a / b if b else float('nan'):.2f} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"services": args.services, "pods": args.pods, **results}, f, indent=1)
+            json.dump({"services": args.services, "pods": args.pods,
+                       "istiod_delay_ms": args.istiod_delay_ms, **results}, f, indent=1)
 
 
 if __name__ == "__main__":

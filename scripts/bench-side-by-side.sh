@@ -6,9 +6,10 @@
 #   EDS_HOSTS (default 2000): endpoints of the ServiceEntry pushed for the EDS memory figure;
 #   AGENT_LOG: RUST_LOG for our agent (default warn); KEEP_WORK=1 keeps the logs and files;
 #   CONTROL_PLANE: istiod-lite (default) or istiod: Istio's own pilot-discovery from
-#   ISTIO_GO_BIN, run without Kubernetes as docs/istiod.md says (the fake API server of
-#   tests/data/live-istiod issues the RS256 token, istiod's CA is plugged in with istiod-lite's
-#   root; istiod's Istio-only extensions are switched off for upstream Envoy).
+#   ISTIO_GO_BIN, outside a cluster as docs/istiod.md says (a real API server with no nodes,
+#   scripts/lib/kube-api.sh, issues the token and judges it for istiod through TokenReview;
+#   istiod's CA is plugged in with istiod-lite's root; istiod's Istio-only extensions are
+#   switched off for upstream Envoy).
 # Each round starts a fresh control plane and, one after the other in the same round, each agent
 # with real Envoy (the agent starts Envoy from PROXY_CONFIG's binaryPath, as in a pod), the DNS
 # proxy on, the same token, root, environment and Istio's own bootstrap template. Per agent it
@@ -108,9 +109,8 @@ start_lite() { # $1: work dir
 
 start_live() { # $1: work dir
   setsid env -i PATH=/usr/bin:/bin POD_NAMESPACE=istio-system ROOT_CA_DIR="$1/cacerts" \
-    JWT_RULE="{\"issuer\":\"fake-apiserver\",\"jwks_uri\":\"http://$api/jwks.json\",\"audiences\":[\"istio-ca\"]}" \
     PILOT_ENABLE_METADATA_EXCHANGE=false PILOT_ENABLE_ALPN_FILTER=false \
-    "$discovery" discovery --kubeconfig="$1/kubeconfig" --configDir="$1/config" \
+    "$discovery" discovery --kubeconfig="$work/api/kubeconfig" --configDir="$1/config" \
     --meshConfig="$repo/tests/data/live-istiod/mesh.yaml" --networksConfig="$1/meshNetworks" \
     --httpAddr="$cp_http" --grpcAddr=127.0.0.1:37010 --secureGRPCAddr="$xds_addr" \
     --httpsAddr=127.0.0.1:37017 --monitoringAddr=127.0.0.1:37014 --ctrlz_port=0 \
@@ -138,17 +138,11 @@ from side_by_side_poll import synced
 sys.exit(0 if synced(sys.argv[1], sys.stdin.read(), "bench.demo") else 1)' "$kind" "$repo/scripts/lib" 2>/dev/null
 }
 
-# istiod: the fake Kubernetes API server (empty, and the token issuer), once for the whole run.
-api=""
+# istiod: a real API server with no nodes (and the token issuer), once for the whole run.
 if [ "$control_plane" = istiod ]; then
-  setsid python3 "$repo/tests/data/live-istiod/fake-apiserver.py" --port 0 >"$work/api.log" 2>&1 &
-  groups+=("$!")
-  for _ in $(seq 200); do
-    api=$(sed -n 's/.*listening addr=//p' "$work/api.log" | head -1)
-    [ -n "$api" ] && break
-    sleep 0.05
-  done
-  [ -n "$api" ] || { echo "the fake API server did not start" >&2; cat "$work/api.log" >&2; exit 1; }
+  # shellcheck source=lib/kube-api.sh
+  source "$repo/scripts/lib/kube-api.sh"
+  kube_api_start "$work/api" 37030
 fi
 
 eds_config() { # ServiceEntry with $eds_hosts static endpoints
@@ -208,9 +202,8 @@ run_one() { # $1: label, $2: agent binary
     mkdir -p "$w/cacerts"
     cp "$w/ca/ca-cert.pem" "$w/ca/ca-key.pem" "$w/ca/root-cert.pem" "$w/ca/cert-chain.pem" "$w/cacerts/"
     : >"$w/meshNetworks"
-    printf 'apiVersion: v1\nkind: Config\nclusters: [{name: fake, cluster: {server: "http://%s"}}]\nusers: [{name: fake, user: {}}]\ncontexts: [{name: fake, context: {cluster: fake, user: fake}}]\ncurrent-context: fake\n' "$api" >"$w/kubeconfig"
     start_cp "$w"
-    curl -sf "http://$api/token?namespace=demo&serviceAccount=sa" >"$w/pod/var/run/secrets/tokens/istio-token"
+    kube_api_token "$work/api" demo sa >"$w/pod/var/run/secrets/tokens/istio-token"
   else
     start_cp "$w"
     "$istiod" token --ca-dir "$w/ca" --namespace demo --service-account sa \

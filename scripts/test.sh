@@ -73,14 +73,17 @@ else
 fi
 
 # Istio's, Kubernetes' and the node's components from pinned versions (scripts/cluster/
-# versions.env), built once per machine outside the clone: the live-istiod tests and the
-# differential oracle use Istio's pilot-discovery and pilot-agent, the cluster step all of it.
+# versions.env), built once per machine outside the clone: the live-istiod tests use Istio's
+# pilot-discovery against a real kube-apiserver and etcd, the differential oracle Istio's
+# pilot-agent, the cluster step all of it.
 step "pinned components (scripts/cluster/build.sh; cached in ${MESH_CACHE:-/var/cache/mesh-agent})"
 scripts/cluster/setup.sh
 scripts/vm/setup.sh
 scripts/cluster/build.sh
 ISTIO_GO_BIN=$(scripts/cluster/build.sh --dir istio)
-export ISTIO_GO_BIN
+KUBERNETES_BIN=$(scripts/cluster/build.sh --dir kubernetes)
+ETCD_BIN=$(scripts/cluster/build.sh --dir etcd)
+export ISTIO_GO_BIN KUBERNETES_BIN ETCD_BIN
 
 profile=$([[ ${CI:-} == true ]] && echo ci || echo default)
 step "tests (unit, conformance, end-to-end)"

@@ -26,6 +26,7 @@ pub mod http;
 pub mod istio_diff;
 /// Istio's source at the targeted release, from Go's module cache.
 pub mod istio_release;
+pub mod kube_api;
 pub mod kubelet;
 pub mod local;
 pub mod mesh;
@@ -37,7 +38,7 @@ pub mod vm;
 pub use envoy::Envoy;
 pub use http::http_get;
 pub use netns::{Netns, veth};
-pub use prereq::{envoy_bin, in_ci, istio_go_bin, require_bin, require_root};
+pub use prereq::{envoy_bin, in_ci, istio_go_bin, kube_bins, require_bin, require_root};
 pub use process::{Child, repo_root, workspace_bin};
 
 use std::time::{Duration, Instant};

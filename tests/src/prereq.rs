@@ -140,3 +140,23 @@ pub fn istio_go_bin() -> Option<PathBuf> {
         }
     }
 }
+
+/// The folders of Kubernetes' and etcd's binaries (`kube-apiserver`, `kubectl`; `etcd`), built
+/// from the pinned modules by `scripts/cluster/build.sh kubernetes etcd` (the test command sets
+/// `KUBERNETES_BIN` and `ETCD_BIN`). Missing: a skip, or under `CI=true` a failure.
+pub fn kube_bins() -> Option<(PathBuf, PathBuf)> {
+    let dir = |var: &str, bins: &[&str]| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .filter(|d| bins.iter().all(|b| d.join(b).is_file()))
+    };
+    let found =
+        dir("KUBERNETES_BIN", &["kube-apiserver", "kubectl"]).zip(dir("ETCD_BIN", &["etcd"]));
+    if found.is_none() {
+        missing(
+            "Kubernetes' kube-apiserver and kubectl (KUBERNETES_BIN) and etcd (ETCD_BIN)",
+            "export KUBERNETES_BIN=$(scripts/cluster/build.sh --dir kubernetes) ETCD_BIN=$(scripts/cluster/build.sh --dir etcd) after `scripts/cluster/build.sh kubernetes etcd`",
+        );
+    }
+    found
+}

@@ -1,7 +1,9 @@
 //! Our agent against Istio's own istiod: `pilot-discovery discovery` from `ISTIO_GO_BIN` (the
-//! pinned istio module's build, `scripts/cluster/build.sh istio`), run without Kubernetes as docs/istiod.md says (file config source, the CA
-//! plugged in from istiod-lite's cacerts folder, JWT_RULE tokens, and the empty API server of
-//! `tests/data/live-istiod/fake-apiserver.py` that istiod at this commit cannot start without).
+//! pinned istio module's build, `scripts/cluster/build.sh istio`) outside a cluster as
+//! docs/istiod.md says: the file config source, the CA plugged in from istiod-lite's cacerts
+//! folder, and a real API server with no nodes (`harness::kube_api`: etcd and kube-apiserver
+//! from the pinned builds), which issues the service-account tokens and judges them for istiod
+//! through TokenReview.
 //! With upstream Envoy through `pilot-agent proxy sidecar --external-envoy`:
 //! - the workload certificate comes from istiod's CA (CSR API) and reaches Envoy over SDS;
 //! - every xDS type istiod sends is accepted once the two Istio-only extensions upstream Envoy
@@ -22,6 +24,7 @@
 //! The test command builds Istio's binaries first and sets `ISTIO_GO_BIN`; without them these
 //! tests skip, and fail under `CI=true`.
 
+use harness::kube_api::ApiServer;
 use harness::local::{Ports, Unprivileged, agent_env, free_port, start_envoy, write_file};
 use harness::{Child, assert_eventually, envoy_bin, http_get, istio_go_bin, repo_root};
 use std::net::SocketAddr;
@@ -31,46 +34,12 @@ use std::time::{Duration, Instant};
 
 const SERVICE_ACCOUNT: &str = "live-sa";
 
-/// The empty Kubernetes API server, which also issues the service-account tokens.
-struct FakeApi {
-    _child: Child,
-    addr: SocketAddr,
-}
-
-impl FakeApi {
-    fn start() -> FakeApi {
-        let mut cmd = Command::new("python3");
-        cmd.arg(repo_root().join("tests/data/live-istiod/fake-apiserver.py"));
-        let child = Child::spawn("fake-apiserver", cmd);
-        let line = child.wait_for_line("listening addr=", Duration::from_secs(20));
-        let addr = line
-            .split("addr=")
-            .nth(1)
-            .and_then(|a| a.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no address in {line:?}"));
-        FakeApi {
-            _child: child,
-            addr,
-        }
-    }
-
-    fn token(&self, namespace: &str, service_account: &str) -> String {
-        let (code, body) = http_get(
-            self.addr,
-            &format!("/token?namespace={namespace}&serviceAccount={service_account}"),
-        )
-        .expect("token");
-        assert_eq!(code, 200, "{body}");
-        body.trim().to_string()
-    }
-}
-
 /// Istio's pilot-discovery on loopback.
 struct Istiod {
     child: Option<Child>,
     bin: PathBuf,
     dir: PathBuf,
-    api: SocketAddr,
+    kubeconfig: PathBuf,
     istio_extensions: bool,
     http: SocketAddr,
     secure_grpc: SocketAddr,
@@ -79,19 +48,19 @@ struct Istiod {
 
 impl Istiod {
     /// Writes its files under `dir` (cacerts from `ca_dir`) and starts it.
-    fn start(go_bin: &Path, dir: &Path, ca_dir: &Path, api: SocketAddr) -> Istiod {
-        write_files(dir, ca_dir, api);
+    fn start(go_bin: &Path, dir: &Path, ca_dir: &Path, api: &ApiServer) -> Istiod {
+        write_files(dir, ca_dir);
         Istiod::start_on(go_bin, dir, api, true)
     }
 
     /// Starts one on the files [`write_files`] wrote under `dir` (several may share them), on
     /// fresh loopback ports.
-    fn start_on(go_bin: &Path, dir: &Path, api: SocketAddr, istio_extensions: bool) -> Istiod {
+    fn start_on(go_bin: &Path, dir: &Path, api: &ApiServer, istio_extensions: bool) -> Istiod {
         let mut istiod = Istiod {
             child: None,
             bin: go_bin.join("pilot-discovery"),
             dir: dir.to_path_buf(),
-            api,
+            kubeconfig: api.kubeconfig().to_path_buf(),
             istio_extensions,
             http: loopback(free_port()),
             secure_grpc: loopback(free_port()),
@@ -108,18 +77,14 @@ impl Istiod {
             .env("PATH", "/usr/bin:/bin")
             .env("POD_NAMESPACE", "istio-system")
             .env("ROOT_CA_DIR", d.join("cacerts"))
-            .env(
-                "JWT_RULE",
-                format!(
-                    r#"{{"issuer":"fake-apiserver","jwks_uri":"http://{}/jwks.json","audiences":["istio-ca"]}}"#,
-                    self.api
-                ),
-            )
             .arg("discovery")
-            .arg(format!("--kubeconfig={}", d.join("kubeconfig").display()))
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .arg(format!("--configDir={}", d.join("config").display()))
             .arg(format!("--meshConfig={}", d.join("mesh.yaml").display()))
-            .arg(format!("--networksConfig={}", d.join("meshNetworks").display()))
+            .arg(format!(
+                "--networksConfig={}",
+                d.join("meshNetworks").display()
+            ))
             .arg(format!("--httpAddr={}", self.http))
             .arg(format!("--secureGRPCAddr={}", self.secure_grpc))
             .arg(format!("--grpcAddr={}", loopback(free_port())))
@@ -179,9 +144,8 @@ impl Istiod {
     }
 }
 
-/// istiod's files under `dir`: the config folder, mesh config, cacerts (from `ca_dir`) and a
-/// kubeconfig for the fake API server at `api`.
-fn write_files(dir: &Path, ca_dir: &Path, api: SocketAddr) {
+/// istiod's files under `dir`: the config folder, mesh config and cacerts (from `ca_dir`).
+fn write_files(dir: &Path, ca_dir: &Path) {
     let data = repo_root().join("tests/data/live-istiod");
     std::fs::create_dir_all(dir.join("config")).expect("mkdir");
     std::fs::create_dir_all(dir.join("cacerts")).expect("mkdir");
@@ -198,12 +162,6 @@ fn write_files(dir: &Path, ca_dir: &Path, api: SocketAddr) {
     ] {
         std::fs::copy(ca_dir.join(f), dir.join("cacerts").join(f)).expect("copy cacerts");
     }
-    write_file(
-        &dir.join("kubeconfig"),
-        &format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"http://{api}\"}}}}]\nusers: [{{name: fake, user: {{}}}}]\ncontexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\ncurrent-context: fake\n"
-        ),
-    );
 }
 
 fn loopback(port: u16) -> SocketAddr {
@@ -315,14 +273,14 @@ fn lines(child: &Child, needle: &str) -> Vec<String> {
 }
 
 /// What each test here starts from: Istio's Go binaries, Envoy, a scratch folder under /tmp,
-/// an istiod-lite for its CA folder (Istio's cacerts layout; istiod plugs it in) and the fake
-/// API server.
+/// an istiod-lite for its CA folder (Istio's cacerts layout; istiod plugs it in) and the API
+/// server.
 struct Live {
     go_bin: PathBuf,
     envoy_path: PathBuf,
     work: tempfile::TempDir,
     lite: harness::local::LocalIstiod,
-    api: FakeApi,
+    api: ApiServer,
 }
 
 /// [`Live`], its scratch folder named `prefix…`; `None` (outside CI) without Istio's
@@ -338,7 +296,10 @@ fn live(prefix: &str, bins: &[&str]) -> Option<Live> {
         .tempdir_in("/tmp")
         .expect("tempdir");
     let lite = harness::local::LocalIstiod::start("");
-    let api = FakeApi::start();
+    let api = ApiServer::start(&work.path().join("apiserver"))?;
+    // istiod's own namespace, where it keeps its leader-election leases.
+    api.kubectl(&["create", "namespace", "istio-system"])
+        .expect("istio-system");
     Some(Live {
         go_bin,
         envoy_path,
@@ -361,7 +322,7 @@ fn live_istiod_certificate_xds_nds_and_restart() {
         api,
     } = l;
     let ca_dir = lite.ca_dir.path().to_path_buf();
-    let mut istiod = Istiod::start(&go_bin, &work.path().join("istiod"), &ca_dir, api.addr);
+    let mut istiod = Istiod::start(&go_bin, &work.path().join("istiod"), &ca_dir, &api);
     let token = api.token("demo", SERVICE_ACCOUNT);
 
     // 1. With Istio's defaults, upstream Envoy rejects the Istio-only extensions in CDS and LDS.
@@ -503,10 +464,10 @@ fn live_istiods_failover() {
         api,
     } = l;
     let files = work.path().join("istiod");
-    write_files(&files, lite.ca_dir.path(), api.addr);
+    write_files(&files, lite.ca_dir.path());
     let mut istiods = vec![
-        Istiod::start_on(&go_bin, &files, api.addr, false),
-        Istiod::start_on(&go_bin, &files, api.addr, false),
+        Istiod::start_on(&go_bin, &files, &api, false),
+        Istiod::start_on(&go_bin, &files, &api, false),
     ];
     let token = api.token("demo", SERVICE_ACCOUNT);
     // 8 s certificates: a rotation every 4 s (grace ratio 0.5).
@@ -661,7 +622,7 @@ fn live_istiod_warm_start() {
         api,
     } = l;
     let ca_dir = lite.ca_dir.path().to_path_buf();
-    let mut istiod = Istiod::start(&go_bin, &work.path().join("istiod"), &ca_dir, api.addr);
+    let mut istiod = Istiod::start(&go_bin, &work.path().join("istiod"), &ca_dir, &api);
     let token = api.token("demo", WARM_SA);
     let root = std::fs::read_to_string(istiod.dir.join("cacerts/root-cert.pem")).expect("root");
     let provision = |d: &Path| {

@@ -77,7 +77,7 @@ def charts(data: Path) -> dict[Path, str]:
     for r in rows:
         m = re.fullmatch(r"p99-(\d+)-(sotw|delta)(-load(\d+))?", r["key"])
         if m and r["ours"].endswith(" ms"):
-            label = f"{'SotW' if m[2] == 'sotw' else 'Delta'}" + (f", load ~{m[4]}" if m[4] else "")
+            label = f"{'SotW' if m[2] == 'sotw' else 'Delta'}, {r['machine'].split(', ')[-1]}"
             curves.setdefault(label, []).append((int(m[1]) / 1000, float(r["ours"][:-3].replace(",", ""))))
     if curves:
         series = [(k, sorted(v), False) for k, v in sorted(curves.items())]

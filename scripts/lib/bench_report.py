@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(os.environ.get("BENCH_REPORT_DIR", REPO / "docs/benchmarks"))
 REPORT = Path(os.environ.get("BENCH_REPORT_OUT", REPO / "docs/benchmarks.md"))
-README = REPO / "README.md"
+README = Path(os.environ.get("BENCH_REPORT_README", REPO / "README.md"))
 AREAS = ["cluster", "side-by-side", "dns", "identity", "iptables", "ads", "agent", "cds-relay",
          "hostile", "reliability"]
 TITLES = {

@@ -68,8 +68,10 @@ def charts(data: Path) -> dict[Path, str]:
             series.append((f"{name}, one at a time", cdf(d[who]["one_by_one_s"]), True))
             series.append((f"{name}, {d['pods']} at once", cdf(d[who]["at_once_s"]), True))
         xmax = nice(max(x for _, pts, _ in series for x, _ in pts))
-        out[data / f"cluster-ready-{d['services']}.svg"] = svg(
-            f"pod created → Ready, {d['services']:,} Services (CDF)", "seconds", "share of pods", series,
+        delay = d.get("istiod_delay_ms", 0)
+        out[data / f"{f.stem.replace('cluster-', 'cluster-ready-')}.svg"] = svg(
+            f"pod created → Ready, {d['services']:,} Services"
+            + (f", istiod {delay} ms away" if delay else "") + " (CDF)", "seconds", "share of pods", series,
             xmax, 1.0)
     rows = [json.loads(line) for line in (data / "ads.jsonl").read_text().splitlines()] \
         if (data / "ads.jsonl").exists() else []

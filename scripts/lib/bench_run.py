@@ -231,8 +231,18 @@ def parse_cds_relay(out: str, ctx: dict) -> list[dict]:
 
 def parse_cluster(out: str, ctx: dict) -> list[dict]:
     d = json.loads(Path(ctx["json"]).read_text())
-    n = d["services"]
-    shutil.copy(ctx["json"], br.DATA / f"cluster-{n}.json")
+    n, delay = d["services"], d.get("istiod_delay_ms", 0)
+    tag = f"{n}-delay{delay}" if delay else f"{n}"
+    shutil.copy(ctx["json"], br.DATA / f"cluster-{tag}.json")
+    away = f", istiod {delay} ms away" if delay else ""
+    names = {"ready-one-median": "pod created → Ready, one at a time, median",
+             "ready-one-p90": "pod created → Ready, one at a time, p90",
+             "ready-burst-median": f"{d['pods']} pods at once → each Ready, median",
+             "ready-burst-p90": f"{d['pods']} pods at once → each Ready, p90",
+             "agent-rss": "agent RSS at idle, median",
+             "proxy-memory": "`istio-proxy` container memory (agent + Envoy), median",
+             "istiod-cpu": f"istiod CPU to bring the {d['pods']} pods to Ready"}
+    what = lambda key: f"{names[key]} ({n:,} Services{away})"
     o, i = d["ours"], d["istio"]
     p90 = lambda xs: sorted(xs)[max(0, int(round(0.9 * len(xs))) - 1)]  # as cluster_bench.py
     med = statistics.median
@@ -241,14 +251,17 @@ def parse_cluster(out: str, ctx: dict) -> list[dict]:
                               ("ready-burst-median", "at_once_s", med, "s"), ("ready-burst-p90", "at_once_s", p90, "s"),
                               ("agent-rss", "agent_rss_mib", med, "MiB"), ("proxy-memory", "proxy_container_mib", med, "MiB")):
         a, b = get(o[f]), get(i[f])
-        r = row(f"{key}-{n}", f"{a:.2f} {unit}", f"{b:.2f} {unit}", f"{a / b:.2f}")
+        r = row(f"{key}-{tag}", f"{a:.2f} {unit}", f"{b:.2f} {unit}", f"{a / b:.2f}", what=what(key),
+                anchor_name=IA)
         if key in ("ready-one-median", "ready-burst-median") and n >= 1000:
-            r["met"] = "met without the delay" if a / b <= 0.7 else "not met"
+            r["goal"] = "≤ 0.7 with istiod 5 ms away"
+            r["met"] = "not met" if a / b > 0.7 else "met" if delay >= 5 else "met without the delay"
         if key == "agent-rss":
-            r["met"] = "met" if a / b <= 0.2 else "not met"
+            r["goal"], r["met"] = "≤ 0.2", "met" if a / b <= 0.2 else "not met"
         rows.append(r)
     a, b = o["istiod_cpu_s"], i["istiod_cpu_s"]
-    rows.append(row(f"istiod-cpu-{n}", f"{a:.2f} s", f"{b:.2f} s", f"{a / b:.2f}"))
+    rows.append(row(f"istiod-cpu-{tag}", f"{a:.2f} s", f"{b:.2f} s", f"{a / b:.2f}", what=what("istiod-cpu"),
+                    anchor_name=IA))
     return rows
 
 
@@ -283,6 +296,8 @@ BENCHES = [
     Bench("cds_relay", "cds-relay",
           f"{PEER} CDS_RELAY_AGENT=$PWD/target/dist/pilot-agent cargo bench -p agent --bench cds_relay", parse_cds_relay),
     Bench("cluster-1000", "cluster", "scripts/bench-cluster.sh --pods 20 --services 1000", parse_cluster),
+    Bench("cluster-1000-delay5", "cluster",
+          "scripts/bench-cluster.sh --pods 20 --services 1000 --istiod-delay-ms 5", parse_cluster),
     Bench("cluster-10", "cluster", "scripts/bench-cluster.sh --pods 20 --services 10", parse_cluster),
     Bench("idle", "agent", "agent/benches/idle.sh", parse_idle),
     Bench("warm-start", "agent", "agent/benches/warm-start.py --rounds 9 --delays 0,2,5,10", parse_warm_start),

@@ -41,6 +41,13 @@ else
   missing_tool python3 "function length"
 fi
 
+step "benchmark report (docs/benchmarks.md and the README's headline table as docs/benchmarks/ renders them)"
+if command -v python3 >/dev/null 2>&1; then
+  scripts/bench-report.sh --check
+else
+  missing_tool python3 "benchmark report"
+fi
+
 step "cargo deny (licenses, bans, sources; advisories from a local database only)"
 if cargo deny --version >/dev/null 2>&1; then
   # cargo metadata, which cargo-deny reads, wants every crate the lock file lists, for every

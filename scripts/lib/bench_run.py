@@ -343,11 +343,13 @@ def merge(area: str, new: list[dict], meta: dict, command: str) -> None:
 
 
 def run(areas: list[str]) -> int:
-    unknown = [a for a in areas if a not in br.AREAS]
+    names = [b.name for b in BENCHES]
+    unknown = [a for a in areas if a not in br.AREAS and a not in names]
     if unknown:
-        sys.exit(f"bench-report: unknown area(s) {unknown}; areas: {' '.join(br.AREAS)}")
+        sys.exit(f"bench-report: unknown area(s) or bench(es) {unknown}; areas: {' '.join(br.AREAS)}; "
+                 f"benches: {' '.join(names)}")
     meta = run_id()
-    chosen = [b for b in BENCHES if not areas or b.area in areas]
+    chosen = [b for b in BENCHES if not areas or b.area in areas or b.name in areas]
     done, failed, no_adapter = [], [], []
     print(f"bench-report: run {meta['id']}" + (" (uncommitted changes)" if meta["dirty"] else ""))
     for b in chosen:

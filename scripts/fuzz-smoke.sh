@@ -17,6 +17,8 @@
 #                   per second, plenty for a smoke run) or release (for long runs)
 #   FUZZ_RUNS       stop each target after this many executions (default: time only); a
 #                   campaign: FUZZ_PROFILE=release FUZZ_RUNS=10000000 FUZZ_SECONDS=7200
+#   FUZZ_JOBS       targets fuzzed at once (default: the number of cores); each target is one
+#                   single-threaded libFuzzer process, so each still gets a whole core
 # Usage: scripts/fuzz-smoke.sh
 # Reproduce a crash: <project>/target-dir binary with the artifact as argument, e.g.
 #   fuzz/target/x86_64-unknown-linux-gnu/debug/xds_decode fuzz/artifacts/xds_decode/crash-...
@@ -27,6 +29,7 @@ SANITIZER="${FUZZ_SANITIZER:-none}"
 ONLY="${FUZZ_TARGETS:-}"
 PROFILE="${FUZZ_PROFILE:-dev}"
 RUNS="${FUZZ_RUNS:-}"
+JOBS="${FUZZ_JOBS:-$(nproc)}"
 runs_flag=()
 [[ -n $RUNS ]] && runs_flag=(-runs="$RUNS")
 case "$PROFILE" in
@@ -46,6 +49,18 @@ fi
 
 projects=(fuzz)
 
+# Fuzzes target $3 of project $1 (folder $2) for SECS; writes "<exit> <seconds>" to its log's .status.
+fuzz_one() {
+  local p=$1 dir=$2 t=$3
+  local bin="$TARGET_DIR/$TRIPLE/$profile_dir/$t" seeds="$dir/corpus/$t" work="$TARGET_DIR/fuzz-corpus/$p/$t"
+  local artifacts="$dir/artifacts/$t/" log="$TARGET_DIR/fuzz-corpus/$p/$t.log" t0=$SECONDS rc=0
+  mkdir -p "$seeds" "$work" "$artifacts"
+  # New inputs go to the work corpus (first directory); the committed seeds stay as they are.
+  "$bin" "$work" "$seeds" -max_total_time="$SECS" "${runs_flag[@]}" -timeout=10 -rss_limit_mb=2048 \
+    -max_len=16384 -print_final_stats=1 -artifact_prefix="$artifacts" >"$log" 2>&1 || rc=$?
+  echo "$rc $((SECONDS - t0))" >"$log.status"
+}
+
 start=$SECONDS
 failed=()
 summary=()
@@ -62,29 +77,28 @@ for p in "${projects[@]}"; do
     --target-dir "$TARGET_DIR")
   echo "fuzz-smoke: $p built in $((SECONDS - b))s"
   mapfile -t targets < <(cd "$crate" && cargo fuzz list --fuzz-dir "$dir")
+  run_targets=()
   for t in "${targets[@]}"; do
     if [[ -n $ONLY && " $ONLY " != *" $t "* ]]; then continue; fi
-    bin="$TARGET_DIR/$TRIPLE/$profile_dir/$t"
-    seeds="$dir/corpus/$t"
-    work="$TARGET_DIR/fuzz-corpus/$p/$t"
-    artifacts="$dir/artifacts/$t/"
-    mkdir -p "$seeds" "$work" "$artifacts"
+    run_targets+=("$t")
+  done
+  # JOBS targets at a time; each writes its exit status and time beside its log.
+  for t in "${run_targets[@]}"; do
+    while (($(jobs -rp | wc -l) >= JOBS)); do wait -n || true; done
+    fuzz_one "$p" "$dir" "$t" &
+  done
+  wait
+  for t in "${run_targets[@]}"; do
     log="$TARGET_DIR/fuzz-corpus/$p/$t.log"
-    # New inputs go to the work corpus (first directory); the committed seeds stay as they are.
-    set +e
-    t0=$SECONDS
-    "$bin" "$work" "$seeds" -max_total_time="$SECS" "${runs_flag[@]}" -timeout=10 -rss_limit_mb=2048 \
-      -max_len=16384 -print_final_stats=1 -artifact_prefix="$artifacts" >"$log" 2>&1
-    rc=$?
-    set -e
+    read -r rc secs <"$log.status"
     execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
-    line="$p/$t: ${execs:-?} executions in $((SECONDS - t0))s, exit $rc"
+    line="$p/$t: ${execs:-?} executions in ${secs}s, exit $rc"
     summary+=("$line")
     if ((rc != 0)); then
       failed+=("$line")
       echo "fuzz-smoke: CRASH in $line; last output:" >&2
       tail -40 "$log" >&2
-      ls -1 "$artifacts" >&2 || true
+      ls -1 "$dir/artifacts/$t/" >&2 || true
     else
       echo "fuzz-smoke: $line"
     fi

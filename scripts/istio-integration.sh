@@ -2,11 +2,13 @@
 # Istio's own integration tests (tests/integration/ of the pinned istio module, run by its own
 # framework with `go test -tags=integ`) against the local cluster of scripts/cluster.sh, with our
 # proxy image or, as the control, Istio's Go agent in the same image.
-#   usage: scripts/istio-integration.sh [--agent ours|istio|both] [--vm] [--out DIR] [SUITE…]
-#          [-run REGEX] [-skip REGEX] [--istio.test.FLAG=VALUE…] (passed to the framework as given)
-#   --agent both: the same tests with ours, then with Istio's agent, then the two columns into
-#   docs/istio-integration.md (the rows that do not pass with both explained by
+#   usage: scripts/istio-integration.sh [--agent ours|istio|both] [--record] [--vm] [--out DIR]
+#          [SUITE…] [-run REGEX] [-skip REGEX] [--istio.test.FLAG=VALUE…] (passed to the framework)
+#   --record: keep the results as data, per suite and agent, in tests/data/istio-integration/
+#   results/ (replacing that suite's and agent's earlier run) and render docs/istio-integration.md
+#   from every recorded run (the rows that do not pass with both explained by
 #   tests/data/istio-integration/notes.tsv).
+#   --agent both: the same tests with ours, then with Istio's agent, both recorded.
 #   SUITE: a package under tests/integration/ (default: pilot); REGEX: go test's -run / -skip.
 #   --vm: the VM tests too (without it the framework runs with --istio.test.skipVM): the echo
 #   workloads the framework deploys "as VMs" run the image app_sidecar_debian_12 with the agent
@@ -32,11 +34,12 @@ source "$repo/scripts/cluster/versions.env"
 CACHE=${MESH_CACHE:-/var/cache/mesh-agent}
 STATE=${MESH_CLUSTER_DIR:-/var/tmp/mesh-cluster}
 manifests=$repo/scripts/cluster/manifests
-agent=ours vm=() out=$repo/target/istio-integration run='' skip='' suites=() extra=()
+agent=ours vm=() out=$repo/target/istio-integration run='' skip='' suites=() extra=() record=false
 while (($#)); do
   case $1 in
     --agent) agent=$2; shift 2 ;;
     --vm) vm=(--vm); shift ;;
+    --record) record=true; shift ;;
     --out) out=$2; shift 2 ;;
     -run) run=$2; shift 2 ;;
     -skip) skip=$2; shift 2 ;;
@@ -49,15 +52,11 @@ out=$(realpath -m "$out")
 if [[ $agent == both ]]; then
   status=0
   for one in ours istio; do
-    "$0" --agent "$one" --out "$out" ${vm[@]+"${vm[@]}"} ${run:+-run "$run"} ${skip:+-skip "$skip"} ${extra[@]+"${extra[@]}"} \
-      "${suites[@]}" || status=$?
+    "$0" --agent "$one" --record --out "$out" ${vm[@]+"${vm[@]}"} ${run:+-run "$run"} ${skip:+-skip "$skip"} \
+      ${extra[@]+"${extra[@]}"} "${suites[@]}" || status=$?
     ((status < 2)) || exit "$status"
   done
-  python3 "$repo/scripts/lib/integration_table.py" --table "$out/ours.json" "$out/istio.json" \
-    --module "$ISTIO_VERSION" --date "$(date -u +%F)" --commit "$(git -C "$repo" rev-parse --short HEAD)" \
-    --command "scripts/istio-integration.sh --agent both ${vm[*]+${vm[*]} }${run:+-run '$run' }${skip:+-skip '$skip' }${extra[*]+${extra[*]} }${suites[*]}" \
-    --notes "$repo/tests/data/istio-integration/notes.tsv" --suites "${suites[@]}" >"$repo/docs/istio-integration.md"
-  echo "istio-integration: docs/istio-integration.md written" >&2
+  echo "istio-integration: both agents recorded; docs/istio-integration.md rendered" >&2
   exit "$status"
 fi
 case $agent in
@@ -166,4 +165,13 @@ for suite in "${suites[@]}"; do
 done
 # The summary's status tells a test failure (1) from a framework failure (2).
 python3 "$repo/scripts/lib/integration_table.py" --summary "$out/$agent.json" || exit $?
+if $record; then
+  python3 "$repo/scripts/lib/integration_table.py" --record "$out/$agent.json" --agent "$agent" \
+    --store "$repo/tests/data/istio-integration/results" --module "$ISTIO_VERSION" --date "$(date -u +%F)" \
+    --commit "$(git -C "$repo" rev-parse --short HEAD)" \
+    --command "scripts/istio-integration.sh --agent $agent ${vm[*]+${vm[*]} }${run:+-run '$run' }${skip:+-skip '$skip' }${extra[*]+${extra[*]} }${suites[*]}"
+  python3 "$repo/scripts/lib/integration_table.py" --render "$repo/tests/data/istio-integration/results" \
+    --notes "$repo/tests/data/istio-integration/notes.tsv" >"$repo/docs/istio-integration.md"
+  echo "istio-integration: docs/istio-integration.md rendered from tests/data/istio-integration/results" >&2
+fi
 exit $((rc == 0 ? 0 : 1))

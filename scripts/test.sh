@@ -48,6 +48,15 @@ else
   missing_tool python3 "benchmark report"
 fi
 
+step "Istio's integration table (docs/istio-integration.md as tests/data/istio-integration/results renders it)"
+if command -v python3 >/dev/null 2>&1; then
+  python3 scripts/lib/integration_table.py --render tests/data/istio-integration/results \
+    --notes tests/data/istio-integration/notes.tsv | diff -u docs/istio-integration.md - >/dev/null ||
+    { echo "test: docs/istio-integration.md differs from its data: run scripts/lib/integration_table.py --render (see its header)" >&2; exit 1; }
+else
+  missing_tool python3 "integration table"
+fi
+
 step "cargo deny (licenses, bans, sources; advisories from a local database only)"
 if cargo deny --version >/dev/null 2>&1; then
   # cargo metadata, which cargo-deny reads, wants every crate the lock file lists, for every

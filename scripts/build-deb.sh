@@ -10,7 +10,12 @@ cd "$(dirname "$0")/.."
 
 bin_dir=${1:-${BIN_DIR:-target/debug}}
 envoy=${ENVOY_BIN:-.tools/bin/envoy}
-istio=${ISTIO_SRC:-/root/go/pkg/mod/istio.io/istio@v0.0.0-20260827124520-eed52ebb66ad}
+# shellcheck source=cluster/versions.env
+source scripts/cluster/versions.env
+# scripts/cluster/setup.sh puts Go here when the machine has none new enough.
+[[ -x /usr/local/go-$GO_VERSION/bin/go ]] && export PATH=/usr/local/go-$GO_VERSION/bin:$PATH
+# The pinned istio module's folder in Go's module cache (wherever GOMODCACHE puts it).
+istio=${ISTIO_SRC:-$(go mod download -json "$ISTIO_MODULE@$ISTIO_VERSION" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')}
 template=$istio/tools/packaging/common/envoy_bootstrap.json
 out=${OUT:-target/debian/istio-sidecar.deb}
 

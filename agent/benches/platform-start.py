@@ -64,7 +64,8 @@ def default_istio():
 
 
 def default_template():
-    gomod = os.environ.get("GOMODCACHE", "/root/go/pkg/mod")
+    gomod = os.environ.get("GOMODCACHE") or subprocess.run(
+        ["go", "env", "GOMODCACHE"], capture_output=True, text=True).stdout.strip()
     found = sorted(glob.glob(f"{gomod}/istio.io/istio@*/tools/packaging/common/envoy_bootstrap.json"))
     return found[-1] if found else None
 

@@ -51,6 +51,26 @@ def functions(path):
             break
     return res
 
+def string_errors(text):
+    """`Result<T, String>`s: a `Result` whose last type argument (at its own depth) is `String`."""
+    n = 0
+    for m in re.finditer(r'\bResult<', text):
+        depth, args, cur = 1, [], ''
+        for ch in text[m.end():m.end() + 400]:
+            if ch in '<([':
+                depth += 1
+            elif ch in '>)]':
+                depth -= 1
+                if depth == 0:
+                    break
+            elif ch == ',' and depth == 1:
+                args.append(cur); cur = ''
+                continue
+            cur += ch
+        args.append(cur)
+        n += len(args) == 2 and args[1].strip() == 'String'
+    return n
+
 summary = '--summary' in sys.argv[1:]
 roots = [a for a in sys.argv[1:] if a != '--summary']
 allf, strings = [], 0
@@ -58,7 +78,7 @@ for r in roots:
     root = pathlib.Path(r)
     for p in [root] if root.is_file() else sorted(root.rglob('*.rs')):
         allf += functions(p)
-        strings += len(re.findall(r'Result<[^;{]*?,\s*String\s*>', p.read_text()))
+        strings += string_errors(p.read_text())
 over80 = [f for f in allf if f[0] > 80]
 over120 = [f for f in allf if f[0] > 120]
 for f in [] if summary else sorted(over80, reverse=True):

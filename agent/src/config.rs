@@ -355,83 +355,20 @@ impl Config {
             pod_labels,
             pod_annotations,
         })?;
-
-        // From the environment only, as Istio's agent: the injector renders the mesh's
-        // proxyMetadata as env, and a template may override it after (grpc-agent's
-        // ISTIO_META_DNS_CAPTURE=false: the last of two equal names wins in a pod's env).
-        let dns_capture = env.bool("ISTIO_META_DNS_CAPTURE", false)?;
-        let dns_server = env.bool("ISTIO_META_ENABLE_DNS_SERVER", false)?;
-        let dns_enabled = (dns_capture && node.kind == NodeType::Sidecar) || dns_server;
-
-        let socket_file = env.str("WORKLOAD_IDENTITY_SOCKET_FILE", "socket");
-        if socket_file.contains('/') {
-            return Err(env.invalid(
-                "WORKLOAD_IDENTITY_SOCKET_FILE",
-                &socket_file,
-                "a bare file name",
-            ));
-        }
-        let workload_socket = identity::workload_socket(&base_dir, &socket_file)?;
-
-        // Shared by the CA client and the xDS upstream: one PROV_CERT, one ISTIOD_SAN (the CA's
-        // name only when the CA is the discovery address).
-        let prov_cert = env
-            .get("PROV_CERT")
-            .map(|d| sds::CertDir::istio(&resolve(&base_dir, d)));
-        let istiod_san = env.get("ISTIOD_SAN");
-        let ca_provider = ca_provider::load(ca_provider::Inputs {
-            env,
-            base_dir: &base_dir,
-            discovery_address: &proxy.discovery_address,
-            prov_cert: prov_cert.is_some(),
-            file_mounted_certs: env.bool("FILE_MOUNTED_CERTS", false)?,
-        })?;
-        // GKE's files are mounted certificates too, for the CA client and the xDS upstream.
-        let file_mounted_certs =
-            env.bool("FILE_MOUNTED_CERTS", false)? || ca_provider.mounted_files().is_some();
-        // One TLS policy for every connection the agent makes to istiod, and Envoy's share.
-        let compliance = compliance_policy(env);
-        // One keepalive for every gRPC connection, made or served (`GRPC_KEEPALIVE_*`).
-        let keepalive = grpc::Keepalive::load(env)?;
-        let client_keepalive = keepalive.client();
-        let identity = identity::load(identity::Inputs {
-            env,
-            base_dir: &base_dir,
-            discovery_address: &proxy.discovery_address,
-            namespace: &node.pod_namespace,
-            service_account: &node.service_account,
-            cluster_id: &node.cluster_id,
-            prov_cert: prov_cert.as_ref(),
-            istiod_san,
-            socket: &workload_socket,
-            file_mounted_certs,
-            ca_provider: &ca_provider,
-            compliance,
-            grpc_keepalive: client_keepalive,
-        })?;
+        let dns_enabled = dns_enabled(env, node.kind)?;
+        let workload_socket = workload_socket(env, &base_dir)?;
+        let istiod = Istiod::load(env, &base_dir, &proxy.discovery_address)?;
+        let identity = istiod.identity(&node, &workload_socket)?;
         let envoy = envoy::load(envoy::Inputs {
             env,
             flags: &flags,
             is_root: inputs.is_root,
             cgroup_memory_limit: inputs.cgroup_memory_limit,
-            compliance,
+            compliance: istiod.compliance,
         })?;
-        let upstream = upstream::load(upstream::Inputs {
-            env,
-            base_dir: &base_dir,
-            discovery_address: &proxy.discovery_address,
-            auth_policy: proxy.control_plane_auth_policy,
-            cluster_id: &node.cluster_id,
-            prov_cert: prov_cert.as_ref(),
-            istiod_san,
-            // One rule for the token on both connections to istiod.
-            allow_plaintext_token: identity.allow_plaintext_token,
-            proxyless: envoy.disabled || env.get("ISTIO_META_GENERATOR") == Some("grpc"),
-            file_mounted: file_mounted_certs.then_some(&proxy.proxy_metadata),
-            compliance,
-            grpc_keepalive: client_keepalive,
-        })?;
-        let xds_server = XdsServer::load(env, &keepalive)?;
+        let proxyless = envoy.disabled || env.get("ISTIO_META_GENERATOR") == Some("grpc");
+        let upstream = istiod.upstream(&proxy, &node, &identity, proxyless)?;
+        let xds_server = XdsServer::load(env, &istiod.keepalive)?;
         let dns = if dns_enabled {
             Some(dns::load(dns::Inputs {
                 env,
@@ -468,6 +405,121 @@ impl Config {
     }
 }
 
+/// Whether the DNS proxy runs: from the environment only, as Istio's agent (the injector renders
+/// the mesh's proxyMetadata as env, and a template may override it after: grpc-agent's
+/// `ISTIO_META_DNS_CAPTURE=false`, the last of two equal names winning in a pod's env).
+fn dns_enabled(env: Env<'_>, kind: NodeType) -> Result<bool, Error> {
+    let dns_capture = env.bool("ISTIO_META_DNS_CAPTURE", false)?;
+    let dns_server = env.bool("ISTIO_META_ENABLE_DNS_SERVER", false)?;
+    Ok((dns_capture && kind == NodeType::Sidecar) || dns_server)
+}
+
+/// The workload identity socket under `WORKLOAD_IDENTITY_SOCKET_FILE` (a bare file name).
+fn workload_socket(env: Env<'_>, base_dir: &Path) -> Result<identity::WorkloadSocket, Error> {
+    let socket_file = env.str("WORKLOAD_IDENTITY_SOCKET_FILE", "socket");
+    if socket_file.contains('/') {
+        return Err(env.invalid(
+            "WORKLOAD_IDENTITY_SOCKET_FILE",
+            &socket_file,
+            "a bare file name",
+        ));
+    }
+    identity::workload_socket(base_dir, &socket_file)
+}
+
+/// What the two connections to istiod (the CA client and the xDS upstream) share: one
+/// `PROV_CERT`, one `ISTIOD_SAN` (the CA's name only when the CA is the discovery address),
+/// the mounted certificates, one TLS policy and one keepalive.
+struct Istiod<'a> {
+    env: Env<'a>,
+    base_dir: &'a Path,
+    discovery_address: &'a str,
+    prov_cert: Option<sds::CertDir>,
+    istiod_san: Option<&'a str>,
+    ca_provider: ca_provider::CaProvider,
+    /// `FILE_MOUNTED_CERTS`, or GKE's files (mounted certificates too).
+    file_mounted_certs: bool,
+    /// For every connection the agent makes to istiod, and Envoy's share.
+    compliance: sds::Compliance,
+    /// For every gRPC connection, made or served (`GRPC_KEEPALIVE_*`).
+    keepalive: grpc::Keepalive,
+}
+
+impl<'a> Istiod<'a> {
+    fn load(env: Env<'a>, base_dir: &'a Path, discovery_address: &'a str) -> Result<Self, Error> {
+        let prov_cert = env
+            .get("PROV_CERT")
+            .map(|d| sds::CertDir::istio(&resolve(base_dir, d)));
+        let ca_provider = ca_provider::load(ca_provider::Inputs {
+            env,
+            base_dir,
+            discovery_address,
+            prov_cert: prov_cert.is_some(),
+            file_mounted_certs: env.bool("FILE_MOUNTED_CERTS", false)?,
+        })?;
+        let file_mounted_certs =
+            env.bool("FILE_MOUNTED_CERTS", false)? || ca_provider.mounted_files().is_some();
+        Ok(Istiod {
+            env,
+            base_dir,
+            discovery_address,
+            prov_cert,
+            istiod_san: env.get("ISTIOD_SAN"),
+            ca_provider,
+            file_mounted_certs,
+            compliance: compliance_policy(env),
+            keepalive: grpc::Keepalive::load(env)?,
+        })
+    }
+
+    /// The CA client's and the SDS server's settings.
+    fn identity(
+        &self,
+        node: &Node,
+        socket: &identity::WorkloadSocket,
+    ) -> Result<sds::Config, Error> {
+        identity::load(identity::Inputs {
+            env: self.env,
+            base_dir: self.base_dir,
+            discovery_address: self.discovery_address,
+            namespace: &node.pod_namespace,
+            service_account: &node.service_account,
+            cluster_id: &node.cluster_id,
+            prov_cert: self.prov_cert.as_ref(),
+            istiod_san: self.istiod_san,
+            socket,
+            file_mounted_certs: self.file_mounted_certs,
+            ca_provider: &self.ca_provider,
+            compliance: self.compliance,
+            grpc_keepalive: self.keepalive.client(),
+        })
+    }
+
+    /// The xDS upstream's settings; `identity`'s rule for the token holds on both connections.
+    fn upstream(
+        &self,
+        proxy: &ProxyConfig,
+        node: &Node,
+        identity: &sds::Config,
+        proxyless: bool,
+    ) -> Result<XdsUpstream, Error> {
+        upstream::load(upstream::Inputs {
+            env: self.env,
+            base_dir: self.base_dir,
+            discovery_address: self.discovery_address,
+            auth_policy: proxy.control_plane_auth_policy,
+            cluster_id: &node.cluster_id,
+            prov_cert: self.prov_cert.as_ref(),
+            istiod_san: self.istiod_san,
+            allow_plaintext_token: identity.allow_plaintext_token,
+            proxyless,
+            file_mounted: self.file_mounted_certs.then_some(&proxy.proxy_metadata),
+            compliance: self.compliance,
+            grpc_keepalive: self.keepalive.client(),
+        })
+    }
+}
+
 /// `COMPLIANCE_POLICY`. A value Istio does not know is warned about and restricts nothing, as
 /// in Istio's agent (which warns and goes on without a restriction).
 fn compliance_policy(env: Env<'_>) -> sds::Compliance {
@@ -492,29 +544,8 @@ fn load_proxy_config(
     pod_annotations: &BTreeMap<String, String>,
 ) -> Result<ProxyConfig, Error> {
     let mut raw = proxy_config::defaults();
-    let mesh_path = resolve(base_dir, &flags.mesh_config);
-    match std::fs::read_to_string(&mesh_path) {
-        Ok(text) => {
-            let mesh = proxy_config::parse_layer(&mesh_path.display().to_string(), &text)?;
-            if let Some(dc) = mesh.get("defaultConfig").cloned() {
-                if !dc.is_object() && !dc.is_null() {
-                    return Err(Error::Layer {
-                        source_name: mesh_path.display().to_string(),
-                        reason: "defaultConfig is not a mapping".into(),
-                    });
-                }
-                if dc.is_object() {
-                    proxy_config::merge(&mut raw, dc);
-                }
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(source) => {
-            return Err(Error::Read {
-                path: mesh_path,
-                source,
-            });
-        }
+    if let Some(dc) = mesh_default_config(&resolve(base_dir, &flags.mesh_config))? {
+        proxy_config::merge(&mut raw, dc);
     }
     if let Some(pc) = env.raw("PROXY_CONFIG") {
         proxy_config::merge(&mut raw, proxy_config::parse_layer("PROXY_CONFIG", pc)?);
@@ -547,9 +578,41 @@ fn load_proxy_config(
     if proxy.service_cluster.is_empty() {
         proxy.service_cluster = flags.service_cluster.clone();
     }
-    // The two annotations are used as Istio's agent uses them: the address as written (warned
-    // about when it is not host:port; the connection then fails and says so), a status port
-    // that is not a number logged and read as 0 (no status server).
+    apply_annotations(&mut proxy, pod_annotations)?;
+    Ok(proxy)
+}
+
+/// The mesh config's `defaultConfig` (none when the file or the field is missing).
+fn mesh_default_config(mesh_path: &Path) -> Result<Option<serde_json::Value>, Error> {
+    let text = match std::fs::read_to_string(mesh_path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(Error::Read {
+                path: mesh_path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mesh = proxy_config::parse_layer(&mesh_path.display().to_string(), &text)?;
+    match mesh.get("defaultConfig") {
+        Some(dc) if dc.is_object() => Ok(Some(dc.clone())),
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(_) => Err(Error::Layer {
+            source_name: mesh_path.display().to_string(),
+            reason: "defaultConfig is not a mapping".into(),
+        }),
+    }
+}
+
+/// The pod's `sidecar.istio.io/discoveryAddress` and `status.sidecar.istio.io/port`, used as
+/// Istio's agent uses them: the address as written (warned about when it is not host:port; the
+/// connection then fails and says so), a status port that is not a number logged and read as 0
+/// (no status server).
+fn apply_annotations(
+    proxy: &mut ProxyConfig,
+    pod_annotations: &BTreeMap<String, String>,
+) -> Result<(), Error> {
     if let Some(addr) = pod_annotations.get("sidecar.istio.io/discoveryAddress") {
         if split_host_port(addr).is_none() {
             tracing::warn!(
@@ -577,7 +640,7 @@ fn load_proxy_config(
             }
         };
     }
-    Ok(proxy)
+    Ok(())
 }
 
 /// Go's `strconv.Atoi` (an optional sign, decimal digits, no spaces), `None` where it fails.

@@ -34,6 +34,16 @@ pub enum Error {
     },
     #[error("waiting for Envoy failed: {0}")]
     Wait(std::io::Error),
+    #[error("{}: {source}", path.display())]
+    OverrideRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    OverrideParse {
+        path: PathBuf,
+        source: serde_yaml::Error,
+    },
 }
 
 /// How the Envoy run ended.
@@ -76,17 +86,21 @@ fn split_component_log(level: &str) -> (String, Vec<String>) {
 }
 
 /// Reads `ISTIO_BOOTSTRAP_OVERRIDE` (YAML or JSON) as JSON, with `$(HOST_IP)` substituted.
-fn override_json(path: &Path, host_ip: &str) -> Result<serde_json::Value, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+fn override_json(path: &Path, host_ip: &str) -> Result<serde_json::Value, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::OverrideRead {
+        path: path.into(),
+        source,
+    })?;
     let host = if host_ip.contains(':') {
         format!("[{host_ip}]")
     } else {
         host_ip.to_string()
     };
     let text = text.replace("$(HOST_IP)", &host);
-    let v: serde_json::Value =
-        serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(v)
+    serde_yaml::from_str(&text).map_err(|source| Error::OverrideParse {
+        path: path.into(),
+        source,
+    })
 }
 
 /// Istio's Envoy argv (after the binary).

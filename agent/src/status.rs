@@ -370,7 +370,7 @@ async fn handle(
             }
             Err(pending) => {
                 tracing::warn!(pending = %pending, "Envoy proxy is NOT ready");
-                full(503, pending)
+                full(503, pending.to_string())
             }
         },
         Route::Stats => stats::merged(&state.inputs, req).await,
@@ -451,21 +451,41 @@ fn redirect_to_pprof(query: Option<&str>) -> http::Response<Body> {
     r
 }
 
+/// Why `/healthz/ready` answers 503 (its body is this text).
+#[derive(Debug, thiserror::Error)]
+enum NotReady {
+    #[error("server is terminated: shutting down")]
+    ShuttingDown,
+    /// Envoy's readiness first, then the agent's pending and failed checks, joined by `; `.
+    #[error("{}", pending_text(.envoy.as_ref(), .checks))]
+    Pending {
+        envoy: Option<crate::envoy::readiness::NotReady>,
+        checks: Vec<String>,
+    },
+}
+
+fn pending_text(envoy: Option<&crate::envoy::readiness::NotReady>, checks: &[String]) -> String {
+    envoy
+        .map(ToString::to_string)
+        .into_iter()
+        .chain(checks.iter().cloned())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Runs every readiness check; the error lists what is pending.
-async fn ready(state: &State) -> Result<(), String> {
+async fn ready(state: &State) -> Result<(), NotReady> {
     if state.inputs.shutdown.is_shutting_down() {
-        return Err("server is terminated: shutting down".into());
+        return Err(NotReady::ShuttingDown);
     }
-    let mut pending = Vec::new();
-    if let Some(envoy) = &state.envoy
-        && let Err(e) = envoy.check().await
-    {
-        pending.push(e);
-    }
-    pending.extend(state.inputs.readiness.not_ready());
-    if pending.is_empty() {
+    let envoy = match &state.envoy {
+        Some(envoy) => envoy.check().await.err(),
+        None => None,
+    };
+    let checks = state.inputs.readiness.not_ready();
+    if envoy.is_none() && checks.is_empty() {
         Ok(())
     } else {
-        Err(pending.join("; "))
+        Err(NotReady::Pending { envoy, checks })
     }
 }

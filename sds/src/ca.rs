@@ -110,7 +110,7 @@ impl CaClient {
             Error::Config {
                 var: "CA_ADDR".to_string(),
                 value: config.ca_addr.clone(),
-                expected: reason,
+                expected: reason.to_string(),
             }
         })?;
         let (root_tx, root_changes) = tokio::sync::watch::channel(0u64);
@@ -174,7 +174,7 @@ impl CaClient {
             .await
             .map_err(|reason| Error::Channel {
                 addr: self.inner.addr.clone(),
-                reason,
+                reason: reason.to_string(),
             })?;
         let target = &targets[0];
         let inputs = ChannelInputs {

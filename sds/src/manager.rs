@@ -34,6 +34,14 @@ use crate::metrics::Metrics;
 use crate::timestamp::rfc3339;
 use crate::{Error, FILE_ROOT_PREFIX, ROOT_CA, WORKLOAD_KEY_CERT};
 
+/// A ProxyConfig `caCertificatesPem` entry that holds no PEM certificate.
+#[derive(Debug, thiserror::Error)]
+#[error("caCertificatesPem[{index}]: expected PEM certificates, got {len} bytes that are not")]
+pub struct NotCertificates {
+    pub index: usize,
+    pub len: usize,
+}
+
 /// One resource as served to Envoy.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretItem {
@@ -216,15 +224,15 @@ impl SecretManager {
     /// anchors merged into `ROOTCA`. As Istio's agent: an unchanged set does nothing; a new one
     /// re-publishes `ROOTCA` and re-issues the workload certificate. An entry that holds no PEM
     /// certificate is an error (the response is NACKed).
-    pub fn set_config_trust_bundle(&self, pems: &[String]) -> Result<(), String> {
+    pub fn set_config_trust_bundle(&self, pems: &[String]) -> Result<(), NotCertificates> {
         let mut anchors = std::collections::BTreeSet::new();
         for (i, pem) in pems.iter().enumerate() {
             let blocks = pem_blocks(pem);
             if blocks.is_empty() || blocks.iter().any(|b| parse_certs(b.as_bytes()).is_empty()) {
-                return Err(format!(
-                    "caCertificatesPem[{i}]: expected PEM certificates, got {} bytes that are not",
-                    pem.len()
-                ));
+                return Err(NotCertificates {
+                    index: i,
+                    len: pem.len(),
+                });
             }
             anchors.extend(blocks);
         }

@@ -662,7 +662,8 @@ async fn config_trust_bundle_is_merged_into_rootca() {
     // Not a certificate: refused, the anchors kept.
     let e = m
         .set_config_trust_bundle(&["garbage".to_string()])
-        .expect_err("not PEM");
+        .expect_err("not PEM")
+        .to_string();
     assert!(e.contains("caCertificatesPem[0]"), "{e}");
     let r3 = m.fetch("ROOTCA").await.expect("root");
     assert_eq!(r3.root_cert_pem, r2.root_cert_pem);

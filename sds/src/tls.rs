@@ -146,7 +146,7 @@ fn tls_connector(
     };
     let config = client::client_config(inputs)
         .map_err(|e| err(format!("TLS config (root {}): {e}", inputs.root.describe())))?;
-    let name = client::server_name(inputs, authority).map_err(err)?;
+    let name = client::server_name(inputs, authority).map_err(|e| err(e.to_string()))?;
     Ok(client::connector(Arc::new(config), name, addr))
 }
 
@@ -170,7 +170,7 @@ pub async fn connect_failover(
         addr: inputs.addr.clone(),
         reason,
     };
-    let targets = failover.targets().await.map_err(err)?;
+    let targets = failover.targets().await.map_err(|e| err(e.to_string()))?;
     let mut failures = Vec::new();
     for target in &targets {
         let connecting = async {

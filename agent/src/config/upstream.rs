@@ -100,7 +100,7 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
         Error::ProxyConfigField {
             field: "discoveryAddress".into(),
             value: address.clone(),
-            expected,
+            expected: expected.to_string(),
         }
     })?;
     let root = if plaintext {

@@ -7,6 +7,23 @@ use http_body_util::Empty;
 
 use crate::http1::Target;
 
+/// Why an admin call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Request(#[source] http::Error),
+    /// The Unix socket refused the agent's uid.
+    #[error(
+        "Envoy admin: {0} (the socket is 0600, owned by Envoy's uid: an agent running as root \
+         beside Envoy as 1337 needs CAP_DAC_OVERRIDE)"
+    )]
+    SocketPermission(#[source] crate::http1::Error),
+    #[error("Envoy admin: {0}")]
+    Fetch(#[source] crate::http1::Error),
+    #[error("{path}: HTTP {status}")]
+    Status { path: String, status: u16 },
+}
+
 /// Envoy's admin endpoint.
 #[derive(Debug, Clone)]
 pub struct Admin {
@@ -33,7 +50,7 @@ impl Admin {
         method: http::Method,
         path_and_query: &str,
         timeout: Duration,
-    ) -> Result<(u16, String), String> {
+    ) -> Result<(u16, String), Error> {
         // A Unix socket has no authority; Envoy's admin ignores the host.
         let host = match &self.addr {
             Target::Tcp(a) => a.as_str(),
@@ -44,7 +61,7 @@ impl Admin {
             .uri(path_and_query)
             .header(http::header::HOST, host)
             .body(Empty::<bytes::Bytes>::new())
-            .map_err(|e| e.to_string())?;
+            .map_err(Error::Request)?;
         let (status, body) = crate::http1::fetch_from(&self.addr, req, 16 << 20, timeout)
             .await
             .map_err(|e| match &e {
@@ -52,12 +69,9 @@ impl Admin {
                     if matches!(self.addr, Target::Unix(_))
                         && source.kind() == std::io::ErrorKind::PermissionDenied =>
                 {
-                    format!(
-                        "Envoy admin: {e} (the socket is 0600, owned by Envoy's uid: an agent \
-                         running as root beside Envoy as 1337 needs CAP_DAC_OVERRIDE)"
-                    )
+                    Error::SocketPermission(e)
                 }
-                _ => format!("Envoy admin: {e}"),
+                _ => Error::Fetch(e),
             })?;
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     }
@@ -67,11 +81,11 @@ impl Admin {
         &self,
         filter: &str,
         timeout: Duration,
-    ) -> Result<Vec<(String, String)>, String> {
+    ) -> Result<Vec<(String, String)>, Error> {
         let path = format!("/stats?usedonly&filter={}", encode_query(filter));
         let (status, body) = self.request(http::Method::GET, &path, timeout).await?;
         if status != 200 {
-            return Err(format!("{path}: HTTP {status}"));
+            return Err(Error::Status { path, status });
         }
         Ok(parse_stats(&body))
     }

@@ -157,7 +157,7 @@ mod tests {
         let token = c.token();
         c.spawn("sds", Duration::from_secs(1), async move {
             token.cancelled().await;
-            Ok::<(), String>(())
+            Ok::<(), &str>(())
         });
         c.spawn("dns", Duration::from_secs(1), async {
             tokio::time::sleep(Duration::from_secs(3)).await;
@@ -174,9 +174,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_component_that_ends_on_its_own_is_a_failure() {
         let (mut c, shutdown, _) = supervisor();
-        c.spawn("xds", Duration::from_secs(1), async {
-            Ok::<(), String>(())
-        });
+        c.spawn("xds", Duration::from_secs(1), async { Ok::<(), &str>(()) });
         tokio::time::timeout(Duration::from_secs(1), c.failed())
             .await
             .expect("the failure is seen");
@@ -190,11 +188,11 @@ mod tests {
         let token = c.token();
         c.spawn("sds", Duration::from_secs(1), async move {
             token.cancelled().await;
-            Ok::<(), String>(())
+            Ok::<(), &str>(())
         });
         // Ignores the token: abandoned after its 2 s deadline.
         c.spawn("stuck", Duration::from_secs(2), async {
-            std::future::pending::<Result<(), String>>().await
+            std::future::pending::<Result<(), &str>>().await
         });
         shutdown.trigger();
         let started = Instant::now();

@@ -16,15 +16,37 @@ const PROVIDER_FILES: [&str; 3] = [
     "ca_certificate_file",
 ];
 
+/// What a proxyless gRPC pod still misses.
+#[derive(Debug, thiserror::Error)]
+pub enum Pending {
+    #[error("gRPC xDS bootstrap {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("gRPC xDS bootstrap {} is not JSON: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    /// `key`: one of the `file_watcher` provider's file keys (`certificate_file`, ...).
+    #[error("certificate provider {provider:?}: {key} {file} does not exist yet")]
+    Missing {
+        provider: String,
+        key: &'static str,
+        file: String,
+    },
+}
+
 /// `Ok` when the bootstrap and its certificate files are in place; else what is missing.
-pub fn check(bootstrap: &Path) -> Result<(), String> {
-    let text = std::fs::read_to_string(bootstrap)
-        .map_err(|e| format!("gRPC xDS bootstrap {}: {e}", bootstrap.display()))?;
-    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "gRPC xDS bootstrap {} is not JSON: {e}",
-            bootstrap.display()
-        )
+pub fn check(bootstrap: &Path) -> Result<(), Pending> {
+    let text = std::fs::read_to_string(bootstrap).map_err(|source| Pending::Read {
+        path: bootstrap.into(),
+        source,
+    })?;
+    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|source| Pending::Parse {
+        path: bootstrap.into(),
+        source,
     })?;
     let providers = doc["certificate_providers"]
         .as_object()
@@ -35,9 +57,11 @@ pub fn check(bootstrap: &Path) -> Result<(), String> {
             if let Some(file) = provider["config"][key].as_str()
                 && !Path::new(file).is_file()
             {
-                return Err(format!(
-                    "certificate provider {name:?}: {key} {file} does not exist yet"
-                ));
+                return Err(Pending::Missing {
+                    provider: name.clone(),
+                    key,
+                    file: file.into(),
+                });
             }
         }
     }
@@ -87,21 +111,31 @@ mod tests {
     fn waits_for_the_bootstrap_and_each_certificate_file() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("grpc-bootstrap.json");
-        assert!(check(&missing).unwrap_err().contains("gRPC xDS bootstrap"));
+        assert!(
+            check(&missing)
+                .unwrap_err()
+                .to_string()
+                .contains("gRPC xDS bootstrap")
+        );
         std::fs::write(&missing, "{").unwrap();
-        assert!(check(&missing).unwrap_err().contains("not JSON"));
+        assert!(
+            check(&missing)
+                .unwrap_err()
+                .to_string()
+                .contains("not JSON")
+        );
         let p = bootstrap(dir.path(), true);
         for f in ["cert-chain.pem", "key.pem"] {
             assert!(check(&p).is_err());
             std::fs::write(dir.path().join(f), "x").unwrap();
         }
-        let err = check(&p).unwrap_err();
+        let err = check(&p).unwrap_err().to_string();
         assert!(err.contains("ca_certificate_file"), "{err}");
         std::fs::write(dir.path().join("root-cert.pem"), "x").unwrap();
-        assert_eq!(check(&p), Ok(()));
+        check(&p).expect("every file in place");
         // Without OUTPUT_CERTS the bootstrap names no files: the bootstrap alone suffices.
         let plain = tempfile::tempdir().unwrap();
-        assert_eq!(check(&bootstrap(plain.path(), false)), Ok(()));
+        check(&bootstrap(plain.path(), false)).expect("no file_watcher provider");
     }
 
     #[tokio::test]

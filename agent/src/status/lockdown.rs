@@ -13,28 +13,18 @@ pub struct Lockdown {
 }
 
 /// Why a peer was refused (the 403's body says it).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     /// The peer's socket belongs to a uid outside the proxy.
+    #[error(
+        "forbidden: PROXY_LIFECYCLE_LOCKDOWN is on and uid {0} is not the proxy's; \
+         only the proxy's own processes or root may call this endpoint"
+    )]
     Uid(u32),
-    /// The peer's uid could not be found.
+    /// The peer's uid could not be found (the lookup's error, as text: the refusal is compared
+    /// and cloned).
+    #[error("forbidden: PROXY_LIFECYCLE_LOCKDOWN is on and the caller's uid is unknown ({0})")]
     Unknown(String),
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Refusal::Uid(uid) => write!(
-                f,
-                "forbidden: PROXY_LIFECYCLE_LOCKDOWN is on and uid {uid} is not the proxy's; \
-                 only the proxy's own processes or root may call this endpoint"
-            ),
-            Refusal::Unknown(why) => write!(
-                f,
-                "forbidden: PROXY_LIFECYCLE_LOCKDOWN is on and the caller's uid is unknown ({why})"
-            ),
-        }
-    }
 }
 
 impl Lockdown {
@@ -66,8 +56,8 @@ mod tests {
         let agent_only = Lockdown {
             proxy_uids: vec![1337],
         };
-        let e = |s: &str| Err::<u32, String>(s.to_string());
-        type Case<'a> = (&'a Lockdown, Result<u32, String>, Result<(), Refusal>);
+        let e = |s: &'static str| Err::<u32, &str>(s);
+        type Case<'a> = (&'a Lockdown, Result<u32, &'a str>, Result<(), Refusal>);
         let cases: Vec<Case> = vec![
             (&agent_only, Ok(1337), Ok(())),
             (&agent_only, Ok(0), Ok(())),
@@ -82,7 +72,7 @@ mod tests {
             ),
         ];
         for (lockdown, uid, want) in cases {
-            assert_eq!(lockdown.decide(uid.clone()), want, "{lockdown:?} {uid:?}");
+            assert_eq!(lockdown.decide(uid), want, "{lockdown:?} {uid:?}");
         }
     }
 

@@ -16,17 +16,61 @@ mod http;
 pub use http::Connections;
 pub(crate) mod tls;
 
+/// Why a probe failed without an answer from the app: logged for the kubelet's probes, the
+/// body of the 500 for the VM health probe.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("exec probe without a command")]
+    NoCommand,
+    #[error("exec probe {program:?}: timed out after {timeout:?}")]
+    ExecTimeout { program: String, timeout: Duration },
+    #[error("exec probe {program:?}: {source}")]
+    Exec {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("http probe to port {port}: {source}")]
+    Http {
+        port: u16,
+        #[source]
+        source: http::Error,
+    },
+    #[error("tcp probe to port {port}: timed out")]
+    TcpTimeout { port: u16 },
+    #[error("tcp probe to port {port}: {source}")]
+    Tcp {
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("grpc probe to port {port}: {source}")]
+    GrpcConnect {
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("grpc probe to port {port}: timed out")]
+    GrpcTimeout { port: u16 },
+    #[error("grpc probe to port {port}: {source}")]
+    Grpc {
+        port: u16,
+        #[source]
+        source: grpc::Error,
+    },
+    #[error("grpc probe to port {port}: service {service:?} is not SERVING")]
+    NotServing { port: u16, service: String },
+}
+
 /// Runs `command` (no shell), killed at `timeout` (1 s when unset, Istio's default): 200 when
 /// it exits 0, else 500 with what it printed.
-async fn exec(command: &[String], timeout: Duration) -> Result<ProbeResult, String> {
+async fn exec(command: &[String], timeout: Duration) -> Result<ProbeResult, Error> {
     let timeout = if timeout.is_zero() {
         Duration::from_secs(1)
     } else {
         timeout
     };
-    let (program, args) = command
-        .split_first()
-        .ok_or("exec probe without a command")?;
+    let (program, args) = command.split_first().ok_or(Error::NoCommand)?;
     let child = tokio::process::Command::new(program)
         .args(args)
         .stdin(std::process::Stdio::null())
@@ -34,8 +78,14 @@ async fn exec(command: &[String], timeout: Duration) -> Result<ProbeResult, Stri
         .output();
     let out = tokio::time::timeout(timeout, child)
         .await
-        .map_err(|_| format!("exec probe {program:?}: timed out after {timeout:?}"))?
-        .map_err(|e| format!("exec probe {program:?}: {e}"))?;
+        .map_err(|_| Error::ExecTimeout {
+            program: program.clone(),
+            timeout,
+        })?
+        .map_err(|source| Error::Exec {
+            program: program.clone(),
+            source,
+        })?;
     if out.status.success() {
         return Ok(ProbeResult::ok());
     }
@@ -316,7 +366,7 @@ impl Prober {
         };
         outcome.unwrap_or_else(|e| ProbeResult {
             status: 500,
-            body: bytes::Bytes::from(e),
+            body: bytes::Bytes::from(e.to_string()),
         })
     }
 
@@ -324,11 +374,11 @@ impl Prober {
         &self,
         req: http::Request,
         deadline: Option<tokio::time::Instant>,
-    ) -> Result<ProbeResult, String> {
+    ) -> Result<ProbeResult, Error> {
         let port = req.port;
         let (status, body) = http::get(self, req, deadline, BODY_CAP)
             .await
-            .map_err(|e| format!("http probe to port {port}: {e}"))?;
+            .map_err(|source| Error::Http { port, source })?;
         // Redirects not followed (elsewhere, or without Location) are a success: the kubelet
         // would not follow them either.
         if (300..400).contains(&status) {
@@ -337,16 +387,16 @@ impl Prober {
         Ok(ProbeResult { status, body })
     }
 
-    async fn tcp(&self, port: u16, timeout: Duration) -> Result<ProbeResult, String> {
+    async fn tcp(&self, port: u16, timeout: Duration) -> Result<ProbeResult, Error> {
         let connect = self.connect(port);
         let stream = if timeout.is_zero() {
             connect.await
         } else {
             tokio::time::timeout(timeout, connect)
                 .await
-                .map_err(|_| format!("tcp probe to port {port}: timed out"))?
+                .map_err(|_| Error::TcpTimeout { port })?
         };
-        stream.map_err(|e| format!("tcp probe to port {port}: {e}"))?;
+        stream.map_err(|source| Error::Tcp { port, source })?;
         Ok(ProbeResult::ok())
     }
 
@@ -356,10 +406,13 @@ impl Prober {
         service: &str,
         user_agent: &str,
         timeout: Duration,
-    ) -> Result<ProbeResult, String> {
+    ) -> Result<ProbeResult, Error> {
         let authority = join_host_port(&self.destination.to_string(), port);
         let run = async {
-            let stream = self.connect(port).await.map_err(|e| e.to_string())?;
+            let stream = self
+                .connect(port)
+                .await
+                .map_err(|source| Error::GrpcConnect { port, source })?;
             grpc::check(
                 stream,
                 grpc::Check {
@@ -370,28 +423,34 @@ impl Prober {
                 },
             )
             .await
+            .map_err(|source| Error::Grpc { port, source })
         };
         let serving = if timeout.is_zero() {
             run.await
         } else {
             tokio::time::timeout(timeout, run)
                 .await
-                .map_err(|_| "timed out".to_string())
+                .map_err(|_| Error::GrpcTimeout { port })
                 .and_then(|r| r)
-        }
-        .map_err(|e| format!("grpc probe to port {port}: {e}"))?;
+        }?;
         if serving {
             Ok(ProbeResult::ok())
         } else {
-            Err(format!(
-                "grpc probe to port {port}: service {service:?} is not SERVING"
-            ))
+            Err(Error::NotServing {
+                port,
+                service: service.into(),
+            })
         }
     }
 }
 
+/// A body that could not be read to its end.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ReadError(#[source] Box<dyn std::error::Error + Send + Sync>);
+
 /// Reads at most `cap` bytes of a body; `None` when it is larger.
-pub async fn read_capped<B>(body: B, cap: usize) -> Result<Option<bytes::Bytes>, String>
+pub async fn read_capped<B>(body: B, cap: usize) -> Result<Option<bytes::Bytes>, ReadError>
 where
     B: hyper::body::Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -404,6 +463,6 @@ where
         {
             Ok(None)
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(ReadError(e)),
     }
 }

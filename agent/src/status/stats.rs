@@ -139,7 +139,10 @@ async fn read_app(
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        match super::probe::read_capped(resp.into_body(), TARGET_CAP).await? {
+        match super::probe::read_capped(resp.into_body(), TARGET_CAP)
+            .await
+            .map_err(|e| e.to_string())?
+        {
             Some(b) => Ok((content_type, b.to_vec())),
             None => Err(format!("{addr}{path}: body larger than {TARGET_CAP} bytes")),
         }

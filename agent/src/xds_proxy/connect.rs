@@ -28,8 +28,8 @@ pub enum ConnectError {
 /// previous one used: a dead or stalled istiod is tried last, and the others first.
 /// The address was validated when the config was loaded; an error here names it again.
 pub fn upstream(config: &XdsUpstream) -> Result<Upstream, ConnectError> {
-    let failover =
-        Failover::new(&config.address, config.plaintext).map_err(ConnectError::Address)?;
+    let failover = Failover::new(&config.address, config.plaintext)
+        .map_err(|e| ConnectError::Address(e.to_string()))?;
     let mut inputs = sds::ChannelInputs::new(
         config.address.clone(),
         config.root.clone(),

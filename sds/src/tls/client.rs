@@ -20,25 +20,70 @@ use super::{ChannelInputs, RootSource};
 /// istiod) per record; with it each `recv` takes up to four records.
 pub(super) const READ_BUFFER: usize = 64 << 10;
 
+/// Why the TLS config of a channel cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("TLS policy {policy:?}: {source}")]
+    Policy {
+        policy: crate::Compliance,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("no usable certificate in the system trust store")]
+    NoSystemRoots,
+    #[error("cannot read the root certificate {}: {source}", path.display())]
+    ReadRoot {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `what`: "inline PEM" or "root file <path>".
+    #[error("no certificate in {what}")]
+    NoRoot { what: String },
+    #[error("a certificate in {what}: {source}")]
+    BadRoot {
+        what: String,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("no certificate in the client certificate chain")]
+    NoClientChain,
+    #[error("client key: {0}")]
+    ClientKey(#[source] rustls::pki_types::pem::Error),
+    #[error("client certificate: {0}")]
+    ClientCert(#[source] rustls::Error),
+    #[error("TLS server name {name:?}: {source}")]
+    ServerName {
+        name: String,
+        #[source]
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+}
+
 /// The rustls config of a TLS channel: the policy's provider and versions, the root of
 /// `inputs`, its client identity and ALPN `h2`. The error says what is wrong.
-pub fn client_config(inputs: &ChannelInputs) -> Result<ClientConfig, String> {
+pub fn client_config(inputs: &ChannelInputs) -> Result<ClientConfig, Error> {
     let builder = ClientConfig::builder_with_provider(inputs.compliance.provider())
         .with_protocol_versions(inputs.compliance.versions())
-        .map_err(|e| format!("TLS policy {:?}: {e}", inputs.compliance))?;
+        .map_err(|source| Error::Policy {
+            policy: inputs.compliance,
+            source,
+        })?;
     let mut roots = rustls::RootCertStore::empty();
     match &inputs.root {
         RootSource::System => {
             let found = rustls_native_certs::load_native_certs();
             let (added, _) = roots.add_parsable_certificates(found.certs);
             if added == 0 {
-                return Err("no usable certificate in the system trust store".into());
+                return Err(Error::NoSystemRoots);
             }
         }
         RootSource::Pem(pem) => add_pem_roots(&mut roots, pem, "inline PEM")?,
         RootSource::File(path) => {
-            let pem = std::fs::read(path)
-                .map_err(|e| format!("cannot read the root certificate {}: {e}", path.display()))?;
+            let pem = std::fs::read(path).map_err(|source| Error::ReadRoot {
+                path: path.clone(),
+                source,
+            })?;
             add_pem_roots(&mut roots, &pem, &format!("root file {}", path.display()))?;
         }
     }
@@ -50,12 +95,12 @@ pub fn client_config(inputs: &ChannelInputs) -> Result<ClientConfig, String> {
                 .map(CertificateDer::from)
                 .collect();
             if certs.is_empty() {
-                return Err("no certificate in the client certificate chain".into());
+                return Err(Error::NoClientChain);
             }
             let key = private_key(key)?;
             builder
                 .with_client_auth_cert(certs, key)
-                .map_err(|e| format!("client certificate: {e}"))?
+                .map_err(Error::ClientCert)?
         }
         None => builder.with_no_client_auth(),
     };
@@ -63,32 +108,38 @@ pub fn client_config(inputs: &ChannelInputs) -> Result<ClientConfig, String> {
     Ok(config)
 }
 
-fn add_pem_roots(roots: &mut rustls::RootCertStore, pem: &[u8], what: &str) -> Result<(), String> {
+fn add_pem_roots(roots: &mut rustls::RootCertStore, pem: &[u8], what: &str) -> Result<(), Error> {
     let certs = crate::pem::parse_certs(pem);
     if certs.is_empty() {
-        return Err(format!("no certificate in {what}"));
+        return Err(Error::NoRoot { what: what.into() });
     }
     for der in certs {
         roots
             .add(CertificateDer::from(der))
-            .map_err(|e| format!("a certificate in {what}: {e}"))?;
+            .map_err(|source| Error::BadRoot {
+                what: what.into(),
+                source,
+            })?;
     }
     Ok(())
 }
 
-fn private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
+fn private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, Error> {
     use rustls::pki_types::pem::PemObject;
-    PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("client key: {e}"))
+    PrivateKeyDer::from_pem_slice(pem).map_err(Error::ClientKey)
 }
 
 /// The name the server certificate must carry: `server_name`, else the host of `authority`.
-pub fn server_name(inputs: &ChannelInputs, authority: &str) -> Result<ServerName<'static>, String> {
+pub fn server_name(inputs: &ChannelInputs, authority: &str) -> Result<ServerName<'static>, Error> {
     let name = if inputs.server_name.is_empty() {
         host_of(authority)
     } else {
         inputs.server_name.as_str()
     };
-    ServerName::try_from(name.to_string()).map_err(|e| format!("TLS server name {name:?}: {e}"))
+    ServerName::try_from(name.to_string()).map_err(|source| Error::ServerName {
+        name: name.to_string(),
+        source,
+    })
 }
 
 /// The host of `host:port`, `[v6]:port` or a URI's authority.

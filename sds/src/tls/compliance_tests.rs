@@ -79,7 +79,7 @@ async fn server(offer: Offer) -> (std::net::SocketAddr, String) {
 }
 
 /// Whether a channel under `policy` connects to a server offering `offer`; the error otherwise.
-async fn connects(policy: Compliance, offer: Offer) -> Result<(), String> {
+async fn connects(policy: Compliance, offer: Offer) -> Result<(), crate::Error> {
     let (addr, root) = server(offer).await;
     let mut inputs = ChannelInputs::new(addr.to_string(), RootSource::Pem(root.into_bytes()), NAME);
     inputs.compliance = policy;
@@ -87,11 +87,10 @@ async fn connects(policy: Compliance, offer: Offer) -> Result<(), String> {
     connect_failover(&inputs, &failover, Duration::from_secs(5))
         .await
         .map(|_| ())
-        .map_err(|e| e.to_string())
 }
 
-fn refused(result: Result<(), String>, what: &str) {
-    let e = result.expect_err(what);
+fn refused(result: Result<(), crate::Error>, what: &str) {
+    let e = result.expect_err(what).to_string();
     assert!(
         e.contains("peer") || e.contains("alert") || e.contains("handshake"),
         "{what}: the handshake should be refused, got {e}"

@@ -8,6 +8,26 @@ use std::sync::{Arc, Mutex};
 
 use tonic::transport::Uri;
 
+/// A bad address, or one that resolves to nothing. Entries are named as given.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid address {entry:?}: {source} (expected host:port)")]
+    Uri {
+        entry: String,
+        #[source]
+        source: tonic::codegen::http::uri::InvalidUri,
+    },
+    #[error("invalid address {entry:?}: no host (expected host:port)")]
+    NoHost { entry: String },
+    #[error("invalid address {entry:?}: port {port:?} (expected host:port)")]
+    Port { entry: String, port: String },
+    #[error("no address in {address:?} (expected host:port)")]
+    Empty { address: String },
+    /// Every entry failed to resolve; one `entry: reason` per entry.
+    #[error("cannot resolve {}", .failures.join("; "))]
+    Unresolved { failures: Vec<String> },
+}
+
 /// One address to dial: the IP and port, and the list entry it came from (`https://host:port`
 /// form), which stays the gRPC `:authority`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,29 +56,31 @@ pub fn entries(address: &str) -> Vec<&str> {
 
 /// An entry as a URI with a scheme (`https`, or `http` when `plaintext`) and a port (the
 /// scheme's default when the entry has none, as tonic would dial it).
-pub fn entry_uri(entry: &str, plaintext: bool) -> Result<Uri, String> {
+pub fn entry_uri(entry: &str, plaintext: bool) -> Result<Uri, Error> {
     let scheme = if plaintext { "http" } else { "https" };
     let with_scheme = if entry.contains("://") {
         entry.to_string()
     } else {
         format!("{scheme}://{entry}")
     };
-    let uri: Uri = with_scheme
-        .parse()
-        .map_err(|e| format!("invalid address {entry:?}: {e} (expected host:port)"))?;
+    let uri: Uri = with_scheme.parse().map_err(|source| Error::Uri {
+        entry: entry.into(),
+        source,
+    })?;
     if uri.host().is_none_or(str::is_empty) {
-        return Err(format!(
-            "invalid address {entry:?}: no host (expected host:port)"
-        ));
+        return Err(Error::NoHost {
+            entry: entry.into(),
+        });
     }
     let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
     let after_host = authority.rsplit_once(']').map_or(authority, |(_, p)| p);
     if let Some((_, port)) = after_host.rsplit_once(':')
         && port.parse::<u16>().is_err()
     {
-        return Err(format!(
-            "invalid address {entry:?}: port {port:?} (expected host:port)"
-        ));
+        return Err(Error::Port {
+            entry: entry.into(),
+            port: port.into(),
+        });
     }
     Ok(uri)
 }
@@ -81,13 +103,15 @@ struct State {
 
 impl Failover {
     /// The entries of `address` (see [`entries`]); an error names the bad entry.
-    pub fn new(address: &str, plaintext: bool) -> Result<Failover, String> {
+    pub fn new(address: &str, plaintext: bool) -> Result<Failover, Error> {
         let origins = entries(address)
             .into_iter()
             .map(|e| entry_uri(e, plaintext))
             .collect::<Result<Vec<_>, _>>()?;
         if origins.is_empty() {
-            return Err(format!("no address in {address:?} (expected host:port)"));
+            return Err(Error::Empty {
+                address: address.into(),
+            });
         }
         Ok(Failover {
             origins: Arc::new(origins),
@@ -103,7 +127,7 @@ impl Failover {
     /// Every entry resolved to all its IPs, in entry order then resolver order (duplicates
     /// dropped), rotated so that the preferred target comes first. An entry that does not
     /// resolve is skipped (logged); the error lists every entry when none resolves.
-    pub async fn targets(&self) -> Result<Vec<Target>, String> {
+    pub async fn targets(&self) -> Result<Vec<Target>, Error> {
         let mut out: Vec<Target> = Vec::new();
         let mut errors = Vec::new();
         for origin in self.origins.iter() {
@@ -137,7 +161,7 @@ impl Failover {
             }
         }
         if out.is_empty() {
-            return Err(format!("cannot resolve {}", errors.join("; ")));
+            return Err(Error::Unresolved { failures: errors });
         }
         let mut state = self.lock();
         state.last = out.iter().map(|t| t.addr).collect();
@@ -209,9 +233,9 @@ mod tests {
             entry_uri("http://h:1", false).unwrap().scheme_str(),
             Some("http")
         );
-        let e = entry_uri("h:port", false).unwrap_err();
+        let e = entry_uri("h:port", false).unwrap_err().to_string();
         assert!(e.contains("\"h:port\"") && e.contains("host:port"), "{e}");
-        let e = Failover::new("a:1,:2", false).unwrap_err();
+        let e = Failover::new("a:1,:2", false).unwrap_err().to_string();
         assert!(e.contains("\":2\""), "{e}");
         assert!(Failover::new(" ,", false).is_err());
     }

@@ -4,25 +4,71 @@ use serde_json::Value;
 
 use super::format::{go_json, go_print, go_quote, go_type, js_escape, print_value, sprintf};
 
-fn want(name: &str, vals: &[Value], n: usize) -> Result<(), String> {
+/// Why a function call failed, in Go's words (the template's execution error wraps it as
+/// `error calling <name>: ...`). Types are named as Go names them (`<nil>`, `[]interface {}`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum FuncError {
+    #[error("function {0:?} not defined")]
+    Undefined(String),
+    #[error("wrong number of args for {name}: want {want} got {got}")]
+    Args {
+        name: String,
+        want: usize,
+        got: usize,
+    },
+    /// `index` and `printf` without their first operand.
+    #[error("wrong number of args for {0}: want at least 1 got 0")]
+    NoArgs(&'static str),
+    #[error("wrong number of args for default: want 1 or 2 got {0}")]
+    DefaultArgs(usize),
+    #[error("{what} must be a string, got {got}")]
+    NotString {
+        what: &'static str,
+        got: &'static str,
+    },
+    #[error("missing argument for comparison")]
+    NoComparand,
+    #[error("invalid type for comparison: {0}")]
+    NotOrdered(&'static str),
+    #[error("non-comparable type {0}")]
+    NotComparable(&'static str),
+    #[error("incompatible types for comparison: {0} and {1}")]
+    Incompatible(&'static str, &'static str),
+    #[error("len of type {0}")]
+    Len(&'static str),
+    /// `what`: `slice/array` or `string`; `key`: the number as the template wrote it.
+    #[error("cannot index {what} with {key}")]
+    IndexNotInt { what: &'static str, key: String },
+    #[error("index out of range: {0}")]
+    IndexRange(i64),
+    #[error("index of untyped nil")]
+    IndexNil,
+    #[error("cannot index {0} with {1}")]
+    IndexType(&'static str, &'static str),
+}
+
+fn want(name: &str, vals: &[Value], n: usize) -> Result<(), FuncError> {
     if vals.len() == n {
         Ok(())
     } else {
-        Err(format!(
-            "wrong number of args for {name}: want {n} got {}",
-            vals.len()
-        ))
+        Err(FuncError::Args {
+            name: name.into(),
+            want: n,
+            got: vals.len(),
+        })
     }
 }
 
-fn want_str<'v>(v: &'v Value, what: &str) -> Result<&'v str, String> {
-    v.as_str()
-        .ok_or_else(|| format!("{what} must be a string, got {}", go_type(v)))
+fn want_str<'v>(v: &'v Value, what: &'static str) -> Result<&'v str, FuncError> {
+    v.as_str().ok_or_else(|| FuncError::NotString {
+        what,
+        got: go_type(v),
+    })
 }
 
 /// A function the template names: its family's table row, then the family's own dispatch.
-pub(super) fn call_func(name: &str, vals: &[Value]) -> Result<Value, String> {
-    type Family = fn(&str, &[Value]) -> Result<Value, String>;
+pub(super) fn call_func(name: &str, vals: &[Value]) -> Result<Value, FuncError> {
+    type Family = fn(&str, &[Value]) -> Result<Value, FuncError>;
     const FAMILIES: &[(&[&str], Family)] = &[
         (&["not", "empty"], negation),
         (&["eq", "ne", "lt", "le", "gt", "ge"], comparison),
@@ -49,22 +95,22 @@ pub(super) fn call_func(name: &str, vals: &[Value]) -> Result<Value, String> {
     ];
     match FAMILIES.iter().find(|(names, _)| names.contains(&name)) {
         Some((_, family)) => family(name, vals),
-        None => Err(format!("function {name:?} not defined")),
+        None => Err(FuncError::Undefined(name.into())),
     }
 }
 
 /// `not` and sprig's `empty`.
-fn negation(name: &str, vals: &[Value]) -> Result<Value, String> {
+fn negation(name: &str, vals: &[Value]) -> Result<Value, FuncError> {
     want(name, vals, 1)?;
     Ok(Value::Bool(!truth(&vals[0])))
 }
 
 /// `eq` (true when the first equals any of the others) and the two-operand comparisons.
-fn comparison(name: &str, vals: &[Value]) -> Result<Value, String> {
+fn comparison(name: &str, vals: &[Value]) -> Result<Value, FuncError> {
     use std::cmp::Ordering::*;
     if name == "eq" {
         if vals.len() < 2 {
-            return Err("missing argument for comparison".into());
+            return Err(FuncError::NoComparand);
         }
         let mut any = false;
         for other in &vals[1..] {
@@ -75,10 +121,7 @@ fn comparison(name: &str, vals: &[Value]) -> Result<Value, String> {
     want(name, vals, 2)?;
     let ord = compare(&vals[0], &vals[1])?;
     if name != "ne" && ord.is_none() {
-        return Err(format!(
-            "invalid type for comparison: {}",
-            go_type(&vals[0])
-        ));
+        return Err(FuncError::NotOrdered(go_type(&vals[0])));
     }
     Ok(Value::Bool(match name {
         "ne" => ord != Some(Equal),
@@ -89,20 +132,20 @@ fn comparison(name: &str, vals: &[Value]) -> Result<Value, String> {
     }))
 }
 
-fn len(name: &str, vals: &[Value]) -> Result<Value, String> {
+fn len(name: &str, vals: &[Value]) -> Result<Value, FuncError> {
     want(name, vals, 1)?;
     Ok(Value::from(match &vals[0] {
         Value::String(t) => t.len(),
         Value::Array(a) => a.len(),
         Value::Object(m) => m.len(),
-        other => return Err(format!("len of type {}", go_type(other))),
+        other => return Err(FuncError::Len(go_type(other))),
     }))
 }
 
 /// `index x k1 k2 ...`: map members, slice elements and string bytes, one key after another.
-fn index(_: &str, vals: &[Value]) -> Result<Value, String> {
+fn index(_: &str, vals: &[Value]) -> Result<Value, FuncError> {
     let Some((first, keys)) = vals.split_first() else {
-        return Err("wrong number of args for index: want at least 1 got 0".into());
+        return Err(FuncError::NoArgs("index"));
     };
     let mut cur = first.clone();
     for k in keys {
@@ -111,37 +154,37 @@ fn index(_: &str, vals: &[Value]) -> Result<Value, String> {
     Ok(cur)
 }
 
-fn index_one(cur: &Value, k: &Value) -> Result<Value, String> {
+fn index_one(cur: &Value, k: &Value) -> Result<Value, FuncError> {
     Ok(match (cur, k) {
         (Value::Object(m), Value::String(key)) => m.get(key).cloned().unwrap_or(Value::Null),
         (Value::Array(a), Value::Number(n)) => {
-            let i = n
-                .as_i64()
-                .ok_or_else(|| format!("cannot index slice/array with {n}"))?;
+            let i = n.as_i64().ok_or_else(|| FuncError::IndexNotInt {
+                what: "slice/array",
+                key: n.to_string(),
+            })?;
             usize::try_from(i)
                 .ok()
                 .and_then(|i| a.get(i).cloned())
-                .ok_or_else(|| format!("index out of range: {i}"))?
+                .ok_or(FuncError::IndexRange(i))?
         }
         (Value::String(t), Value::Number(n)) => {
-            let i = n
-                .as_i64()
-                .ok_or_else(|| format!("cannot index string with {n}"))?;
+            let i = n.as_i64().ok_or_else(|| FuncError::IndexNotInt {
+                what: "string",
+                key: n.to_string(),
+            })?;
             usize::try_from(i)
                 .ok()
                 .and_then(|i| t.as_bytes().get(i).copied())
                 .map(Value::from)
-                .ok_or_else(|| format!("index out of range: {i}"))?
+                .ok_or(FuncError::IndexRange(i))?
         }
-        (Value::Null, _) => return Err("index of untyped nil".into()),
-        (c, k) => {
-            return Err(format!("cannot index {} with {}", go_type(c), go_type(k)));
-        }
+        (Value::Null, _) => return Err(FuncError::IndexNil),
+        (c, k) => return Err(FuncError::IndexType(go_type(c), go_type(k))),
     })
 }
 
 /// Go's `print`, `println`, `printf` and the escapers that print their operands first.
-fn printing(name: &str, vals: &[Value]) -> Result<Value, String> {
+fn printing(name: &str, vals: &[Value]) -> Result<Value, FuncError> {
     Ok(Value::String(match name {
         "print" => sprint(vals),
         "js" => js_escape(&sprint(vals)),
@@ -153,7 +196,7 @@ fn printing(name: &str, vals: &[Value]) -> Result<Value, String> {
         }
         _ => {
             let Some((fmt, rest)) = vals.split_first() else {
-                return Err("wrong number of args for printf: want at least 1 got 0".into());
+                return Err(FuncError::NoArgs("printf"));
             };
             sprintf(want_str(fmt, "format")?, rest)
         }
@@ -161,7 +204,7 @@ fn printing(name: &str, vals: &[Value]) -> Result<Value, String> {
 }
 
 /// Istio's `toJSON` (nil as `{}`), sprig's `toJson`, `quote` and `squote`.
-fn encoding(name: &str, vals: &[Value]) -> Result<Value, String> {
+fn encoding(name: &str, vals: &[Value]) -> Result<Value, FuncError> {
     if name == "quote" || name == "squote" {
         let parts: Vec<String> = vals
             .iter()
@@ -186,12 +229,9 @@ fn encoding(name: &str, vals: &[Value]) -> Result<Value, String> {
 }
 
 /// sprig's `default d v`: `v` when it is true in Go's sense, else `d`.
-fn default(_: &str, vals: &[Value]) -> Result<Value, String> {
+fn default(_: &str, vals: &[Value]) -> Result<Value, FuncError> {
     if vals.is_empty() || vals.len() > 2 {
-        return Err(format!(
-            "wrong number of args for default: want 1 or 2 got {}",
-            vals.len()
-        ));
+        return Err(FuncError::DefaultArgs(vals.len()));
     }
     Ok(match vals.get(1) {
         Some(v) if truth(v) => v.clone(),
@@ -200,7 +240,7 @@ fn default(_: &str, vals: &[Value]) -> Result<Value, String> {
 }
 
 /// sprig's `join sep list` and `replace old new s`.
-fn joining(name: &str, vals: &[Value]) -> Result<Value, String> {
+fn joining(name: &str, vals: &[Value]) -> Result<Value, FuncError> {
     if name == "replace" {
         want(name, vals, 3)?;
         return Ok(Value::String(
@@ -218,7 +258,7 @@ fn joining(name: &str, vals: &[Value]) -> Result<Value, String> {
 }
 
 /// sprig's `contains`, `hasPrefix`, `hasSuffix`, `trimPrefix`, `trimSuffix` (needle first).
-fn affix(name: &str, vals: &[Value]) -> Result<Value, String> {
+fn affix(name: &str, vals: &[Value]) -> Result<Value, FuncError> {
     want(name, vals, 2)?;
     let needle = go_print(&vals[0]);
     let hay = go_print(&vals[1]);
@@ -233,7 +273,7 @@ fn affix(name: &str, vals: &[Value]) -> Result<Value, String> {
 }
 
 /// sprig's `trim`, `upper`, `lower`, `toString`.
-fn case(name: &str, vals: &[Value]) -> Result<Value, String> {
+fn case(name: &str, vals: &[Value]) -> Result<Value, FuncError> {
     want(name, vals, 1)?;
     let t = go_print(&vals[0]);
     Ok(Value::String(match name {
@@ -256,7 +296,7 @@ pub fn truth(v: &Value) -> bool {
     }
 }
 
-fn compare(a: &Value, b: &Value) -> Result<Option<std::cmp::Ordering>, String> {
+fn compare(a: &Value, b: &Value) -> Result<Option<std::cmp::Ordering>, FuncError> {
     Ok(match (a, b) {
         (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
             (Some(x), Some(y)) => Some(x.cmp(&y)),
@@ -270,18 +310,11 @@ fn compare(a: &Value, b: &Value) -> Result<Option<std::cmp::Ordering>, String> {
         (Value::Null, Value::Null) => Some(std::cmp::Ordering::Equal),
         (Value::Null, _) | (_, Value::Null) => None,
         (Value::Array(_) | Value::Object(_), _) | (_, Value::Array(_) | Value::Object(_)) => {
-            return Err(format!(
-                "non-comparable type {}",
-                go_type(if a.is_array() || a.is_object() { a } else { b })
-            ));
+            return Err(FuncError::NotComparable(go_type(
+                if a.is_array() || a.is_object() { a } else { b },
+            )));
         }
-        _ => {
-            return Err(format!(
-                "incompatible types for comparison: {} and {}",
-                go_type(a),
-                go_type(b)
-            ));
-        }
+        _ => return Err(FuncError::Incompatible(go_type(a), go_type(b))),
     })
 }
 

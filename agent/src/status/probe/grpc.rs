@@ -26,6 +26,30 @@ const SERVING: i32 = 1;
 /// caller's `User-Agent`, or sends alone.
 pub(super) const GRPC_GO_USER_AGENT: &str = "grpc-go/1.82.1";
 
+/// Why a health check got no status.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Handshake(#[source] hyper::Error),
+    #[error("{0}")]
+    Request(#[source] http::Error),
+    #[error("{0}")]
+    Send(#[source] hyper::Error),
+    #[error("HTTP status {0}")]
+    Status(http::StatusCode),
+    #[error("{0}")]
+    Body(#[source] hyper::Error),
+    /// A `grpc-status` other than 0 (OK), with its `grpc-message`.
+    #[error("grpc-status {status} {message}")]
+    Grpc { status: String, message: String },
+    #[error("short gRPC response")]
+    Short,
+    #[error("truncated gRPC response")]
+    Truncated,
+    #[error("decode: {0}")]
+    Decode(#[source] prost::DecodeError),
+}
+
 /// One health check.
 pub(super) struct Check<'a> {
     /// `:authority`: the app's `host:port`, as grpc-go sends the dialed target.
@@ -37,12 +61,12 @@ pub(super) struct Check<'a> {
 }
 
 /// Returns whether the service is SERVING; `Err` for transport and gRPC errors.
-pub(super) async fn check(stream: tokio::net::TcpStream, c: Check<'_>) -> Result<bool, String> {
+pub(super) async fn check(stream: tokio::net::TcpStream, c: Check<'_>) -> Result<bool, Error> {
     let io = hyper_util::rt::TokioIo::new(stream);
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(Error::Handshake)?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -71,21 +95,17 @@ pub(super) async fn check(stream: tokio::net::TcpStream, c: Check<'_>) -> Result
     }
     let req = req
         .body(Full::new(bytes::Bytes::from(frame)))
-        .map_err(|e| e.to_string())?;
-    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        .map_err(Error::Request)?;
+    let resp = sender.send_request(req).await.map_err(Error::Send)?;
     if resp.status() != http::StatusCode::OK {
-        return Err(format!("HTTP status {}", resp.status()));
+        return Err(Error::Status(resp.status()));
     }
     let grpc_status_header = resp
         .headers()
         .get("grpc-status")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let collected = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?;
+    let collected = resp.into_body().collect().await.map_err(Error::Body)?;
     let grpc_status = collected
         .trailers()
         .and_then(|t| t.get("grpc-status"))
@@ -99,18 +119,17 @@ pub(super) async fn check(stream: tokio::net::TcpStream, c: Check<'_>) -> Result
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
-        return Err(format!(
-            "grpc-status {} {message}",
-            grpc_status.unwrap_or_default()
-        ));
+        return Err(Error::Grpc {
+            status: grpc_status.unwrap_or_default(),
+            message,
+        });
     }
     let body = collected.to_bytes();
     if body.len() < 5 {
-        return Err("short gRPC response".into());
+        return Err(Error::Short);
     }
     let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-    let payload = body.get(5..5 + len).ok_or("truncated gRPC response")?;
-    let resp: HealthCheckResponse =
-        prost::Message::decode(payload).map_err(|e| format!("decode: {e}"))?;
+    let payload = body.get(5..5 + len).ok_or(Error::Truncated)?;
+    let resp: HealthCheckResponse = prost::Message::decode(payload).map_err(Error::Decode)?;
     Ok(resp.status == SERVING)
 }

@@ -23,6 +23,61 @@ const MAX_REQUESTS: usize = 10;
 const GO_USER_AGENT_H1: &str = "Go-http-client/1.1";
 const GO_USER_AGENT_H2: &str = "Go-http-client/2.0";
 
+/// Why an HTTP probe got no answer (Go's client's wording where it has one).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("timed out awaiting headers")]
+    Timeout,
+    #[error("bad probe URL {url}: {source}")]
+    Url {
+        url: String,
+        #[source]
+        source: url::ParseError,
+    },
+    #[error("failed to parse Location header: not ASCII")]
+    LocationNotAscii,
+    #[error("failed to parse Location header {location:?}: {source}")]
+    Location {
+        location: String,
+        #[source]
+        source: url::ParseError,
+    },
+    #[error("stopped after {MAX_REQUESTS} redirects")]
+    TooManyRedirects,
+    #[error("unsupported protocol scheme {0:?}")]
+    Scheme(String),
+    #[error("{0}")]
+    Connect(#[source] std::io::Error),
+    #[error("TLS server name {name:?}: {source}")]
+    ServerName {
+        name: String,
+        #[source]
+        source: rustls_pki_types::InvalidDnsNameError,
+    },
+    #[error("no host in {0}")]
+    NoHost(url::Url),
+    #[error("TLS handshake: {0}")]
+    Tls(#[source] std::io::Error),
+    /// The HTTP/1.1 or HTTP/2 handshake.
+    #[error("{0}")]
+    Handshake(#[source] hyper::Error),
+    #[error("{0}")]
+    Send(#[source] hyper::Error),
+    /// `target`: the request target (HTTP/1.1) or URI (HTTP/2).
+    #[error("bad probe request {target:?}: {source}")]
+    Request {
+        target: String,
+        #[source]
+        source: http::Error,
+    },
+    #[error("bad Host {host:?}: {source}")]
+    Host {
+        host: String,
+        #[source]
+        source: header::InvalidHeaderValue,
+    },
+}
+
 /// One probe request.
 pub(super) struct Request {
     pub https: bool,
@@ -45,12 +100,12 @@ pub(super) async fn get(
     req: Request,
     deadline: Option<Instant>,
     cap: usize,
-) -> Result<(u16, bytes::Bytes), String> {
+) -> Result<(u16, bytes::Bytes), Error> {
     let head = follow(prober, req);
     let resp = match deadline {
         Some(d) => tokio::time::timeout_at(d, head)
             .await
-            .map_err(|_| "timed out awaiting headers".to_string())??,
+            .map_err(|_| Error::Timeout)??,
         None => head.await?,
     };
     let status = resp.status().as_u16();
@@ -98,11 +153,11 @@ fn is_followed_redirect(status: u16) -> bool {
     matches!(status, 301 | 302 | 303 | 307 | 308)
 }
 
-async fn follow(prober: &Prober, req: Request) -> Result<http::Response<Incoming>, String> {
+async fn follow(prober: &Prober, req: Request) -> Result<http::Response<Incoming>, Error> {
     let scheme = if req.https { "https" } else { "http" };
     let authority = super::join_host_port(&prober.destination.to_string(), req.port);
-    let first = url::Url::parse(&format!("{scheme}://{authority}{}", req.path))
-        .map_err(|e| format!("bad probe URL {scheme}://{authority}{}: {e}", req.path))?;
+    let url = format!("{scheme}://{authority}{}", req.path);
+    let first = url::Url::parse(&url).map_err(|source| Error::Url { url, source })?;
     let mut current = first.clone();
     let mut current_authority = authority.clone();
     let mut host = req.host.clone();
@@ -129,17 +184,18 @@ async fn follow(prober: &Prober, req: Request) -> Result<http::Response<Incoming
         };
         let location = location
             .to_str()
-            .map_err(|_| "failed to parse Location header: not ASCII".to_string())?
+            .map_err(|_| Error::LocationNotAscii)?
             .to_string();
-        let next = current
-            .join(&location)
-            .map_err(|e| format!("failed to parse Location header {location:?}: {e}"))?;
+        let next = current.join(&location).map_err(|source| Error::Location {
+            location: location.clone(),
+            source,
+        })?;
         // Somewhere else: the redirect itself is the answer (a success for the kubelet).
         if next.host_str() != first.host_str() {
             return Ok(resp);
         }
         if sent >= MAX_REQUESTS {
-            return Err(format!("stopped after {MAX_REQUESTS} redirects"));
+            return Err(Error::TooManyRedirects);
         }
         // The caller's Host survives a relative redirect only.
         let relative = url::Url::parse(&location).is_err();
@@ -179,11 +235,11 @@ async fn send(
     authority: &str,
     host: Option<&str>,
     headers: &HeaderMap,
-) -> Result<http::Response<Incoming>, String> {
+) -> Result<http::Response<Incoming>, Error> {
     let https = match url.scheme() {
         "http" => false,
         "https" => true,
-        other => return Err(format!("unsupported protocol scheme {other:?}")),
+        other => return Err(Error::Scheme(other.into())),
     };
     let port = url.port_or_known_default().unwrap_or(80);
     let target = match url.query() {
@@ -218,20 +274,23 @@ async fn open(
     url: &url::Url,
     https: bool,
     port: u16,
-) -> Result<Sender, String> {
-    let stream = prober.connect(port).await.map_err(|e| e.to_string())?;
+) -> Result<Sender, Error> {
+    let stream = prober.connect(port).await.map_err(Error::Connect)?;
     if https {
         let server_name = match url.host() {
             Some(url::Host::Domain(d)) => rustls_pki_types::ServerName::try_from(d.to_string())
-                .map_err(|e| format!("TLS server name {d:?}: {e}"))?,
+                .map_err(|source| Error::ServerName {
+                    name: d.into(),
+                    source,
+                })?,
             Some(url::Host::Ipv4(ip)) => rustls_pki_types::ServerName::IpAddress(ip.into()),
             Some(url::Host::Ipv6(ip)) => rustls_pki_types::ServerName::IpAddress(ip.into()),
-            None => return Err(format!("no host in {url}")),
+            None => return Err(Error::NoHost(url.clone())),
         };
         let tls = tokio_rustls::TlsConnector::from(tls_config(req.offer_h2))
             .connect(server_name, stream)
             .await
-            .map_err(|e| format!("TLS handshake: {e}"))?;
+            .map_err(Error::Tls)?;
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let io = hyper_util::rt::TokioIo::new(tls);
         if h2 {
@@ -267,15 +326,15 @@ impl Sender {
         target: &str,
         headers: &HeaderMap,
         close: bool,
-    ) -> Result<http::Response<Incoming>, String> {
+    ) -> Result<http::Response<Incoming>, Error> {
         match self {
             Sender::H1(s) => {
                 let req = request_h1(host, target, headers, close)?;
-                s.send_request(req).await.map_err(|e| e.to_string())
+                s.send_request(req).await.map_err(Error::Send)
             }
             Sender::H2(s) => {
                 let req = request_h2(host, target, headers)?;
-                s.send_request(req).await.map_err(|e| e.to_string())
+                s.send_request(req).await.map_err(Error::Send)
             }
         }
     }
@@ -325,20 +384,20 @@ fn tls_config(offer_h2: bool) -> Arc<rustls::ClientConfig> {
     }
 }
 
-async fn handshake_h1<IO>(io: IO) -> Result<Sender, String>
+async fn handshake_h1<IO>(io: IO) -> Result<Sender, Error>
 where
     IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let (sender, conn) = hyper::client::conn::http1::handshake(io)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(Error::Handshake)?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
     Ok(Sender::H1(sender))
 }
 
-async fn handshake_h2<IO>(io: IO) -> Result<Sender, String>
+async fn handshake_h2<IO>(io: IO) -> Result<Sender, Error>
 where
     IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -346,7 +405,7 @@ where
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
             .handshake(io)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(Error::Handshake)?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -358,16 +417,22 @@ fn request_h1(
     target: &str,
     headers: &HeaderMap,
     close: bool,
-) -> Result<http::Request<Empty<bytes::Bytes>>, String> {
+) -> Result<http::Request<Empty<bytes::Bytes>>, Error> {
     let mut req = http::Request::builder()
         .method(http::Method::GET)
         .uri(target)
         .body(Empty::<bytes::Bytes>::new())
-        .map_err(|e| format!("bad probe request {target:?}: {e}"))?;
+        .map_err(|source| Error::Request {
+            target: target.into(),
+            source,
+        })?;
     let h = req.headers_mut();
     h.insert(
         header::HOST,
-        HeaderValue::from_str(host).map_err(|e| format!("bad Host {host:?}: {e}"))?,
+        HeaderValue::from_str(host).map_err(|source| Error::Host {
+            host: host.into(),
+            source,
+        })?,
     );
     for (k, v) in headers {
         h.append(k, v.clone());
@@ -394,13 +459,16 @@ fn request_h2(
     host: &str,
     target: &str,
     headers: &HeaderMap,
-) -> Result<http::Request<Empty<bytes::Bytes>>, String> {
+) -> Result<http::Request<Empty<bytes::Bytes>>, Error> {
     let uri = format!("https://{host}{target}");
     let mut req = http::Request::builder()
         .method(http::Method::GET)
         .uri(&uri)
         .body(Empty::<bytes::Bytes>::new())
-        .map_err(|e| format!("bad probe request {uri:?}: {e}"))?;
+        .map_err(|source| Error::Request {
+            target: uri.clone(),
+            source,
+        })?;
     let h = req.headers_mut();
     for (k, v) in headers {
         if CONNECTION_HEADERS.contains(&k.as_str())

@@ -1,8 +1,6 @@
 //! `pilot-agent`: Istio's sidecar agent.
 
 #![forbid(unsafe_code)]
-// No function over 120 lines of code (clippy.toml's `too-many-lines-threshold`).
-#![warn(clippy::too_many_lines)]
 
 use std::collections::HashMap;
 use std::ffi::OsString;

@@ -10,8 +10,6 @@
 //! means anything below zero. Bounds beyond that (at least 1s, more than 0) are the caller's.
 
 #![forbid(unsafe_code)]
-// No function over 120 lines of code (clippy.toml's `too-many-lines-threshold`).
-#![warn(clippy::too_many_lines)]
 
 pub mod istio_log;
 pub mod timestamp;

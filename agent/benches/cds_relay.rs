@@ -169,6 +169,10 @@ fn median(v: &mut [Duration]) -> Duration {
     v[v.len() / 2]
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the benchmark's one program: the setup, the measured runs and the report, read top to bottom"
+)]
 fn main() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let bin = |var: &str, default: &str| {

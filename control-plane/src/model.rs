@@ -427,71 +427,8 @@ fn build_services(config: &Config, mesh: &MeshSettings) -> Vec<Service> {
         let se: &ServiceEntry = &o.spec;
         let ns = &o.meta.namespace;
         let selector = se.workload_selector.as_ref().map(|s| s.labels.clone());
-        let mut endpoints: Vec<Endpoint> = Vec::new();
-        let to_ep = |we: &crate::config::kinds::WorkloadEntry, we_ns: &str| Endpoint {
-            address: we.address.clone(),
-            ports: we.ports.clone(),
-            labels: we.labels.clone(),
-            locality: we.locality.clone(),
-            weight: we.weight.unwrap_or(1),
-            namespace: we_ns.to_string(),
-            service_account: if we.service_account.is_empty() {
-                "default".to_string()
-            } else {
-                we.service_account.clone()
-            },
-            istio_tls: we
-                .labels
-                .get("security.istio.io/tlsMode")
-                .map(String::as_str)
-                == Some("istio"),
-            healthy: true,
-            hostname: String::new(),
-            subdomain: String::new(),
-        };
-        for we in &se.endpoints {
-            endpoints.push(to_ep(we, ns));
-        }
-        if let Some(sel) = &selector {
-            for w in config
-                .workload_entries
-                .iter()
-                .filter(|w| &w.meta.namespace == ns)
-            {
-                // A WorkloadEntry's labels are its spec labels plus its metadata labels.
-                let mut labels = w.meta.labels.clone();
-                labels.extend(w.spec.labels.clone());
-                if selector_matches(sel, &labels) {
-                    let mut ep = to_ep(&w.spec, ns);
-                    ep.labels = labels;
-                    ep.istio_tls = ep
-                        .labels
-                        .get("security.istio.io/tlsMode")
-                        .map(String::as_str)
-                        == Some("istio");
-                    endpoints.push(ep);
-                }
-            }
-        }
-        endpoints.sort_by(|a, b| a.address.cmp(&b.address));
-        let ports: Vec<Port> = se
-            .ports
-            .iter()
-            .map(|p| Port {
-                number: p.number,
-                name: if p.name.is_empty() {
-                    format!("port-{}", p.number)
-                } else {
-                    p.name.clone()
-                },
-                protocol: p
-                    .protocol
-                    .clone()
-                    .unwrap_or_else(|| "TCP".into())
-                    .to_ascii_uppercase(),
-                target_port: p.target_port,
-            })
-            .collect();
+        let endpoints = entry_endpoints(config, se, ns, selector.as_ref());
+        let ports = entry_ports(se);
         for host in &se.hosts {
             out.push(Service {
                 host: host.clone(),
@@ -518,6 +455,90 @@ fn build_services(config: &Config, mesh: &MeshSettings) -> Vec<Service> {
     out.sort_by(|a, b| a.host.cmp(&b.host));
     allocate_vips(&mut out);
     out
+}
+
+/// A ServiceEntry's endpoints: its own, then the WorkloadEntries of its namespace that its
+/// selector matches, ordered by address.
+fn entry_endpoints(
+    config: &Config,
+    se: &ServiceEntry,
+    ns: &str,
+    selector: Option<&Labels>,
+) -> Vec<Endpoint> {
+    let mut endpoints: Vec<Endpoint> = se
+        .endpoints
+        .iter()
+        .map(|we| workload_endpoint(we, ns))
+        .collect();
+    if let Some(sel) = selector {
+        for w in config
+            .workload_entries
+            .iter()
+            .filter(|w| w.meta.namespace == ns)
+        {
+            // A WorkloadEntry's labels are its spec labels plus its metadata labels.
+            let mut labels = w.meta.labels.clone();
+            labels.extend(w.spec.labels.clone());
+            if selector_matches(sel, &labels) {
+                let mut ep = workload_endpoint(&w.spec, ns);
+                ep.labels = labels;
+                ep.istio_tls = ep
+                    .labels
+                    .get("security.istio.io/tlsMode")
+                    .map(String::as_str)
+                    == Some("istio");
+                endpoints.push(ep);
+            }
+        }
+    }
+    endpoints.sort_by(|a, b| a.address.cmp(&b.address));
+    endpoints
+}
+
+/// The endpoint of a WorkloadEntry (inline in a ServiceEntry or its own object) in `ns`.
+fn workload_endpoint(we: &crate::config::kinds::WorkloadEntry, ns: &str) -> Endpoint {
+    Endpoint {
+        address: we.address.clone(),
+        ports: we.ports.clone(),
+        labels: we.labels.clone(),
+        locality: we.locality.clone(),
+        weight: we.weight.unwrap_or(1),
+        namespace: ns.to_string(),
+        service_account: if we.service_account.is_empty() {
+            "default".to_string()
+        } else {
+            we.service_account.clone()
+        },
+        istio_tls: we
+            .labels
+            .get("security.istio.io/tlsMode")
+            .map(String::as_str)
+            == Some("istio"),
+        healthy: true,
+        hostname: String::new(),
+        subdomain: String::new(),
+    }
+}
+
+/// A ServiceEntry's ports: unnamed ones named `port-<n>`, protocols upper case (TCP when unset).
+fn entry_ports(se: &ServiceEntry) -> Vec<Port> {
+    se.ports
+        .iter()
+        .map(|p| Port {
+            number: p.number,
+            name: if p.name.is_empty() {
+                format!("port-{}", p.number)
+            } else {
+                p.name.clone()
+            },
+            protocol: p
+                .protocol
+                .clone()
+                .unwrap_or_else(|| "TCP".into())
+                .to_ascii_uppercase(),
+            target_port: p.target_port,
+        })
+        .collect()
 }
 
 /// istiod's deterministic auto-allocation (`autoAllocateIPs`, the allocation a proxy sees

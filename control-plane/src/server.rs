@@ -262,45 +262,19 @@ pub async fn serve_sources(
         sync: sync.clone(),
         cancel: cancel.clone(),
     });
+    let mut components = Components::new(cancel.clone());
+    spawn_plaintext(&mut components, &ads, grpc, conn_caps.clone());
     // One authenticator for the CA and ADS on the secure port: istiod accepts the same
     // credentials (a mesh certificate or the `istio-ca` token) for both.
     let authn = Authenticator::new(tokens, &inputs.trust_domain, "istio-ca");
-    let ca_svc = CaService::new(ca.clone(), authn.clone(), ca_metrics);
-
-    let tls_config = serving.server_config();
-
-    let mut components = Components::new(cancel.clone());
-    // Plaintext: xDS only (no CA: `IstioCertificateService` answers UNIMPLEMENTED here).
-    let plain = Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .add_service(Counted::new(ads.service(MAX_REQUEST_SIZE)));
-    let incoming = futures::StreamExt::map(
-        Acceptor::new(grpc, "grpc", conn_caps.clone()).into_stream(),
-        |conn| conn.map(|c| Watched::new(c, listen::GRPC_STREAM_LIMITS)),
-    );
-    components.spawn("grpc", |c| async move {
-        plain
-            .serve_with_incoming_shutdown(incoming, c.cancelled_owned())
-            .await
-            .map_err(Stopped::Failed)
-    });
-    let secure_router = Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .add_service(Counted::new(IstioCertificateServiceServer::new(ca_svc)))
-        .add_service(Counted::new(
-            ads.service(MAX_REQUEST_SIZE).authenticated(authn),
-        ));
-    components.spawn("secure-grpc", |c| async move {
-        let incoming = tls::incoming(
-            Acceptor::new(secure, "secure-grpc", conn_caps),
-            tls_config,
-            c.clone(),
-        );
-        secure_router
-            .serve_with_incoming_shutdown(incoming, c.cancelled_owned())
-            .await
-            .map_err(Stopped::Failed)
-    });
+    let secure_grpc = SecureGrpc {
+        listener: secure,
+        conn_caps,
+        ca: CaService::new(ca.clone(), authn.clone(), ca_metrics),
+        authn,
+        tls_config: serving.server_config(),
+    };
+    spawn_secure(&mut components, &ads, secure_grpc);
     // New cacerts: the secure port's certificate and client roots follow the new CA.
     let reloader = Reloader::new(ca).on_replace(move |ca| match serving.update(ca) {
         Ok(()) => tracing::info!("secure gRPC port: serving certificate re-issued by the new CA"),
@@ -331,4 +305,64 @@ pub async fn serve_sources(
         monitoring_addr,
         components,
     })
+}
+
+/// The plaintext gRPC port: xDS only (no CA: `IstioCertificateService` answers UNIMPLEMENTED
+/// here).
+fn spawn_plaintext(
+    components: &mut Components,
+    ads: &AdsServer,
+    grpc: TcpListener,
+    conn_caps: proto::listen::ConnCaps,
+) {
+    let plain = Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(Counted::new(ads.service(MAX_REQUEST_SIZE)));
+    let incoming = futures::StreamExt::map(
+        Acceptor::new(grpc, "grpc", conn_caps).into_stream(),
+        |conn| conn.map(|c| Watched::new(c, listen::GRPC_STREAM_LIMITS)),
+    );
+    components.spawn("grpc", |c| async move {
+        plain
+            .serve_with_incoming_shutdown(incoming, c.cancelled_owned())
+            .await
+            .map_err(Stopped::Failed)
+    });
+}
+
+/// What the secure gRPC port serves with.
+struct SecureGrpc {
+    listener: TcpListener,
+    conn_caps: proto::listen::ConnCaps,
+    ca: CaService,
+    authn: Authenticator,
+    tls_config: Arc<rustls::ServerConfig>,
+}
+
+/// The secure gRPC port: the CA and authenticated ADS over TLS.
+fn spawn_secure(components: &mut Components, ads: &AdsServer, s: SecureGrpc) {
+    let SecureGrpc {
+        listener,
+        conn_caps,
+        ca,
+        authn,
+        tls_config,
+    } = s;
+    let secure_router = Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(Counted::new(IstioCertificateServiceServer::new(ca)))
+        .add_service(Counted::new(
+            ads.service(MAX_REQUEST_SIZE).authenticated(authn),
+        ));
+    components.spawn("secure-grpc", |c| async move {
+        let incoming = tls::incoming(
+            Acceptor::new(listener, "secure-grpc", conn_caps),
+            tls_config,
+            c.clone(),
+        );
+        secure_router
+            .serve_with_incoming_shutdown(incoming, c.cancelled_owned())
+            .await
+            .map_err(Stopped::Failed)
+    });
 }

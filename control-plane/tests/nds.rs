@@ -12,6 +12,7 @@ use control_plane::config::{Config, parse_file};
 use control_plane::model::{MeshSettings, ProxyView, Snapshot};
 use control_plane::xds::{XdsType, generate};
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::RecordType::{A, AAAA};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use proto::istio::nds::NameTable;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -259,6 +260,239 @@ fn records(m: &Message) -> Vec<String> {
         .collect()
 }
 
+const NX: ResponseCode = ResponseCode::NXDomain;
+const OK: ResponseCode = ResponseCode::NoError;
+
+/// One of Istio's DNS cases: its name, the question, its type, the rcode and the answer's
+/// records.
+type DnsCase = (
+    &'static str,
+    &'static str,
+    RecordType,
+    ResponseCode,
+    &'static [&'static str],
+);
+
+/// Istio's DNS cases for a pod in `ns1` (pkg/dns/client/dns_test.go), as its table lists them.
+const ISTIO_DNS_CASES: &[DnsCase] = &[
+    (
+        "non k8s host in local cache",
+        "www.google.com.",
+        A,
+        OK,
+        &["www.google.com. A 1.1.1.1"],
+    ),
+    (
+        "non k8s host with search namespace yields cname+A record",
+        "www.google.com.ns1.svc.cluster.local.",
+        A,
+        OK,
+        &[
+            "www.google.com.ns1.svc.cluster.local. CNAME www.google.com.",
+            "www.google.com. A 1.1.1.1",
+        ],
+    ),
+    (
+        "non k8s host not in local cache",
+        "www.bing.com.",
+        A,
+        OK,
+        &["www.bing.com. A 1.1.1.1"],
+    ),
+    (
+        "k8s host - fqdn",
+        "productpage.ns1.svc.cluster.local.",
+        A,
+        OK,
+        &["productpage.ns1.svc.cluster.local. A 9.9.9.9"],
+    ),
+    (
+        "k8s host, fqdn with search namespace[0] (not found)",
+        "productpage.ns1.svc.cluster.local.ns1.svc.cluster.local.",
+        A,
+        NX,
+        &[],
+    ),
+    (
+        "k8s host - name.namespace",
+        "productpage.ns1.",
+        A,
+        OK,
+        &["productpage.ns1. A 9.9.9.9"],
+    ),
+    (
+        "k8s host - shortname",
+        "productpage.",
+        A,
+        OK,
+        &["productpage. A 9.9.9.9"],
+    ),
+    (
+        "k8s host (name.namespace) with search namespace yields cname+A record",
+        "productpage.ns1.ns1.svc.cluster.local.",
+        A,
+        OK,
+        &[
+            "productpage.ns1.ns1.svc.cluster.local. CNAME productpage.ns1.",
+            "productpage.ns1. A 9.9.9.9",
+        ],
+    ),
+    (
+        "AAAA query for IPv4 k8s host (name.namespace) with search namespace",
+        "productpage.ns1.ns1.svc.cluster.local.",
+        AAAA,
+        OK,
+        &[],
+    ),
+    (
+        "k8s host - non local namespace - name.namespace",
+        "example.ns2.",
+        A,
+        OK,
+        &["example.ns2. A 10.10.10.10"],
+    ),
+    (
+        "k8s host - non local namespace - fqdn",
+        "example.ns2.svc.cluster.local.",
+        A,
+        OK,
+        &["example.ns2.svc.cluster.local. A 10.10.10.10"],
+    ),
+    (
+        "k8s host - non local namespace - name.namespace.svc",
+        "example.ns2.svc.",
+        A,
+        OK,
+        &["example.ns2.svc. A 10.10.10.10"],
+    ),
+    (
+        "k8s host - non local namespace - shortname (NXDOMAIN)",
+        "example.",
+        A,
+        NX,
+        &[],
+    ),
+    (
+        "TypeA query returns A records only",
+        "dual.localhost.",
+        A,
+        OK,
+        &["dual.localhost. A 2.2.2.2"],
+    ),
+    (
+        "wild card returns A record correctly",
+        "foo.wildcard.",
+        A,
+        OK,
+        &["foo.wildcard. A 10.10.10.10"],
+    ),
+    (
+        "specific wild card returns A record correctly",
+        "a.b.wildcard.",
+        A,
+        OK,
+        &["a.b.wildcard. A 11.11.11.11"],
+    ),
+    (
+        "wild card with search namespace chained pointer correctly",
+        "foo.wildcard.ns1.svc.cluster.local.",
+        A,
+        OK,
+        &[
+            "foo.wildcard.ns1.svc.cluster.local. CNAME *.wildcard.",
+            "*.wildcard. A 10.10.10.10",
+        ],
+    ),
+    (
+        "wild card with domain returns A record correctly",
+        "foo.svc.mesh.company.net.",
+        A,
+        OK,
+        &["foo.svc.mesh.company.net. A 10.1.2.3"],
+    ),
+    (
+        "wild card with namespace with domain returns A record correctly",
+        "foo.foons.svc.mesh.company.net.",
+        A,
+        OK,
+        &["foo.foons.svc.mesh.company.net. A 10.1.2.3"],
+    ),
+    (
+        "wild card with search domain returns A record correctly",
+        "foo.svc.mesh.company.net.ns1.svc.cluster.local.",
+        A,
+        OK,
+        &[
+            "foo.svc.mesh.company.net.ns1.svc.cluster.local. CNAME *.svc.mesh.company.net.",
+            "*.svc.mesh.company.net. A 10.1.2.3",
+        ],
+    ),
+    (
+        "TypeAAAA query returns AAAA records only",
+        "dual.localhost.",
+        AAAA,
+        OK,
+        &["dual.localhost. AAAA 2001:db8::ff00:42:8329"],
+    ),
+    (
+        "only AAAA records exist for typeA: empty",
+        "ipv6.localhost.",
+        A,
+        OK,
+        &[],
+    ),
+    (
+        "only A records exist for typeAAAA: empty",
+        "ipv4.localhost.",
+        AAAA,
+        OK,
+        &[],
+    ),
+    (
+        "hostname with a period",
+        "example.localhost.",
+        A,
+        OK,
+        &["example.localhost. A 3.3.3.3"],
+    ),
+    // Kubernetes names as a pod in ns1 sees them, and a headless Service's pods.
+    (
+        "own namespace name.namespace.svc",
+        "productpage.ns1.svc.",
+        A,
+        OK,
+        &["productpage.ns1.svc. A 9.9.9.9"],
+    ),
+    (
+        "headless: ready pod addresses",
+        "db.",
+        A,
+        OK,
+        &["db. A 10.1.0.20"],
+    ),
+    (
+        "headless: a pod's own name",
+        "db-0.db.ns1.svc.cluster.local.",
+        A,
+        OK,
+        &["db-0.db.ns1.svc.cluster.local. A 10.1.0.20"],
+    ),
+    (
+        "headless: a pod's short name",
+        "db-0.db.",
+        A,
+        OK,
+        &["db-0.db. A 10.1.0.20"],
+    ),
+    (
+        "headless: a not-ready pod has no name",
+        "db-1.db.ns1.svc.cluster.local.",
+        A,
+        NX,
+        &[],
+    ),
+];
+
 #[tokio::test]
 async fn istio_dns_cases_through_istiod_lite_nds_and_our_dns_proxy() {
     let snap = snapshot(
@@ -293,228 +527,7 @@ async fn istio_dns_cases_through_istiod_lite_nds_and_our_dns_proxy() {
     dns.table().update(&table);
     let task = tokio::spawn(dns.run(stop.clone()));
 
-    use RecordType::{A, AAAA};
-    let nx = ResponseCode::NXDomain;
-    let ok = ResponseCode::NoError;
-    // (Istio's case name, question, type, rcode, answer records)
-    let cases: &[(&str, &str, RecordType, ResponseCode, &[&str])] = &[
-        (
-            "non k8s host in local cache",
-            "www.google.com.",
-            A,
-            ok,
-            &["www.google.com. A 1.1.1.1"],
-        ),
-        (
-            "non k8s host with search namespace yields cname+A record",
-            "www.google.com.ns1.svc.cluster.local.",
-            A,
-            ok,
-            &[
-                "www.google.com.ns1.svc.cluster.local. CNAME www.google.com.",
-                "www.google.com. A 1.1.1.1",
-            ],
-        ),
-        (
-            "non k8s host not in local cache",
-            "www.bing.com.",
-            A,
-            ok,
-            &["www.bing.com. A 1.1.1.1"],
-        ),
-        (
-            "k8s host - fqdn",
-            "productpage.ns1.svc.cluster.local.",
-            A,
-            ok,
-            &["productpage.ns1.svc.cluster.local. A 9.9.9.9"],
-        ),
-        (
-            "k8s host, fqdn with search namespace[0] (not found)",
-            "productpage.ns1.svc.cluster.local.ns1.svc.cluster.local.",
-            A,
-            nx,
-            &[],
-        ),
-        (
-            "k8s host - name.namespace",
-            "productpage.ns1.",
-            A,
-            ok,
-            &["productpage.ns1. A 9.9.9.9"],
-        ),
-        (
-            "k8s host - shortname",
-            "productpage.",
-            A,
-            ok,
-            &["productpage. A 9.9.9.9"],
-        ),
-        (
-            "k8s host (name.namespace) with search namespace yields cname+A record",
-            "productpage.ns1.ns1.svc.cluster.local.",
-            A,
-            ok,
-            &[
-                "productpage.ns1.ns1.svc.cluster.local. CNAME productpage.ns1.",
-                "productpage.ns1. A 9.9.9.9",
-            ],
-        ),
-        (
-            "AAAA query for IPv4 k8s host (name.namespace) with search namespace",
-            "productpage.ns1.ns1.svc.cluster.local.",
-            AAAA,
-            ok,
-            &[],
-        ),
-        (
-            "k8s host - non local namespace - name.namespace",
-            "example.ns2.",
-            A,
-            ok,
-            &["example.ns2. A 10.10.10.10"],
-        ),
-        (
-            "k8s host - non local namespace - fqdn",
-            "example.ns2.svc.cluster.local.",
-            A,
-            ok,
-            &["example.ns2.svc.cluster.local. A 10.10.10.10"],
-        ),
-        (
-            "k8s host - non local namespace - name.namespace.svc",
-            "example.ns2.svc.",
-            A,
-            ok,
-            &["example.ns2.svc. A 10.10.10.10"],
-        ),
-        (
-            "k8s host - non local namespace - shortname (NXDOMAIN)",
-            "example.",
-            A,
-            nx,
-            &[],
-        ),
-        (
-            "TypeA query returns A records only",
-            "dual.localhost.",
-            A,
-            ok,
-            &["dual.localhost. A 2.2.2.2"],
-        ),
-        (
-            "wild card returns A record correctly",
-            "foo.wildcard.",
-            A,
-            ok,
-            &["foo.wildcard. A 10.10.10.10"],
-        ),
-        (
-            "specific wild card returns A record correctly",
-            "a.b.wildcard.",
-            A,
-            ok,
-            &["a.b.wildcard. A 11.11.11.11"],
-        ),
-        (
-            "wild card with search namespace chained pointer correctly",
-            "foo.wildcard.ns1.svc.cluster.local.",
-            A,
-            ok,
-            &[
-                "foo.wildcard.ns1.svc.cluster.local. CNAME *.wildcard.",
-                "*.wildcard. A 10.10.10.10",
-            ],
-        ),
-        (
-            "wild card with domain returns A record correctly",
-            "foo.svc.mesh.company.net.",
-            A,
-            ok,
-            &["foo.svc.mesh.company.net. A 10.1.2.3"],
-        ),
-        (
-            "wild card with namespace with domain returns A record correctly",
-            "foo.foons.svc.mesh.company.net.",
-            A,
-            ok,
-            &["foo.foons.svc.mesh.company.net. A 10.1.2.3"],
-        ),
-        (
-            "wild card with search domain returns A record correctly",
-            "foo.svc.mesh.company.net.ns1.svc.cluster.local.",
-            A,
-            ok,
-            &[
-                "foo.svc.mesh.company.net.ns1.svc.cluster.local. CNAME *.svc.mesh.company.net.",
-                "*.svc.mesh.company.net. A 10.1.2.3",
-            ],
-        ),
-        (
-            "TypeAAAA query returns AAAA records only",
-            "dual.localhost.",
-            AAAA,
-            ok,
-            &["dual.localhost. AAAA 2001:db8::ff00:42:8329"],
-        ),
-        (
-            "only AAAA records exist for typeA: empty",
-            "ipv6.localhost.",
-            A,
-            ok,
-            &[],
-        ),
-        (
-            "only A records exist for typeAAAA: empty",
-            "ipv4.localhost.",
-            AAAA,
-            ok,
-            &[],
-        ),
-        (
-            "hostname with a period",
-            "example.localhost.",
-            A,
-            ok,
-            &["example.localhost. A 3.3.3.3"],
-        ),
-        // Kubernetes names as a pod in ns1 sees them, and a headless Service's pods.
-        (
-            "own namespace name.namespace.svc",
-            "productpage.ns1.svc.",
-            A,
-            ok,
-            &["productpage.ns1.svc. A 9.9.9.9"],
-        ),
-        (
-            "headless: ready pod addresses",
-            "db.",
-            A,
-            ok,
-            &["db. A 10.1.0.20"],
-        ),
-        (
-            "headless: a pod's own name",
-            "db-0.db.ns1.svc.cluster.local.",
-            A,
-            ok,
-            &["db-0.db.ns1.svc.cluster.local. A 10.1.0.20"],
-        ),
-        (
-            "headless: a pod's short name",
-            "db-0.db.",
-            A,
-            ok,
-            &["db-0.db. A 10.1.0.20"],
-        ),
-        (
-            "headless: a not-ready pod has no name",
-            "db-1.db.ns1.svc.cluster.local.",
-            A,
-            nx,
-            &[],
-        ),
-    ];
+    let cases = ISTIO_DNS_CASES;
     for proto in ["udp", "tcp"] {
         for (name, host, qtype, rcode, want) in cases {
             let q = query(host, *qtype);

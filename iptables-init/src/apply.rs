@@ -101,28 +101,7 @@ pub fn run(
     // input opens with the nat block, which declares chains that exist whenever an earlier run
     // left rules behind; then the restore fails before committing anything and the family goes
     // the careful way (snapshot, compare, reconcile).
-    let first: Vec<Result<(), Error>> = if backends.len() == 1 {
-        vec![backends[0].restore(&restore_text(plans[0]), false)]
-    } else {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = backends
-                .iter()
-                .zip(&plans)
-                .map(|(b, plan)| s.spawn(move || b.restore(&restore_text(plan), false)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(Error::Spawn {
-                            cmd: "iptables-restore".into(),
-                            error: "thread panicked".into(),
-                        })
-                    })
-                })
-                .collect()
-        })
-    };
+    let first = restore_all(&backends, &plans);
 
     let mut out = Vec::new();
     for ((backend, plan), result) in backends.iter().zip(&plans).zip(first) {
@@ -146,21 +125,61 @@ pub fn run(
     }
     if cfg.reconcile && !cfg.enable_ipv6 {
         // The replaced rule set has no IPv6 part: remove one an earlier run left.
-        match Backend::detect(Family::V6, cfg.force_iptables_binary, env) {
-            Ok(b) => {
-                let outcome = cleanup_family(&b, &v6_candidates())?;
-                if outcome == Outcome::CleanedUp {
-                    tracing::info!(family = %Family::V6, "reconcile removed IPv6 rules of an earlier run");
-                    out.push((Family::V6, outcome));
-                }
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "no usable ip6tables; nothing to reconcile for IPv6")
-            }
+        if let Some(outcome) = reconcile_v6(cfg, env, &v6_candidates())? {
+            out.push((Family::V6, outcome));
         }
     }
     configure_routes(cfg)?;
     Ok(out)
+}
+
+/// Removes the IPv6 rules of an earlier run (any of `candidates`) when ip6tables is usable;
+/// `Some` when there were any.
+fn reconcile_v6(
+    cfg: &Config,
+    env: &ExecEnv,
+    candidates: &[&[Rule]; 2],
+) -> Result<Option<Outcome>, Error> {
+    match Backend::detect(Family::V6, cfg.force_iptables_binary, env) {
+        Ok(b) => {
+            let outcome = cleanup_family(&b, candidates)?;
+            if outcome == Outcome::CleanedUp {
+                tracing::info!(family = %Family::V6, "reconcile removed IPv6 rules of an earlier run");
+                return Ok(Some(outcome));
+            }
+            Ok(None)
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "no usable ip6tables; nothing to reconcile for IPv6");
+            Ok(None)
+        }
+    }
+}
+
+/// Restores each family's rule set in one go, the families in parallel; the result of each.
+fn restore_all(backends: &[Backend], plans: &[&[Rule]]) -> Vec<Result<(), Error>> {
+    if backends.len() == 1 {
+        vec![backends[0].restore(&restore_text(plans[0]), false)]
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = backends
+                .iter()
+                .zip(plans)
+                .map(|(b, plan)| s.spawn(move || b.restore(&restore_text(plan), false)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Spawn {
+                            cmd: "iptables-restore".into(),
+                            error: "thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        })
+    }
 }
 
 /// Removes every Istio iptables rule and chain in both families (the rules of `cfg` in either

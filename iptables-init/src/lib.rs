@@ -5,8 +5,6 @@
 
 // unsafe only where a module allows it: the netlink dumps (netlink.rs).
 #![deny(unsafe_code)]
-// No function over 120 lines of code (clippy.toml's `too-many-lines-threshold`).
-#![warn(clippy::too_many_lines)]
 
 pub mod apply;
 pub mod builder;

@@ -227,28 +227,7 @@ impl CaClient {
             }),
         };
         let mut req = tonic::Request::new(body);
-        let md = req.metadata_mut();
-        let bad_header = |k: &str, e: String| Error::Config {
-            var: k.to_string(),
-            value: String::new(),
-            expected: format!("a valid gRPC header ({e})"),
-        };
-        if !self.inner.cluster_id.is_empty() {
-            let v = self
-                .inner
-                .cluster_id
-                .parse()
-                .map_err(|e| bad_header("ISTIO_META_CLUSTER_ID", format!("{e}")))?;
-            md.insert("clusterid", v);
-        }
-        for (k, v) in &self.inner.headers {
-            let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-                .map_err(|e| bad_header(&format!("CA_HEADER_{k}"), e.to_string()))?;
-            let val = v
-                .parse()
-                .map_err(|e| bad_header(&format!("CA_HEADER_{k}"), format!("{e}")))?;
-            md.insert(key, val);
-        }
+        self.insert_headers(req.metadata_mut())?;
         let Some(token) = read_token(&self.inner.token_path) else {
             // Over plaintext the CA sees no certificate either; what it accepts there is its own
             // policy (Istio sends nothing on :15010).
@@ -291,8 +270,34 @@ impl CaClient {
                 format!("token is not a valid header value: {e}"),
             )
         })?;
-        md.insert("authorization", v);
+        req.metadata_mut().insert("authorization", v);
         Ok(req)
+    }
+
+    /// The CA call's headers: `clusterid` (`ISTIO_META_CLUSTER_ID`) and each `CA_HEADER_*`.
+    fn insert_headers(&self, md: &mut tonic::metadata::MetadataMap) -> Result<(), Error> {
+        let bad_header = |k: &str, e: String| Error::Config {
+            var: k.to_string(),
+            value: String::new(),
+            expected: format!("a valid gRPC header ({e})"),
+        };
+        if !self.inner.cluster_id.is_empty() {
+            let v = self
+                .inner
+                .cluster_id
+                .parse()
+                .map_err(|e| bad_header("ISTIO_META_CLUSTER_ID", format!("{e}")))?;
+            md.insert("clusterid", v);
+        }
+        for (k, v) in &self.inner.headers {
+            let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
+                .map_err(|e| bad_header(&format!("CA_HEADER_{k}"), e.to_string()))?;
+            let val = v
+                .parse()
+                .map_err(|e| bad_header(&format!("CA_HEADER_{k}"), format!("{e}")))?;
+            md.insert(key, val);
+        }
+        Ok(())
     }
 
     /// Why no client certificate is presented, for an error that has no credential left.
@@ -411,19 +416,25 @@ impl CaClient {
                         tokio::time::sleep(delay).await;
                         continue;
                     }
-                    return Err(Error::Ca {
-                        addr: self.inner.addr.clone(),
-                        root: if self.is_plaintext() {
-                            "plaintext".to_string()
-                        } else {
-                            self.inner.root.describe()
-                        },
-                        token: self.inner.token_path.display().to_string(),
-                        code,
-                        message: status.message().to_string(),
-                    });
+                    return Err(self.refused(&status));
                 }
             }
+        }
+    }
+
+    /// The error of a CA call that failed with `status` for good: the CA's address, the root
+    /// and token it was called with, and its answer.
+    fn refused(&self, status: &tonic::Status) -> Error {
+        Error::Ca {
+            addr: self.inner.addr.clone(),
+            root: if self.is_plaintext() {
+                "plaintext".to_string()
+            } else {
+                self.inner.root.describe()
+            },
+            token: self.inner.token_path.display().to_string(),
+            code: status.code(),
+            message: status.message().to_string(),
         }
     }
 }

@@ -103,6 +103,22 @@ pub fn stats(config: &Config, extra_tags: &[String]) -> Stats {
         &[r"vhost\..*\.route\..*"],
     );
 
+    let extra_tags = extra_stat_tags(config, extra_tags);
+    let histogram_buckets = bucket_annotation(config);
+    let (flush_interval, eviction_interval) = intervals(config);
+    Stats {
+        inclusion_prefixes,
+        inclusion_suffixes,
+        inclusion_regexps,
+        extra_tags,
+        histogram_buckets,
+        flush_interval,
+        eviction_interval,
+    }
+}
+
+/// ProxyConfig's `extraStatTags`, then the pod's extra stat tags annotation, each once.
+fn extra_stat_tags(config: &Config, extra_tags: &[String]) -> Vec<String> {
     let mut tags: Vec<String> = Vec::new();
     let annotated = config
         .node
@@ -119,7 +135,12 @@ pub fn stats(config: &Config, extra_tags: &[String]) -> Stats {
             tags.push(tag.to_string());
         }
     }
+    tags
+}
 
+/// The pod's histogram buckets annotation (a JSON object of prefix to bounds); ignored, with a
+/// warning, when it does not parse.
+fn bucket_annotation(config: &Config) -> Vec<(String, Vec<f64>)> {
     let mut histogram_buckets = Vec::new();
     if let Some(text) = config.node.pod_annotations.get(HISTOGRAM_BUCKETS) {
         match serde_json::from_str::<std::collections::BTreeMap<String, Vec<f64>>>(text) {
@@ -128,7 +149,12 @@ pub fn stats(config: &Config, extra_tags: &[String]) -> Stats {
                 "ignoring histogram buckets: expected a JSON object of prefix to list of numbers"),
         }
     }
+    histogram_buckets
+}
 
+/// The pod's stats flush and eviction intervals, each ignored (with a warning) when it does not
+/// parse; the eviction interval must be a multiple of the flush interval.
+fn intervals(config: &Config) -> (Option<Duration>, Option<Duration>) {
     let mut flush = DEFAULT_FLUSH_INTERVAL;
     let mut flush_interval = None;
     if let Some(v) = config.node.pod_annotations.get(FLUSH_INTERVAL) {
@@ -155,15 +181,7 @@ pub fn stats(config: &Config, extra_tags: &[String]) -> Stats {
             Some(d) => eviction_interval = Some(d),
         }
     }
-    Stats {
-        inclusion_prefixes,
-        inclusion_suffixes,
-        inclusion_regexps,
-        extra_tags: tags,
-        histogram_buckets,
-        flush_interval,
-        eviction_interval,
-    }
+    (flush_interval, eviction_interval)
 }
 
 /// `stats_config.stats_tags`: Istio's tag regexes, the extra tags after `mongo_prefix`.

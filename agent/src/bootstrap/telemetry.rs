@@ -152,52 +152,7 @@ pub fn telemetry(config: &Config, meta: &Map<String, Value>) -> Result<Telemetry
     };
     let mut t = Telemetry::default();
     if let Some(tracing) = object(pc, "", "tracing")? {
-        let mut h2 = false;
-        if let Some(z) = object(tracing, "tracing", "zipkin")? {
-            t.tracer = service_address(config, z, "tracing.zipkin")?.map(Tracer::Zipkin);
-        } else if let Some(l) = object(tracing, "tracing", "lightstep")? {
-            h2 = true;
-            t.tracer =
-                service_address(config, l, "tracing.lightstep")?.map(|address| Tracer::Lightstep {
-                    address,
-                    access_token: string(l, "tracing.lightstep", "accessToken").unwrap_or_default(),
-                });
-        } else if let Some(d) = object(tracing, "tracing", "datadog")? {
-            t.tracer = service_address(config, d, "tracing.datadog")?.map(Tracer::Datadog);
-        } else if let Some(s) = object(tracing, "tracing", "stackdriver")? {
-            let project_id = gcp_project(meta).ok_or_else(|| {
-                bad(
-                    "tracing.stackdriver",
-                    &Value::Object(s.clone()),
-                    "a GCP project: the GCP platform's gcp_project (on GCP, or GCP_METADATA=<project>|<number>|<cluster>|<location>)",
-                )
-            })?;
-            let max = |k: &str| -> Result<i64, Error> {
-                // Wrappers: a bare number or `{"value": n}`.
-                match s.get(k) {
-                    Some(Value::Object(w)) => {
-                        Ok(integer(w, "tracing.stackdriver", "value")?.unwrap_or(200))
-                    }
-                    _ => Ok(integer(s, "tracing.stackdriver", k)?.unwrap_or(200)),
-                }
-            };
-            t.tracer = Some(Tracer::Stackdriver {
-                project_id,
-                debug: s.get("debug").and_then(Value::as_bool).unwrap_or(false),
-                max_annotations: max("maxNumberOfAnnotations")?,
-                max_attributes: max("maxNumberOfAttributes")?,
-                max_events: max("maxNumberOfMessageEvents")?,
-            });
-        }
-        if let Some(tls) = object(tracing, "tracing", "tlsSettings")? {
-            t.tracing_tls = Some(transport_socket(
-                tls,
-                "tracing.tlsSettings",
-                "tracer",
-                meta,
-                h2,
-            )?);
-        }
+        tracing_settings(config, tracing, meta, &mut t)?;
     }
     let statsd = string(pc, "", "statsdUdpAddress")?;
     if !statsd.is_empty() {
@@ -228,6 +183,67 @@ pub fn telemetry(config: &Config, meta: &Map<String, Value>) -> Result<Telemetry
         meta,
     )?;
     Ok(t)
+}
+
+/// ProxyConfig's `tracing`: the tracer and its TLS settings.
+fn tracing_settings(
+    config: &Config,
+    tracing: &Map<String, Value>,
+    meta: &Map<String, Value>,
+    t: &mut Telemetry,
+) -> Result<(), Error> {
+    let mut h2 = false;
+    if let Some(z) = object(tracing, "tracing", "zipkin")? {
+        t.tracer = service_address(config, z, "tracing.zipkin")?.map(Tracer::Zipkin);
+    } else if let Some(l) = object(tracing, "tracing", "lightstep")? {
+        h2 = true;
+        t.tracer =
+            service_address(config, l, "tracing.lightstep")?.map(|address| Tracer::Lightstep {
+                address,
+                access_token: string(l, "tracing.lightstep", "accessToken").unwrap_or_default(),
+            });
+    } else if let Some(d) = object(tracing, "tracing", "datadog")? {
+        t.tracer = service_address(config, d, "tracing.datadog")?.map(Tracer::Datadog);
+    } else if let Some(s) = object(tracing, "tracing", "stackdriver")? {
+        t.tracer = Some(stackdriver(s, meta)?);
+    }
+    if let Some(tls) = object(tracing, "tracing", "tlsSettings")? {
+        t.tracing_tls = Some(transport_socket(
+            tls,
+            "tracing.tlsSettings",
+            "tracer",
+            meta,
+            h2,
+        )?);
+    }
+    Ok(())
+}
+
+/// `tracing.stackdriver`: the tracer of the platform's GCP project, with its limits.
+fn stackdriver(s: &Map<String, Value>, meta: &Map<String, Value>) -> Result<Tracer, Error> {
+    let project_id = gcp_project(meta).ok_or_else(|| {
+        bad(
+            "tracing.stackdriver",
+            &Value::Object(s.clone()),
+            "a GCP project: the GCP platform's gcp_project (on GCP, or GCP_METADATA=<project>|<number>|<cluster>|<location>)",
+        )
+    })?;
+    let max = |k: &str| -> Result<i64, Error> {
+        // Wrappers: a bare number or `{"value": n}`.
+        match s.get(k) {
+            Some(Value::Object(w)) => {
+                Ok(integer(w, "tracing.stackdriver", "value")?.unwrap_or(200))
+            }
+            _ => Ok(integer(s, "tracing.stackdriver", k)?.unwrap_or(200)),
+        }
+    };
+    Ok(Tracer::Stackdriver {
+        project_id,
+        debug: s.get("debug").and_then(Value::as_bool).unwrap_or(false),
+        max_annotations: max("maxNumberOfAnnotations")?,
+        max_attributes: max("maxNumberOfAttributes")?,
+        max_events: max("maxNumberOfMessageEvents")?,
+    })
 }
 
 /// The GCP project of the platform's metadata (`PLATFORM_METADATA.gcp_project`), as Istio
@@ -336,21 +352,7 @@ pub fn transport_socket(
     h2: bool,
 ) -> Result<Option<Value>, Error> {
     let mode = string(tls, field, "mode")?;
-    let sans: Vec<Value> = match tls.get("subjectAltNames") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|s| match s {
-                Value::String(s) => Ok(json!({ "exact": s })),
-                other => Err(bad(
-                    &join(field, "subjectAltNames"),
-                    other,
-                    "a list of strings",
-                )),
-            })
-            .collect::<Result<_, _>>()?,
-        Some(v) => Err(bad(&join(field, "subjectAltNames"), v, "a list of strings"))?,
-    };
+    let sans = subject_alt_names(tls, field)?;
     let mut default_validation = Map::new();
     if !sans.is_empty() {
         default_validation.insert("match_subject_alt_names".into(), Value::Array(sans));
@@ -398,6 +400,45 @@ pub fn transport_socket(
             ));
         }
     };
+    Ok(Some(upstream_tls(
+        default_validation,
+        &root,
+        &certs,
+        alpn,
+        h2,
+        &sni,
+    )))
+}
+
+/// `subjectAltNames` as Envoy's exact matchers.
+fn subject_alt_names(tls: &Map<String, Value>, field: &str) -> Result<Vec<Value>, Error> {
+    match tls.get("subjectAltNames") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|s| match s {
+                Value::String(s) => Ok(json!({ "exact": s })),
+                other => Err(bad(
+                    &join(field, "subjectAltNames"),
+                    other,
+                    "a list of strings",
+                )),
+            })
+            .collect(),
+        Some(v) => Err(bad(&join(field, "subjectAltNames"), v, "a list of strings")),
+    }
+}
+
+/// The `envoy.transport_sockets.tls` socket: its validation (root over SDS when there is one),
+/// certificates over SDS, ALPN for HTTP/2 services and SNI.
+fn upstream_tls(
+    default_validation: Map<String, Value>,
+    root: &str,
+    certs: &[String],
+    alpn: &[&str],
+    h2: bool,
+    sni: &str,
+) -> Value {
     let mut combined = Map::new();
     combined.insert(
         "default_validation_context".into(),
@@ -406,7 +447,7 @@ pub fn transport_socket(
     if !root.is_empty() {
         combined.insert(
             "validation_context_sds_secret_config".into(),
-            sds_secret(&root),
+            sds_secret(root),
         );
     }
     let mut common = Map::new();
@@ -432,10 +473,10 @@ pub fn transport_socket(
     if !sni.is_empty() {
         ctx.insert("sni".into(), json!(sni));
     }
-    Ok(Some(json!({
+    json!({
         "name": "envoy.transport_sockets.tls",
         "typed_config": ctx
-    })))
+    })
 }
 
 fn file_root(ca: &str) -> String {

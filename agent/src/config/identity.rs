@@ -147,7 +147,6 @@ fn non_empty_file(p: &Path) -> bool {
 /// Builds the identity config from Istio's variables, starting from [`sds::Config::defaults`].
 pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
     let env = i.env;
-    let base = |rel: &str| i.base_dir.join(rel);
     let d = sds::Config::defaults(i.base_dir);
 
     // `ISTIOD_SAN` names the CA only when the CA is the discovery address (as Istio's agent):
@@ -159,79 +158,10 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
     };
     let ca_plaintext = is_plaintext_addr(&ca_addr);
 
-    let provider = env.get("PILOT_CERT_PROVIDER").unwrap_or("istiod");
-    let ca_root = match env.get("CA_ROOT_CA") {
-        Some(v) if v.eq_ignore_ascii_case("SYSTEM") => RootSource::System,
-        Some(v) => RootSource::File(resolve(i.base_dir, v)),
-        None if provider == "custom" => {
-            RootSource::File(base(paths::ETC_CERTS).join(ROOT_CERT_FILE))
-        }
-        None if i.prov_cert.is_some() => {
-            RootSource::File(i.prov_cert.map(|p| p.root.clone()).unwrap_or_default())
-        }
-        None if provider == "none" && !ca_plaintext => {
-            return Err(env.invalid(
-                "PILOT_CERT_PROVIDER",
-                provider,
-                "a provider with a root CA (istiod, kubernetes, custom) or CA_ROOT_CA set, since CA_ADDR uses TLS",
-            ));
-        }
-        None => d.ca_root.clone(),
-    };
-
-    let ca_headers = env.prefixed("CA_HEADER_");
-    for (k, v) in &ca_headers {
-        let name_ok = tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(
-            k.to_ascii_lowercase().as_bytes(),
-        )
-        .is_ok();
-        let value_ok =
-            tonic::metadata::MetadataValue::<tonic::metadata::Ascii>::try_from(v.as_str()).is_ok();
-        if !name_ok || !value_ok {
-            return Err(env.invalid(
-                &format!("CA_HEADER_{k}"),
-                v,
-                "an ASCII gRPC header name and value",
-            ));
-        }
-    }
-
-    let key_algorithm = match env.get("ECC_SIGNATURE_ALGORITHM") {
-        None if !env.is_set("WORKLOAD_RSA_KEY_SIZE") => d.key_algorithm,
-        // Not a number: Istio's 2048 (warned); a number other than these is refused.
-        None => match env.u32("WORKLOAD_RSA_KEY_SIZE", DEFAULT_RSA_BITS)? {
-            b @ (2048 | 3072 | 4096) => KeyAlgorithm::Rsa(b),
-            _ => {
-                return Err(env.invalid(
-                    "WORKLOAD_RSA_KEY_SIZE",
-                    env.get("WORKLOAD_RSA_KEY_SIZE").unwrap_or_default(),
-                    "2048, 3072 or 4096 (below 2048 is insecure)",
-                ));
-            }
-        },
-        Some("ECDSA") => match env.get("ECC_CURVE").unwrap_or("P256") {
-            "P256" => KeyAlgorithm::EcdsaP256,
-            "P384" => KeyAlgorithm::EcdsaP384,
-            other => return Err(env.invalid("ECC_CURVE", other, "P256 or P384")),
-        },
-        Some(other) => {
-            return Err(env.invalid("ECC_SIGNATURE_ALGORITHM", other, "ECDSA or empty (RSA)"));
-        }
-    };
-
-    let spiffe_creds = CertDir::istio(&base(paths::WORKLOAD_SPIFFE_CREDENTIALS));
-    let file_mounted_certs = if let Some(gke) = i.ca_provider.mounted_files() {
-        Some(gke.clone())
-    } else if i.file_mounted_certs {
-        Some(d.etc_certs.clone())
-    } else if non_empty_file(&spiffe_creds.cert_chain)
-        && non_empty_file(&spiffe_creds.key)
-        && non_empty_file(&spiffe_creds.root)
-    {
-        Some(spiffe_creds)
-    } else {
-        None
-    };
+    let ca_root = ca_root(&i, &d, ca_plaintext)?;
+    let ca_headers = ca_headers(&env)?;
+    let key_algorithm = key_algorithm(&env, &d)?;
+    let file_mounted_certs = file_mounted_certs(&i, &d);
 
     // A CA client is made only without mounted certificates or an external SDS server.
     if file_mounted_certs.is_none() && !i.socket.external {
@@ -268,4 +198,94 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
         grpc_keepalive: Some(i.grpc_keepalive),
         ..d
     })
+}
+
+/// The CA's root: `CA_ROOT_CA` (a file or `SYSTEM`), else what the cert provider implies.
+fn ca_root(i: &Inputs<'_>, d: &sds::Config, ca_plaintext: bool) -> Result<RootSource, Error> {
+    let env = &i.env;
+    let provider = env.get("PILOT_CERT_PROVIDER").unwrap_or("istiod");
+    Ok(match env.get("CA_ROOT_CA") {
+        Some(v) if v.eq_ignore_ascii_case("SYSTEM") => RootSource::System,
+        Some(v) => RootSource::File(resolve(i.base_dir, v)),
+        None if provider == "custom" => {
+            RootSource::File(i.base_dir.join(paths::ETC_CERTS).join(ROOT_CERT_FILE))
+        }
+        None if i.prov_cert.is_some() => {
+            RootSource::File(i.prov_cert.map(|p| p.root.clone()).unwrap_or_default())
+        }
+        None if provider == "none" && !ca_plaintext => {
+            return Err(env.invalid(
+                "PILOT_CERT_PROVIDER",
+                provider,
+                "a provider with a root CA (istiod, kubernetes, custom) or CA_ROOT_CA set, since CA_ADDR uses TLS",
+            ));
+        }
+        None => d.ca_root.clone(),
+    })
+}
+
+/// `CA_HEADER_*`: gRPC metadata for the CA's requests, each an ASCII header name and value.
+fn ca_headers(env: &Env<'_>) -> Result<Vec<(String, String)>, Error> {
+    let ca_headers = env.prefixed("CA_HEADER_");
+    for (k, v) in &ca_headers {
+        let name_ok = tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(
+            k.to_ascii_lowercase().as_bytes(),
+        )
+        .is_ok();
+        let value_ok =
+            tonic::metadata::MetadataValue::<tonic::metadata::Ascii>::try_from(v.as_str()).is_ok();
+        if !name_ok || !value_ok {
+            return Err(env.invalid(
+                &format!("CA_HEADER_{k}"),
+                v,
+                "an ASCII gRPC header name and value",
+            ));
+        }
+    }
+    Ok(ca_headers)
+}
+
+/// The workload key's algorithm: `ECC_SIGNATURE_ALGORITHM` with `ECC_CURVE`, else RSA of
+/// `WORKLOAD_RSA_KEY_SIZE` bits.
+fn key_algorithm(env: &Env<'_>, d: &sds::Config) -> Result<KeyAlgorithm, Error> {
+    Ok(match env.get("ECC_SIGNATURE_ALGORITHM") {
+        None if !env.is_set("WORKLOAD_RSA_KEY_SIZE") => d.key_algorithm,
+        // Not a number: Istio's 2048 (warned); a number other than these is refused.
+        None => match env.u32("WORKLOAD_RSA_KEY_SIZE", DEFAULT_RSA_BITS)? {
+            b @ (2048 | 3072 | 4096) => KeyAlgorithm::Rsa(b),
+            _ => {
+                return Err(env.invalid(
+                    "WORKLOAD_RSA_KEY_SIZE",
+                    env.get("WORKLOAD_RSA_KEY_SIZE").unwrap_or_default(),
+                    "2048, 3072 or 4096 (below 2048 is insecure)",
+                ));
+            }
+        },
+        Some("ECDSA") => match env.get("ECC_CURVE").unwrap_or("P256") {
+            "P256" => KeyAlgorithm::EcdsaP256,
+            "P384" => KeyAlgorithm::EcdsaP384,
+            other => return Err(env.invalid("ECC_CURVE", other, "P256 or P384")),
+        },
+        Some(other) => {
+            return Err(env.invalid("ECC_SIGNATURE_ALGORITHM", other, "ECDSA or empty (RSA)"));
+        }
+    })
+}
+
+/// Certificates from files instead of a CA: the platform's mounted ones, `/etc/certs` when
+/// asked, or complete SPIFFE credentials in the workload's credential folder.
+fn file_mounted_certs(i: &Inputs<'_>, d: &sds::Config) -> Option<CertDir> {
+    let spiffe_creds = CertDir::istio(&i.base_dir.join(paths::WORKLOAD_SPIFFE_CREDENTIALS));
+    if let Some(gke) = i.ca_provider.mounted_files() {
+        Some(gke.clone())
+    } else if i.file_mounted_certs {
+        Some(d.etc_certs.clone())
+    } else if non_empty_file(&spiffe_creds.cert_chain)
+        && non_empty_file(&spiffe_creds.key)
+        && non_empty_file(&spiffe_creds.root)
+    {
+        Some(spiffe_creds)
+    } else {
+        None
+    }
 }

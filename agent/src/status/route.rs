@@ -104,7 +104,7 @@ pub(super) fn unescape_path(p: &str) -> String {
 /// newline and carries no `# EOF`.
 #[cfg(feature = "fuzzing")]
 pub fn check_request(data: &[u8]) {
-    use http::{HeaderMap, HeaderName, HeaderValue, Uri, header};
+    use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 
     let Some((&flags, rest)) = data.split_first() else {
         return;
@@ -134,8 +134,29 @@ pub fn check_request(data: &[u8]) {
         }
     }
 
-    match route(uri.path(), &method, local, rules) {
-        Route::Quit | Route::Drain => assert!(local && method == Method::POST, "{uri}"),
+    check_route(&uri, &method, local, rules);
+    check_forwarded(&uri, &headers);
+
+    if let Some(q) = uri.query() {
+        assert!(pprof::seconds(Some(q)) > 0);
+    }
+    assert!(super::stats::scrape_timeout(&headers) < std::time::Duration::from_secs(3600));
+    let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+    assert!(
+        format!("/stats/prometheus{query}").parse::<Uri>().is_ok(),
+        "the query passed on to Envoy: {query:?}"
+    );
+    let merged = super::stats::normalise(body.as_bytes().to_vec());
+    assert!(merged.is_empty() || merged.ends_with(b"\n"));
+    assert!(!merged.starts_with(b"# EOF") && !merged.windows(6).any(|w| w == b"\n# EOF"));
+}
+
+/// A privileged route is reached only from inside the pod (and by `POST` where asked), pprof
+/// only with `--profiling`, an app probe only on its paths.
+#[cfg(feature = "fuzzing")]
+fn check_route(uri: &http::Uri, method: &Method, local: bool, rules: Rules) {
+    match route(uri.path(), method, local, rules) {
+        Route::Quit | Route::Drain => assert!(local && *method == Method::POST, "{uri}"),
         Route::Ndsz | Route::ConfigDump => assert!(local, "{uri}"),
         Route::Pprof(_) => assert!(local && rules.profiling, "{uri}"),
         Route::PprofRedirect => assert!(rules.profiling, "{uri}"),
@@ -148,13 +169,20 @@ pub fn check_request(data: &[u8]) {
         }
         Route::Ready | Route::Refused(_) | Route::NotFound => {}
     }
+}
+
+/// The headers passed on to an app carry no hop-by-hop ones, and a `Host` naming the status
+/// port names the app's.
+#[cfg(feature = "fuzzing")]
+fn check_forwarded(uri: &http::Uri, headers: &http::HeaderMap) {
+    use http::{HeaderValue, header};
 
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or_else(|| uri.authority().map(|a| a.as_str()));
     let kubelet = super::probe::KubeletRequest {
-        headers: &headers,
+        headers,
         host,
         status_port: 15020,
     };
@@ -177,19 +205,6 @@ pub fn check_request(data: &[u8]) {
             assert!(h.ends_with(":8080"), "{host:?} -> {h}");
         }
     }
-
-    if let Some(q) = uri.query() {
-        assert!(pprof::seconds(Some(q)) > 0);
-    }
-    assert!(super::stats::scrape_timeout(&headers) < std::time::Duration::from_secs(3600));
-    let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-    assert!(
-        format!("/stats/prometheus{query}").parse::<Uri>().is_ok(),
-        "the query passed on to Envoy: {query:?}"
-    );
-    let merged = super::stats::normalise(body.as_bytes().to_vec());
-    assert!(merged.is_empty() || merged.ends_with(b"\n"));
-    assert!(!merged.starts_with(b"# EOF") && !merged.windows(6).any(|w| w == b"\n# EOF"));
 }
 
 #[cfg(test)]

@@ -193,55 +193,16 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
     // Not for HEAD, as Istio's gzip handler (nginx once mishandled a gzipped HEAD answer).
     let head = req.method() == http::Method::HEAD;
     let coding = (!head).then(|| compress::choose(&headers)).flatten();
+    let agent = agent_text(inputs);
 
-    let mut agent_text = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut agent_text, &inputs.registry) {
-        tracing::warn!(error = %e, "encoding agent metrics failed");
-        inputs.metrics.failure("agent");
-    }
-    let agent = normalise(agent_text.into_bytes());
-
-    let (tx, rx) = mpsc::channel::<Result<Frame<bytes::Bytes>, std::io::Error>>(4);
-    let envoy = inputs.envoy_prometheus;
-    let apps: Vec<(u16, String)> = inputs
-        .app_metrics
-        .as_ref()
-        .map(|a| a.targets.clone())
-        .unwrap_or_default();
-    let metrics = inputs.metrics.clone();
     let accept = headers
         .get(http::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let envoy_accept = format::allowed_content_types(accept.as_deref(), format::ENVOY_TYPES);
     let app_accept = format::allowed_content_types(accept.as_deref(), format::APP_TYPES);
-
     // The apps first, in parallel: their formats make the answer's `Content-Type`.
-    let answers = futures::future::join_all(
-        apps.iter()
-            .map(|(port, path)| read_app(*port, path, &headers, &app_accept, deadline)),
-    )
-    .await;
-    let mut app_bodies = Vec::new();
-    for answer in answers {
-        match answer {
-            Ok(answer) => app_bodies.push(answer),
-            Err(e) => {
-                tracing::debug!(error = %e, "scraping the application failed");
-                metrics.failure("application");
-            }
-        }
-    }
-    let content_type = format::negotiate_many(app_bodies.iter().map(|(ct, _)| ct.as_deref()));
-    let app_text = if app_bodies.len() > 1
-        && app_bodies.iter().map(|(_, b)| b.len()).sum::<usize>() >= MERGE_OFF_THREAD
-    {
-        off_thread(move || merge_apps(app_bodies, content_type))
-            .await
-            .unwrap_or_default()
-    } else {
-        merge_apps(app_bodies, content_type)
-    };
+    let (app_text, content_type) = scrape_apps(inputs, &headers, &app_accept, deadline).await;
 
     // A HEAD answer has no body: Envoy is not asked for one (the apps were, for the type).
     if head {
@@ -257,17 +218,18 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
         return resp;
     }
 
+    let (tx, rx) = mpsc::channel::<Result<Frame<bytes::Bytes>, std::io::Error>>(4);
     let relay = relay(RelayInputs {
         tx: tx.clone(),
         agent,
-        envoy,
+        envoy: inputs.envoy_prometheus,
         path: format!("/stats/prometheus{query}"),
         headers,
         accept: envoy_accept,
         // Its own deadline: an app that stalls to the end of its own does not take Envoy's.
         deadline: Instant::now() + timeout,
         app_text,
-        metrics,
+        metrics: inputs.metrics.clone(),
     });
     let shutdown = inputs.shutdown.token().clone();
     tokio::spawn(async move {
@@ -289,6 +251,56 @@ pub async fn merged(inputs: &Inputs, req: http::Request<Incoming>) -> http::Resp
         Some(coding) => compress::compress(resp, coding, inputs.shutdown.token().clone()).await,
         None => resp,
     }
+}
+
+/// The agent's own metrics as text.
+fn agent_text(inputs: &Inputs) -> Vec<u8> {
+    let mut text = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &inputs.registry) {
+        tracing::warn!(error = %e, "encoding agent metrics failed");
+        inputs.metrics.failure("agent");
+    }
+    normalise(text.into_bytes())
+}
+
+/// Reads every app target in parallel (each by the scrape's `deadline`) and merges their
+/// answers; the content type is the one their formats negotiate.
+async fn scrape_apps(
+    inputs: &Inputs,
+    headers: &http::HeaderMap,
+    accept: &str,
+    deadline: Instant,
+) -> (Vec<u8>, &'static str) {
+    let apps: &[(u16, String)] = inputs
+        .app_metrics
+        .as_ref()
+        .map_or(&[], |a| a.targets.as_slice());
+    let answers = futures::future::join_all(
+        apps.iter()
+            .map(|(port, path)| read_app(*port, path, headers, accept, deadline)),
+    )
+    .await;
+    let mut app_bodies = Vec::new();
+    for answer in answers {
+        match answer {
+            Ok(answer) => app_bodies.push(answer),
+            Err(e) => {
+                tracing::debug!(error = %e, "scraping the application failed");
+                inputs.metrics.failure("application");
+            }
+        }
+    }
+    let content_type = format::negotiate_many(app_bodies.iter().map(|(ct, _)| ct.as_deref()));
+    let app_text = if app_bodies.len() > 1
+        && app_bodies.iter().map(|(_, b)| b.len()).sum::<usize>() >= MERGE_OFF_THREAD
+    {
+        off_thread(move || merge_apps(app_bodies, content_type))
+            .await
+            .unwrap_or_default()
+    } else {
+        merge_apps(app_bodies, content_type)
+    };
+    (app_text, content_type)
 }
 
 /// What the body's relay sends, in order.
@@ -327,56 +339,8 @@ async fn relay(r: RelayInputs) {
         let left = deadline.saturating_duration_since(Instant::now());
         match get(addr, &path, &headers, &accept, left).await {
             Ok(resp) => {
-                let mut body = resp.into_body();
-                let mut sent = 0usize;
-                // Only whole lines go out: the text after a frame's last newline waits for the
-                // next frame, and is dropped when the stream is cut (the cap, an error, the
-                // deadline): a partial line would fail the whole scrape.
-                let mut partial = bytes::BytesMut::new();
-                loop {
-                    match tokio::time::timeout_at(deadline, body.frame()).await {
-                        Ok(Some(Ok(frame))) => {
-                            let Ok(data) = frame.into_data() else {
-                                continue;
-                            };
-                            if data.is_empty() {
-                                continue;
-                            }
-                            sent += data.len();
-                            if sent > TARGET_CAP {
-                                metrics.failure("envoy");
-                                break;
-                            }
-                            partial.extend_from_slice(&data);
-                            let Some(end) = partial.iter().rposition(|b| *b == b'\n') else {
-                                continue;
-                            };
-                            let lines = partial.split_to(end + 1).freeze();
-                            if tx.send(Ok(Frame::data(lines))).await.is_err() {
-                                return;
-                            }
-                        }
-                        Ok(None) => {
-                            // The stream ended whole: its last line, with a newline.
-                            if !partial.is_empty() {
-                                partial.extend_from_slice(b"\n");
-                                let last = partial.split().freeze();
-                                if tx.send(Ok(Frame::data(last))).await.is_err() {
-                                    return;
-                                }
-                            }
-                            break;
-                        }
-                        Ok(Some(Err(e))) => {
-                            tracing::debug!(error = %e, "envoy stats stream failed");
-                            metrics.failure("envoy");
-                            break;
-                        }
-                        Err(_) => {
-                            metrics.failure("envoy");
-                            break;
-                        }
-                    }
+                if !relay_lines(resp.into_body(), &tx, deadline, &metrics).await {
+                    return;
                 }
             }
             Err(e) => {
@@ -387,6 +351,66 @@ async fn relay(r: RelayInputs) {
     }
     if !app_text.is_empty() {
         let _ = tx.send(Ok(Frame::data(app_text.into()))).await;
+    }
+}
+
+/// Relays Envoy's text, whole lines only, until it ends, passes [`TARGET_CAP`] or the
+/// deadline. False when the client is gone.
+async fn relay_lines(
+    mut body: Incoming,
+    tx: &mpsc::Sender<Result<Frame<bytes::Bytes>, std::io::Error>>,
+    deadline: Instant,
+    metrics: &super::Metrics,
+) -> bool {
+    let mut sent = 0usize;
+    // Only whole lines go out: the text after a frame's last newline waits for the
+    // next frame, and is dropped when the stream is cut (the cap, an error, the
+    // deadline): a partial line would fail the whole scrape.
+    let mut partial = bytes::BytesMut::new();
+    loop {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                if data.is_empty() {
+                    continue;
+                }
+                sent += data.len();
+                if sent > TARGET_CAP {
+                    metrics.failure("envoy");
+                    return true;
+                }
+                partial.extend_from_slice(&data);
+                let Some(end) = partial.iter().rposition(|b| *b == b'\n') else {
+                    continue;
+                };
+                let lines = partial.split_to(end + 1).freeze();
+                if tx.send(Ok(Frame::data(lines))).await.is_err() {
+                    return false;
+                }
+            }
+            Ok(None) => {
+                // The stream ended whole: its last line, with a newline.
+                if !partial.is_empty() {
+                    partial.extend_from_slice(b"\n");
+                    let last = partial.split().freeze();
+                    if tx.send(Ok(Frame::data(last))).await.is_err() {
+                        return false;
+                    }
+                }
+                return true;
+            }
+            Ok(Some(Err(e))) => {
+                tracing::debug!(error = %e, "envoy stats stream failed");
+                metrics.failure("envoy");
+                return true;
+            }
+            Err(_) => {
+                metrics.failure("envoy");
+                return true;
+            }
+        }
     }
 }
 

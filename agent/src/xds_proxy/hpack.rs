@@ -316,24 +316,16 @@ impl Decoder {
 
     fn decode_capped(&mut self, src: &[u8], cap: usize) -> Result<Block, Error> {
         let mut pos = 0;
-        let mut fields = Vec::new();
-        // The list's size so far; `None` once past the cap (fields are no longer kept).
-        let mut size = Some(0usize);
-        let admit = |size: &mut Option<usize>, n: usize, v: usize| match size {
-            Some(s) if s.saturating_add(list_size(n, v)) <= cap => {
-                *s += list_size(n, v);
-                true
-            }
-            _ => {
-                *size = None;
-                false
-            }
+        let mut list = List {
+            fields: Vec::new(),
+            size: Some(0),
+            cap,
         };
         while let Some(&b) = src.get(pos) {
             if b & 0x80 != 0 {
                 let (name, value) = self.get(integer(src, &mut pos, 7)?)?;
-                if admit(&mut size, name.len(), value.len()) {
-                    fields.push(Field {
+                if list.admit(name.len(), value.len()) {
+                    list.fields.push(Field {
                         name: name.to_vec(),
                         value: value.to_vec(),
                         sensitive: false,
@@ -347,56 +339,92 @@ impl Decoder {
                 self.max = size;
                 self.evict();
             } else {
-                // 01: incremental indexing (6-bit index); 0001: never indexed; 0000: without
-                // indexing (both 4-bit).
-                let (indexing, prefix) = if b & 0x40 != 0 { (true, 6) } else { (false, 4) };
-                let index = integer(src, &mut pos, prefix)?;
-                // A literal name (`Err`) or a table index (`Ok`), nothing copied yet.
-                let name = if index == 0 {
-                    Err(string(src, &mut pos)?)
-                } else {
-                    Ok(index)
-                };
-                let value = string(src, &mut pos)?;
-                let name_min = match &name {
-                    Err(e) => e.min_len(),
-                    Ok(i) => self.get(*i)?.0.len(),
-                };
-                let kept = size
-                    .is_some_and(|s| s.saturating_add(list_size(name_min, value.min_len())) <= cap);
-                // Strings are decoded only when the field can still be kept, or the table
-                // needs them; an entry larger than the table empties it (RFC 7541 section
-                // 4.4) whatever its bytes.
-                let table_needs = indexing && list_size(name_min, value.min_len()) <= self.max;
-                if !(kept || table_needs) {
-                    size = None;
-                    if indexing {
-                        self.dynamic.clear();
-                        self.size = 0;
-                    }
-                    continue;
-                }
-                let name = match name {
-                    Ok(i) => self.get(i)?.0.to_vec(),
-                    Err(e) => e.decode()?,
-                };
-                let value = value.decode()?;
-                if indexing {
-                    self.insert(name.clone(), value.clone());
-                }
-                if admit(&mut size, name.len(), value.len()) {
-                    fields.push(Field {
-                        name,
-                        value,
-                        sensitive: b & 0xf0 == 0x10,
-                    });
-                }
+                self.literal(src, &mut pos, b, &mut list)?;
             }
         }
-        Ok(match size {
-            Some(_) => Block::Fields(fields),
+        Ok(match list.size {
+            Some(_) => Block::Fields(list.fields),
             None => Block::TooLarge,
         })
+    }
+
+    /// A literal field whose first byte `b` is at `pos`: 01 with incremental indexing (6-bit
+    /// index); 0001 never indexed, 0000 without indexing (both 4-bit).
+    fn literal(
+        &mut self,
+        src: &[u8],
+        pos: &mut usize,
+        b: u8,
+        list: &mut List,
+    ) -> Result<(), Error> {
+        let (indexing, prefix) = if b & 0x40 != 0 { (true, 6) } else { (false, 4) };
+        let index = integer(src, pos, prefix)?;
+        // A literal name (`Err`) or a table index (`Ok`), nothing copied yet.
+        let name = if index == 0 {
+            Err(string(src, pos)?)
+        } else {
+            Ok(index)
+        };
+        let value = string(src, pos)?;
+        let name_min = match &name {
+            Err(e) => e.min_len(),
+            Ok(i) => self.get(*i)?.0.len(),
+        };
+        let kept = list
+            .size
+            .is_some_and(|s| s.saturating_add(list_size(name_min, value.min_len())) <= list.cap);
+        // Strings are decoded only when the field can still be kept, or the table
+        // needs them; an entry larger than the table empties it (RFC 7541 section
+        // 4.4) whatever its bytes.
+        let table_needs = indexing && list_size(name_min, value.min_len()) <= self.max;
+        if !(kept || table_needs) {
+            list.size = None;
+            if indexing {
+                self.dynamic.clear();
+                self.size = 0;
+            }
+            return Ok(());
+        }
+        let name = match name {
+            Ok(i) => self.get(i)?.0.to_vec(),
+            Err(e) => e.decode()?,
+        };
+        let value = value.decode()?;
+        if indexing {
+            self.insert(name.clone(), value.clone());
+        }
+        if list.admit(name.len(), value.len()) {
+            list.fields.push(Field {
+                name,
+                value,
+                sensitive: b & 0xf0 == 0x10,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A header list being decoded.
+struct List {
+    fields: Vec<Field>,
+    /// The list's size so far; `None` once past the cap (fields are no longer kept).
+    size: Option<usize>,
+    cap: usize,
+}
+
+impl List {
+    /// Counts a field of `n` and `v` bytes; true when it is kept (the list stays within the cap).
+    fn admit(&mut self, n: usize, v: usize) -> bool {
+        match &mut self.size {
+            Some(s) if s.saturating_add(list_size(n, v)) <= self.cap => {
+                *s += list_size(n, v);
+                true
+            }
+            _ => {
+                self.size = None;
+                false
+            }
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! One Envoy stream relayed to one upstream stream; generic over SotW and Delta.
 
 use std::collections::VecDeque;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -136,6 +137,8 @@ async fn send<T>(tx: &mpsc::Sender<T>, msg: T, done: &CancellationToken, what: &
     }
 }
 
+type HealthRx = tokio::sync::watch::Receiver<Option<crate::health::Health>>;
+
 async fn downstream_to_upstream<F: Flavor>(
     inputs: Arc<Inputs>,
     mut downstream: tonic::Streaming<F::Req>,
@@ -169,10 +172,7 @@ async fn downstream_to_upstream<F: Flavor>(
                     health = None;
                     continue;
                 }
-                let current = health.as_mut().and_then(|h| h.borrow_and_update().clone());
-                if let Some(h) = current
-                    && !to_upstream(&link, F::health(&h), &done).await
-                {
+                if !send_health(&link, &mut health, &done).await {
                     break;
                 }
                 continue;
@@ -181,46 +181,13 @@ async fn downstream_to_upstream<F: Flavor>(
         };
         match msg {
             Ok(Some(req)) => {
-                inputs.metrics.requests.inc();
-                if let Some((nonce, error)) = F::req_nack(&req) {
-                    // Relayed as is; logged so that a rejected config shows in the agent's log.
-                    tracing::warn!(flavor = F::NAME, type_url = F::req_type(&req), nonce,
-                        code = error.code, error = %error.message, "Envoy rejected an xDS response (NACK)");
-                }
                 let first_lds = !lds_seen && F::req_type(&req) == type_url::LISTENER;
-                if F::req_type(&req) == type_url::ECDS && F::req_nack(&req).is_none() {
-                    lock(&link).ecds_version = F::req_version(&req).to_string();
-                }
-                let (relay, own) = claim::<F>(&link, &req, &flush);
-                if relay && !to_upstream(&link, req, &done).await {
-                    break;
-                }
-                if let Some(own) = own
-                    && !to_upstream(&link, own, &done).await
-                {
+                if !from_envoy(&inputs, &link, req, &flush, &done).await {
                     break;
                 }
                 if first_lds {
                     lds_seen = true;
-                    // One open stream at a time holds the NDS subscription.
-                    if inputs.nds.is_some() && stream.claim_nds() {
-                        tracing::debug!("subscribing to NDS after Envoy's first LDS request");
-                        if !to_upstream(&link, F::subscribe(type_url::NAME_TABLE), &done).await {
-                            break;
-                        }
-                    }
-                    // PCDS (`PROXY_CONFIG_XDS_AGENT`), as Istio: on every stream after its first
-                    // LDS request; the same anchors from two streams change nothing.
-                    if inputs.pcds.is_some()
-                        && !to_upstream(&link, F::subscribe(type_url::PROXY_CONFIG), &done).await
-                    {
-                        break;
-                    }
-                    // The last known health goes to every new upstream stream.
-                    let current = health.as_mut().and_then(|h| h.borrow_and_update().clone());
-                    if let Some(h) = current
-                        && !to_upstream(&link, F::health(&h), &done).await
-                    {
+                    if !after_first_lds(&inputs, &link, &stream, &mut health, &done).await {
                         break;
                     }
                 }
@@ -246,6 +213,74 @@ async fn downstream_to_upstream<F: Flavor>(
     }
     // Envoy is gone (or the upstream ended): close the upstream side too.
     done.cancel();
+}
+
+/// Sends the workload's last known health upstream, if there is one. False when the relay is
+/// over.
+async fn send_health<F: Flavor>(
+    link: &Shared<F>,
+    health: &mut Option<HealthRx>,
+    done: &CancellationToken,
+) -> bool {
+    let current = health.as_mut().and_then(|h| h.borrow_and_update().clone());
+    match current {
+        Some(h) => to_upstream(link, F::health(&h), done).await,
+        None => true,
+    }
+}
+
+/// Relays one of Envoy's requests upstream (with the request the proxy adds for a warm stream's
+/// handover, if any). False when the relay is over.
+async fn from_envoy<F: Flavor>(
+    inputs: &Inputs,
+    link: &Shared<F>,
+    req: F::Req,
+    flush: &tokio::sync::Notify,
+    done: &CancellationToken,
+) -> bool {
+    inputs.metrics.requests.inc();
+    if let Some((nonce, error)) = F::req_nack(&req) {
+        // Relayed as is; logged so that a rejected config shows in the agent's log.
+        tracing::warn!(flavor = F::NAME, type_url = F::req_type(&req), nonce,
+            code = error.code, error = %error.message, "Envoy rejected an xDS response (NACK)");
+    }
+    if F::req_type(&req) == type_url::ECDS && F::req_nack(&req).is_none() {
+        lock(link).ecds_version = F::req_version(&req).to_string();
+    }
+    let (relay, own) = claim::<F>(link, &req, flush);
+    if relay && !to_upstream(link, req, done).await {
+        return false;
+    }
+    match own {
+        Some(own) => to_upstream(link, own, done).await,
+        None => true,
+    }
+}
+
+/// The proxy's own subscriptions after Envoy's first LDS request on a stream: NDS, PCDS and the
+/// workload's health. False when the relay is over.
+async fn after_first_lds<F: Flavor>(
+    inputs: &Inputs,
+    link: &Shared<F>,
+    stream: &Stream,
+    health: &mut Option<HealthRx>,
+    done: &CancellationToken,
+) -> bool {
+    // One open stream at a time holds the NDS subscription.
+    if inputs.nds.is_some() && stream.claim_nds() {
+        tracing::debug!("subscribing to NDS after Envoy's first LDS request");
+        if !to_upstream(link, F::subscribe(type_url::NAME_TABLE), done).await {
+            return false;
+        }
+    }
+    // PCDS (`PROXY_CONFIG_XDS_AGENT`), as Istio: on every stream after its first
+    // LDS request; the same anchors from two streams change nothing.
+    if inputs.pcds.is_some() && !to_upstream(link, F::subscribe(type_url::PROXY_CONFIG), done).await
+    {
+        return false;
+    }
+    // The last known health goes to every new upstream stream.
+    send_health(link, health, done).await
 }
 
 /// How one upstream generation ended.
@@ -343,20 +378,7 @@ async fn upstream_to_downstream<F: Flavor>(
     done: CancellationToken,
     flush: Arc<tokio::sync::Notify>,
 ) {
-    let envoy_gone = || {
-        // A warm stream no Envoy took over has no Envoy to lose.
-        if lock(&link).warm.as_ref().is_some_and(|w| !w.attached) {
-            return;
-        }
-        tracing::info!(flavor = F::NAME, "Envoy disconnected from the xDS proxy");
-        inputs
-            .metrics
-            .envoy_connection_terminations
-            .get_or_create(&TerminationLabels {
-                r#type: "cancelled",
-            })
-            .inc();
-    };
+    let envoy_gone = || envoy_gone::<F>(&inputs, &link);
     let mut body = first;
     let mut established = false;
     let mut backoff = Backoff::default();
@@ -366,14 +388,8 @@ async fn upstream_to_downstream<F: Flavor>(
         let opened = tokio::select! {
             _ = done.cancelled() => break,
             _ = down_tx.closed() => { envoy_gone(); break }
-            o = tokio::time::timeout(inputs.open_timeout, open::<F>(&inputs, replay, rx)) => o,
+            o = open_in_time::<F>(&inputs, replay, rx) => o,
         };
-        let opened = opened.unwrap_or_else(|_| {
-            Err(tonic::Status::deadline_exceeded(format!(
-                "istiod did not open the xDS stream within {:?}",
-                inputs.open_timeout
-            )))
-        });
         let outcome = match opened {
             Ok(mut upstream) => {
                 established = true;
@@ -393,13 +409,7 @@ async fn upstream_to_downstream<F: Flavor>(
                 .await
             }
             Err(status) => {
-                inputs.metrics.istiod_connection_failures.inc();
-                // One warning per outage; the retries that follow are debug.
-                if backoff.attempts() <= 1 {
-                    tracing::warn!(status = %status, "cannot open the upstream xDS stream (is istiod reachable?)");
-                } else {
-                    tracing::debug!(status = %status, "cannot open the upstream xDS stream yet");
-                }
+                open_failed(&inputs, &status, &backoff);
                 if !inputs.reconnect || !established {
                     let _ = down_tx.send(Err(status)).await;
                     break;
@@ -407,68 +417,10 @@ async fn upstream_to_downstream<F: Flavor>(
                 Outcome::Retry
             }
         };
-        match outcome {
-            Outcome::Done => {
-                if down_tx.is_closed() {
-                    envoy_gone();
-                }
-                break;
-            }
-            Outcome::End(status) => {
-                let _ =
-                    tokio::time::timeout(Duration::from_secs(5), down_tx.send(Err(status))).await;
-                break;
-            }
-            Outcome::Retry => {}
-            Outcome::Lost { status, reason } => {
-                if !inputs.reconnect {
-                    // Istio's behaviour: Envoy's stream ends with istiod's status.
-                    if let Some(status) = status {
-                        let _ =
-                            tokio::time::timeout(Duration::from_secs(5), down_tx.send(Err(status)))
-                                .await;
-                    }
-                    break;
-                }
-                let status = status.as_ref().map(|s| s.to_string());
-                // The probe's answer comes while the reconnect goes on.
-                let probe = (reason != "closed")
-                    .then(|| inputs.upstream.probe.as_ref().map(|p| p()))
-                    .flatten();
-                let metrics = inputs.metrics.upstream_reconnects.clone();
-                let report = async move {
-                    let reason = match probe {
-                        Some(p) => p.await.unwrap_or(reason),
-                        None => reason,
-                    };
-                    metrics.get_or_create(&ReconnectLabels { reason }).inc();
-                    tracing::warn!(
-                        flavor = F::NAME,
-                        reason,
-                        status,
-                        "upstream xDS stream lost (closed by istiod, istiod dead, or stalled: a keepalive ping unanswered); reconnecting with Envoy's subscriptions, Envoy's stream stays open"
-                    );
-                };
-                if inputs.upstream.probe.is_some() && reason != "closed" {
-                    tokio::spawn(report);
-                } else {
-                    report.await;
-                }
-            }
+        if !settle::<F>(&inputs, &link, &down_tx, outcome).await {
+            break;
         }
-        // The next generation's channel and replay, built together (see [`Link`]).
-        let (tx, rx) = mpsc::channel(inputs.queue.max(1));
-        let replay = {
-            let mut l = lock(&link);
-            l.tx = tx;
-            if let Some(w) = l.warm.as_mut() {
-                w.new_generation();
-            }
-            l.subs
-                .as_mut()
-                .map(Subscriptions::replay)
-                .unwrap_or_default()
-        };
+        let (replay, rx) = next_generation(&inputs, &link);
         generation += 1;
         let delay = backoff.next();
         tracing::debug!(
@@ -485,6 +437,136 @@ async fn upstream_to_downstream<F: Flavor>(
         }
     }
     done.cancel();
+}
+
+/// What follows an upstream generation's end: true when a new generation follows, false when
+/// the relay is over (Envoy's stream ends with istiod's status, if any).
+async fn settle<F: Flavor>(
+    inputs: &Inputs,
+    link: &Shared<F>,
+    down_tx: &mpsc::Sender<Result<Down, tonic::Status>>,
+    outcome: Outcome,
+) -> bool {
+    match outcome {
+        Outcome::Done => {
+            if down_tx.is_closed() {
+                envoy_gone::<F>(inputs, link);
+            }
+            false
+        }
+        Outcome::End(status) => {
+            let _ = tokio::time::timeout(Duration::from_secs(5), down_tx.send(Err(status))).await;
+            false
+        }
+        Outcome::Retry => true,
+        Outcome::Lost { status, reason } => {
+            if !inputs.reconnect {
+                // Istio's behaviour: Envoy's stream ends with istiod's status.
+                if let Some(status) = status {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), down_tx.send(Err(status)))
+                        .await;
+                }
+                return false;
+            }
+            report_loss::<F>(inputs, status.as_ref(), reason).await;
+            true
+        }
+    }
+}
+
+/// Counts and logs Envoy's stream as gone (the downstream receiver was dropped).
+fn envoy_gone<F: Flavor>(inputs: &Inputs, link: &Shared<F>) {
+    // A warm stream no Envoy took over has no Envoy to lose.
+    if lock(link).warm.as_ref().is_some_and(|w| !w.attached) {
+        return;
+    }
+    tracing::info!(flavor = F::NAME, "Envoy disconnected from the xDS proxy");
+    inputs
+        .metrics
+        .envoy_connection_terminations
+        .get_or_create(&TerminationLabels {
+            r#type: "cancelled",
+        })
+        .inc();
+}
+
+/// [`open`] within the proxy's open timeout.
+async fn open_in_time<F: Flavor>(
+    inputs: &Inputs,
+    replay: Vec<F::Req>,
+    rx: mpsc::Receiver<F::Req>,
+) -> Result<Responses, tonic::Status> {
+    tokio::time::timeout(inputs.open_timeout, open::<F>(inputs, replay, rx))
+        .await
+        .unwrap_or_else(|_| {
+            Err(tonic::Status::deadline_exceeded(format!(
+                "istiod did not open the xDS stream within {:?}",
+                inputs.open_timeout
+            )))
+        })
+}
+
+/// Counts and logs an upstream stream that could not be opened: one warning per outage, the
+/// retries that follow at debug.
+fn open_failed(inputs: &Inputs, status: &tonic::Status, backoff: &Backoff) {
+    inputs.metrics.istiod_connection_failures.inc();
+    if backoff.attempts() <= 1 {
+        tracing::warn!(status = %status, "cannot open the upstream xDS stream (is istiod reachable?)");
+    } else {
+        tracing::debug!(status = %status, "cannot open the upstream xDS stream yet");
+    }
+}
+
+/// Counts and logs a lost upstream stream in `xds_upstream_reconnects`. With a reachability
+/// probe the reason is the probe's answer, which comes while the reconnect goes on.
+async fn report_loss<F: Flavor>(
+    inputs: &Inputs,
+    status: Option<&tonic::Status>,
+    reason: &'static str,
+) {
+    let status = status.map(ToString::to_string);
+    let probe = (reason != "closed")
+        .then(|| inputs.upstream.probe.as_ref().map(|p| p()))
+        .flatten();
+    let metrics = inputs.metrics.upstream_reconnects.clone();
+    let report = async move {
+        let reason = match probe {
+            Some(p) => p.await.unwrap_or(reason),
+            None => reason,
+        };
+        metrics.get_or_create(&ReconnectLabels { reason }).inc();
+        tracing::warn!(
+            flavor = F::NAME,
+            reason,
+            status,
+            "upstream xDS stream lost (closed by istiod, istiod dead, or stalled: a keepalive ping unanswered); reconnecting with Envoy's subscriptions, Envoy's stream stays open"
+        );
+    };
+    if inputs.upstream.probe.is_some() && reason != "closed" {
+        tokio::spawn(report);
+    } else {
+        report.await;
+    }
+}
+
+/// The next generation's channel and replay, built together under the link's lock (see
+/// [`Link`]).
+fn next_generation<F: Flavor>(
+    inputs: &Inputs,
+    link: &Shared<F>,
+) -> (Vec<F::Req>, mpsc::Receiver<F::Req>) {
+    let (tx, rx) = mpsc::channel(inputs.queue.max(1));
+    let mut l = lock(link);
+    l.tx = tx;
+    if let Some(w) = l.warm.as_mut() {
+        w.new_generation();
+    }
+    let replay = l
+        .subs
+        .as_mut()
+        .map(Subscriptions::replay)
+        .unwrap_or_default();
+    (replay, rx)
 }
 
 /// Most bytes of a relayed response gathered while Envoy's queue is full.
@@ -600,186 +682,254 @@ async fn forward_rewrite<F: Flavor>(
     send(down_tx, Ok(Down::Whole(out)), done, "Envoy").await
 }
 
+/// One upstream generation's relay state.
+struct Generation {
+    upstream: Responses,
+    held: Held,
+    /// ECDS responses being rewritten, oldest first; dropped (their work aborted) when this
+    /// generation ends: the next one's replay gets ECDS again.
+    rewrites: VecDeque<Rewrite>,
+    /// Between a response's first part and its last: nothing else may go to Envoy until it ends.
+    mid_message: bool,
+}
+
 /// Relays one upstream generation's responses until it ends.
 async fn relay<F: Flavor>(
     inputs: &Inputs,
     link: &Shared<F>,
-    mut upstream: Responses,
+    upstream: Responses,
     down_tx: &mpsc::Sender<Result<Down, tonic::Status>>,
     done: &CancellationToken,
     flush: &tokio::sync::Notify,
     backoff: &mut Backoff,
 ) -> Outcome {
-    let mut held = Held::default();
-    // ECDS responses being rewritten, oldest first; dropped (their work aborted) when this
-    // generation ends: the next one's replay gets ECDS again.
-    let mut rewrites: VecDeque<Rewrite> = VecDeque::new();
-    // Between a response's first part and its last: nothing else may go to Envoy until it ends.
-    let mut mid_message = false;
+    let mut g = Generation {
+        upstream,
+        held: Held::default(),
+        rewrites: VecDeque::new(),
+        mid_message: false,
+    };
     loop {
-        if held.bytes >= HELD_MAX && !send(down_tx, Ok(held.take()), done, "Envoy").await {
+        if g.held.bytes >= HELD_MAX && !send(down_tx, Ok(g.held.take()), done, "Envoy").await {
             return Outcome::Done;
         }
         let msg = tokio::select! {
             biased;
             _ = done.cancelled() => return Outcome::Done,
             _ = down_tx.closed() => return Outcome::Done,
-            permit = down_tx.reserve(), if held.bytes > 0 => {
+            permit = down_tx.reserve(), if g.held.bytes > 0 => {
                 match permit {
-                    Ok(permit) => permit.send(Ok(held.take())),
+                    Ok(permit) => permit.send(Ok(g.held.take())),
                     Err(_) => return Outcome::Done,
                 }
                 continue;
             }
-            rewritten = next_rewrite(&mut rewrites), if !mid_message && !rewrites.is_empty() => {
-                rewrites.pop_front();
+            rewritten = next_rewrite(&mut g.rewrites), if !g.mid_message && !g.rewrites.is_empty() => {
+                g.rewrites.pop_front();
                 if !forward_rewrite::<F>(link, rewritten, down_tx, done).await {
                     return Outcome::Done;
                 }
                 continue;
             }
             // A warm stream's responses Envoy just asked for.
-            () = flush.notified(), if !mid_message => {
-                if !flush_ready::<F>(inputs, link, &mut upstream, down_tx, done).await {
+            () = flush.notified(), if !g.mid_message => {
+                if !flush_ready::<F>(inputs, link, &mut g.upstream, down_tx, done).await {
                     return Outcome::Done;
                 }
                 continue;
             }
             // With MAX_REWRITES pending, istiod is read again once the oldest is done.
-            m = upstream.next(), if mid_message || rewrites.len() < MAX_REWRITES => m,
+            m = g.upstream.next(), if g.mid_message || g.rewrites.len() < MAX_REWRITES => m,
         };
-        match msg {
-            Ok(Some(Piece::Part(bytes))) => {
-                if !mid_message && lock(link).warm.as_ref().is_some_and(warm::Held::holding) {
-                    // Longer than the warm cap: it cannot be held.
-                    return overflow(link);
-                }
-                mid_message = true;
-                held.push(bytes);
+        if let ControlFlow::Break(outcome) =
+            on_piece::<F>(inputs, link, &mut g, msg, down_tx, done, backoff).await
+        {
+            return outcome;
+        }
+    }
+}
+
+/// What the relay does with one read from istiod: a part or a whole response, or the end of the
+/// stream.
+async fn on_piece<F: Flavor>(
+    inputs: &Inputs,
+    link: &Shared<F>,
+    g: &mut Generation,
+    msg: Result<Option<Piece>, tonic::Status>,
+    down_tx: &mpsc::Sender<Result<Down, tonic::Status>>,
+    done: &CancellationToken,
+    backoff: &mut Backoff,
+) -> ControlFlow<Outcome> {
+    match msg {
+        Ok(Some(Piece::Part(bytes))) => {
+            if !g.mid_message && lock(link).warm.as_ref().is_some_and(warm::Held::holding) {
+                // Longer than the warm cap: it cannot be held.
+                return ControlFlow::Break(overflow(link));
             }
-            Ok(Some(Piece::Last(bytes, resp))) => {
-                mid_message = false;
-                inputs.metrics.responses.inc();
-                backoff.reset();
-                if let Some(subs) = lock(link).subs.as_mut() {
-                    subs.on_response(&resp);
-                }
-                held.push(bytes);
-                if !send(down_tx, Ok(held.take()), done, "Envoy").await {
-                    return Outcome::Done;
-                }
+            g.mid_message = true;
+            g.held.push(bytes);
+        }
+        Ok(Some(Piece::Last(bytes, resp))) => {
+            g.mid_message = false;
+            inputs.metrics.responses.inc();
+            backoff.reset();
+            if let Some(subs) = lock(link).subs.as_mut() {
+                subs.on_response(&resp);
             }
-            Ok(Some(Piece::Whole(resp))) => {
-                inputs.metrics.responses.inc();
-                backoff.reset();
-                let resp =
-                    match pass_warm::<F>(inputs, link, resp, &mut upstream, down_tx, done).await {
-                        Ok(Some(resp)) => resp,
-                        Ok(None) => continue,
-                        Err(outcome) => return outcome,
-                    };
-                let t = resp.type_url();
-                if t == type_url::NAME_TABLE {
-                    let Some(sink) = &inputs.nds else {
-                        tracing::warn!("dropping an NDS response: DNS capture is off");
-                        continue;
-                    };
-                    let result =
-                        own_resource::<F, NameTable>(&resp, "NDS").and_then(|table| match table {
-                            Some(table) => sink(table).map_err(OwnResponseError::Rejected),
-                            None => Ok(()),
-                        });
-                    if let Err(e) = &result {
-                        tracing::warn!(error = %e, "rejecting NDS response");
-                    }
-                    if !to_upstream(
-                        link,
-                        F::ack(t, &resp.head, result.err().map(|e| e.to_string())),
-                        done,
-                    )
-                    .await
-                    {
-                        return Outcome::Done;
-                    }
-                } else if t == type_url::PROXY_CONFIG {
-                    let Some(sink) = &inputs.pcds else {
-                        tracing::warn!("dropping a PCDS response: PROXY_CONFIG_XDS_AGENT is off");
-                        continue;
-                    };
-                    let result = own_resource::<F, ProxyConfigTrust>(&resp, "PCDS").and_then(
-                        |pc| match pc {
-                            Some(pc) => {
-                                sink(pc.ca_certificates_pem).map_err(OwnResponseError::Rejected)
-                            }
-                            None => Ok(()),
-                        },
-                    );
-                    if let Err(e) = &result {
-                        tracing::warn!(error = %e, "rejecting PCDS response");
-                    }
-                    if !to_upstream(
-                        link,
-                        F::ack(t, &resp.head, result.err().map(|e| e.to_string())),
-                        done,
-                    )
-                    .await
-                    {
-                        return Outcome::Done;
-                    }
-                } else if t == type_url::ECDS
-                    && let Some(cache) = &inputs.wasm
-                {
-                    rewrites.push_back(Rewrite::start::<F>(resp, cache.clone(), done.clone()));
-                } else if forwarded(t) {
-                    if !send(down_tx, Ok(Down::Whole(resp)), done, "Envoy").await {
-                        return Outcome::Done;
-                    }
-                } else {
-                    tracing::error!(type_url = t, "dropping a response of unknown type");
-                }
-            }
-            Ok(None) => {
-                tracing::info!(flavor = F::NAME, "istiod closed the xDS stream");
-                inputs
-                    .metrics
-                    .istiod_connection_terminations
-                    .get_or_create(&TerminationLabels {
-                        r#type: "cancelled",
-                    })
-                    .inc();
-                return Outcome::Lost {
-                    status: None,
-                    reason: "closed",
-                };
-            }
-            Err(status) => {
-                inputs
-                    .metrics
-                    .istiod_connection_terminations
-                    .get_or_create(&TerminationLabels {
-                        r#type: termination(&status),
-                    })
-                    .inc();
-                if upstream.relaying() {
-                    // Envoy holds part of a response that can never be completed: its stream
-                    // ends (as Istio's always does) and Envoy reconnects.
-                    tracing::warn!(flavor = F::NAME, status = %status,
-                        "upstream xDS stream ended in the middle of a response partly relayed to Envoy; ending Envoy's stream");
-                    return Outcome::End(tonic::Status::unavailable(format!(
-                        "the upstream xDS stream ended in the middle of a response: {}",
-                        status.message()
-                    )));
-                }
-                tracing::warn!(flavor = F::NAME, status = %status, "upstream xDS stream ended");
-                if !lost(&status) {
-                    return Outcome::End(status);
-                }
-                let reason = loss_reason(&status);
-                return Outcome::Lost {
-                    status: Some(status),
-                    reason,
-                };
+            g.held.push(bytes);
+            if !send(down_tx, Ok(g.held.take()), done, "Envoy").await {
+                return ControlFlow::Break(Outcome::Done);
             }
         }
+        Ok(Some(Piece::Whole(resp))) => {
+            inputs.metrics.responses.inc();
+            backoff.reset();
+            let resp =
+                match pass_warm::<F>(inputs, link, resp, &mut g.upstream, down_tx, done).await {
+                    Ok(Some(resp)) => resp,
+                    Ok(None) => return ControlFlow::Continue(()),
+                    Err(outcome) => return ControlFlow::Break(outcome),
+                };
+            if !dispatch::<F>(inputs, link, resp, &mut g.rewrites, down_tx, done).await {
+                return ControlFlow::Break(Outcome::Done);
+            }
+        }
+        Ok(None) => return ControlFlow::Break(istiod_closed::<F>(inputs)),
+        Err(status) => return ControlFlow::Break(upstream_ended::<F>(inputs, &g.upstream, status)),
+    }
+    ControlFlow::Continue(())
+}
+
+/// Where a whole response goes by its type: NDS and PCDS to the proxy itself, ECDS through the
+/// Wasm rewrite when Wasm is on, the rest to Envoy. False when the relay is over.
+async fn dispatch<F: Flavor>(
+    inputs: &Inputs,
+    link: &Shared<F>,
+    resp: RawResponse,
+    rewrites: &mut VecDeque<Rewrite>,
+    down_tx: &mpsc::Sender<Result<Down, tonic::Status>>,
+    done: &CancellationToken,
+) -> bool {
+    let t = resp.type_url();
+    if t == type_url::NAME_TABLE {
+        own_nds::<F>(inputs, link, &resp, done).await
+    } else if t == type_url::PROXY_CONFIG {
+        own_pcds::<F>(inputs, link, &resp, done).await
+    } else if t == type_url::ECDS
+        && let Some(cache) = &inputs.wasm
+    {
+        rewrites.push_back(Rewrite::start::<F>(resp, cache.clone(), done.clone()));
+        true
+    } else if forwarded(t) {
+        send(down_tx, Ok(Down::Whole(resp)), done, "Envoy").await
+    } else {
+        tracing::error!(type_url = t, "dropping a response of unknown type");
+        true
+    }
+}
+
+/// Hands an NDS response to the DNS proxy and ACKs (or NACKs) it upstream. False when the
+/// relay is over.
+async fn own_nds<F: Flavor>(
+    inputs: &Inputs,
+    link: &Shared<F>,
+    resp: &RawResponse,
+    done: &CancellationToken,
+) -> bool {
+    let Some(sink) = &inputs.nds else {
+        tracing::warn!("dropping an NDS response: DNS capture is off");
+        return true;
+    };
+    let result = own_resource::<F, NameTable>(resp, "NDS").and_then(|table| match table {
+        Some(table) => sink(table).map_err(OwnResponseError::Rejected),
+        None => Ok(()),
+    });
+    if let Err(e) = &result {
+        tracing::warn!(error = %e, "rejecting NDS response");
+    }
+    ack_own::<F>(link, resp, result, done).await
+}
+
+/// Hands a PCDS response's trust anchors to their sink and ACKs (or NACKs) it upstream. False
+/// when the relay is over.
+async fn own_pcds<F: Flavor>(
+    inputs: &Inputs,
+    link: &Shared<F>,
+    resp: &RawResponse,
+    done: &CancellationToken,
+) -> bool {
+    let Some(sink) = &inputs.pcds else {
+        tracing::warn!("dropping a PCDS response: PROXY_CONFIG_XDS_AGENT is off");
+        return true;
+    };
+    let result = own_resource::<F, ProxyConfigTrust>(resp, "PCDS").and_then(|pc| match pc {
+        Some(pc) => sink(pc.ca_certificates_pem).map_err(OwnResponseError::Rejected),
+        None => Ok(()),
+    });
+    if let Err(e) = &result {
+        tracing::warn!(error = %e, "rejecting PCDS response");
+    }
+    ack_own::<F>(link, resp, result, done).await
+}
+
+/// The proxy's own ACK (or, with the error, NACK) of a response it consumed.
+async fn ack_own<F: Flavor>(
+    link: &Shared<F>,
+    resp: &RawResponse,
+    result: Result<(), OwnResponseError>,
+    done: &CancellationToken,
+) -> bool {
+    let error = result.err().map(|e| e.to_string());
+    to_upstream(link, F::ack(resp.type_url(), &resp.head, error), done).await
+}
+
+/// istiod ended the stream cleanly: a loss the proxy may reconnect after.
+fn istiod_closed<F: Flavor>(inputs: &Inputs) -> Outcome {
+    tracing::info!(flavor = F::NAME, "istiod closed the xDS stream");
+    inputs
+        .metrics
+        .istiod_connection_terminations
+        .get_or_create(&TerminationLabels {
+            r#type: "cancelled",
+        })
+        .inc();
+    Outcome::Lost {
+        status: None,
+        reason: "closed",
+    }
+}
+
+/// The upstream stream ended with `status`: Envoy's stream ends when it holds part of a
+/// response or istiod refused it; a lost connection is a loss the proxy may reconnect after.
+fn upstream_ended<F: Flavor>(
+    inputs: &Inputs,
+    upstream: &Responses,
+    status: tonic::Status,
+) -> Outcome {
+    inputs
+        .metrics
+        .istiod_connection_terminations
+        .get_or_create(&TerminationLabels {
+            r#type: termination(&status),
+        })
+        .inc();
+    if upstream.relaying() {
+        // Envoy holds part of a response that can never be completed: its stream
+        // ends (as Istio's always does) and Envoy reconnects.
+        tracing::warn!(flavor = F::NAME, status = %status,
+            "upstream xDS stream ended in the middle of a response partly relayed to Envoy; ending Envoy's stream");
+        return Outcome::End(tonic::Status::unavailable(format!(
+            "the upstream xDS stream ended in the middle of a response: {}",
+            status.message()
+        )));
+    }
+    tracing::warn!(flavor = F::NAME, status = %status, "upstream xDS stream ended");
+    if !lost(&status) {
+        return Outcome::End(status);
+    }
+    let reason = loss_reason(&status);
+    Outcome::Lost {
+        status: Some(status),
+        reason,
     }
 }

@@ -452,47 +452,52 @@ impl Sieve {
             let b = chunk[0];
             chunk.advance(1);
             self.pos += 1;
-            let state = std::mem::replace(&mut self.state, State::Key(Varint::default()));
-            let step = match state {
-                State::Key(mut key) => match key.push(b) {
-                    Ok(Some(v)) => self.on_key(key, v),
-                    Ok(None) => {
-                        self.state = State::Key(key);
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                },
-                State::Len {
-                    key,
-                    mut len,
-                    action,
-                } => match len.push(b) {
-                    Ok(Some(v)) => self.on_len(key, len, v, action),
-                    Ok(None) => {
-                        self.state = State::Len { key, len, action };
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                },
-                State::SkipVarint(mut v) => match v.push(b) {
-                    Ok(Some(_)) => {
-                        self.close_levels();
-                        Ok(())
-                    }
-                    Ok(None) => {
-                        self.state = State::SkipVarint(v);
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                },
-                State::Value { .. } => unreachable!("handled above"),
-            };
+            let step = self.step(b);
             step.map_err(|what| SieveError {
                 at: self.pos - 1,
                 what,
             })?;
         }
         Ok(())
+    }
+
+    /// One byte of a key, a length or a skipped varint.
+    fn step(&mut self, b: u8) -> Result<(), &'static str> {
+        let state = std::mem::replace(&mut self.state, State::Key(Varint::default()));
+        match state {
+            State::Key(mut key) => match key.push(b) {
+                Ok(Some(v)) => self.on_key(key, v),
+                Ok(None) => {
+                    self.state = State::Key(key);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            },
+            State::Len {
+                key,
+                mut len,
+                action,
+            } => match len.push(b) {
+                Ok(Some(v)) => self.on_len(key, len, v, action),
+                Ok(None) => {
+                    self.state = State::Len { key, len, action };
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            },
+            State::SkipVarint(mut v) => match v.push(b) {
+                Ok(Some(_)) => {
+                    self.close_levels();
+                    Ok(())
+                }
+                Ok(None) => {
+                    self.state = State::SkipVarint(v);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            },
+            State::Value { .. } => unreachable!("handled above"),
+        }
     }
 
     /// The kept message, once all `len` bytes were fed.

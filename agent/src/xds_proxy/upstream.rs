@@ -111,31 +111,8 @@ impl Framer {
                     if *n < 5 {
                         continue;
                     }
-                    match raw[0] {
-                        0 => {}
-                        1 => {
-                            return Err(Status::internal(
-                                "istiod sent a compressed xDS response, though the proxy accepts none",
-                            ));
-                        }
-                        f => {
-                            return Err(Status::internal(format!(
-                                "invalid gRPC message flag {f} in an xDS response"
-                            )));
-                        }
-                    }
-                    let len = u32::from_be_bytes([raw[1], raw[2], raw[3], raw[4]]) as usize;
-                    if let Some(hold) = self.next_hold.take() {
-                        self.hold = hold;
-                    }
-                    self.state = State::Held {
-                        len,
-                        buf: BytesMut::new(),
-                        whole: len <= self.hold,
-                    };
-                    if len == 0 {
-                        self.held_done(out)?;
-                    }
+                    let raw = *raw;
+                    self.header_done(raw, out)?;
                 }
                 State::Held { len, buf, whole } => {
                     let whole = *whole;
@@ -180,6 +157,36 @@ impl Framer {
                     out.push_back(Piece::Last(part, raw_response(Bytes::from(kept))?));
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// A message's 5-byte gRPC header was read: checks its flag and starts holding the message.
+    fn header_done(&mut self, raw: [u8; 5], out: &mut VecDeque<Piece>) -> Result<(), Status> {
+        match raw[0] {
+            0 => {}
+            1 => {
+                return Err(Status::internal(
+                    "istiod sent a compressed xDS response, though the proxy accepts none",
+                ));
+            }
+            f => {
+                return Err(Status::internal(format!(
+                    "invalid gRPC message flag {f} in an xDS response"
+                )));
+            }
+        }
+        let len = u32::from_be_bytes([raw[1], raw[2], raw[3], raw[4]]) as usize;
+        if let Some(hold) = self.next_hold.take() {
+            self.hold = hold;
+        }
+        self.state = State::Held {
+            len,
+            buf: BytesMut::new(),
+            whole: len <= self.hold,
+        };
+        if len == 0 {
+            self.held_done(out)?;
         }
         Ok(())
     }

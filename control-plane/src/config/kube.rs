@@ -313,20 +313,11 @@ pub(super) fn service(raw: RawServiceDoc) -> Result<Service, DocError> {
     }
     let cluster_ip = spec.cluster_ip.unwrap_or_default();
     let headless = cluster_ip == "None";
-    let mut cluster_ips = Vec::new();
-    if !headless {
-        if spec.cluster_ips.is_empty() {
-            if !cluster_ip.is_empty() {
-                check_ip("spec.clusterIP".into(), &cluster_ip)?;
-                cluster_ips.push(cluster_ip);
-            }
-        } else {
-            for (i, ip) in spec.cluster_ips.iter().enumerate() {
-                check_ip(format!("spec.clusterIPs[{i}]"), ip)?;
-            }
-            cluster_ips = spec.cluster_ips;
-        }
-    }
+    let cluster_ips = if headless {
+        Vec::new()
+    } else {
+        cluster_ips(cluster_ip, spec.cluster_ips)?
+    };
     let external_name = spec.external_name.unwrap_or_default();
     if service_type == "ExternalName" && external_name.is_empty() {
         return Err((
@@ -334,9 +325,39 @@ pub(super) fn service(raw: RawServiceDoc) -> Result<Service, DocError> {
             "required for type ExternalName".into(),
         ));
     }
+    let ports = service_ports(spec.ports)?;
+    Ok(Service {
+        service_type,
+        cluster_ips,
+        headless,
+        ports,
+        selector: spec.selector.filter(|s| !s.is_empty()),
+        publish_not_ready_addresses: spec.publish_not_ready_addresses,
+        external_name,
+        export_to,
+    })
+}
+
+/// `spec.clusterIPs`, else `spec.clusterIP` (of a Service that is not headless), each checked.
+fn cluster_ips(cluster_ip: String, cluster_ips: Vec<String>) -> Result<Vec<String>, DocError> {
+    if cluster_ips.is_empty() {
+        if cluster_ip.is_empty() {
+            return Ok(Vec::new());
+        }
+        check_ip("spec.clusterIP".into(), &cluster_ip)?;
+        return Ok(vec![cluster_ip]);
+    }
+    for (i, ip) in cluster_ips.iter().enumerate() {
+        check_ip(format!("spec.clusterIPs[{i}]"), ip)?;
+    }
+    Ok(cluster_ips)
+}
+
+/// `spec.ports`: each port, protocol and target port checked, names distinct.
+fn service_ports(raw: Vec<RawServicePort>) -> Result<Vec<ServicePort>, DocError> {
     let mut ports = Vec::new();
     let mut names = std::collections::BTreeSet::new();
-    for (i, p) in spec.ports.into_iter().enumerate() {
+    for (i, p) in raw.into_iter().enumerate() {
         let f = |x: &str| format!("spec.ports[{i}].{x}");
         check_port(f("port"), p.port)?;
         let protocol = p.protocol.unwrap_or_else(|| "TCP".into());
@@ -377,16 +398,7 @@ pub(super) fn service(raw: RawServiceDoc) -> Result<Service, DocError> {
             }),
         });
     }
-    Ok(Service {
-        service_type,
-        cluster_ips,
-        headless,
-        ports,
-        selector: spec.selector.filter(|s| !s.is_empty()),
-        publish_not_ready_addresses: spec.publish_not_ready_addresses,
-        external_name,
-        export_to,
-    })
+    Ok(ports)
 }
 
 /// The raw documents, deserialised by the caller's path-reporting reader.

@@ -80,26 +80,7 @@ impl Proxy {
                 raw.insert(k.clone(), s);
             }
         }
-        let labels: Labels = match md.fields.get("LABELS").and_then(|v| v.kind.as_ref()) {
-            None | Some(Kind::NullValue(_)) => Labels::new(),
-            Some(Kind::StructValue(s)) => s
-                .fields
-                .iter()
-                .filter_map(|(k, v)| string_of(v).map(|s| (k.clone(), s)))
-                .collect(),
-            Some(Kind::StringValue(s)) => {
-                serde_json::from_str(s).map_err(|e| ProxyError::BadMetadata {
-                    field: "LABELS",
-                    reason: format!("not a JSON object of strings: {e}"),
-                })?
-            }
-            Some(_) => {
-                return Err(ProxyError::BadMetadata {
-                    field: "LABELS",
-                    reason: "expected a struct of strings".into(),
-                });
-            }
-        };
+        let labels = labels(md)?;
         let namespace = raw
             .get("NAMESPACE")
             .cloned()
@@ -111,27 +92,7 @@ impl Proxy {
                 reason: "missing, and the node id names no namespace".into(),
             });
         }
-        let mut ips: Vec<String> = raw
-            .get("INSTANCE_IPS")
-            .map(|s| {
-                s.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default();
-        for ip in &ips {
-            if ip.parse::<std::net::IpAddr>().is_err() {
-                return Err(ProxyError::BadMetadata {
-                    field: "INSTANCE_IPS",
-                    reason: format!("{ip:?} is not an IP address"),
-                });
-            }
-        }
-        if ips.is_empty() && ip.parse::<std::net::IpAddr>().is_ok() {
-            ips.push(ip.to_string());
-        }
+        let ips = instance_ips(&raw, ip)?;
         Ok(Proxy {
             id: node.id.clone(),
             kind: kind.to_string(),
@@ -151,4 +112,57 @@ impl Proxy {
             raw,
         })
     }
+}
+
+/// Metadata `LABELS`: a struct of strings, or (as a string) a JSON object of strings.
+fn labels(md: &Struct) -> Result<Labels, ProxyError> {
+    Ok(
+        match md.fields.get("LABELS").and_then(|v| v.kind.as_ref()) {
+            None | Some(Kind::NullValue(_)) => Labels::new(),
+            Some(Kind::StructValue(s)) => s
+                .fields
+                .iter()
+                .filter_map(|(k, v)| string_of(v).map(|s| (k.clone(), s)))
+                .collect(),
+            Some(Kind::StringValue(s)) => {
+                serde_json::from_str(s).map_err(|e| ProxyError::BadMetadata {
+                    field: "LABELS",
+                    reason: format!("not a JSON object of strings: {e}"),
+                })?
+            }
+            Some(_) => {
+                return Err(ProxyError::BadMetadata {
+                    field: "LABELS",
+                    reason: "expected a struct of strings".into(),
+                });
+            }
+        },
+    )
+}
+
+/// Metadata `INSTANCE_IPS` (comma-separated, each an IP address), else the node id's IP when it
+/// is one.
+fn instance_ips(raw: &BTreeMap<String, String>, id_ip: &str) -> Result<Vec<String>, ProxyError> {
+    let mut ips: Vec<String> = raw
+        .get("INSTANCE_IPS")
+        .map(|s| {
+            s.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    for ip in &ips {
+        if ip.parse::<std::net::IpAddr>().is_err() {
+            return Err(ProxyError::BadMetadata {
+                field: "INSTANCE_IPS",
+                reason: format!("{ip:?} is not an IP address"),
+            });
+        }
+    }
+    if ips.is_empty() && id_ip.parse::<std::net::IpAddr>().is_ok() {
+        ips.push(id_ip.to_string());
+    }
+    Ok(ips)
 }

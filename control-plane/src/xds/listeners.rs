@@ -122,52 +122,12 @@ fn virtual_outbound(snap: &Snapshot, view: &ProxyView) -> Listener {
                 if !seen_vip_port.insert((vip.clone(), port.number)) {
                     continue; // another service already claimed this VIP:port
                 }
-                let name = format!("{}_{}", range.address_prefix, port.number);
-                let filter = if port.is_http() {
-                    hcm(
-                        &format!("outbound_{name}"),
-                        RouteSpecifier::Rds(Rds {
-                            config_source: Some(ads_config_source()),
-                            route_config_name: port.number.to_string(),
-                        }),
-                    )
-                } else {
-                    tcp_proxy(
-                        &format!("outbound|{}||{}", port.number, svc.host),
-                        &outbound_cluster_name(port.number, "", &svc.host),
-                    )
-                };
-                chains.push(FilterChain {
-                    name,
-                    filter_chain_match: Some(FilterChainMatch {
-                        prefix_ranges: vec![range],
-                        destination_port: Some(UInt32Value { value: port.number }),
-                        ..Default::default()
-                    }),
-                    filters: vec![filter],
-                    ..Default::default()
-                });
+                chains.push(vip_chain(&svc.host, port, range));
             }
         }
     }
     // HTTP services without a VIP are routed by Host header on their port.
-    for port in http_ports_without_vip {
-        chains.push(FilterChain {
-            name: format!("0.0.0.0_{port}"),
-            filter_chain_match: Some(FilterChainMatch {
-                destination_port: Some(UInt32Value { value: port }),
-                ..Default::default()
-            }),
-            filters: vec![hcm(
-                &format!("outbound_0.0.0.0_{port}"),
-                RouteSpecifier::Rds(Rds {
-                    config_source: Some(ads_config_source()),
-                    route_config_name: port.to_string(),
-                }),
-            )],
-            ..Default::default()
-        });
-    }
+    chains.extend(http_ports_without_vip.into_iter().map(host_routed_chain));
     let fallback = if snap.mesh.allow_any {
         PASSTHROUGH_CLUSTER
     } else {
@@ -190,6 +150,55 @@ fn virtual_outbound(snap: &Snapshot, view: &ProxyView) -> Listener {
             filters: vec![tcp_proxy(fallback, fallback)],
             ..Default::default()
         }),
+        ..Default::default()
+    }
+}
+
+/// The chain for a service port on one of its VIPs: HTTP routed by RDS of the port, anything
+/// else to the service's outbound cluster.
+fn vip_chain(host: &str, port: &crate::model::Port, range: CidrRange) -> FilterChain {
+    let name = format!("{}_{}", range.address_prefix, port.number);
+    let filter = if port.is_http() {
+        hcm(
+            &format!("outbound_{name}"),
+            RouteSpecifier::Rds(Rds {
+                config_source: Some(ads_config_source()),
+                route_config_name: port.number.to_string(),
+            }),
+        )
+    } else {
+        tcp_proxy(
+            &format!("outbound|{}||{host}", port.number),
+            &outbound_cluster_name(port.number, "", host),
+        )
+    };
+    FilterChain {
+        name,
+        filter_chain_match: Some(FilterChainMatch {
+            prefix_ranges: vec![range],
+            destination_port: Some(UInt32Value { value: port.number }),
+            ..Default::default()
+        }),
+        filters: vec![filter],
+        ..Default::default()
+    }
+}
+
+/// The chain for an HTTP port of services without a VIP: routed by Host header.
+fn host_routed_chain(port: u32) -> FilterChain {
+    FilterChain {
+        name: format!("0.0.0.0_{port}"),
+        filter_chain_match: Some(FilterChainMatch {
+            destination_port: Some(UInt32Value { value: port }),
+            ..Default::default()
+        }),
+        filters: vec![hcm(
+            &format!("outbound_0.0.0.0_{port}"),
+            RouteSpecifier::Rds(Rds {
+                config_source: Some(ads_config_source()),
+                route_config_name: port.to_string(),
+            }),
+        )],
         ..Default::default()
     }
 }

@@ -1,7 +1,7 @@
 //! Answers cut to the client's size: size-limited encoding of a `Message` that leaves out whole
 //! records and sets the TC bit, and the size limit a UDP client asks for.
 
-use hickory_proto::op::{Edns, Message, emit_message_parts};
+use hickory_proto::op::{Edns, HeaderCounts, Message, emit_message_parts};
 use hickory_proto::rr::Record;
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder};
 
@@ -49,50 +49,7 @@ pub fn encode(msg: &Message, limit: usize) -> Option<Vec<u8>> {
     truncated |= header.metadata.truncation;
     drop(enc);
     if truncated && !msg.metadata.truncation {
-        // A cut answer set: drop the partial authority/additional sections too (RFC 2181 9).
-        let mut m2 = Message::new(
-            msg.metadata.id,
-            msg.metadata.message_type,
-            msg.metadata.op_code,
-        );
-        m2.metadata = msg.metadata;
-        m2.metadata.truncation = true;
-        m2.queries = msg.queries.clone();
-        let counts = header.counts;
-        m2.answers = msg
-            .answers
-            .iter()
-            .take(counts.answers as usize)
-            .cloned()
-            .collect();
-        if counts.answers as usize == msg.answers.len() {
-            m2.authorities = msg
-                .authorities
-                .iter()
-                .take(counts.authorities as usize)
-                .cloned()
-                .collect();
-        }
-        m2.edns = msg.edns.clone();
-        // The encoder's size check counts a record before its name is compressed, so it can
-        // stop one or two answers short of the limit (a 512-byte answer of 16-byte A records
-        // ended at 493 bytes): add answers while the compressed message still fits, as Istio's
-        // miekg/dns `Truncate` does.
-        let mut fitted = None;
-        while m2.answers.len() < msg.answers.len() && m2.authorities.is_empty() {
-            m2.answers.push(msg.answers[m2.answers.len()].clone());
-            match m2.to_vec() {
-                Ok(b) if b.len() <= limit => fitted = Some(b),
-                _ => {
-                    m2.answers.pop();
-                    break;
-                }
-            }
-        }
-        return match fitted {
-            Some(b) => Some(b),
-            None => encode(&m2, limit),
-        };
+        return cut(msg, header.counts, limit);
     }
     if !opt_bytes.is_empty() {
         buf.extend_from_slice(&opt_bytes);
@@ -100,6 +57,54 @@ pub fn encode(msg: &Message, limit: usize) -> Option<Vec<u8>> {
         buf[10..12].copy_from_slice(&arcount.to_be_bytes());
     }
     Some(buf)
+}
+
+/// A cut answer set: the answers that fit (`counts` of the first encoding, then as many more
+/// as still fit compressed), the authority section only when every answer fits, and no
+/// additional section (RFC 2181 9), with the TC bit.
+fn cut(msg: &Message, counts: HeaderCounts, limit: usize) -> Option<Vec<u8>> {
+    let mut m2 = Message::new(
+        msg.metadata.id,
+        msg.metadata.message_type,
+        msg.metadata.op_code,
+    );
+    m2.metadata = msg.metadata;
+    m2.metadata.truncation = true;
+    m2.queries = msg.queries.clone();
+    m2.answers = msg
+        .answers
+        .iter()
+        .take(counts.answers as usize)
+        .cloned()
+        .collect();
+    if counts.answers as usize == msg.answers.len() {
+        m2.authorities = msg
+            .authorities
+            .iter()
+            .take(counts.authorities as usize)
+            .cloned()
+            .collect();
+    }
+    m2.edns = msg.edns.clone();
+    // The encoder's size check counts a record before its name is compressed, so it can
+    // stop one or two answers short of the limit (a 512-byte answer of 16-byte A records
+    // ended at 493 bytes): add answers while the compressed message still fits, as Istio's
+    // miekg/dns `Truncate` does.
+    let mut fitted = None;
+    while m2.answers.len() < msg.answers.len() && m2.authorities.is_empty() {
+        m2.answers.push(msg.answers[m2.answers.len()].clone());
+        match m2.to_vec() {
+            Ok(b) if b.len() <= limit => fitted = Some(b),
+            _ => {
+                m2.answers.pop();
+                break;
+            }
+        }
+    }
+    match fitted {
+        Some(b) => Some(b),
+        None => encode(&m2, limit),
+    }
 }
 
 /// Largest answer the client accepts over UDP: its EDNS payload size, else 512.

@@ -21,6 +21,10 @@ fn step(n: u32, what: &str) {
     println!("\n\x1b[1m[{n}] {what}\x1b[0m");
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the demo's numbered steps, printed as they run, read in the order they are shown"
+)]
 fn main() {
     let keep = std::env::args().any(|a| a == "--keep");
     if !nix::unistd::geteuid().is_root() {
@@ -174,6 +178,10 @@ fn main() {
 }
 
 /// The unprivileged demo: istiod-lite, the agent and an Envoy started by hand, on loopback.
+#[expect(
+    clippy::too_many_lines,
+    reason = "the unprivileged demo's steps, printed as they run, read in the order they are shown"
+)]
 fn local(keep: bool) -> i32 {
     use harness::local::{LocalIstiod, Ports, Unprivileged, agent_env, free_port};
     let started = Instant::now();

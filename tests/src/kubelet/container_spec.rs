@@ -120,6 +120,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) annotations: &'a BTreeMap<String, String>,
 }
 
+/// Files placed in the image: (path in the image, file on the node).
+type ImageFiles = Vec<(String, PathBuf)>;
+
 impl Ctx<'_> {
     pub(crate) fn env(&self, c: &Container) -> Result<Vec<(String, String)>, String> {
         let proxy = is_proxy_image(&c.image);
@@ -284,6 +287,52 @@ impl Ctx<'_> {
         argv = argv.iter().map(|a| expand(a, &env)).collect();
         let state_dir = self.dir.join("containers").join(&c.name);
         std::fs::create_dir_all(&state_dir).map_err(|e| format!("state dir: {e}"))?;
+        let mut mounts = self.volume_mounts(c)?;
+        let term_log = state_dir.join("termination-log");
+        std::fs::write(&term_log, "").map_err(|e| format!("termination log: {e}"))?;
+        for (target, source) in [
+            ("/etc/hosts", self.dir.join("etc-hosts")),
+            ("/etc/resolv.conf", self.dir.join("resolv.conf")),
+            ("/etc/hostname", self.dir.join("hostname")),
+        ] {
+            mounts.push(Mount {
+                source,
+                target: target.into(),
+                read_only: false,
+            });
+        }
+        mounts.push(Mount {
+            source: term_log,
+            target: c
+                .termination_message_path
+                .clone()
+                .unwrap_or_else(|| "/dev/termination-log".into()),
+            read_only: false,
+        });
+        let (image_binds, image_copies) = self.image_files(proxy);
+        Ok(Launch {
+            netns: PathBuf::from("/run/netns").join(self.sandbox.ns.name()),
+            state_dir,
+            image_binds,
+            image_copies,
+            mounts,
+            read_only_root: sc.read_only_root_filesystem == Some(true),
+            hostname: self.name.to_string(),
+            uid,
+            gid,
+            groups,
+            capabilities,
+            no_new_privs: sc.allow_privilege_escalation == Some(false) && !privileged,
+            nofile: CONTAINER_NOFILE,
+            working_dir: c.working_dir.clone().unwrap_or_else(|| "/".into()),
+            env,
+            argv,
+        })
+    }
+
+    /// The container's volume mounts, a mount point made in the outer volume for a mount inside
+    /// another.
+    fn volume_mounts(&self, c: &Container) -> Result<Vec<Mount>, String> {
         let mut mounts = Vec::new();
         for vm in &c.volume_mounts {
             let v = self.vols.get(&vm.name).ok_or_else(|| {
@@ -311,29 +360,14 @@ impl Ctx<'_> {
                 }
             }
         }
-        let term_log = state_dir.join("termination-log");
-        std::fs::write(&term_log, "").map_err(|e| format!("termination log: {e}"))?;
-        for (target, source) in [
-            ("/etc/hosts", self.dir.join("etc-hosts")),
-            ("/etc/resolv.conf", self.dir.join("resolv.conf")),
-            ("/etc/hostname", self.dir.join("hostname")),
-        ] {
-            mounts.push(Mount {
-                source,
-                target: target.into(),
-                read_only: false,
-            });
-        }
-        mounts.push(Mount {
-            source: term_log,
-            target: c
-                .termination_message_path
-                .clone()
-                .unwrap_or_else(|| "/dev/termination-log".into()),
-            read_only: false,
-        });
+        Ok(mounts)
+    }
+
+    /// The image's files: the binaries bound in, and the files copied in (a proxy's
+    /// `/etc/passwd` and bootstrap template).
+    fn image_files(&self, proxy: bool) -> (ImageFiles, ImageFiles) {
         let bin = |n: &str| self.node.bin_dir.join(n);
-        let (image_binds, image_copies) = if proxy {
+        if proxy {
             let mut copies = vec![("/etc/passwd".to_string(), self.dir.join("image-passwd"))];
             if let Some(t) = &self.node.bootstrap_template {
                 copies.push((
@@ -353,25 +387,7 @@ impl Ctx<'_> {
                 vec![("/usr/local/bin/pod-app".into(), bin("pod-app"))],
                 vec![],
             )
-        };
-        Ok(Launch {
-            netns: PathBuf::from("/run/netns").join(self.sandbox.ns.name()),
-            state_dir,
-            image_binds,
-            image_copies,
-            mounts,
-            read_only_root: sc.read_only_root_filesystem == Some(true),
-            hostname: self.name.to_string(),
-            uid,
-            gid,
-            groups,
-            capabilities,
-            no_new_privs: sc.allow_privilege_escalation == Some(false) && !privileged,
-            nofile: CONTAINER_NOFILE,
-            working_dir: c.working_dir.clone().unwrap_or_else(|| "/".into()),
-            env,
-            argv,
-        })
+        }
     }
 
     /// The test app's arguments: every container port, and every port a probe of this

@@ -17,7 +17,7 @@ use super::volumes;
 use crate::netns::Netns;
 use crate::process::Child;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -149,50 +149,9 @@ impl Pod {
         annotations.insert("kubernetes.io/config.seen".into(), rfc3339_now());
         annotations.insert("kubernetes.io/config.source".into(), "api".into());
         std::fs::create_dir_all(&dir).map_err(|e| format!("pod dir: {e}"))?;
-        for s in manifest
-            .spec
-            .security_context
-            .iter()
-            .flat_map(|s| &s.sysctls)
-        {
-            let out = sandbox
-                .ns
-                .cmd("sysctl")
-                .args(["-qw", &format!("{}={}", s.name, s.value)])
-                .output()
-                .map_err(|e| format!("sysctl: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "securityContext.sysctls {}: {}",
-                    s.name,
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-        }
+        apply_sysctls(&manifest, &sandbox)?;
+        write_pod_files(node, &manifest, &sandbox, &dir, &name)?;
         let ns = manifest.namespace();
-        let write = |n: &str, s: String| {
-            std::fs::write(dir.join(n), s).map_err(|e| format!("write {n}: {e}"))
-        };
-        write(
-            "etc-hosts",
-            format!(
-                "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n{}\t{name}\n",
-                sandbox.ip
-            ),
-        )?;
-        write(
-            "resolv.conf",
-            format!(
-                "search {ns}.svc.cluster.local svc.cluster.local cluster.local\nnameserver {}\noptions ndots:5\n",
-                node.cluster_dns
-            ),
-        )?;
-        write("hostname", format!("{name}\n"))?;
-        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-        write(
-            "image-passwd",
-            format!("{passwd}istio-proxy:x:1337:1337::/home/istio-proxy:/bin/sh\n"),
-        )?;
         let token = |aud: &str, ttl: u64| (node.token)(ns, manifest.service_account(), aud, ttl);
         let vols = volumes::set_up(
             &dir.join("volumes"),
@@ -626,48 +585,8 @@ impl Pod {
             );
         }
         let mut ended = Vec::new();
-        // Waits for the containers `which` together (each has its own SIGTERM and runs its own
-        // shutdown), each recorded when it exits; SIGKILL for those left at the deadline, which
-        // the kubelet never puts less than 2 s after their SIGTERM.
         let wait = |containers: &mut [Running], which: &[usize], ended: &mut Vec<Ended>| {
-            let end = deadline.max(Instant::now() + MINIMUM_GRACE);
-            let mut left: Vec<usize> = which.to_vec();
-            loop {
-                left.retain(|&i| {
-                    let c = &mut containers[i];
-                    let child = c.child.as_mut().expect("child");
-                    let Some(status) = child.try_wait() else {
-                        return true;
-                    };
-                    let after = t0.elapsed();
-                    // What it printed last is read to its end.
-                    let _ = child.wait_timeout(Duration::from_secs(2));
-                    ended.push(Ended {
-                        name: c.spec.name.clone(),
-                        code: status.code(),
-                        after,
-                        killed: false,
-                    });
-                    false
-                });
-                if left.is_empty() || Instant::now() >= end {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            for i in left {
-                // The runtime's SIGKILL: the container is gone before the next one's turn.
-                let c = &mut containers[i];
-                let child = c.child.as_mut().expect("child");
-                child.signal(nix::sys::signal::Signal::SIGKILL);
-                let _ = child.wait_timeout(Duration::from_secs(5));
-                ended.push(Ended {
-                    name: c.spec.name.clone(),
-                    code: None,
-                    after: t0.elapsed(),
-                    killed: true,
-                });
-            }
+            wait_for_exits(containers, which, (t0, deadline), ended);
         };
         let apps: Vec<usize> = (0..self.containers.len())
             .filter(|i| self.containers[*i].kind == Kind::App)
@@ -743,6 +662,116 @@ fn rfc3339_now() -> String {
         s(17..19),
         now.subsec_nanos()
     )
+}
+
+/// Waits for the containers `which` together (each has its own SIGTERM and runs its own
+/// shutdown), each recorded in `ended` when it exits, its time counted from the termination's
+/// start; SIGKILL for those left at the deadline, which the kubelet never puts less than 2 s
+/// after their SIGTERM.
+fn wait_for_exits(
+    containers: &mut [Running],
+    which: &[usize],
+    (t0, deadline): (Instant, Instant),
+    ended: &mut Vec<Ended>,
+) {
+    let end = deadline.max(Instant::now() + MINIMUM_GRACE);
+    let mut left: Vec<usize> = which.to_vec();
+    loop {
+        left.retain(|&i| {
+            let c = &mut containers[i];
+            let child = c.child.as_mut().expect("child");
+            let Some(status) = child.try_wait() else {
+                return true;
+            };
+            let after = t0.elapsed();
+            // What it printed last is read to its end.
+            let _ = child.wait_timeout(Duration::from_secs(2));
+            ended.push(Ended {
+                name: c.spec.name.clone(),
+                code: status.code(),
+                after,
+                killed: false,
+            });
+            false
+        });
+        if left.is_empty() || Instant::now() >= end {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for i in left {
+        // The runtime's SIGKILL: the container is gone before the next one's turn.
+        let c = &mut containers[i];
+        let child = c.child.as_mut().expect("child");
+        child.signal(nix::sys::signal::Signal::SIGKILL);
+        let _ = child.wait_timeout(Duration::from_secs(5));
+        ended.push(Ended {
+            name: c.spec.name.clone(),
+            code: None,
+            after: t0.elapsed(),
+            killed: true,
+        });
+    }
+}
+
+/// The pod's `securityContext.sysctls`, set in its network namespace.
+fn apply_sysctls(manifest: &PodManifest, sandbox: &Sandbox) -> Result<(), String> {
+    for s in manifest
+        .spec
+        .security_context
+        .iter()
+        .flat_map(|s| &s.sysctls)
+    {
+        let out = sandbox
+            .ns
+            .cmd("sysctl")
+            .args(["-qw", &format!("{}={}", s.name, s.value)])
+            .output()
+            .map_err(|e| format!("sysctl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "securityContext.sysctls {}: {}",
+                s.name,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The files the kubelet writes for a pod: `/etc/hosts`, `/etc/resolv.conf`, `/etc/hostname`,
+/// and the proxy image's `/etc/passwd`.
+fn write_pod_files(
+    node: &Node,
+    manifest: &PodManifest,
+    sandbox: &Sandbox,
+    dir: &Path,
+    name: &str,
+) -> Result<(), String> {
+    let ns = manifest.namespace();
+    let write =
+        |n: &str, s: String| std::fs::write(dir.join(n), s).map_err(|e| format!("write {n}: {e}"));
+    write(
+        "etc-hosts",
+        format!(
+            "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n{}\t{name}\n",
+            sandbox.ip
+        ),
+    )?;
+    write(
+        "resolv.conf",
+        format!(
+            "search {ns}.svc.cluster.local svc.cluster.local cluster.local\nnameserver {}\noptions ndots:5\n",
+            node.cluster_dns
+        ),
+    )?;
+    write("hostname", format!("{name}\n"))?;
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    write(
+        "image-passwd",
+        format!("{passwd}istio-proxy:x:1337:1337::/home/istio-proxy:/bin/sh\n"),
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

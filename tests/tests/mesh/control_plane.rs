@@ -200,6 +200,10 @@ fn all_synced(istiod: &LocalIstiod) -> Result<Value, String> {
 
 const HTTPBIN: &str = "outbound|80||httpbin.example.com";
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one control-plane scenario told in order (initial config, an edit, an invalid edit, a NACK, ...); each step starts from the state the last one left"
+)]
 fn run(api_type: &str, stream: &str) {
     let Some(envoy_path) = envoy_bin() else {
         return;

@@ -298,6 +298,10 @@ fn median(mut v: Vec<u64>) -> u64 {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a soak scenario told in the order it happens to one mesh: traffic, pushes, rotations and a control-plane restart, each checked against the state before it"
+)]
 fn soak_traffic_pushes_rotations_and_a_control_plane_restart() {
     if !harness::mesh::prerequisites(&[]) {
         return;

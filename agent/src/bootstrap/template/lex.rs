@@ -114,99 +114,112 @@ fn lex_action(src: &str, mut i: usize, open: usize) -> Result<LexedAction, Error
         if let Some((end, trim)) = close_delim(b, i) {
             return Ok((toks, end, trim));
         }
-        let start = i;
-        let c = b[i];
-        let tok = match c {
-            b'|' => {
-                i += 1;
-                Tok::Pipe
-            }
-            b'(' => {
-                i += 1;
-                Tok::LParen
-            }
-            b')' => {
-                i += 1;
-                let (chain, e) = lex_chain(src, i)?;
-                i = e;
-                Tok::RParen(chain)
-            }
-            b',' => {
-                i += 1;
-                Tok::Comma
-            }
-            b':' if b.get(i + 1) == Some(&b'=') => {
-                i += 2;
-                Tok::Declare
-            }
-            b'=' => {
-                i += 1;
-                Tok::Assign
-            }
-            b'.' if !b.get(i + 1).is_some_and(u8::is_ascii_digit) => {
-                if b.get(i + 1).is_some_and(|c| is_ident(*c)) {
-                    let (chain, e) = lex_chain(src, i)?;
-                    i = e;
-                    Tok::Field(chain)
-                } else {
-                    i += 1;
-                    Tok::Field(Vec::new())
-                }
-            }
-            b'$' => {
-                i += 1;
-                while i < b.len() && is_ident(b[i]) {
-                    i += 1;
-                }
-                let name = src[start..i].to_string();
-                let (chain, e) = lex_chain(src, i)?;
-                i = e;
-                Tok::Var(name, chain)
-            }
-            b'"' => {
-                let (s, e) = lex_string(src, i)?;
-                i = e;
-                Tok::Str(s)
-            }
-            b'`' => {
-                let Some(e) = src[i + 1..].find('`').map(|o| i + 1 + o) else {
-                    return Err(perr(src, start, "unterminated raw string"));
-                };
-                let s = src[i + 1..e].to_string();
-                i = e + 1;
-                Tok::Str(s)
-            }
-            b'\'' => return Err(perr(src, start, "character constants are not supported")),
-            c if c.is_ascii_digit() || c == b'-' || c == b'+' || c == b'.' => {
-                i += 1;
-                while i < b.len()
-                    && (is_ident(b[i])
-                        || b[i] == b'.'
-                        || ((b[i] == b'-' || b[i] == b'+') && matches!(b[i - 1], b'e' | b'E')))
-                {
-                    i += 1;
-                }
-                Tok::Num(parse_number(&src[start..i]).ok_or_else(|| {
-                    perr(
-                        src,
-                        start,
-                        format!("bad number syntax: {:?}", &src[start..i]),
-                    )
-                })?)
-            }
-            c if c.is_ascii_alphabetic() || c == b'_' => {
-                while i < b.len() && is_ident(b[i]) {
-                    i += 1;
-                }
-                Tok::Ident(src[start..i].to_string())
-            }
-            _ => {
-                let ch = src[i..].chars().next().unwrap_or('?');
-                return Err(perr(src, start, format!("unexpected {ch:?} in action")));
-            }
-        };
-        toks.push((tok, start));
+        let (tok, end) = lex_token(src, i)?;
+        toks.push((tok, i));
+        i = end;
     }
+}
+
+/// The token at `start` and the offset after it.
+fn lex_token(src: &str, start: usize) -> Result<(Tok, usize), Error> {
+    let b = src.as_bytes();
+    let mut i = start;
+    let tok = match b[i] {
+        b'|' => {
+            i += 1;
+            Tok::Pipe
+        }
+        b'(' => {
+            i += 1;
+            Tok::LParen
+        }
+        b')' => {
+            let (chain, e) = lex_chain(src, i + 1)?;
+            i = e;
+            Tok::RParen(chain)
+        }
+        b',' => {
+            i += 1;
+            Tok::Comma
+        }
+        b':' if b.get(i + 1) == Some(&b'=') => {
+            i += 2;
+            Tok::Declare
+        }
+        b'=' => {
+            i += 1;
+            Tok::Assign
+        }
+        b'.' if !b.get(i + 1).is_some_and(u8::is_ascii_digit) => {
+            if b.get(i + 1).is_some_and(|c| is_ident(*c)) {
+                let (chain, e) = lex_chain(src, i)?;
+                i = e;
+                Tok::Field(chain)
+            } else {
+                i += 1;
+                Tok::Field(Vec::new())
+            }
+        }
+        b'$' => {
+            i += 1;
+            while i < b.len() && is_ident(b[i]) {
+                i += 1;
+            }
+            let name = src[start..i].to_string();
+            let (chain, e) = lex_chain(src, i)?;
+            i = e;
+            Tok::Var(name, chain)
+        }
+        b'"' => {
+            let (s, e) = lex_string(src, i)?;
+            i = e;
+            Tok::Str(s)
+        }
+        b'`' => {
+            let Some(e) = src[i + 1..].find('`').map(|o| i + 1 + o) else {
+                return Err(perr(src, start, "unterminated raw string"));
+            };
+            let s = src[i + 1..e].to_string();
+            i = e + 1;
+            Tok::Str(s)
+        }
+        b'\'' => return Err(perr(src, start, "character constants are not supported")),
+        c if c.is_ascii_digit() || c == b'-' || c == b'+' || c == b'.' => {
+            return lex_number(src, start);
+        }
+        c if c.is_ascii_alphabetic() || c == b'_' => {
+            while i < b.len() && is_ident(b[i]) {
+                i += 1;
+            }
+            Tok::Ident(src[start..i].to_string())
+        }
+        _ => {
+            let ch = src[i..].chars().next().unwrap_or('?');
+            return Err(perr(src, start, format!("unexpected {ch:?} in action")));
+        }
+    };
+    Ok((tok, i))
+}
+
+/// A number at `start` (Go's syntax: signs, exponents, hex, ...) and the offset after it.
+fn lex_number(src: &str, start: usize) -> Result<(Tok, usize), Error> {
+    let b = src.as_bytes();
+    let mut i = start + 1;
+    while i < b.len()
+        && (is_ident(b[i])
+            || b[i] == b'.'
+            || ((b[i] == b'-' || b[i] == b'+') && matches!(b[i - 1], b'e' | b'E')))
+    {
+        i += 1;
+    }
+    let num = parse_number(&src[start..i]).ok_or_else(|| {
+        perr(
+            src,
+            start,
+            format!("bad number syntax: {:?}", &src[start..i]),
+        )
+    })?;
+    Ok((Tok::Num(num), i))
 }
 
 /// `.a.b.c` starting at `i` (possibly empty).

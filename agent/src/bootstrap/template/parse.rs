@@ -179,23 +179,8 @@ impl Parser<'_> {
                     if let Some((_, p)) = rest.first() {
                         return Err(self.err(*p, "unexpected token after else"));
                     }
-                    let (body, e) = self.list()?;
-                    else_body = body;
-                    match e {
-                        Some(("end", _)) => break,
-                        Some((_, p)) => {
-                            return Err(self.err(
-                                p,
-                                format!("expected {{{{end}}}} after {{{{else}}}} of {kw}"),
-                            ));
-                        }
-                        None => {
-                            return Err(self.err(
-                                pos,
-                                format!("unexpected EOF: {{{{{kw}}}}} has no {{{{end}}}}"),
-                            ));
-                        }
-                    }
+                    else_body = self.else_body(kw, pos)?;
+                    break;
                 }
             }
         }
@@ -211,6 +196,22 @@ impl Parser<'_> {
                 Node::With(p, b, else_body)
             }
         })
+    }
+
+    /// The body of a block's plain `{{else}}`, up to the block's `{{end}}`.
+    fn else_body(&mut self, kw: &'static str, pos: usize) -> Result<Vec<Node>, Error> {
+        let (body, e) = self.list()?;
+        match e {
+            Some(("end", _)) => Ok(body),
+            Some((_, p)) => Err(self.err(
+                p,
+                format!("expected {{{{end}}}} after {{{{else}}}} of {kw}"),
+            )),
+            None => Err(self.err(
+                pos,
+                format!("unexpected EOF: {{{{{kw}}}}} has no {{{{end}}}}"),
+            )),
+        }
     }
 
     /// A pipeline: optional declarations, then commands separated by `|`.

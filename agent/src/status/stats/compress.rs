@@ -133,22 +133,7 @@ pub async fn compress(
     shutdown: tokio_util::sync::CancellationToken,
 ) -> http::Response<Body> {
     let (mut parts, mut body) = resp.into_parts();
-    let mut head = Vec::new();
-    let mut ended = false;
-    while head.len() < MIN_SIZE {
-        match body.frame().await {
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    head.extend_from_slice(&data);
-                }
-            }
-            // A failed part was already counted where it failed; the answer ends here.
-            Some(Err(_)) | None => {
-                ended = true;
-                break;
-            }
-        }
-    }
+    let (head, ended) = read_head(&mut body).await;
     if ended && head.len() < MIN_SIZE {
         let full = http_body_util::Full::new(bytes::Bytes::from(head))
             .map_err(|never: std::convert::Infallible| match never {})
@@ -166,55 +151,7 @@ pub async fn compress(
     parts.headers.remove(http::header::CONTENT_LENGTH);
 
     let (tx, rx) = mpsc::channel::<Result<Frame<bytes::Bytes>, std::io::Error>>(4);
-    let out = tx.clone();
-    let encode = async move {
-        let mut encoder = match Encoder::new(coding) {
-            Ok(e) => e,
-            Err(e) => {
-                let _ = out.send(Err(e)).await;
-                return;
-            }
-        };
-        let mut pending = head;
-        loop {
-            // Gather a batch (or the rest) before compressing.
-            while !ended && pending.len() < BATCH {
-                match body.frame().await {
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data() {
-                            pending.extend_from_slice(&data);
-                        }
-                    }
-                    Some(Err(_)) | None => ended = true,
-                }
-            }
-            let compressed = match push(encoder, std::mem::take(&mut pending)).await {
-                Ok((next, c)) => {
-                    encoder = next;
-                    c
-                }
-                Err(e) => {
-                    let _ = out.send(Err(e)).await;
-                    return;
-                }
-            };
-            if !compressed.is_empty() && out.send(Ok(Frame::data(compressed.into()))).await.is_err()
-            {
-                return;
-            }
-            if ended {
-                break;
-            }
-        }
-        match encoder.finish() {
-            Ok(rest) => {
-                let _ = out.send(Ok(Frame::data(rest.into()))).await;
-            }
-            Err(e) => {
-                let _ = out.send(Err(e)).await;
-            }
-        }
-    };
+    let encode = encode(coding, head, ended, body, tx.clone());
     tokio::spawn(async move {
         tokio::select! {
             // The client is gone: the merged body (and Envoy's read) is dropped with this task.
@@ -225,6 +162,79 @@ pub async fn compress(
     });
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     http::Response::from_parts(parts, StreamBody::new(stream).boxed())
+}
+
+/// Reads `body` until [`MIN_SIZE`] bytes or its end; true when it ended.
+async fn read_head(body: &mut Body) -> (Vec<u8>, bool) {
+    let mut head = Vec::new();
+    while head.len() < MIN_SIZE {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    head.extend_from_slice(&data);
+                }
+            }
+            // A failed part was already counted where it failed; the answer ends here.
+            Some(Err(_)) | None => return (head, true),
+        }
+    }
+    (head, false)
+}
+
+/// Compresses `head` and the rest of `body` in batches onto `out`, then the encoder's end; an
+/// error ends the answer with it.
+async fn encode(
+    coding: Coding,
+    head: Vec<u8>,
+    mut ended: bool,
+    mut body: Body,
+    out: mpsc::Sender<Result<Frame<bytes::Bytes>, std::io::Error>>,
+) {
+    let mut encoder = match Encoder::new(coding) {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = out.send(Err(e)).await;
+            return;
+        }
+    };
+    let mut pending = head;
+    loop {
+        // Gather a batch (or the rest) before compressing.
+        while !ended && pending.len() < BATCH {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        pending.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(_)) | None => ended = true,
+            }
+        }
+        let compressed = match push(encoder, std::mem::take(&mut pending)).await {
+            Ok((next, c)) => {
+                encoder = next;
+                c
+            }
+            Err(e) => {
+                let _ = out.send(Err(e)).await;
+                return;
+            }
+        };
+        if !compressed.is_empty() && out.send(Ok(Frame::data(compressed.into()))).await.is_err() {
+            return;
+        }
+        if ended {
+            break;
+        }
+    }
+    match encoder.finish() {
+        Ok(rest) => {
+            let _ = out.send(Ok(Frame::data(rest.into()))).await;
+        }
+        Err(e) => {
+            let _ = out.send(Err(e)).await;
+        }
+    }
 }
 
 #[cfg(test)]

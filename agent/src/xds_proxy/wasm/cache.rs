@@ -228,50 +228,7 @@ impl Cache {
         if let Some(path) = hit {
             return Ok(path);
         }
-        let fail = |reason: String| Error::Fetch {
-            url: url.to_string(),
-            reason,
-        };
-        let fetched = async {
-            // The body, and the checksum the module has when it is known before unpacking
-            // (an OCI manifest's digest).
-            let (body, manifest_digest) = match scheme {
-                "http" | "https" => match fetch::http(&self.opts, url).await {
-                    Ok(b) => (unpack::Body::Http(b), None),
-                    Err(e) => {
-                        self.metrics.fetch(metrics::DOWNLOAD_FAILURE);
-                        return Err(e);
-                    }
-                },
-                "oci" => match oci::fetch(&self.opts, &self.work, url, rest, &checksum).await {
-                    Ok((b, digest)) => (b, Some(digest)),
-                    Err(e) => {
-                        self.metrics.fetch(match e {
-                            Error::Checksum { .. } => metrics::CHECKSUM_MISMATCH,
-                            _ => metrics::MANIFEST_FAILURE,
-                        });
-                        return Err(e);
-                    }
-                },
-                other => {
-                    return Err(bad(&format!(
-                        "unsupported scheme {other:?} (expected http, https or oci)"
-                    )));
-                }
-            };
-            let (dir, cap) = (self.opts.dir.clone(), self.opts.max_binary_size);
-            let staged = self
-                .work
-                .run(move || unpack::stage(body, &dir, cap))
-                .await
-                .map_err(|e| fail(e.to_string()))?
-                .map_err(|e| {
-                    self.metrics.fetch(metrics::FETCH_FAILURE);
-                    fail(e.to_string())
-                })?;
-            let got = manifest_digest.unwrap_or_else(|| staged.sha256.clone());
-            Ok((staged, got))
-        };
+        let fetched = self.fetch(url, scheme, rest, &checksum);
         let (staged, got) = tokio::time::timeout(req.timeout, fetched)
             .await
             .map_err(|_| {
@@ -307,6 +264,63 @@ impl Cache {
         }
         self.metrics.fetch(metrics::FETCH_SUCCESS);
         self.add(url, req, got, staged)
+    }
+
+    /// Fetches the module at `url` and stages it in the cache's directory; returns it with its
+    /// checksum (an OCI manifest's digest, else the staged file's sha256).
+    async fn fetch(
+        &self,
+        url: &str,
+        scheme: &str,
+        rest: &str,
+        checksum: &str,
+    ) -> Result<(unpack::Staged, String), Error> {
+        let bad = |reason: &str| Error::Url {
+            url: url.to_string(),
+            reason: reason.to_string(),
+        };
+        let fail = |reason: String| Error::Fetch {
+            url: url.to_string(),
+            reason,
+        };
+        // The body, and the checksum the module has when it is known before unpacking
+        // (an OCI manifest's digest).
+        let (body, manifest_digest) = match scheme {
+            "http" | "https" => match fetch::http(&self.opts, url).await {
+                Ok(b) => (unpack::Body::Http(b), None),
+                Err(e) => {
+                    self.metrics.fetch(metrics::DOWNLOAD_FAILURE);
+                    return Err(e);
+                }
+            },
+            "oci" => match oci::fetch(&self.opts, &self.work, url, rest, checksum).await {
+                Ok((b, digest)) => (b, Some(digest)),
+                Err(e) => {
+                    self.metrics.fetch(match e {
+                        Error::Checksum { .. } => metrics::CHECKSUM_MISMATCH,
+                        _ => metrics::MANIFEST_FAILURE,
+                    });
+                    return Err(e);
+                }
+            },
+            other => {
+                return Err(bad(&format!(
+                    "unsupported scheme {other:?} (expected http, https or oci)"
+                )));
+            }
+        };
+        let (dir, cap) = (self.opts.dir.clone(), self.opts.max_binary_size);
+        let staged = self
+            .work
+            .run(move || unpack::stage(body, &dir, cap))
+            .await
+            .map_err(|e| fail(e.to_string()))?
+            .map_err(|e| {
+                self.metrics.fetch(metrics::FETCH_FAILURE);
+                fail(e.to_string())
+            })?;
+        let got = manifest_digest.unwrap_or_else(|| staged.sha256.clone());
+        Ok((staged, got))
     }
 
     fn add(

@@ -241,34 +241,7 @@ pub(super) async fn get(
     }
     let req = req.body(Empty::<bytes::Bytes>::new())?;
     let resp = if https {
-        let config = tls_config(opts.insecure(host, url.port()))?;
-        let name = rustls_pki_types::ServerName::try_from(
-            host.trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string(),
-        )
-        .map_err(|source| FetchError::ServerName {
-            host: host.into(),
-            source,
-        })?;
-        let tls = async {
-            let tcp = tokio::net::TcpStream::connect(addr)
-                .await
-                .map_err(|source| FetchError::Connect { addr, source })?;
-            tokio_rustls::TlsConnector::from(config)
-                .connect(name, tcp)
-                .await
-                .map_err(|source| {
-                    if source.to_string().contains("InvalidContentType") {
-                        FetchError::PlainHttpAnswer
-                    } else {
-                        FetchError::Handshake { addr, source }
-                    }
-                })
-        };
-        let stream = tokio::time::timeout(opts.http_timeout, tls)
-            .await
-            .map_err(|_| FetchError::ConnectTimeout { addr })??;
+        let stream = connect_tls(opts, url, host, addr).await?;
         crate::http1::send_on(stream, req, &addr.to_string(), opts.http_timeout).await?
     } else {
         crate::http1::send_to(
@@ -294,6 +267,44 @@ pub(super) async fn get(
         })?
         .to_bytes();
     Ok((parts.status, parts.headers, body))
+}
+
+/// A TLS connection to `addr` for `host`, verified unless `WASM_INSECURE_REGISTRIES` names
+/// it; a server answering in plain HTTP is [`FetchError::PlainHttpAnswer`].
+async fn connect_tls(
+    opts: &Options,
+    url: &url::Url,
+    host: &str,
+    addr: SocketAddr,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, FetchError> {
+    let config = tls_config(opts.insecure(host, url.port()))?;
+    let name = rustls_pki_types::ServerName::try_from(
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+    )
+    .map_err(|source| FetchError::ServerName {
+        host: host.into(),
+        source,
+    })?;
+    let tls = async {
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|source| FetchError::Connect { addr, source })?;
+        tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .map_err(|source| {
+                if source.to_string().contains("InvalidContentType") {
+                    FetchError::PlainHttpAnswer
+                } else {
+                    FetchError::Handshake { addr, source }
+                }
+            })
+    };
+    tokio::time::timeout(opts.http_timeout, tls)
+        .await
+        .map_err(|_| FetchError::ConnectTimeout { addr })?
 }
 
 /// Istio's retryable codes: 5xx but 501, 505 and 511.

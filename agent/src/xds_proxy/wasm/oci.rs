@@ -239,6 +239,39 @@ pub(super) async fn fetch(
         url: url.to_string(),
         reason: e.to_string(),
     })?;
+    let (scheme, manifest) = fetch_manifest(opts, &r, url, &fail).await?;
+    let parsed = work
+        .run(move || (sha256_hex(&manifest), Manifest::parse(&manifest)))
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let (digest, manifest) = parsed;
+    if !checksum.is_empty() && digest != checksum {
+        return Err(Error::Checksum {
+            url: url.to_string(),
+            got: digest,
+            want: checksum.to_string(),
+        });
+    }
+    let (blob_digest, packed) = manifest
+        .and_then(|m| m.module_layer())
+        .map_err(|e| fail(e.to_string()))?;
+    if !valid_digest(&blob_digest) {
+        return Err(fail(format!(
+            "layer digest {blob_digest:?}: expected sha256:<64 hex digits>"
+        )));
+    }
+    let blob = fetch_layer(opts, work, &r, scheme, blob_digest, &fail).await?;
+    Ok((Body::Layer { blob, packed }, digest))
+}
+
+/// The image's manifest, over HTTPS, or plain HTTP for a registry
+/// `WASM_PLAIN_HTTP_REGISTRIES` names; returns the scheme that answered with it.
+async fn fetch_manifest(
+    opts: &Options,
+    r: &Reference,
+    url: &str,
+    fail: &impl Fn(String) -> Error,
+) -> Result<(&'static str, bytes::Bytes), Error> {
     // HTTPS; a registry that answers in plain HTTP is fetched over HTTP only when
     // `WASM_PLAIN_HTTP_REGISTRIES` names it (Istio falls back for every registry).
     let accept = format!("{OCI_MANIFEST}, {DOCKER_MANIFEST}");
@@ -273,26 +306,18 @@ pub(super) async fn fetch(
             status.as_u16()
         )));
     }
-    let parsed = work
-        .run(move || (sha256_hex(&manifest), Manifest::parse(&manifest)))
-        .await
-        .map_err(|e| fail(e.to_string()))?;
-    let (digest, manifest) = parsed;
-    if !checksum.is_empty() && digest != checksum {
-        return Err(Error::Checksum {
-            url: url.to_string(),
-            got: digest,
-            want: checksum.to_string(),
-        });
-    }
-    let (blob_digest, packed) = manifest
-        .and_then(|m| m.module_layer())
-        .map_err(|e| fail(e.to_string()))?;
-    if !valid_digest(&blob_digest) {
-        return Err(fail(format!(
-            "layer digest {blob_digest:?}: expected sha256:<64 hex digits>"
-        )));
-    }
+    Ok((scheme, manifest))
+}
+
+/// The module's layer `blob_digest`, checked against its digest on `work`.
+async fn fetch_layer(
+    opts: &Options,
+    work: &Work,
+    r: &Reference,
+    scheme: &str,
+    blob_digest: String,
+    fail: &impl Fn(String) -> Error,
+) -> Result<bytes::Bytes, Error> {
     let blob_url = r
         .url(scheme, "blobs", &blob_digest)
         .map_err(|e| fail(e.to_string()))?;
@@ -317,7 +342,7 @@ pub(super) async fn fetch(
     if let Err(d) = matches {
         return Err(fail(format!("layer does not match its digest {d}")));
     }
-    Ok((Body::Layer { blob, packed }, digest))
+    Ok(blob)
 }
 
 #[cfg(test)]

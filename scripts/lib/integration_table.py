@@ -25,6 +25,13 @@ from collections import OrderedDict
 # The framework names its namespaces PREFIX-COUNTER-RANDOM: the same test in two runs differs
 # only there.
 NAMESPACE_SUFFIX = re.compile(r"-\d+-\d{3,6}\b")
+# Some sub-tests are named after an address the run allocated (a Service's cluster IP).
+ADDRESS = re.compile(r"(?<![\d.])\d{1,3}(\.\d{1,3}){3}(?![\d.])")
+
+
+def normal(name: str) -> str:
+    """A test's name without what differs from run to run."""
+    return ADDRESS.sub("<address>", NAMESPACE_SUFFIX.sub("", name))
 SUITE_PREFIX = "istio.io/istio/tests/integration/"
 
 
@@ -121,9 +128,21 @@ def explain(name: str, notes: "list[tuple[re.Pattern, str]]") -> str:
     return next((note for pattern, note in notes if pattern.search(name)), "")
 
 
+def unique(key, taken) -> object:
+    """`key`, or when a run already has a test of that name (two that differ only in what
+    `normal` removes) the same with ` #2`, ` #3`… in the order they ran."""
+    n, k = 1, key
+    while k in taken:
+        n += 1
+        k = (key[0], f"{key[1]} #{n}") if isinstance(key, tuple) else f"{key} #{n}"
+    return k
+
+
 def keyed(tests: "OrderedDict[str, dict]") -> "OrderedDict[tuple[str, str], dict]":
-    return OrderedDict(((t["suite"], NAMESPACE_SUFFIX.sub("", name.split(" ", 1)[1])), t)
-                       for name, t in tests.items())
+    out: "OrderedDict[tuple[str, str], dict]" = OrderedDict()
+    for name, t in tests.items():
+        out[unique((t["suite"], normal(name.split(" ", 1)[1])), out)] = t
+    return out
 
 
 def cell(t: dict) -> str:
@@ -161,7 +180,7 @@ def load(path: str) -> "tuple[dict, OrderedDict[str, dict]]":
                 fields = line.split("\t")
                 if len(fields) != 3 or fields[1] not in ("pass", "fail", "skip"):
                     sys.exit(f"{path}:{number}: expected `test<TAB>pass|fail|skip<TAB>reason`")
-                tests[fields[0]] = {"result": fields[1], "reason": fields[2]}
+                tests[unique(normal(fields[0]), tests)] = {"result": fields[1], "reason": fields[2]}
     return meta, tests
 
 

@@ -29,6 +29,8 @@ import time
 import urllib.request
 
 REPO = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "scripts", "lib"))
+from delay_relay import pipe  # noqa: E402: the relay's delaying pipe, shared with the cluster bench
 ISTIOD = os.environ.get("ISTIOD_LITE", f"{REPO}/target/release/istiod-lite")
 ENVOY = os.path.realpath(os.environ.get("ENVOY_BIN", f"{REPO}/.tools/bin/envoy"))
 TEMPLATE = f"{REPO}/../shared/conformance/istio-bootstrap/envoy_bootstrap.json"
@@ -77,28 +79,7 @@ class Relay:
         self.loop.run_forever()
 
     async def _pipe(self, reader, writer):
-        queue = asyncio.Queue()
-
-        async def later():
-            while True:
-                due, data = await queue.get()
-                await asyncio.sleep(max(0.0, due - self.loop.time()))
-                if data is None:
-                    writer.close()
-                    return
-                writer.write(data)
-                await writer.drain()
-
-        sender = asyncio.ensure_future(later())
-        try:
-            while True:
-                data = await reader.read(65536)
-                queue.put_nowait((self.loop.time() + self.delay, data or None))
-                if not data:
-                    break
-            await sender
-        except (ConnectionError, OSError):
-            sender.cancel()
+        await pipe(reader, writer, self.delay)
 
     async def _conn(self, reader, writer):
         try:

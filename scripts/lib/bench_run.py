@@ -364,7 +364,7 @@ def run(areas: list[str]) -> int:
             cmd = f"{b.command} --json {ctx['json']}"
         print(f"  {b.name} ({b.area}): {b.command}", flush=True)
         with tempfile.TemporaryFile("w+") as log:
-            code = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd} 2>&1 | tee /dev/stderr"],
+            code = subprocess.run(["bash", "-c", f"set -o pipefail; {{ {cmd}; }} 2>&1 | tee /dev/stderr"],
                                   cwd=REPO, stdout=log).returncode
             log.seek(0)
             out = log.read()

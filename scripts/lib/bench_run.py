@@ -23,6 +23,8 @@ IA = "Istio's agent"
 # Extra criterion arguments (e.g. "--warm-up-time 1 --measurement-time 2"), part of the command.
 CRITERION = os.environ.get("BENCH_CRITERION_ARGS", "")
 PEER = "PEER_AGENT=$ISTIO_GO_BIN/pilot-agent"
+# hostile.sh takes istiod-lite from the agent's folder; target/dist has none.
+LITE = "ISTIOD_LITE=${ISTIOD_LITE:-$PWD/target/release/istiod-lite}"
 
 
 @dataclass
@@ -339,6 +341,71 @@ def parse_platform_start(out: str, ctx: dict) -> list[dict]:
                               silent(get("black-hole", "istio")) if peer else "")]
 
 
+# --- agent/benches/hostile.sh: ours, then Istio's agent (AGENT_BIN) ---------------------------
+
+HOSTILE_PORT = re.compile(
+    r"^status port, .*?, (opened once|reconnecting each one closed): (\S+) connects\n"
+    r" +probes: (\d+), failed (\d+); latency ms p50 \S+ p99 (\S+) max .*\n"
+    r" +agent CPU (\S+)% of a core; RSS (\d+) -> (\d+) KiB \(peak \d+ KiB\); agent fds (\d+)", re.M)
+HOSTILE_HPACK = re.compile(r"^HPACK bombs, (\d+) × (\d+) KiB blocks .*?: (\d+)/\d+ streams answered .*"
+                           r"\(\+?(-?\d+) KiB\)$")
+
+
+def hostile_run(text: str) -> dict:
+    port = {m[1]: {"connects": int(m[2]) if m[2].isdigit() else 0, "probes": int(m[3]), "failed": int(m[4]),
+                   "p99": float(m[5]), "cpu": float(m[6]), "growth": int(m[8]) - int(m[7]), "fds": int(m[9])}
+            for m in HOSTILE_PORT.finditer(text)}
+    hpack, closed = [], False
+    for line in text.splitlines():
+        closed = closed or "closed the connection" in line
+        m = HOSTILE_HPACK.match(line)
+        if m:
+            hpack.append({"count": int(m[1]), "answered": int(m[3]), "peak": int(m[4]), "closed": closed})
+            closed = False
+    after = re.search(r"agent alive=(\w+), Envoy's readiness through the agent: (\d+)", text)
+    return {"hold": port["opened once"], "reconnect": port["reconnecting each one closed"], "hpack": hpack,
+            "alive": bool(after) and after[1] == "yes" and after[2] == "200"}
+
+
+def parse_hostile(out: str, ctx: dict) -> list[dict]:
+    runs = [hostile_run(part) for part in re.split(r"^agent open-file limit:", out, flags=re.M)[1:]]
+    o, i = runs[0], (runs[1] if len(runs) > 1 else None)
+    mib = lambda kib: signed(kib / 1024, "MiB", 1)
+    growth = lambda r: f"{mib(r['hold']['growth'])} ({r['hold']['fds']:,} fds)"
+    probes = lambda p: f"{p['failed']} of {p['probes']}, {p['p99']:.1f} ms"
+    reconnect = lambda p: (f"{p['connects']:,} connects: {p['failed']} failed, {p['p99']:.1f} ms; "
+                           f"{p['cpu']:.0f} %; {mib(p['growth'])}")
+
+    def hpack(r):
+        h = r["hpack"]
+        peaks = [b["peak"] for b in h]
+        peak = rng(peaks, mib) if min(peaks) < 0 else "+" + rng(peaks, lambda k: f"{k / 1024:.1f} MiB")
+        if all(b["answered"] == b["count"] and not b["closed"] for b in h):
+            said = "each stream refused (431), connection kept"
+        elif all(b["closed"] and b["answered"] == 0 for b in h):
+            said = f"connection closed, 0/{h[0]['count']} answered"
+        else:
+            said = ", ".join(f"{b['answered']}/{b['count']} answered" + (" then closed" if b["closed"] else "")
+                             for b in h)
+        return f"{said}; {peak}" + ("" if r["alive"] else "; agent or Envoy not ready after the attacks")
+
+    a, b = o["hold"]["growth"], i["hold"]["growth"] if i else 0
+    ratio = "" if b <= 0 else f"{a / b:.3f}" if a / b < 0.1 else f"{a / b:.2f}"
+    conns = row("idle-conns", growth(o), growth(i) if i else "", ratio)
+    conns["what"] = ("a peer holding 10,000 idle connections to 15020 while the kubelet's probes run: agent "
+                     "RSS growth, open fds (ours: 64 admitted per peer, the rest closed)")
+    conns["met"] = "met" if a < 16 * 1024 else "not met"
+    p = row("idle-conns-probes", probes(o["hold"]), probes(i["hold"]) if i else "")
+    p["met"] = "met" if o["hold"]["p99"] <= 100 else "not met"
+    cpu = row("idle-conns-cpu", f"{o['hold']['cpu']:.1f} %", f"{i['hold']['cpu']:.1f} %" if i else "")
+    cpu["met"] = "met" if o["hold"]["cpu"] < 5 else "not met"
+    rec = row("reconnect", reconnect(o["reconnect"]), reconnect(i["reconnect"]) if i else "")
+    rec["what"] = "each closed connection reconnected for 20 s: connects; probes failed, p99; CPU; RSS growth"
+    hp = row("hpack", hpack(o), hpack(i) if i else "")
+    hp["met"] = "met" if o["alive"] and max(x["peak"] for x in o["hpack"]) <= 8 * 1024 else "not met"
+    return [conns, p, cpu, rec, hp]
+
+
 BENCHES = [
     Bench("csr", "identity", f"cargo bench -p sds --features testing --bench csr{' -- ' + CRITERION if CRITERION else ''}", parse_csr),
     Bench("ca_sign", "identity", f"cargo bench -p control-plane --bench ca_sign{' -- ' + CRITERION if CRITERION else ''}", parse_ca_sign),
@@ -359,7 +426,8 @@ BENCHES = [
     Bench("warm-start", "agent", "agent/benches/warm-start.py --rounds 9 --delays 0,2,5,10", parse_warm_start),
     Bench("start-peak", "agent", "agent/benches/start-peak.py --idle", parse_start_peak),
     Bench("platform-start", "agent", "python3 agent/benches/platform-start.py", parse_platform_start),
-    Bench("hostile", "hostile", "agent/benches/hostile.sh target/dist", None),
+    Bench("hostile", "hostile", f"export {LITE}; agent/benches/hostile.sh target/dist && "
+          "AGENT_BIN=$ISTIO_GO_BIN/pilot-agent agent/benches/hostile.sh target/dist", parse_hostile),
     Bench("reliability tests", "reliability", "(end-to-end tests and scripts/outage.sh, scripts/soak.sh)", None),
 ]
 

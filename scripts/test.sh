@@ -9,6 +9,10 @@ step() { echo; echo "==> $* ($((SECONDS - start))s)"; }
 
 step "setup (the demo's packages and Envoy, and the test tools)"
 scripts/setup.sh --test-tools
+if [[ ${CI:-} == true ]]; then
+  scripts/lib/cargo-cache.sh
+  export CARGO_INCREMENTAL=0
+fi
 
 # A check whose tool is missing (setup.sh installs them where it can) is said plainly; under
 # CI=true it fails the run instead of passing silently.

@@ -40,6 +40,13 @@ def kubectl(*args: str, stdin: str | None = None) -> str:
     return out.stdout
 
 
+def fresh_namespace(name: str) -> None:
+    """Creates NAME once an earlier run's namespace of that name (deleted without waiting) is gone."""
+    subprocess.run([*KUBECTL, "wait", "--for=delete", f"namespace/{name}", "--timeout=300s"],
+                   capture_output=True)
+    kubectl("create", "namespace", name)
+
+
 def pod_yaml(ns: str, name: str, proxy: str, app: str, relay: bool) -> str:
     config = ""
     if relay:
@@ -145,7 +152,7 @@ def istiod_cpu_seconds() -> float:
 def services(n: int) -> None:
     if n <= 0:
         return
-    kubectl("create", "namespace", "bench-services")
+    fresh_namespace("bench-services")
     docs = "".join(
         f"apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: bench-services}}\n"
         f"spec: {{ports: [{{name: http, port: 80}}], selector: {{app: none-{i}}}}}\n---\n"
@@ -172,7 +179,7 @@ class Image:
 
     def __init__(self, word: str, proxy: str, app: str, relay: bool):
         self.ns, self.proxy, self.app, self.relay = f"bench-{word}", proxy, app, relay
-        kubectl("create", "namespace", self.ns)
+        fresh_namespace(self.ns)
         kubectl("label", "namespace", self.ns, "istio-injection=enabled")
         self.watch = ReadyWatch(self.ns)
         self.figures: dict = {"one_by_one_s": []}

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use control_plane::ca::{Ca, Identity};
+use control_plane::{Ca, Identity};
 use criterion::{Criterion, criterion_group, criterion_main};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair, SanType};
 

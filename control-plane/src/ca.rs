@@ -25,13 +25,17 @@ mod service;
 mod token;
 
 pub use authn::{Authenticator, peer_certs};
-pub use issued_until::ISSUED_UNTIL;
 pub use previous_roots::PREVIOUS_ROOTS;
-pub use reload::{Reloaded, Reloader, SharedCa};
+pub use reload::{Reloader, SharedCa};
 pub use service::{CaMetrics, CaService};
-pub use token::{
-    Claims, DEFAULT_CLOCK_SKEW as DEFAULT_TOKEN_CLOCK_SKEW, KeyError, TokenError, TokenIssuer,
-};
+pub use token::{Claims, DEFAULT_CLOCK_SKEW as DEFAULT_TOKEN_CLOCK_SKEW, KeyError, TokenIssuer};
+
+#[cfg(test)]
+use issued_until::ISSUED_UNTIL;
+#[cfg(test)]
+use reload::Reloaded;
+#[cfg(test)]
+use token::TokenError;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -534,7 +538,7 @@ impl Ca {
     }
 
     /// Signs a workload CSR for `identity`; the SAN comes from `identity`, never from the CSR.
-    /// The lifetime is `ttl`, at most [`MAX_WORKLOAD_TTL`] and never past the signing CA
+    /// The lifetime is `ttl`, at most `MAX_WORKLOAD_TTL` (90 days) and never past the signing CA
     /// certificate's own expiry (a CA that has expired signs nothing). Returns the chain leaf first, then the intermediates, then the trust bundle as one entry
     /// (as Istio does: with one root that is the root; during a root change the last entry
     /// holds every trusted root, and agents take it as their ROOTCA).

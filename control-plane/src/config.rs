@@ -16,7 +16,7 @@ pub mod kube;
 mod validate;
 mod watch;
 
-pub use watch::{ConfigStatus, Revision, WatchError, WatchLoop, Watcher, WatcherInputs};
+pub use watch::{ConfigStatus, Revision, WatchError, Watcher, WatcherInputs};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -31,7 +31,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 /// Backlog requested for every listener; Linux silently caps it at `net.core.somaxconn`.
 pub const LISTEN_BACKLOG: u32 = 65535;
 
-/// Binds `addr` (SO_REUSEADDR, like tokio's `bind`) and listens with [`LISTEN_BACKLOG`].
+/// Binds `addr` (SO_REUSEADDR, like tokio's `bind`) and listens with `LISTEN_BACKLOG` (65535).
 pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
@@ -57,7 +57,7 @@ pub use proto::listen::raise_open_file_limit;
 
 /// The gRPC ports (plaintext and TLS together): 20,000 connections in all (a large mesh's
 /// proxies, each holding one; fewer when the open-file limit is lower, see
-/// [`within_open_files`]), 1,024 from one IP address (a node's pods each have their own
+/// `within_open_files`), 1,024 from one IP address (a node's pods each have their own
 /// address; a remote cluster's proxies reaching istiod through one east-west gateway share its
 /// address: raise `--max-connections-per-ip` there).
 pub const GRPC_CAPS: Caps = Caps {

@@ -15,8 +15,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand};
-use control_plane::settings::{ServerSettings, Settings};
-use control_plane::{ca, listen, replay, server, vm_bundle};
+use control_plane::{BundleInputs, GRPC_CAPS, Running, ServerSettings, Settings, TokenIssuer};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Debug)]
@@ -64,12 +63,12 @@ struct ServerArgs {
     token_clock_skew: Duration,
     /// Connections the two gRPC ports hold at once, together (lowered to fit the open-file
     /// limit).
-    #[arg(long, env = "ISTIOD_LITE_MAX_CONNECTIONS", default_value_t = listen::GRPC_CAPS.total,
+    #[arg(long, env = "ISTIOD_LITE_MAX_CONNECTIONS", default_value_t = GRPC_CAPS.total,
         value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
     max_connections: usize,
     /// Connections the two gRPC ports hold at once from one IP address (raise it when a remote
     /// cluster's proxies come through one east-west gateway).
-    #[arg(long, env = "ISTIOD_LITE_MAX_CONNECTIONS_PER_IP", default_value_t = listen::GRPC_CAPS.per_peer,
+    #[arg(long, env = "ISTIOD_LITE_MAX_CONNECTIONS_PER_IP", default_value_t = GRPC_CAPS.per_peer,
         value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
     max_connections_per_ip: usize,
 }
@@ -186,7 +185,7 @@ async fn shutdown_signal(cancel: CancellationToken) {
 
 /// Logs the bound listeners, then serves until SIGTERM/SIGINT, or until a component stops on
 /// its own (an error: the exit status is non-zero).
-async fn run(running: server::Running, cancel: CancellationToken) -> anyhow::Result<()> {
+async fn run(running: Running, cancel: CancellationToken) -> anyhow::Result<()> {
     tracing::info!("listening name=grpc addr={}", running.grpc_addr);
     tracing::info!(
         "listening name=secure-grpc addr={}",
@@ -206,7 +205,7 @@ fn log_settings(settings: &Settings) {
 async fn serve(settings: Settings) -> anyhow::Result<()> {
     log_settings(&settings);
     let cancel = CancellationToken::new();
-    let running = server::serve(settings, cancel.clone()).await?;
+    let running = control_plane::serve(settings, cancel.clone()).await?;
     run(running, cancel).await
 }
 
@@ -214,7 +213,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
 async fn serve_replay(settings: Settings) -> anyhow::Result<()> {
     log_settings(&settings);
     let cancel = CancellationToken::new();
-    let running = replay::serve(settings, cancel.clone()).await?;
+    let running = control_plane::serve_replay(settings, cancel.clone()).await?;
     run(running, cancel).await
 }
 
@@ -253,8 +252,7 @@ async fn main() -> anyhow::Result<()> {
             audience,
             ttl,
         } => {
-            let issuer =
-                ca::TokenIssuer::load_or_create(&ca_dir).context("loading the issuer key")?;
+            let issuer = TokenIssuer::load_or_create(&ca_dir).context("loading the issuer key")?;
             println!(
                 "{}",
                 issuer.issue(&namespace, &service_account, &audience, ttl)
@@ -272,7 +270,7 @@ async fn main() -> anyhow::Result<()> {
             trust_domain,
             token_duration,
         } => {
-            vm_bundle::write_bundle(&vm_bundle::BundleInputs {
+            control_plane::write_bundle(&BundleInputs {
                 ca_dir,
                 namespace,
                 service_account,

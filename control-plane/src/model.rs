@@ -8,9 +8,11 @@ mod follow;
 mod kube;
 mod proxy;
 
-pub use follow::{Follower, follow};
-pub use kube::protocol as kube_port_protocol;
-pub use proxy::{Proxy, ProxyError, ProxyView};
+pub use follow::Follower;
+pub use proxy::{Proxy, ProxyView};
+
+#[cfg(test)]
+use proxy::ProxyError;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

@@ -196,7 +196,8 @@ impl Replay {
     }
 
     /// Names of the served resources of one type.
-    pub fn names(&self, ty: XdsType) -> Vec<String> {
+    #[cfg(test)]
+    pub(crate) fn names(&self, ty: XdsType) -> Vec<String> {
         self.by_type
             .get(&ty)
             .map(|r| r.iter().map(|r| r.name.clone()).collect())
@@ -204,7 +205,7 @@ impl Replay {
     }
 }
 
-/// Loads the dump named by `settings` (a [`Source::ConfigDump`]), then serves it with the CA
+/// Loads the dump named by `settings` (a `Source::ConfigDump`), then serves it with the CA
 /// and monitoring; returns once every listener is bound.
 pub async fn serve(settings: Settings, cancel: CancellationToken) -> Result<Running, Error> {
     let Source::ConfigDump {

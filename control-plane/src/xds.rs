@@ -18,9 +18,13 @@ mod nds;
 mod routes;
 mod status;
 
-pub use ads::{AdsInputs, AdsServer, XdsMetrics, fuzz_ads_requests};
-pub use cache::CachedSnapshot;
-pub use status::{SyncStatus, SyncTable};
+#[cfg(feature = "fuzzing")]
+pub use ads::fuzz_ads_requests;
+pub use ads::{AdsInputs, AdsServer, XdsMetrics};
+pub use status::SyncTable;
+
+#[cfg(test)]
+use cache::CachedSnapshot;
 
 use proto::envoy::config::core::v3::{
     AggregatedConfigSource, ApiConfigSource, ApiVersion, ConfigSource, GrpcService,
@@ -130,7 +134,8 @@ pub(crate) fn resource<M: prost::Name>(name: impl Into<String>, msg: &M) -> Reso
     }
 }
 
-/// Generates every resource of `ty` for a proxy view (no caching; see [`CachedSnapshot::resources`]).
+/// Generates every resource of `ty` for a proxy view (no caching: `CachedSnapshot` caches what
+/// the ADS server sends).
 pub fn generate(snap: &Snapshot, view: &ProxyView, ty: XdsType) -> Resources {
     let mut out = match ty {
         _ if view.grpc => grpc::generate(snap, view, ty),

@@ -8,9 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use control_plane::config::{Config, parse_file};
-use control_plane::model::{MeshSettings, ProxyView, Snapshot};
-use control_plane::xds::{XdsType, generate};
+use control_plane::{Config, MeshSettings, ProxyView, Snapshot, XdsType, generate, parse_file};
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::RecordType::{A, AAAA};
 use hickory_proto::rr::{Name, RData, Record, RecordType};

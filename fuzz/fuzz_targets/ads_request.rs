@@ -4,5 +4,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    control_plane::xds::fuzz_ads_requests(data);
+    control_plane::fuzzing::fuzz_ads_requests(data);
 });

@@ -7,7 +7,8 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use control_plane::ca::{Ca, Identity, identity_from_cert, split_pem_certs};
+use control_plane::fuzzing::{identity_from_cert, split_pem_certs};
+use control_plane::{Ca, Identity};
 
 fn ca() -> &'static Ca {
     static CA: OnceLock<Ca> = OnceLock::new();

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use iptables_init::config::{self, HostInputs, Parsed};
+use iptables_init::HostInputs;
 
 /// Injected host state: both address families, a resolv.conf with both families' nameservers,
 /// a fixed user and group database (no system lookups while fuzzing).
@@ -54,11 +54,5 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let host = host();
-    if let Ok(Parsed::Run(mut cfg)) = config::parse(args, &env, host)
-        && cfg.detect_host(host).is_ok()
-    {
-        let rules = iptables_init::capture::build(&cfg);
-        let _ = iptables_init::dryrun::stream(&cfg, &rules);
-    }
+    iptables_init::fuzzing::fuzz_flags(args, &env, host());
 });

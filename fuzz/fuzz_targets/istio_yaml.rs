@@ -6,8 +6,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    if let Ok(objects) = control_plane::config::parse_file("fuzz.yaml", text) {
-        let cfg = control_plane::config::Config::from_objects(objects);
+    if let Ok(objects) = control_plane::parse_file("fuzz.yaml", text) {
+        let cfg = control_plane::Config::from_objects(objects);
         let _ = cfg.len();
     }
 });

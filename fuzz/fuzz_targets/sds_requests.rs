@@ -4,5 +4,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    sds::server::fuzz::fuzz_sds_requests(data);
+    sds::fuzzing::fuzz_sds_requests(data);
 });

@@ -11,7 +11,7 @@ mod state;
 
 use std::collections::HashSet;
 
-pub use backend::{Backend, Family, Variant};
+pub use backend::{Backend, Family};
 pub use state::{State, TableState, parse_save};
 
 use crate::builder::{Rule, RuleBuilder, declared_chains, is_built_in};

@@ -202,12 +202,14 @@ impl RuleBuilder {
     }
 
     /// Per-command form of the IPv4 rules: `-t table -N chain` lines first, then the rules.
-    pub fn build_v4(&self) -> Vec<Vec<String>> {
+    #[cfg(test)]
+    pub(crate) fn build_v4(&self) -> Vec<Vec<String>> {
         build_commands(&self.v4)
     }
 
     /// Per-command form of the IPv6 rules.
-    pub fn build_v6(&self) -> Vec<Vec<String>> {
+    #[cfg(test)]
+    pub(crate) fn build_v6(&self) -> Vec<Vec<String>> {
         build_commands(&self.v6)
     }
 
@@ -264,6 +266,7 @@ fn push_insert(list: &mut Vec<Rule>, chain: &str, table: &str, position: u32, pa
     });
 }
 
+#[cfg(test)]
 fn build_commands(rules: &[Rule]) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();

@@ -12,8 +12,8 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use flags::{FLAGS, FlagKind, FlagSpec, ValueType, usage};
-pub use host::{HostInputs, detect_ipv6, parse_resolv_conf, system_addresses};
+pub use flags::usage;
+pub use host::{HostInputs, detect_ipv6, parse_resolv_conf};
 pub use lists::{Cidr, InboundPorts, IpRanges, OwnerGroups, Port, Ranges};
 
 /// Why the command line, the environment or the host state cannot be used.
@@ -508,6 +508,7 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
+    use super::flags::{FLAGS, ValueType};
     use super::*;
 
     fn host() -> HostInputs {

@@ -1,27 +1,52 @@
 //! istio-iptables: programs a pod's traffic redirection with Istio's flags and rule sets.
 //!
 //! Entry points: [`run_cli`] (the binary and `pilot-agent istio-iptables` call it with the
-//! process arguments and environment) and [`run_cli_with`] (same, with injected host state).
+//! process arguments and environment) and [`run_cli_with`] (same, with injected
+//! [`HostInputs`]). The modules are private; feature `fuzzing` adds `fuzzing`, the fuzz
+//! target's entry point.
 
 // unsafe only where a module allows it: the netlink dumps (netlink.rs).
 #![deny(unsafe_code)]
 
-pub mod apply;
-pub mod builder;
-pub mod capture;
-pub mod config;
-pub mod dryrun;
+mod apply;
+mod builder;
+mod capture;
+mod config;
+mod dryrun;
 #[cfg(test)]
 mod floors;
-pub mod netlink;
-pub mod nft;
-pub mod validation;
+mod netlink;
+mod nft;
+mod validation;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Write;
 
-pub use config::{Config, HostInputs};
+use config::Config;
+pub use config::HostInputs;
+
+/// Entry point of the fuzz target (`fuzz/fuzz_targets/iptables_flags.rs`); not part of the
+/// stable API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::collections::HashMap;
+    use std::ffi::OsString;
+
+    use crate::config::{self, HostInputs, Parsed};
+
+    /// A command line and environment through parsing, host detection, the rule set and the
+    /// dry-run stream (what `--dry-run` prints); nothing is applied.
+    pub fn fuzz_flags(args: Vec<OsString>, env: &HashMap<String, String>, host: &HostInputs) {
+        if let Ok(Parsed::Run(mut cfg)) = config::parse(args, env, host)
+            && cfg.detect_host(host).is_ok()
+        {
+            let rules = crate::capture::build(&cfg);
+            let _ = crate::dryrun::stream(&cfg, &rules);
+        }
+    }
+}
 
 /// Runs `istio-iptables` with `args` (without the program name) and `env`, on the running
 /// host. Returns the process exit status: 0 on success, 255 when the command line does not

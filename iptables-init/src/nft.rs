@@ -41,8 +41,8 @@ pub mod expr;
 pub mod kernel;
 pub mod program;
 
-pub use apply::{Error, run};
-pub use builder::{NftRule, NftRuleBuilder, Op};
+pub use apply::run;
+pub use builder::NftRuleBuilder;
 pub use capture::build;
 
 use crate::config::Config;

@@ -5,20 +5,21 @@
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use sds::config::KeyAlgorithm;
+use sds::KeyAlgorithm;
+use sds::bench::CaClient;
 use sds::testing::FakeCa;
-use sds::{CaClient, Config, Metrics, SecretManager};
+use sds::{Config, Metrics, SecretManager};
 
 const ID: &str = "spiffe://cluster.local/ns/default/sa/bench";
 
 fn keygen_csr(c: &mut Criterion) {
     let mut g = c.benchmark_group("keygen_csr");
     g.bench_function("p256", |b| {
-        b.iter(|| sds::csr::generate(ID, KeyAlgorithm::EcdsaP256, false).expect("csr"))
+        b.iter(|| sds::bench::generate(ID, KeyAlgorithm::EcdsaP256, false).expect("csr"))
     });
     g.sample_size(20);
     g.bench_function("rsa2048", |b| {
-        b.iter(|| sds::csr::generate(ID, KeyAlgorithm::Rsa(2048), false).expect("csr"))
+        b.iter(|| sds::bench::generate(ID, KeyAlgorithm::Rsa(2048), false).expect("csr"))
     });
     g.finish();
 }
@@ -64,7 +65,7 @@ fn full_fetch(c: &mut Criterion) {
         b.to_async(&rt).iter(|| {
             let client = client.clone();
             async move {
-                let kc = sds::csr::generate(ID, KeyAlgorithm::EcdsaP256, false).expect("csr");
+                let kc = sds::bench::generate(ID, KeyAlgorithm::EcdsaP256, false).expect("csr");
                 client.sign(&kc.csr_pem).await.expect("sign")
             }
         })

@@ -147,7 +147,7 @@ impl CaClient {
     /// A counter bumped each time the CA root file's content changes: the mesh's trust bundle
     /// changed (a root CA rotation), so the workload certificate should be re-issued to get the
     /// CA's new chain and bundle.
-    pub fn root_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub(crate) fn root_changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner.root_changes.clone()
     }
 

@@ -30,7 +30,7 @@ impl Clock for SystemClock {
 
 /// A wall clock for tests: moves with tokio's (possibly paused) clock, and can jump ahead
 /// without it, as the wall clock does across a host suspend or an NTP step.
-#[cfg(any(test, feature = "testing"))]
+#[cfg(test)]
 #[derive(Debug)]
 pub struct JumpClock {
     base: SystemTime,
@@ -38,7 +38,7 @@ pub struct JumpClock {
     jumped: std::sync::Mutex<Duration>,
 }
 
-#[cfg(any(test, feature = "testing"))]
+#[cfg(test)]
 impl JumpClock {
     /// Starts at the system's current time.
     pub fn new() -> JumpClock {
@@ -55,14 +55,14 @@ impl JumpClock {
     }
 }
 
-#[cfg(any(test, feature = "testing"))]
+#[cfg(test)]
 impl Default for JumpClock {
     fn default() -> Self {
         JumpClock::new()
     }
 }
 
-#[cfg(any(test, feature = "testing"))]
+#[cfg(test)]
 impl Clock for JumpClock {
     fn now(&self) -> SystemTime {
         let jumped = *self.jumped.lock().unwrap_or_else(|e| e.into_inner());

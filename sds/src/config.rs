@@ -18,11 +18,17 @@ pub const DEFAULT_SOCKET_FILE: &str = "socket";
 
 /// Relative paths, resolved against [`Config::base_dir`].
 pub mod paths {
+    /// The projected service account token (`third-party-jwt`).
     pub const TOKEN: &str = "var/run/secrets/tokens/istio-token";
+    /// The mesh root certificate istiod's `istio-ca-root-cert` ConfigMap mounts.
     pub const ISTIO_ROOT: &str = "var/run/secrets/istio/root-cert.pem";
+    /// Istio's cert directory: `default`/`ROOTCA` come from it when its files are present.
     pub const ETC_CERTS: &str = "etc/certs";
+    /// SPIFFE credentials mounted in the workload's folder (selects file-mounted certificates).
     pub const WORKLOAD_SPIFFE_CREDENTIALS: &str = "var/run/secrets/workload-spiffe-credentials";
+    /// The directory of the workload identity SDS socket.
     pub const WORKLOAD_SPIFFE_UDS: &str = "var/run/secrets/workload-spiffe-uds";
+    /// The CA's certificate revocation list (`PILOT_ENABLE_CA_CRL`).
     pub const CRL: &str = "var/run/secrets/istio/crl/ca-crl.pem";
     /// The credential-name SDS socket an external server may offer (`sds-external` cluster).
     pub const CREDENTIAL_SOCKET: &str = "var/run/secrets/credential-uds/socket";
@@ -33,7 +39,9 @@ pub mod paths {
 
 /// File names inside a cert directory (`./etc/certs`, `PROV_CERT`, `OUTPUT_CERTS`, ...).
 pub const CERT_CHAIN_FILE: &str = "cert-chain.pem";
+/// The private key's file name in a cert directory.
 pub const KEY_FILE: &str = "key.pem";
+/// The root certificate's file name in a cert directory.
 pub const ROOT_CERT_FILE: &str = "root-cert.pem";
 
 /// OS CA bundles, first existing wins (`file-root:system`, `CA_ROOT_CA=SYSTEM` falls back to
@@ -156,7 +164,7 @@ pub fn output_certs_mode(in_kubernetes: bool) -> u32 {
 
 impl Config {
     /// Istio's defaults with every relative path under `base_dir`: the CA at
-    /// [`DEFAULT_CA_ADDR`] over TLS verified against `./var/run/secrets/istio/root-cert.pem`,
+    /// `istiod.istio-system.svc:15012` over TLS verified against `./var/run/secrets/istio/root-cert.pem`,
     /// trust domain `cluster.local`, 24h certificates rotated at half their life (jitter 0.01),
     /// RSA 2048 keys, the SDS socket `./var/run/secrets/workload-spiffe-uds/socket`, the CRL on,
     /// and no token sent over plaintext. Reads neither the environment nor the filesystem: the

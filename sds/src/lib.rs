@@ -1,49 +1,8 @@
 //! Workload identity for the sidecar: keypair and CSR, Istio CA client, secret cache with
 //! rotation, and the SDS server Envoy reads its certificates from over a Unix socket.
 //!
-//! # Public API (what the agent calls)
-//!
-//! ```text
-//! Config::defaults(base_dir) -> Config   // Istio's defaults, no environment (the agent's
-//!                                        // config module sets the fields from Istio's variables)
-//!   pub fields: base_dir, trust_domain, namespace, service_account, ca_addr, ca_plaintext,
-//!   ca_root: RootSource, ca_server_name, prov_cert: Option<CertDir>, cluster_id, ca_headers,
-//!   cert_signer, token_path, secret_ttl, grace_ratio, grace_ratio_jitter, key_algorithm,
-//!   pkcs8_key, output_certs, socket_path, etc_certs: CertDir, file_mounted_certs: Option<CertDir>,
-//!   file_debounce, crl_path, max_backoff, grpc_keepalive, compliance: Compliance,
-//!   allow_plaintext_token   // CA_ALLOW_PLAINTEXT_TOKEN, default false
-//!   serve_only_files        // an external SDS server (SPIRE) owns the workload socket
-//! Config::spiffe_id() -> String
-//! Metrics::new(&mut Registry) -> Metrics
-//! SecretManager::new(Arc<Config>, Arc<Metrics>) -> Result<SecretManager, Error>   // Clone
-//!   .fetch(name).await -> Result<Arc<SecretItem>, Error>   // "default", "ROOTCA", "file-cert:<c>~<k>",
-//!                                                          // "file-root:<ca>", "file-root:system"
-//!   .warm()                                   // spawn: default then ROOTCA, infinite backoff
-//!   .subscribe(name) -> watch::Receiver<Option<Arc<SecretItem>>>   // every new value of `name`
-//!   .config() -> &Arc<Config>
-//!   .shutdown()                               // stop background tasks (also on last drop)
-//! SecretItem { resource_name, cert_chain_pem, private_key_pem, root_cert_pem, expire_time, created_time }
-//!   .is_root()                                // ROOTCA / file-root:* (a validation context)
-//! SdsServer::bind(&socket_path, manager).await -> Result<SdsServer, Error>   // stale socket removed
-//!   .path(), .run(CancellationToken).await -> Result<(), Error>   // socket removed at the end
-//! ChannelInputs { addr, plaintext, root: RootSource, server_name, client_identity, keepalive, window, compliance }
-//! ChannelInputs::new(addr, root, server_name)  // TLS, no client cert, Istio keepalive 30s/10s, 4 MiB windows
-//! RootSource::{System, Pem(Vec<u8>), File(PathBuf)}
-//! Compliance::{None, Fips1402, Fips1403, Pqc}   // COMPLIANCE_POLICY: ::parse(value) -> Option,
-//!                                           // .provider(), .versions(), .envoy_env()
-//! grpc_channel(&ChannelInputs) -> Result<tonic::transport::Channel, Error>   // lazy, non-blocking
-//! external::check_socket(&Path, timeout) -> Result<SocketCheck, Error>  // Absent | Healthy |
-//!                                           // RemovedStale (a socket nobody answers on)
-//! tls::failover::Failover::new(address, plaintext)?   // Istio's one address, or a comma list:
-//!   .targets().await, .succeeded(addr), .failed(addr)   // every IP of every entry, in order
-//! tls::connect_failover(&ChannelInputs, &Failover, per_target).await -> (Channel, SocketAddr)
-//! read_token(&Path) -> Option<String>
-//! token::jwt_expiry(&str) -> Option<SystemTime>   // `exp` of a JWT, signature not checked
-//! csr::generate(identity, KeyAlgorithm, pkcs8) -> Result<KeyAndCsr, Error>
-//! CaClient::new(&Config, Arc<Metrics>)?.sign(csr_pem).await -> Result<Vec<String>, Error>
-//! pem::{parse_certs, encode}, x509::{cert_validity, check_key_matches}, timestamp::rfc3339
-//! manager::{write_atomic, parse_certs, cert_validity}, server::to_secret   // the last two re-exported
-//! ```
+//! The API is what the crate root re-exports below (each item documented where it is defined);
+//! the modules themselves are private.
 //!
 //! # Modules, lowest first (a module uses only those above it)
 //!
@@ -59,11 +18,13 @@
 //!                           the secret cache                   -> ca, csr, config, pem, x509, timestamp
 //! server                    the SDS gRPC server on a Unix socket          -> manager, timestamp
 //! external                  is someone else's SDS server on a socket?     (leaf)
-//! testing                   (feature) a fake Istio CA
+//! testing                   (feature `testing`) a fake Istio CA
 //! ```
 //!
 //! Feature `testing` adds [`testing::FakeCa`], an in-process Istio CA (real tonic server on
-//! `127.0.0.1:0` over TLS) whose next answers a test sets.
+//! `127.0.0.1:0` over TLS) whose next answers a test sets, and [`bench`], the CSR and CA-call
+//! entry points of `benches/csr.rs`. Feature `fuzzing` adds [`fuzzing`], the fuzz target's
+//! entry point into the SDS stream loop.
 //!
 //! Differences from Istio, on purpose: the SDS stream stays open when the CA fails (the
 //! request is answered once the secret exists), `DeltaSecrets` is served, and rotation
@@ -83,30 +44,62 @@
 
 #![forbid(unsafe_code)]
 
-pub mod ca;
-pub mod clock;
-pub mod config;
-pub mod csr;
-pub mod external;
-pub mod manager;
-pub mod metrics;
-pub mod pem;
-pub mod server;
-pub mod tls;
-pub mod token;
-pub mod x509;
+mod ca;
+mod clock;
+mod config;
+mod csr;
+mod external;
+mod manager;
+mod metrics;
+mod pem;
+mod server;
+mod tls;
+mod token;
+mod x509;
 
-pub use go_syntax::timestamp;
+use go_syntax::timestamp;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use ca::CaClient;
-pub use config::{CertDir, Config, KeyAlgorithm};
-pub use manager::{SecretItem, SecretManager};
+// Configuration: Istio's defaults and file layout; the agent sets the fields from Istio's
+// variables.
+pub use ca::ALLOW_PLAINTEXT_TOKEN_ENV;
+pub use config::{
+    CertDir, Config, DEFAULT_SOCKET_FILE, KeyAlgorithm, LOCALHOST_SERVER_NAME, ROOT_CERT_FILE,
+    output_certs_mode, paths,
+};
+
+// The secret cache and the SDS server Envoy reads it from.
+pub use manager::{NotCertificates, SecretItem, SecretManager};
 pub use metrics::Metrics;
 pub use server::SdsServer;
-pub use tls::{ChannelInputs, Compliance, RootSource, grpc_channel, read_token};
+
+// gRPC channels to istiod (CA and xDS): one TLS policy, failover across istiod's addresses.
+pub use ca::prov_cert_identity;
+pub use tls::failover::{Error as FailoverError, Failover, address_entries};
+pub use tls::{
+    ChannelInputs, Compliance, DEFAULT_KEEPALIVE, RootSource, connect_failover, grpc_channel,
+    read_token,
+};
+
+// An SDS server someone else (SPIRE) may run on the workload socket.
+pub use external::{CHECK_TIMEOUT, SocketCheck, check_socket};
+
+/// The CSR and CA-call paths for `benches/csr.rs`; not part of the stable API.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub mod bench {
+    pub use crate::ca::CaClient;
+    pub use crate::csr::{KeyAndCsr, generate};
+}
+
+/// The SDS stream loop's entry point for the fuzz target; not part of the stable API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::server::fuzz::fuzz_sds_requests;
+}
 
 /// Resource name of the workload certificate.
 pub const WORKLOAD_KEY_CERT: &str = "default";
@@ -185,7 +178,7 @@ pub enum Error {
 impl Error {
     /// Label for `csr_failures_total{reason}`: `token_expired`, `no_credential`, `plaintext_token`, the CA's gRPC
     /// code in snake case (`unavailable`, `unauthenticated`, ...), `invalid_response`, or `other`.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         use tonic::Code::*;
         match self {
             Error::TokenExpired { .. } => "token_expired",

@@ -9,12 +9,11 @@ mod file_secrets;
 mod output_certs;
 mod rotation;
 
-/// Kept here for callers of `manager::{parse_certs, cert_validity}`; they live in the leaf
-/// modules [`crate::pem`] and [`crate::x509`].
-pub use crate::pem::parse_certs;
-pub use crate::x509::cert_validity;
-pub use output_certs::{write_atomic, write_atomic_mode};
-pub use rotation::{rotation_backoff_cap, rotation_time};
+#[cfg(test)]
+use output_certs::write_atomic;
+#[cfg(test)]
+use rotation::rotation_backoff_cap;
+use rotation::rotation_time;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -31,7 +30,9 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::csr;
 use crate::metrics::Metrics;
+use crate::pem::parse_certs;
 use crate::timestamp::rfc3339;
+use crate::x509::cert_validity;
 use crate::{Error, FILE_ROOT_PREFIX, ROOT_CA, WORKLOAD_KEY_CERT};
 
 /// A ProxyConfig `caCertificatesPem` entry that holds no PEM certificate.
@@ -150,7 +151,7 @@ impl SecretManager {
     }
 
     /// [`SecretManager::new`] measuring certificate deadlines on `clock` (tests jump it).
-    pub fn with_clock(
+    pub(crate) fn with_clock(
         config: Arc<Config>,
         metrics: Arc<Metrics>,
         clock: Arc<dyn Clock>,
@@ -177,12 +178,13 @@ impl SecretManager {
     }
 
     /// The configuration this manager runs with.
-    pub fn config(&self) -> &Arc<Config> {
+    pub(crate) fn config(&self) -> &Arc<Config> {
         &self.inner.config
     }
 
     /// Returns the secret for `resource_name`, generating it (CSR) or reading its files when
-    /// not cached. Every new value is also published to [`SecretManager::subscribe`]rs.
+    /// not cached. Every new value is also published to every subscriber (the SDS server's
+    /// streams).
     pub async fn fetch(&self, resource_name: &str) -> Result<Arc<SecretItem>, Error> {
         Inner::fetch(&self.inner, resource_name).await
     }
@@ -203,7 +205,10 @@ impl SecretManager {
 
     /// A receiver that sees every new value of `resource_name` (`None` until the first).
     /// Subscribing does not fetch; call [`SecretManager::fetch`] for that.
-    pub fn subscribe(&self, resource_name: &str) -> watch::Receiver<Option<Arc<SecretItem>>> {
+    pub(crate) fn subscribe(
+        &self,
+        resource_name: &str,
+    ) -> watch::Receiver<Option<Arc<SecretItem>>> {
         let mut st = lock(&self.inner.state);
         if let Some(tx) = st.channels.get(resource_name) {
             return tx.subscribe();

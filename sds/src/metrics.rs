@@ -15,33 +15,33 @@ use prometheus_client::registry::Registry;
 /// `request_type` label (`csr`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub request_type: String,
+    pub(crate) request_type: String,
 }
 
 /// `reason` label of `csr_failures_total` (see [`crate::Error::reason`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// `resource_name` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabels {
-    pub resource_name: String,
+    pub(crate) resource_name: String,
 }
 
 /// Metrics of the identity crate.
 #[derive(Debug)]
 pub struct Metrics {
-    pub outgoing_requests: Family<RequestLabels, Counter>,
-    pub failed_outgoing_requests: Family<RequestLabels, Counter>,
-    pub outgoing_retries: Family<RequestLabels, Counter>,
-    pub outgoing_latency: Family<RequestLabels, Histogram>,
-    pub file_secret_failures: Counter,
-    pub file_watcher_failures: Counter,
+    pub(crate) outgoing_requests: Family<RequestLabels, Counter>,
+    pub(crate) failed_outgoing_requests: Family<RequestLabels, Counter>,
+    pub(crate) outgoing_retries: Family<RequestLabels, Counter>,
+    pub(crate) outgoing_latency: Family<RequestLabels, Histogram>,
+    pub(crate) file_secret_failures: Counter,
+    pub(crate) file_watcher_failures: Counter,
     /// Not an Istio metric: failed signing calls (after the per-call retries), by reason, so an
     /// expired token and an unreachable CA can be told apart.
-    pub csr_failures: Family<ReasonLabels, Counter>,
+    pub(crate) csr_failures: Family<ReasonLabels, Counter>,
     expiry: Arc<ExpiryCollector>,
 }
 
@@ -87,6 +87,7 @@ pub(crate) fn csr_labels() -> RequestLabels {
 }
 
 impl Metrics {
+    /// Registers the crate's metrics in `registry`.
     pub fn new(registry: &mut Registry) -> Metrics {
         let m = Metrics {
             outgoing_requests: Family::default(),
@@ -143,7 +144,7 @@ impl Metrics {
     }
 
     /// Counts a failed signing call under `reason`.
-    pub fn csr_failed(&self, reason: &str) {
+    pub(crate) fn csr_failed(&self, reason: &str) {
         self.csr_failures
             .get_or_create(&ReasonLabels {
                 reason: reason.to_string(),
@@ -152,7 +153,7 @@ impl Metrics {
     }
 
     /// Records the expiry of the certificate served as `resource_name`.
-    pub fn set_expiry(&self, resource_name: &str, expire: SystemTime) {
+    pub(crate) fn set_expiry(&self, resource_name: &str, expire: SystemTime) {
         if let Ok(mut m) = self.expiry.expiry.lock() {
             m.insert(resource_name.to_string(), expire);
         }

@@ -30,7 +30,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info};
 
-pub mod fuzz;
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod fuzz;
 mod stream;
 
 use crate::Error;

@@ -4,6 +4,10 @@
 //! its next answers and read back what it received. A client certificate signed by its first
 //! signing root is verified when presented (optional, as on istiod's 15012).
 
+/// The crate's PEM and JWT readers, for end-to-end tests that check what the agent served.
+pub use crate::pem::parse_certs;
+pub use crate::token::jwt_expiry;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -29,7 +29,7 @@ pub enum RootSource {
 
 impl RootSource {
     /// Human description for error messages.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             RootSource::System => "system roots".to_string(),
             RootSource::Pem(_) => "inline PEM".to_string(),
@@ -56,7 +56,7 @@ pub struct ChannelInputs {
     pub client_identity: Option<(Vec<u8>, Vec<u8>)>,
     /// HTTP/2 keepalive (interval, timeout); `None` disables pings.
     pub keepalive: Option<(Duration, Duration)>,
-    /// The HTTP/2 receive windows, stream and connection ([`DEFAULT_WINDOW`]).
+    /// The HTTP/2 receive windows, stream and connection (4 MiB by default).
     pub window: u32,
     /// `COMPLIANCE_POLICY`: the TLS versions, suites and groups the handshake may use.
     pub compliance: Compliance,

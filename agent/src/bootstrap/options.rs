@@ -292,7 +292,7 @@ impl Options {
             custom_file_path: config
                 .workload_socket
                 .external
-                .then(|| format!("./{}", sds::config::paths::FILE_CREDENTIAL_SOCKET)),
+                .then(|| format!("./{}", sds::paths::FILE_CREDENTIAL_SOCKET)),
             node_id,
             cluster: node.cluster,
             locality: node.locality,

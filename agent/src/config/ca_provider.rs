@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use sds::CertDir;
-use sds::config::paths;
+use sds::paths;
 
 use super::{Error, env::Env};
 

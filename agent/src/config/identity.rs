@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use sds::ALLOW_PLAINTEXT_TOKEN_ENV;
 use sds::RootSource;
-use sds::ca::ALLOW_PLAINTEXT_TOKEN_ENV;
-use sds::config::{CertDir, KeyAlgorithm, LOCALHOST_SERVER_NAME, ROOT_CERT_FILE, paths};
+use sds::{CertDir, KeyAlgorithm, LOCALHOST_SERVER_NAME, ROOT_CERT_FILE, paths};
 
 use super::{Error, ca_provider::CaProvider, env::Env, resolve};
 
@@ -63,10 +63,10 @@ pub struct WorkloadSocket {
 /// answers on is removed; a non-default `WORKLOAD_IDENTITY_SOCKET_FILE` with no live server
 /// there is an error (nobody would serve the workload certificate).
 pub fn workload_socket(base_dir: &Path, socket_file: &str) -> Result<WorkloadSocket, Error> {
-    use sds::external::{CHECK_TIMEOUT, SocketCheck, check_socket};
+    use sds::{CHECK_TIMEOUT, SocketCheck, check_socket};
     let dir = resolve(base_dir, &format!("./{}", paths::WORKLOAD_SPIFFE_UDS));
     let configured = dir.join(socket_file);
-    let is_default = socket_file == sds::config::DEFAULT_SOCKET_FILE;
+    let is_default = socket_file == sds::DEFAULT_SOCKET_FILE;
     let external = match check_socket(&configured, CHECK_TIMEOUT).map_err(Error::Socket)? {
         SocketCheck::Healthy => true,
         SocketCheck::RemovedStale => {
@@ -131,10 +131,7 @@ pub fn is_plaintext_addr(addr: &str) -> bool {
 
 /// The first address of a comma-separated list (Istio's single address as it is).
 fn first_entry(addr: &str) -> &str {
-    sds::tls::failover::entries(addr)
-        .first()
-        .copied()
-        .unwrap_or(addr)
+    sds::address_entries(addr).first().copied().unwrap_or(addr)
 }
 
 /// `WORKLOAD_RSA_KEY_SIZE`'s default (Istio's).
@@ -187,7 +184,7 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
         key_algorithm,
         pkcs8_key: env.bool("PKCS8_KEY", d.pkcs8_key)?,
         output_certs: env.get("OUTPUT_CERTS").map(|p| resolve(i.base_dir, p)),
-        output_certs_mode: sds::config::output_certs_mode(env.is_set("KUBERNETES_SERVICE_HOST")),
+        output_certs_mode: sds::output_certs_mode(env.is_set("KUBERNETES_SERVICE_HOST")),
         socket_path: i.socket.listen.clone(),
         serve_only_files: i.socket.external,
         file_mounted_certs,

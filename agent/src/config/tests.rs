@@ -243,7 +243,7 @@ fn xds_upstream_reconnect_and_keepalive() {
     let dir = tempfile::tempdir().unwrap();
     let c = load(dir.path(), &env(&[])).unwrap();
     assert!(c.upstream.reconnect);
-    assert_eq!(c.upstream.keepalive, sds::tls::DEFAULT_KEEPALIVE);
+    assert_eq!(c.upstream.keepalive, sds::DEFAULT_KEEPALIVE);
     let e = env(&[
         ("XDS_PROXY_RECONNECT", "false"),
         ("XDS_PROXY_KEEPALIVE_INTERVAL", "1s"),
@@ -501,10 +501,7 @@ fn prov_cert_policy_is_one() {
     let upstream_dir = c.upstream.prov_cert.clone().expect("xDS PROV_CERT");
     assert_eq!(identity_dir, upstream_dir);
     assert_eq!(identity_dir.cert_chain, prov.join("cert-chain.pem"));
-    assert!(
-        sds::ca::prov_cert_identity(&upstream_dir).is_none(),
-        "expired"
-    );
+    assert!(sds::prov_cert_identity(&upstream_dir).is_none(), "expired");
     // Both trust the PROV_CERT root when no other root is configured.
     assert_eq!(
         c.identity.ca_root,
@@ -516,10 +513,7 @@ fn prov_cert_policy_is_one() {
     );
 
     write_cert_dir(&prov, now + time::Duration::days(1));
-    assert!(
-        sds::ca::prov_cert_identity(&upstream_dir).is_some(),
-        "valid"
-    );
+    assert!(sds::prov_cert_identity(&upstream_dir).is_some(), "valid");
 }
 
 /// Every duration setting of the agent reads Go's syntax the same way: one table
@@ -834,10 +828,7 @@ fn identity_defaults_are_sds_defaults() {
 /// an error naming the variable.
 #[test]
 fn allow_plaintext_token_reaches_the_identity_config() {
-    assert_eq!(
-        sds::ca::ALLOW_PLAINTEXT_TOKEN_ENV,
-        "CA_ALLOW_PLAINTEXT_TOKEN"
-    );
+    assert_eq!(sds::ALLOW_PLAINTEXT_TOKEN_ENV, "CA_ALLOW_PLAINTEXT_TOKEN");
     let dir = tempfile::tempdir().unwrap();
     let off = load(dir.path(), &env(&[])).unwrap();
     assert!(!off.identity.allow_plaintext_token);

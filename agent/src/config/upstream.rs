@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use sds::CertDir;
 use sds::RootSource;
-use sds::config::CertDir;
 
 use super::identity::{is_plaintext_addr, istiod_server_name};
 use super::{AuthPolicy, Error, env::Env, resolve};
@@ -15,7 +15,7 @@ use super::{AuthPolicy, Error, env::Env, resolve};
 pub struct XdsUpstream {
     /// ProxyConfig `discoveryAddress`: Istio's `host:port`, or (not Istio) a comma-separated
     /// list of them. Every address is resolved to all its IPs and the proxy fails over between
-    /// them (`sds::tls::failover`).
+    /// them ([`sds::Failover`]).
     pub address: String,
     /// No TLS: `controlPlaneAuthPolicy: NONE` or a `:15010` address.
     pub plaintext: bool,
@@ -96,12 +96,10 @@ const CLIENT_KEY: &str = "ISTIO_META_TLS_CLIENT_KEY";
 pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
     let address = i.discovery_address.to_string();
     let plaintext = i.auth_policy == AuthPolicy::None || is_plaintext_addr(&address);
-    sds::tls::failover::Failover::new(&address, plaintext).map_err(|expected| {
-        Error::ProxyConfigField {
-            field: "discoveryAddress".into(),
-            value: address.clone(),
-            expected: expected.to_string(),
-        }
+    sds::Failover::new(&address, plaintext).map_err(|expected| Error::ProxyConfigField {
+        field: "discoveryAddress".into(),
+        value: address.clone(),
+        expected: expected.to_string(),
     })?;
     let root = if plaintext {
         RootSource::System
@@ -148,7 +146,7 @@ pub fn load(i: Inputs<'_>) -> Result<XdsUpstream, Error> {
         root,
         prov_cert,
         metadata,
-        token_path: i.base_dir.join(sds::config::paths::TOKEN),
+        token_path: i.base_dir.join(sds::paths::TOKEN),
         allow_plaintext_token: i.allow_plaintext_token,
         compliance: i.compliance,
         proxy_config_xds: i.env.bool("PROXY_CONFIG_XDS_AGENT", false)?,
@@ -286,7 +284,5 @@ fn xds_root(i: &Inputs<'_>) -> Result<RootSource, Error> {
             "a root for istiod's certificate: set XDS_ROOT_CA (or use a provider with a root)",
         ));
     }
-    Ok(RootSource::File(
-        i.base_dir.join(sds::config::paths::ISTIO_ROOT),
-    ))
+    Ok(RootSource::File(i.base_dir.join(sds::paths::ISTIO_ROOT)))
 }

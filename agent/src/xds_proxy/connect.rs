@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use sds::tls::failover::Failover;
+use sds::Failover;
 
 use super::{Connect, Knock, Probe, TokenFn, Upstream};
 use crate::config::XdsUpstream;
@@ -48,7 +48,7 @@ pub fn upstream(config: &XdsUpstream) -> Result<Upstream, ConnectError> {
     let last_set = last.clone();
     let connect: Connect = Arc::new(move || {
         let mut inputs = inputs.clone();
-        inputs.client_identity = prov_cert.as_ref().and_then(sds::ca::prov_cert_identity);
+        inputs.client_identity = prov_cert.as_ref().and_then(sds::prov_cert_identity);
         let failover = failover.clone();
         let in_use = in_use.clone();
         let last = last_set.clone();
@@ -60,8 +60,7 @@ pub fn upstream(config: &XdsUpstream) -> Result<Upstream, ConnectError> {
             if let Some(previous) = previous {
                 failover.failed(previous);
             }
-            let (channel, addr) =
-                sds::tls::connect_failover(&inputs, &failover, per_target).await?;
+            let (channel, addr) = sds::connect_failover(&inputs, &failover, per_target).await?;
             *in_use
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(addr);
@@ -164,7 +163,7 @@ mod tests {
             token_path: token_path.clone(),
             allow_plaintext_token: allow,
             reconnect: true,
-            keepalive: sds::tls::DEFAULT_KEEPALIVE,
+            keepalive: sds::DEFAULT_KEEPALIVE,
             multi_stream: false,
             prefetch: false,
             compliance: sds::Compliance::None,

@@ -11,7 +11,8 @@ use crate::config::Revision;
 
 /// The snapshot of the current revision at once, then of every new one until `cancel` (or until
 /// the revisions' sender is gone). Needs a tokio runtime.
-pub fn follow(
+#[cfg(test)]
+fn follow(
     revisions: watch::Receiver<Arc<Revision>>,
     mesh: Arc<MeshSettings>,
     cancel: CancellationToken,

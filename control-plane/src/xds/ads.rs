@@ -40,9 +40,11 @@ use super::{FixedResources, SyncTable, XdsType};
 use crate::ca::Identity;
 use crate::model::{Proxy, Snapshot};
 
+#[cfg(any(test, feature = "fuzzing"))]
 mod fuzz;
 mod service;
 
+#[cfg(feature = "fuzzing")]
 pub use fuzz::fuzz_ads_requests;
 
 pub use service::AdsService;

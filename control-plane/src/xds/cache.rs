@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::encoded::Encoded;
-use super::{FixedResources, Resources, XdsType, generate};
+use super::{FixedResources, XdsType, generate};
 use crate::model::{ProxyView, Snapshot};
 
 /// Most (view, type) generations kept per snapshot: 1,024 views of every type.
@@ -69,16 +69,17 @@ impl CachedSnapshot {
     }
 
     /// Resources of one type for a proxy view, generated once per (view, type).
-    pub fn resources(&self, view: &ProxyView, ty: XdsType) -> Arc<Resources> {
+    #[cfg(test)]
+    pub(crate) fn resources(&self, view: &ProxyView, ty: XdsType) -> Arc<super::Resources> {
         if let Some(fixed) = &self.fixed {
             return fixed.resources(view, ty);
         }
         self.encoded(view, ty).resources.clone()
     }
 
-    /// [`Self::resources`] with their response entries, encoded once per (view, type) and
-    /// shared by every stream that sends them. Fixed resources are encoded on each call
-    /// (`replay` serves a handful of proxies).
+    /// Resources of one type for a proxy view with their response entries, generated and
+    /// encoded once per (view, type) and shared by every stream that sends them. Fixed
+    /// resources are encoded on each call (`replay` serves a handful of proxies).
     pub(crate) fn encoded(&self, view: &ProxyView, ty: XdsType) -> Arc<Encoded> {
         if let Some(fixed) = &self.fixed {
             return Arc::new(Encoded::new(fixed.resources(view, ty)));
@@ -228,7 +229,7 @@ mod tests {
     struct Fixed(std::sync::atomic::AtomicUsize);
 
     impl FixedResources for Fixed {
-        fn resources(&self, _view: &ProxyView, ty: XdsType) -> Arc<Resources> {
+        fn resources(&self, _view: &ProxyView, ty: XdsType) -> Arc<super::super::Resources> {
             self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Arc::new(vec![super::super::Resource {
                 name: format!("fixed-{}", ty.short()),

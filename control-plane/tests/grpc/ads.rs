@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use control_plane::config::{Config, parse_file};
-use control_plane::model::{MeshSettings, Snapshot};
-use control_plane::xds::{AdsInputs, AdsServer, SyncTable, XdsMetrics};
+use control_plane::{
+    AdsInputs, AdsServer, Config, MeshSettings, Snapshot, SyncTable, XdsMetrics, parse_file,
+};
 use prometheus_client::registry::Registry;
 use proto::envoy::config::core::v3::Node;
 use proto::envoy::config::endpoint::v3::ClusterLoadAssignment;

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use control_plane::ca::{Ca, Claims, Identity as MeshIdentity, TokenIssuer};
+use control_plane::{Ca, Claims, Identity as MeshIdentity, TokenIssuer};
 use proto::envoy::config::core::v3::Node;
 use proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::envoy::service::discovery::v3::{

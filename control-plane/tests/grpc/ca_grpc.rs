@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use control_plane::ca::{Claims, DEFAULT_TOKEN_CLOCK_SKEW, TokenIssuer};
-use control_plane::server::{Running, serve};
-use control_plane::settings::{ServerSettings, Settings};
+use control_plane::{
+    Claims, DEFAULT_TOKEN_CLOCK_SKEW, Running, ServerSettings, Settings, TokenIssuer, serve,
+};
 use proto::istio::ca::istio_certificate_service_client::IstioCertificateServiceClient;
 use proto::istio::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair, PKCS_ECDSA_P256_SHA256, SanType};
@@ -17,7 +17,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Request};
 
 pub(crate) async fn start(config: &Path, ca: &Path) -> (Running, CancellationToken) {
-    start_with_caps(config, ca, control_plane::listen::GRPC_CAPS).await
+    start_with_caps(config, ca, control_plane::GRPC_CAPS).await
 }
 
 /// [`start`] with the gRPC ports' connection caps.
@@ -573,7 +573,7 @@ async fn replaced_plugin_cacerts_take_over_and_the_bundle_keeps_the_old_root() {
 
     // A restart during the overlap: the old root was saved in previous-roots.json, so it is
     // still in the bundle, and the old CA's client certificates still authenticate.
-    assert!(d.join(control_plane::ca::PREVIOUS_ROOTS).exists());
+    assert!(d.join(control_plane::PREVIOUS_ROOTS).exists());
     let (running, cancel) = start(config.path(), d).await;
     let r = signed_with_client_cert(
         running.secure_grpc_addr,

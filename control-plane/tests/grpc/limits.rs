@@ -184,7 +184,7 @@ fn ads_request(type_url: &str, nonce: &str) -> DiscoveryRequest {
 async fn a_connection_without_a_stream_is_closed_and_ads_streams_are_kept() {
     let (config, ca) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (running, cancel) = super::ca_grpc::start(config.path(), ca.path()).await;
-    let limits = control_plane::listen::GRPC_STREAM_LIMITS;
+    let limits = control_plane::GRPC_STREAM_LIMITS;
 
     // A proxy on each port (TLS: tonic's connection info differs, the streams are counted all
     // the same), its stream open from the start.
@@ -207,7 +207,7 @@ async fn a_connection_without_a_stream_is_closed_and_ads_streams_are_kept() {
         .expect("TLS connect in time")
         .expect("tls connect");
     // The secure port's ADS wants credentials (a token of the node's namespace).
-    let token = control_plane::ca::TokenIssuer::load_or_create(ca.path())
+    let token = control_plane::TokenIssuer::load_or_create(ca.path())
         .expect("issuer")
         .issue("ns", "sa", "istio-ca", Duration::from_secs(600));
     let mut streams = vec![
@@ -274,7 +274,7 @@ async fn a_connection_without_a_stream_gets_a_goaway_before_it_closes() {
     use tokio::io::AsyncWriteExt;
     let (config, ca) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (running, cancel) = super::ca_grpc::start(config.path(), ca.path()).await;
-    let limits = control_plane::listen::GRPC_STREAM_LIMITS;
+    let limits = control_plane::GRPC_STREAM_LIMITS;
     let addr = running.grpc_addr;
 
     let h2_client = async {

@@ -201,7 +201,7 @@ async fn two_thousand_proxies_reconnecting_at_once_all_get_cds_and_lds() {
 async fn listeners_queue_more_than_1024_pending_connections() {
     const PENDING: usize = 1500;
     let nofile = raise_nofile();
-    let Some(backlog) = control_plane::listen::effective_backlog() else {
+    let Some(backlog) = control_plane::effective_backlog() else {
         eprintln!("SKIP: /proc/sys/net/core/somaxconn unreadable");
         return;
     };
@@ -213,7 +213,7 @@ async fn listeners_queue_more_than_1024_pending_connections() {
         );
         return;
     }
-    let listener = control_plane::listen::bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+    let listener = control_plane::bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
     let addr = listener.local_addr().expect("addr");
     let mut connects = tokio::task::JoinSet::new();
     for _ in 0..PENDING {

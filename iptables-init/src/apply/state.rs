@@ -44,7 +44,8 @@ impl State {
     }
 
     /// The rules of `chain` in `table`, as saved.
-    pub fn rules_of<'a>(
+    #[cfg(test)]
+    pub(crate) fn rules_of<'a>(
         &'a self,
         table: &str,
         chain: &'a str,

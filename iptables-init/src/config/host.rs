@@ -38,7 +38,7 @@ impl HostInputs {
     }
 
     /// Local addresses, injected or listed from the kernel.
-    pub fn addresses(&self) -> Result<Vec<IpAddr>, Error> {
+    pub(crate) fn addresses(&self) -> Result<Vec<IpAddr>, Error> {
         match &self.addresses {
             Some(a) => Ok(a.clone()),
             None => system_addresses(),
@@ -46,7 +46,7 @@ impl HostInputs {
     }
 
     /// The uid of a user name, if it exists.
-    pub fn lookup_uid(&self, name: &str) -> Option<u32> {
+    pub(crate) fn lookup_uid(&self, name: &str) -> Option<u32> {
         match &self.users {
             Some(m) => m.get(name).copied(),
             None => super::userdb::uid(std::path::Path::new("/etc/passwd"), name),
@@ -54,7 +54,7 @@ impl HostInputs {
     }
 
     /// The gid of a group name, if it exists.
-    pub fn lookup_gid(&self, name: &str) -> Option<u32> {
+    pub(crate) fn lookup_gid(&self, name: &str) -> Option<u32> {
         match &self.groups {
             Some(m) => m.get(name).copied(),
             None => super::userdb::gid(std::path::Path::new("/etc/group"), name),

@@ -96,11 +96,6 @@ impl NftRuleBuilder {
         self
     }
 
-    /// Every rule, in the order it was added.
-    pub fn rules(&self) -> &[NftRule] {
-        &self.rules
-    }
-
     /// The rules of `table`, in the order they were added.
     pub fn table_rules<'a>(&'a self, table: &'a str) -> impl Iterator<Item = &'a NftRule> + 'a {
         self.rules.iter().filter(move |r| r.table == table)
@@ -150,7 +145,8 @@ pub fn render_ops(family: &str, table: &str, ops: &[Op<'_>], out: &mut String) {
 
 /// The chains' final rule order once `ops` are applied to empty chains (what `nft list` would
 /// show): an insert goes before the rule at its index.
-pub fn final_order<'a>(ops: &[Op<'a>]) -> HashMap<&'a str, Vec<&'a str>> {
+#[cfg(test)]
+fn final_order<'a>(ops: &[Op<'a>]) -> HashMap<&'a str, Vec<&'a str>> {
     let mut chains: HashMap<&str, Vec<&str>> = HashMap::new();
     for op in ops {
         match *op {

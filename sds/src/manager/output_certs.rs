@@ -43,13 +43,15 @@ fn write_files(dir: &Path, w: &Workload, mode: u32) -> Result<(), Error> {
 
 /// Writes `data` to `path` through a temporary file and a rename, mode 0600; skipped when the
 /// content is unchanged.
-pub fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Error> {
+#[cfg(test)]
+pub(super) fn write_atomic(path: &Path, data: &[u8]) -> Result<(), Error> {
     write_atomic_mode(path, data, 0o600)
 }
 
-/// [`write_atomic`] with the file mode `mode` (set explicitly: the umask does not apply);
+/// Writes `data` to `path` through a temporary file and a rename, with the file mode `mode`
+/// (set explicitly: the umask does not apply); skipped when the content and mode are unchanged,
 /// rewritten when only the mode differs.
-pub fn write_atomic_mode(path: &Path, data: &[u8], mode: u32) -> Result<(), Error> {
+fn write_atomic_mode(path: &Path, data: &[u8], mode: u32) -> Result<(), Error> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let out_err = |reason: String| Error::Output {

@@ -107,7 +107,7 @@ async fn one_stream<P: stream::Protocol>(sds: Sds, protocol: P, requests: &[&[u8
 
 /// One stream: the first byte picks SotW (even) or Delta (odd); the rest is framed requests,
 /// each decoded as tonic would (an undecodable one ends the stream). Never panics; the stream
-/// ends when its requests do, with at most [`MAX_RESPONSES`] responses.
+/// ends when its requests do, with at most `MAX_RESPONSES` (4096) responses.
 pub fn fuzz_sds_requests(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else {
         return;

@@ -52,7 +52,7 @@ impl Compliance {
     }
 
     /// The TLS versions the policy allows.
-    pub fn versions(self) -> &'static [&'static SupportedProtocolVersion] {
+    pub(crate) fn versions(self) -> &'static [&'static SupportedProtocolVersion] {
         static BOTH: [&SupportedProtocolVersion; 2] = [&version::TLS13, &version::TLS12];
         static TLS12: [&SupportedProtocolVersion; 1] = [&version::TLS12];
         static TLS13: [&SupportedProtocolVersion; 1] = [&version::TLS13];
@@ -64,7 +64,7 @@ impl Compliance {
     }
 
     /// The aws-lc-rs provider narrowed to the policy's cipher suites and groups.
-    pub fn provider(self) -> Arc<CryptoProvider> {
+    pub(crate) fn provider(self) -> Arc<CryptoProvider> {
         let mut p = aws_lc_rs::default_provider();
         let groups: Vec<&'static dyn SupportedKxGroup> = match self {
             Compliance::None => return Arc::new(p),

@@ -46,7 +46,7 @@ impl Target {
 
 /// The entries of an address: Istio's single `host:port` (or `http(s)://host:port`), or a
 /// comma-separated list of them (surrounding spaces ignored, empty entries skipped).
-pub fn entries(address: &str) -> Vec<&str> {
+pub fn address_entries(address: &str) -> Vec<&str> {
     address
         .split(',')
         .map(str::trim)
@@ -102,9 +102,9 @@ struct State {
 }
 
 impl Failover {
-    /// The entries of `address` (see [`entries`]); an error names the bad entry.
+    /// The entries of `address` (see [`address_entries`]); an error names the bad entry.
     pub fn new(address: &str, plaintext: bool) -> Result<Failover, Error> {
-        let origins = entries(address)
+        let origins = address_entries(address)
             .into_iter()
             .map(|e| entry_uri(e, plaintext))
             .collect::<Result<Vec<_>, _>>()?;
@@ -120,14 +120,14 @@ impl Failover {
     }
 
     /// More than one entry was given.
-    pub fn is_list(&self) -> bool {
+    pub(crate) fn is_list(&self) -> bool {
         self.origins.len() > 1
     }
 
     /// Every entry resolved to all its IPs, in entry order then resolver order (duplicates
     /// dropped), rotated so that the preferred target comes first. An entry that does not
     /// resolve is skipped (logged); the error lists every entry when none resolves.
-    pub async fn targets(&self) -> Result<Vec<Target>, Error> {
+    pub(crate) async fn targets(&self) -> Result<Vec<Target>, Error> {
         let mut out: Vec<Target> = Vec::new();
         let mut errors = Vec::new();
         for origin in self.origins.iter() {
@@ -175,7 +175,7 @@ impl Failover {
     }
 
     /// `addr` works: keep using it.
-    pub fn succeeded(&self, addr: SocketAddr) {
+    pub(crate) fn succeeded(&self, addr: SocketAddr) {
         self.lock().preferred = Some(addr);
     }
 
@@ -212,11 +212,11 @@ mod tests {
     #[test]
     fn entries_split_on_commas() {
         assert_eq!(
-            entries("istiod.istio-system.svc:15012"),
+            address_entries("istiod.istio-system.svc:15012"),
             ["istiod.istio-system.svc:15012"]
         );
-        assert_eq!(entries(" a:1 , [::1]:2,,"), ["a:1", "[::1]:2"]);
-        assert!(entries(" , ").is_empty());
+        assert_eq!(address_entries(" a:1 , [::1]:2,,"), ["a:1", "[::1]:2"]);
+        assert!(address_entries(" , ").is_empty());
     }
 
     #[test]

@@ -192,7 +192,7 @@ fn write_atomic(path: &Path, contents: &str) {
 }
 
 fn jwt_exp(token: &str) -> SystemTime {
-    sds::token::jwt_expiry(token).expect("istiod-lite tokens are JWTs with exp")
+    sds::testing::jwt_expiry(token).expect("istiod-lite tokens are JWTs with exp")
 }
 
 fn secs(d: Duration) -> String {

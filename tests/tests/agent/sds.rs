@@ -192,7 +192,7 @@ impl ServerCertVerifier for SpiffeVerifier {
 async fn handshake(addr: std::net::SocketAddr, root_pem: &str) -> Result<String, String> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut roots = rustls::RootCertStore::empty();
-    for der in sds::manager::parse_certs(root_pem.as_bytes()) {
+    for der in sds::testing::parse_certs(root_pem.as_bytes()) {
         roots
             .add(CertificateDer::from(der))
             .map_err(|e| e.to_string())?;

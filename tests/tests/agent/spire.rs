@@ -114,8 +114,8 @@ fn an_external_sds_socket_is_used_and_the_agent_serves_files_only() {
     let files_socket = own.join("var/run/secrets/credential-uds/files-socket");
     assert!(files_socket.exists(), "no file-only SDS socket");
     assert_eq!(
-        sds::external::check_socket(&files_socket, Duration::from_secs(1)).unwrap(),
-        sds::external::SocketCheck::Healthy,
+        sds::check_socket(&files_socket, Duration::from_secs(1)).unwrap(),
+        sds::SocketCheck::Healthy,
         "the file-only SDS server does not answer"
     );
     assert!(

@@ -83,9 +83,9 @@ fn frames(mut data: &[u8]) -> Vec<&[u8]> {
 
 /// One stream: the first byte picks SotW or Delta (bit 0) and whether the stream was
 /// authenticated (bit 1: as `ns/sa`, or bit 2: as `other/sa`); the rest is framed requests
-/// ([`frames`]), each decoded as the server decodes it (an undecodable one ends the stream
+/// (`frames`), each decoded as the server decodes it (an undecodable one ends the stream
 /// `INTERNAL`, as on the wire). Never panics; the stream ends when its requests do, and it
-/// sends no more than [`MAX_RESPONSES`] responses.
+/// sends no more than `MAX_RESPONSES` responses.
 pub fn fuzz_ads_requests(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else {
         return;

@@ -5,6 +5,8 @@
 //!   `bootstrap`).
 //! - [`config`]: the typed configuration (flags, env map, ProxyConfig layers).
 //! - [`bootstrap`]: Envoy's bootstrap and node metadata; the gRPC xDS bootstrap.
+//! - `identity`: who serves the workload identity sockets (an external SDS server such as
+//!   SPIRE's?), settled when the agent binds, not when the configuration loads.
 //! - [`platform`]: the cloud platform (`CLOUD_PLATFORM`, else discovered) the node metadata
 //!   and locality take facts from.
 //! - `envoy`: Envoy's argv, process and drain sequence.
@@ -15,7 +17,7 @@
 //! - `cpu_profile`: the agent's CPU profile in pprof's format (`/debug/pprof/profile`).
 //!
 //! The modules the binary, the fuzz targets, the benches and `agent/tests` reach are public;
-//! `envoy`, `status`, `health`, `http1`, `cgroup`, `sock_diag` and `cpu_profile` are the crate's
+//! `envoy`, `identity`, `status`, `health`, `http1`, `cgroup`, `sock_diag` and `cpu_profile` are the crate's
 //! own.
 
 // unsafe only where a module or function allows it: malloc tuning and rlimits (runtime.rs),
@@ -35,6 +37,7 @@ mod envoy;
 mod floors;
 mod health;
 mod http1;
+mod identity;
 pub mod lifecycle;
 #[cfg(test)]
 mod log_capture;

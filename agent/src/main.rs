@@ -192,15 +192,8 @@ fn bootstrap(
     ));
     // A DNS lookup still running must not hold the exit.
     rt.shutdown_background();
-    let written = agent::bootstrap::write(
-        &config,
-        agent::bootstrap::Ports {
-            status: config.proxy.status_port,
-        },
-        &platform,
-        out.as_deref(),
-    )?;
-    println!("{}", written.path.display());
+    let written = app::write_bootstrap(&config, &platform, out.as_deref())?;
+    println!("{}", written.display());
     Ok(0)
 }
 

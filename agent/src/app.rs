@@ -242,6 +242,7 @@ impl App {
         })
     }
 
+    #[cfg(test)]
     pub fn bound(&self) -> &Bound {
         &self.bound
     }
@@ -703,6 +704,30 @@ fn remove_socket(path: &Path) {
     if is_socket && let Err(e) = std::fs::remove_file(path) {
         tracing::warn!(error = %e, path = %path.display(), "removing the socket failed");
     }
+}
+
+/// `pilot-agent proxy`: binds every listener and runs the agent and Envoy until shutdown;
+/// returns the process exit code. The malloc arena is trimmed while the agent is idle.
+pub async fn proxy(config: Config, shutdown: Shutdown) -> anyhow::Result<i32> {
+    tracing::info!(
+        proxy_config = %crate::config::dump::redact_proxy_config(&config.proxy.raw),
+        node = %config.node_id(),
+        "effective proxy config (credentials redacted)"
+    );
+    tokio::spawn(crate::runtime::trim_while_idle(shutdown.token().clone()));
+    let app = App::bind(Inputs {
+        config,
+        shutdown,
+        status_addr: None,
+    })
+    .await?;
+    app.run().await
+}
+
+/// The cloud platform `config` names or the metadata servers reveal, waited for at most
+/// [`crate::platform::BOUND`].
+pub async fn discover_platform(config: &Config) -> crate::platform::Platform {
+    crate::platform::discover(&config.platform, crate::platform::BOUND).await
 }
 
 /// `pilot-agent bootstrap`: writes Envoy's bootstrap for an externally run Envoy on

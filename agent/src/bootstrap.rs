@@ -95,11 +95,13 @@ pub fn local_address_ip_version(config: &Config) -> &'static str {
 }
 
 /// Renders the built-in bootstrap as JSON.
+#[cfg(test)]
 pub fn render(config: &Config, bound: Bound, platform: &Platform) -> Result<Value, Error> {
     builtin::render(&options::Options::new(config, bound, platform)?)
 }
 
 /// The data a template is rendered with (Istio's template parameters).
+#[cfg(test)]
 pub fn template_data(config: &Config, bound: Bound, platform: &Platform) -> Result<Value, Error> {
     Ok(template_data::template_data(
         config,

@@ -22,12 +22,14 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 pub use bootstrap::BootstrapConfig;
-pub use env::{Metrics as EnvMetrics, STRICT_ENV};
+pub use env::Metrics as EnvMetrics;
+#[cfg(test)]
+pub use env::STRICT_ENV;
 pub use envoy::{EnvoyConfig, HeapLimit};
 pub use grpc::XdsServer;
 pub use node::Node;
 pub use platform::{CloudPlatform, PlatformConfig};
-pub use proxy_config::{AuthPolicy, ProxyConfig, StatsMatcher, split_host_port};
+pub use proxy_config::{AuthPolicy, ProxyConfig, split_host_port};
 pub use status::StatusConfig;
 pub use upstream::XdsUpstream;
 

@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use agent::bootstrap;
-use agent::config::{Config, Inputs, NodeType, ProxyFlags};
+use agent::testing::{Inputs, Platform};
+use agent::{Config, NodeType, ProxyFlags};
 use serde_json::{Map, Value, json};
 
 const CASES: usize = 29;
@@ -146,7 +146,7 @@ fn generate_with(
         cgroup_memory_limit: None,
     })
     .map_err(|e| format!("config: {e}"))?;
-    let written = agent::app::write_bootstrap(&config, &agent::platform::Platform::none(), None)
+    let written = agent::write_bootstrap(&config, &Platform::none(), None)
         .map_err(|e| format!("bootstrap: {e:?}"))?;
     let expected = config_dir.join("envoy-rev.json");
     if written != expected {
@@ -384,7 +384,7 @@ fn run_goldens(way: Way, label: &str, dir: &Path, template: &Path, goldens: Vec<
         if !extra.is_empty() {
             reported.push(format!("{name}: {}", extra.join(",")));
         }
-        let token = g.config_dir.join(bootstrap::LIGHTSTEP_TOKEN_FILE);
+        let token = g.config_dir.join("lightstep_access_token.txt");
         match (name == "tracing_lightstep", std::fs::read_to_string(&token)) {
             (true, Ok(t)) if t == LIGHTSTEP_TOKEN => {}
             (true, got) => diffs.push(format!(
@@ -801,8 +801,7 @@ fn extras(envoy: &Path, way: Way) {
         cgroup_memory_limit: None,
     })
     .expect("config");
-    let written = agent::app::write_bootstrap(&config, &agent::platform::Platform::none(), None)
-        .expect("bootstrap");
+    let written = agent::write_bootstrap(&config, &Platform::none(), None).expect("bootstrap");
     let b: Value =
         serde_json::from_str(&std::fs::read_to_string(&written).expect("read")).expect("json");
     if way == Way::IstioTemplate && !env["ISTIO_BOOTSTRAP"].ends_with(".json") {

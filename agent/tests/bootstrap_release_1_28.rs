@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use agent::config::{Config, Inputs, NodeType, ProxyFlags};
+use agent::testing::{Inputs, Platform};
+use agent::{Config, NodeType, ProxyFlags};
 use serde_json::{Value, json};
 
 fn template_1_28() -> PathBuf {
@@ -59,8 +60,7 @@ fn render(template: &Path, annotations: &str, env: &[(&str, &str)], outlier: &st
         cgroup_memory_limit: None,
     })
     .expect("config");
-    let written = agent::app::write_bootstrap(&config, &agent::platform::Platform::none(), None)
-        .expect("bootstrap");
+    let written = agent::write_bootstrap(&config, &Platform::none(), None).expect("bootstrap");
     let text = std::fs::read_to_string(&written).expect("read bootstrap");
     let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
     Render {

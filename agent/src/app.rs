@@ -16,10 +16,11 @@ use std::time::Duration;
 use anyhow::Context;
 use prometheus_client::registry::Registry;
 
-use crate::bootstrap::{self, Ports};
+use crate::bootstrap;
 use crate::config::{Config, NodeType};
 use crate::envoy::readiness::EnvoyReadiness;
 use crate::envoy::{self, admin::Admin};
+use crate::identity::{self, Sockets};
 use crate::lifecycle::{Components, Readiness, Shutdown};
 use crate::platform::Pending;
 use crate::status::{self, StatusServer, probe::Prober};
@@ -51,6 +52,8 @@ pub struct Bound {
     pub xds: PathBuf,
     pub sds: Option<PathBuf>,
     pub dns: Vec<SocketAddr>,
+    /// Who serves the workload identity sockets, as found when binding.
+    pub sockets: Sockets,
 }
 
 /// A bound, not yet running, agent.
@@ -181,7 +184,8 @@ impl App {
         let mut sockets = SocketFiles::default();
 
         let dns = bind_dns(&config, registry).await?;
-        let (manager, sds) = bind_identity(&config, registry, &mut sockets).await?;
+        let (manager, sds, identity_sockets) =
+            bind_identity(&config, registry, &mut sockets).await?;
         let health_channel = config
             .status
             .health_probe
@@ -219,6 +223,7 @@ impl App {
             xds: xds.path.clone(),
             sds: sds.as_ref().map(|s| s.path().to_path_buf()),
             dns: dns.as_ref().map(|d| d.local_addrs()).unwrap_or_default(),
+            sockets: identity_sockets,
         };
         announce(&config, &bound);
         Ok(App {
@@ -237,6 +242,7 @@ impl App {
         })
     }
 
+    #[cfg(test)]
     pub fn bound(&self) -> &Bound {
         &self.bound
     }
@@ -260,6 +266,7 @@ impl App {
         } = self;
         let (components, prefetch) = spawn_components(Parts {
             config: &config,
+            sockets: bound.sockets,
             shutdown: &shutdown,
             readiness: &readiness,
             status,
@@ -345,6 +352,7 @@ fn announce(config: &Config, bound: &Bound) {
 /// What [`spawn_components`] starts, out of a bound [`App`].
 struct Parts<'a> {
     config: &'a Arc<Config>,
+    sockets: Sockets,
     shutdown: &'a Shutdown,
     readiness: &'a Readiness,
     status: StatusServer,
@@ -366,6 +374,7 @@ fn spawn_components(
 ) {
     let Parts {
         config,
+        sockets,
         shutdown,
         readiness,
         status,
@@ -418,7 +427,11 @@ fn spawn_components(
         let path = config.bootstrap.grpc_xds_bootstrap.clone();
         tokio::spawn(status::grpc_ready::wait(path, guard, token.clone()));
     }
-    tokio::spawn(write_grpc_bootstrap(config.clone(), platform.clone()));
+    tokio::spawn(write_grpc_bootstrap(
+        config.clone(),
+        sockets,
+        platform.clone(),
+    ));
     (components, prefetch)
 }
 
@@ -447,28 +460,37 @@ async fn bind_dns(
     Ok(Some(dns))
 }
 
-/// Workload identity (bound second): the secret manager, and the SDS server unless Envoy is disabled
-/// (proxyless: certificates go to `OUTPUT_CERTS`).
+/// Workload identity (bound second): who serves the workload sockets (a live external server
+/// is left alone, a stale socket file removed: [`identity::settle`]), the secret manager, and
+/// the SDS server unless Envoy is disabled (proxyless: certificates go to `OUTPUT_CERTS`).
 async fn bind_identity(
-    config: &Config,
+    config: &Arc<Config>,
     registry: &mut Registry,
     sockets: &mut SocketFiles,
-) -> anyhow::Result<(sds::SecretManager, Option<sds::SdsServer>)> {
-    let metrics = Arc::new(sds::Metrics::new(registry));
-    let manager = sds::SecretManager::new(Arc::new(config.identity.clone()), metrics)
-        .context("secret manager")?;
-    if config.workload_socket.external {
+) -> anyhow::Result<(sds::SecretManager, Option<sds::SdsServer>, Sockets)> {
+    // Probing a socket may wait for its server's answer: off the runtime's one thread.
+    let settled = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || identity::settle(&config))
+            .await
+            .context("settling the workload identity")??
+    };
+    let listen = settled.identity.socket_path.clone();
+    if settled.sockets.external {
         tracing::info!(
             external = %config.workload_socket.configured.display(),
-            files = %config.sds_socket().display(),
+            files = %listen.display(),
             "an external SDS server already serves the workload identity socket (SPIRE?): \
              Envoy takes default and ROOTCA from it; serving file certificates only, no CA calls"
         );
     }
+    let metrics = Arc::new(sds::Metrics::new(registry));
+    let manager =
+        sds::SecretManager::new(Arc::new(settled.identity), metrics).context("secret manager")?;
     if config.envoy.disabled {
-        return Ok((manager, None));
+        return Ok((manager, None, settled.sockets));
     }
-    let server = sds::SdsServer::bind(&config.sds_socket(), manager.clone())
+    let server = sds::SdsServer::bind(&listen, manager.clone())
         .await
         .context("binding the SDS socket")?;
     sockets.0.push(server.path().to_path_buf());
@@ -482,7 +504,7 @@ async fn bind_identity(
                 .with_context(|| format!("handing {} to Envoy's uid", p.display()))?;
         }
     }
-    Ok((manager, Some(server)))
+    Ok((manager, Some(server), settled.sockets))
 }
 
 /// The xDS proxy, bound on `<configPath>/XDS`.
@@ -622,9 +644,9 @@ fn bind_status_server(
 }
 
 /// Writes the gRPC xDS bootstrap once the platform is known.
-async fn write_grpc_bootstrap(config: Arc<Config>, platform: Pending) {
+async fn write_grpc_bootstrap(config: Arc<Config>, sockets: Sockets, platform: Pending) {
     let platform = platform.get().await;
-    if let Err(e) = bootstrap::write_grpc_bootstrap(&config, &platform) {
+    if let Err(e) = bootstrap::write_grpc_bootstrap(&config, sockets, &platform) {
         tracing::warn!(error = %e, "writing the gRPC xDS bootstrap failed");
     }
 }
@@ -645,8 +667,9 @@ async fn run_envoy(
     };
     let written = bootstrap::write(
         config,
-        Ports {
+        bootstrap::Bound {
             status: bound.status.map_or(config.proxy.status_port, |a| a.port()),
+            sockets: bound.sockets,
         },
         &platform,
         None,
@@ -681,6 +704,47 @@ fn remove_socket(path: &Path) {
     if is_socket && let Err(e) = std::fs::remove_file(path) {
         tracing::warn!(error = %e, path = %path.display(), "removing the socket failed");
     }
+}
+
+/// `pilot-agent proxy`: binds every listener and runs the agent and Envoy until shutdown;
+/// returns the process exit code. The malloc arena is trimmed while the agent is idle.
+pub async fn proxy(config: Config, shutdown: Shutdown) -> anyhow::Result<i32> {
+    tracing::info!(
+        proxy_config = %crate::config::dump::redact_proxy_config(&config.proxy.raw),
+        node = %config.node_id(),
+        "effective proxy config (credentials redacted)"
+    );
+    tokio::spawn(crate::runtime::trim_while_idle(shutdown.token().clone()));
+    let app = App::bind(Inputs {
+        config,
+        shutdown,
+        status_addr: None,
+    })
+    .await?;
+    app.run().await
+}
+
+/// The cloud platform `config` names or the metadata servers reveal, waited for at most
+/// [`crate::platform::BOUND`].
+pub async fn discover_platform(config: &Config) -> crate::platform::Platform {
+    crate::platform::discover(&config.platform, crate::platform::BOUND).await
+}
+
+/// `pilot-agent bootstrap`: writes Envoy's bootstrap for an externally run Envoy on
+/// `platform` (into `out`, or where `proxy` would), with the configured status port and the
+/// workload sockets as found now (a stale socket file is removed, as at bind). Returns the
+/// file's path.
+pub fn write_bootstrap(
+    config: &Config,
+    platform: &crate::platform::Platform,
+    out: Option<&Path>,
+) -> anyhow::Result<PathBuf> {
+    let sockets = identity::sockets(&config.workload_socket)?;
+    let bound = bootstrap::Bound {
+        status: config.proxy.status_port,
+        sockets,
+    };
+    Ok(bootstrap::write(config, bound, platform, out)?.path)
 }
 
 /// Loads the configuration for `proxy`/`bootstrap` from the process environment.
@@ -814,6 +878,59 @@ mod tests {
         assert!(!sds.exists(), "{} left behind", sds.display());
     }
 
+    /// The workload socket is settled when binding, not when the configuration loads: a
+    /// leftover socket file is removed and the agent's SDS server takes its place; a live
+    /// server there (SPIRE's agent, say) is left alone and the agent serves file certificates
+    /// only, on the files socket.
+    #[tokio::test]
+    async fn binding_settles_the_workload_socket() {
+        let external_envoy = [("ISTIO_AGENT_EXTERNAL_ENVOY", "true")];
+        let istiod = r#"{"discoveryAddress":"127.0.0.1:1"}"#;
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir
+            .path()
+            .join("var/run/secrets/workload-spiffe-uds/socket");
+        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+        let config = sidecar_config(dir.path(), &external_envoy, istiod);
+        assert!(
+            socket.exists(),
+            "loading the configuration touched the socket"
+        );
+        let (app, _shutdown, bound) = bind(config).await;
+        assert_eq!(bound.sockets, Sockets::default());
+        assert_eq!(bound.sds.as_deref(), Some(socket.as_path()));
+        drop(app);
+
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir
+            .path()
+            .join("var/run/secrets/workload-spiffe-uds/socket");
+        let manager = sds::SecretManager::new(
+            Arc::new(sds::Config::defaults(dir.path())),
+            Arc::new(sds::Metrics::new(&mut Registry::default())),
+        )
+        .unwrap();
+        let external = sds::SdsServer::bind(&socket, manager).await.unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let serving = tokio::spawn(external.run(stop.clone()));
+        let config = sidecar_config(dir.path(), &external_envoy, istiod);
+        let (app, _shutdown, bound) = bind(config).await;
+        assert!(bound.sockets.external);
+        assert_eq!(
+            bound.sds.as_deref(),
+            Some(
+                dir.path()
+                    .join("var/run/secrets/credential-uds/files-socket")
+                    .as_path()
+            )
+        );
+        assert!(socket.exists(), "the external server's socket was touched");
+        drop(app);
+        stop.cancel();
+        serving.await.unwrap().unwrap();
+    }
+
     /// Binding fails half way (the status port is taken): the socket files already bound are
     /// removed with the error.
     #[tokio::test]
@@ -822,7 +939,7 @@ mod tests {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let config = sidecar_config(dir.path(), &[], r#"{"discoveryAddress":"127.0.0.1:1"}"#);
         let xds = config.xds_socket();
-        let sds = config.sds_socket();
+        let sds = config.workload_socket.configured.clone();
         let err = App::bind(Inputs {
             config,
             shutdown: Shutdown::default(),

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::config::{Config, NodeType};
+use crate::identity::Sockets;
 use crate::platform::Platform;
 
 mod builtin;
@@ -67,10 +68,12 @@ pub enum Error {
     Lockdown { path: PathBuf, reason: String },
 }
 
-/// Ports only known after binding (the status server may use port 0 in tests).
-#[derive(Debug, Clone, Copy)]
-pub struct Ports {
+/// What is only known once the agent is bound: the status port (the status server may use
+/// port 0 in tests) and who serves the workload identity sockets.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Bound {
     pub status: u16,
+    pub sockets: Sockets,
 }
 
 /// The agent's own version (this crate).
@@ -92,15 +95,17 @@ pub fn local_address_ip_version(config: &Config) -> &'static str {
 }
 
 /// Renders the built-in bootstrap as JSON.
-pub fn render(config: &Config, ports: Ports, platform: &Platform) -> Result<Value, Error> {
-    builtin::render(&options::Options::new(config, ports, platform)?)
+#[cfg(test)]
+pub fn render(config: &Config, bound: Bound, platform: &Platform) -> Result<Value, Error> {
+    builtin::render(&options::Options::new(config, bound, platform)?)
 }
 
 /// The data a template is rendered with (Istio's template parameters).
-pub fn template_data(config: &Config, ports: Ports, platform: &Platform) -> Result<Value, Error> {
+#[cfg(test)]
+pub fn template_data(config: &Config, bound: Bound, platform: &Platform) -> Result<Value, Error> {
     Ok(template_data::template_data(
         config,
-        &options::Options::new(config, ports, platform)?,
+        &options::Options::new(config, bound, platform)?,
     ))
 }
 
@@ -167,7 +172,7 @@ fn write_file(path: &Path, text: &str) -> Result<(), Error> {
 /// `<configPath>/lightstep_access_token.txt` first.
 pub fn write(
     config: &Config,
-    ports: Ports,
+    bound: Bound,
     platform: &Platform,
     out: Option<&Path>,
 ) -> Result<Written, Error> {
@@ -177,7 +182,7 @@ pub fn write(
             generated: false,
         });
     }
-    let opts = options::Options::new(config, ports, platform)?;
+    let opts = options::Options::new(config, bound, platform)?;
     if let Some(telemetry::Tracer::Lightstep { access_token, .. }) = &opts.telemetry.tracer {
         let token = config
             .path(&config.proxy.config_path)

@@ -22,12 +22,14 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 pub use bootstrap::BootstrapConfig;
-pub use env::{Metrics as EnvMetrics, STRICT_ENV};
+pub use env::Metrics as EnvMetrics;
+#[cfg(test)]
+pub use env::STRICT_ENV;
 pub use envoy::{EnvoyConfig, HeapLimit};
 pub use grpc::XdsServer;
 pub use node::Node;
 pub use platform::{CloudPlatform, PlatformConfig};
-pub use proxy_config::{AuthPolicy, ProxyConfig, StatsMatcher, split_host_port};
+pub use proxy_config::{AuthPolicy, ProxyConfig, split_host_port};
 pub use status::StatusConfig;
 pub use upstream::XdsUpstream;
 
@@ -69,12 +71,6 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error(
-        "agent configured for non-default SDS socket path: {path} but no socket found (WORKLOAD_IDENTITY_SOCKET_FILE={file:?} names a socket that an external SDS server such as SPIRE's agent must serve before pilot-agent starts; unset it to use pilot-agent's own SDS server)"
-    )]
-    NoExternalSocket { path: PathBuf, file: String },
-    #[error("{0}")]
-    Socket(sds::Error),
     #[error("invalid proxy type {0:?}: expected sidecar, router or waypoint")]
     NodeType(String),
     /// `PROV_CERT` beside mounted certificates (`FILE_MOUNTED_CERTS`, or GKE's files).
@@ -82,10 +78,6 @@ pub enum Error {
     ProvCertExclusive(&'static str),
     #[error("CA_PROVIDER=GkeWorkloadCertificate: GKE workload certificate files ({0}) not present")]
     GkeWorkloadFiles(String),
-    #[error(
-        "CA provider {0:?} not registered (CA_PROVIDER: Citadel, Istio's CA, is the one CA client; GoogleCA is chosen by a CA_ADDR under googleapis.com; GkeWorkloadCertificate reads mounted files)"
-    )]
-    CaProviderNotRegistered(String),
     #[error("invalid flag --{flag}={value:?}: expected {expected}")]
     Flag {
         flag: String,
@@ -209,9 +201,14 @@ pub struct Config {
     pub envoy: EnvoyConfig,
     /// Envoy's bootstrap inputs.
     pub bootstrap: BootstrapConfig,
-    /// The workload socket as settled at start (an external SDS server such as SPIRE's?).
+    /// The workload identity sockets as configured; who serves them is settled at bind.
     pub workload_socket: identity::WorkloadSocket,
-    /// Workload identity: CA client, certificates, SDS, `OUTPUT_CERTS`.
+    /// `CA_PROVIDER`, settled; whether it needs a CA client is known at bind (not with an
+    /// external SDS server or mounted certificates).
+    pub ca_provider: ca_provider::CaProvider,
+    /// Workload identity: CA client, certificates, SDS on the configured workload socket,
+    /// `OUTPUT_CERTS`. An external SDS server found at bind moves the agent's own to
+    /// file certificates only (the top-level `identity` module).
     pub identity: sds::Config,
     /// The DNS proxy, when enabled (`ISTIO_META_DNS_CAPTURE` for sidecars, or
     /// `ISTIO_META_ENABLE_DNS_SERVER`).
@@ -320,11 +317,6 @@ impl Config {
         self.path(&self.proxy.config_path).join("XDS")
     }
 
-    /// `./var/run/secrets/workload-spiffe-uds/<WORKLOAD_IDENTITY_SOCKET_FILE>`: the SDS socket.
-    pub fn sds_socket(&self) -> PathBuf {
-        self.identity.socket_path.clone()
-    }
-
     /// The service node id `<type>~<ip>~<pod>.<ns>~<domain>`.
     pub fn node_id(&self) -> String {
         self.node.id()
@@ -359,6 +351,7 @@ impl Config {
         let workload_socket = workload_socket(env, &base_dir)?;
         let istiod = Istiod::load(env, &base_dir, &proxy.discovery_address)?;
         let identity = istiod.identity(&node, &workload_socket)?;
+        let ca_provider = istiod.ca_provider.clone();
         let envoy = envoy::load(envoy::Inputs {
             env,
             flags: &flags,
@@ -394,6 +387,7 @@ impl Config {
             envoy,
             bootstrap,
             workload_socket,
+            ca_provider,
             identity,
             dns,
             upstream,
@@ -414,7 +408,7 @@ fn dns_enabled(env: Env<'_>, kind: NodeType) -> Result<bool, Error> {
     Ok((dns_capture && kind == NodeType::Sidecar) || dns_server)
 }
 
-/// The workload identity socket under `WORKLOAD_IDENTITY_SOCKET_FILE` (a bare file name).
+/// The workload identity sockets under `WORKLOAD_IDENTITY_SOCKET_FILE` (a bare file name).
 fn workload_socket(env: Env<'_>, base_dir: &Path) -> Result<identity::WorkloadSocket, Error> {
     let socket_file = env.str("WORKLOAD_IDENTITY_SOCKET_FILE", "socket");
     if socket_file.contains('/') {
@@ -424,7 +418,7 @@ fn workload_socket(env: Env<'_>, base_dir: &Path) -> Result<identity::WorkloadSo
             "a bare file name",
         ));
     }
-    identity::workload_socket(base_dir, &socket_file)
+    Ok(identity::WorkloadSocket::new(base_dir, &socket_file))
 }
 
 /// What the two connections to istiod (the CA client and the xDS upstream) share: one

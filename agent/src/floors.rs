@@ -21,6 +21,7 @@ const FLOORS: &[&str] = &[
     "http1",
     "cgroup",
     "config",
+    "identity",
     "platform",
     "bootstrap",
     "cli",

@@ -5,22 +5,20 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 
-use agent::app::{self, App};
-use agent::cli::{self, Command};
-use agent::lifecycle::Shutdown;
+use agent::{Command, LogFlags, Shutdown, USAGE_ERROR_CODE};
 
-/// Logging from `--log_output_level` (Istio's scopes, `agent::log_scopes`) unless `RUST_LOG`
-/// is set, in Istio's line layout (`agent::log_format`). A level Istio refuses stops `proxy`, as Istio's agent (whose other commands do not
-/// read the flag; here they log at `info`).
+/// Logging from `--log_output_level` (Istio's scopes, `agent::log_filter`) unless `RUST_LOG`
+/// is set, in Istio's line layout (`agent::istio_format`). A level Istio refuses stops `proxy`,
+/// as Istio's agent (whose other commands do not read the flag; here they log at `info`).
 #[allow(clippy::disallowed_methods)] // RUST_LOG, as tracing's EnvFilter reads it, before the rest
-fn init_logging(log: &cli::LogFlags, proxy: bool) {
+fn init_logging(log: &LogFlags, proxy: bool) {
     let filter = match std::env::var("RUST_LOG") {
         Ok(f) => f,
-        Err(_) => match agent::log_scopes::filter(&log.output_level) {
+        Err(_) => match agent::log_filter(&log.output_level) {
             Ok(f) => f,
             Err(e) if proxy => {
                 eprintln!("Error: --log_output_level: {e}");
-                std::process::exit(cli::USAGE_ERROR_CODE);
+                std::process::exit(USAGE_ERROR_CODE);
             }
             Err(_) => "info".to_string(),
         },
@@ -32,17 +30,17 @@ fn init_logging(log: &cli::LogFlags, proxy: bool) {
             .map(String::as_str)
             .unwrap_or(if proxy { "stdout" } else { "stderr" });
     let writer = go_syntax::istio_log::writer(target);
-    // Istio's line layout (`agent::log_format`), text or `--log_as_json`; never coloured.
+    // Istio's line layout, text or `--log_as_json`; never coloured.
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(writer)
         .with_ansi(false)
-        .event_format(agent::log_format::istio_format(log.as_json))
+        .event_format(agent::istio_format(log.as_json))
         .init();
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(agent::runtime::build()?)
+    Ok(agent::build_runtime()?)
 }
 
 /// SIGTERM and SIGINT, caught from before the configuration is read: a signal during startup
@@ -74,29 +72,22 @@ impl Signals {
     }
 }
 
-async fn run_proxy(config: agent::config::Config, signals: Signals) -> anyhow::Result<i32> {
+async fn run_proxy(config: agent::Config, signals: Signals) -> anyhow::Result<i32> {
     let shutdown = Shutdown::default();
     signals.watch(shutdown.clone());
-    tokio::spawn(agent::runtime::trim_while_idle(shutdown.token().clone()));
-    let app = App::bind(app::Inputs {
-        config,
-        shutdown: shutdown.clone(),
-        status_addr: None,
-    })
-    .await?;
-    app.run().await
+    agent::proxy(config, shutdown).await
 }
 
 #[allow(clippy::disallowed_methods)] // main reads the environment once and passes a map down
 fn main() {
-    agent::runtime::tune_malloc();
+    agent::tune_malloc();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let env: HashMap<String, String> = std::env::vars().collect();
-    let cli = match cli::parse(&args) {
+    let cli = match agent::parse_args(&args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("Error: {e}");
-            std::process::exit(cli::USAGE_ERROR_CODE);
+            std::process::exit(USAGE_ERROR_CODE);
         }
     };
     if !matches!(cli.command, Command::Iptables(_)) {
@@ -123,7 +114,7 @@ fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Completion(Some(shell)) => {
-            print!("{}", cli::completion_script(shell));
+            print!("{}", agent::completion_script(shell));
             Ok(0)
         }
         Command::Completion(None) => {
@@ -133,7 +124,7 @@ fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Version { short, output } => {
-            print!("{}", cli::version_text(short, &output)?);
+            print!("{}", agent::version_text(short, &output)?);
             Ok(0)
         }
         Command::Iptables(args) => Ok(iptables_init::run_cli(
@@ -142,7 +133,7 @@ fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
         )),
         Command::Wait(w) => {
             let rt = runtime()?;
-            match rt.block_on(agent::client::wait(&w)) {
+            match rt.block_on(agent::wait(&w)) {
                 Ok(()) => {
                     tracing::info!("Envoy is ready");
                     Ok(0)
@@ -155,7 +146,7 @@ fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
         }
         Command::Request(r) => {
             let rt = runtime()?;
-            match rt.block_on(agent::client::request(&r)) {
+            match rt.block_on(agent::request(&r)) {
                 Ok(body) => {
                     print!("{body}");
                     Ok(0)
@@ -177,37 +168,27 @@ fn run(command: Command, env: &HashMap<String, String>) -> anyhow::Result<i32> {
 
 /// `pilot-agent bootstrap`: writes Envoy's bootstrap for an externally run Envoy.
 fn bootstrap(
-    node_type: agent::config::NodeType,
-    flags: agent::config::ProxyFlags,
+    node_type: agent::NodeType,
+    flags: agent::ProxyFlags,
     output: Option<String>,
     env: &HashMap<String, String>,
     base_dir: std::path::PathBuf,
 ) -> anyhow::Result<i32> {
-    let config = app::load_config(node_type, flags, env, base_dir)?;
+    let config = agent::load_config(node_type, flags, env, base_dir)?;
     let out = output.map(|o| config.path(&o));
     let rt = runtime()?;
-    let platform = rt.block_on(agent::platform::discover(
-        &config.platform,
-        agent::platform::BOUND,
-    ));
+    let platform = rt.block_on(agent::discover_platform(&config));
     // A DNS lookup still running must not hold the exit.
     rt.shutdown_background();
-    let written = agent::bootstrap::write(
-        &config,
-        agent::bootstrap::Ports {
-            status: config.proxy.status_port,
-        },
-        &platform,
-        out.as_deref(),
-    )?;
-    println!("{}", written.path.display());
+    let written = agent::write_bootstrap(&config, &platform, out.as_deref())?;
+    println!("{}", written.display());
     Ok(0)
 }
 
 /// `pilot-agent proxy`: runs the agent and Envoy until shutdown.
 fn proxy(
-    node_type: agent::config::NodeType,
-    flags: agent::config::ProxyFlags,
+    node_type: agent::NodeType,
+    flags: agent::ProxyFlags,
     env: &HashMap<String, String>,
     base_dir: std::path::PathBuf,
 ) -> anyhow::Result<i32> {
@@ -217,13 +198,8 @@ fn proxy(
         Signals::install()?
     };
     // After the handlers: from its first log line on, the agent handles SIGTERM.
-    agent::runtime::raise_open_file_limit();
-    let config = app::load_config(node_type, flags, env, base_dir)?;
-    tracing::info!(
-        proxy_config = %agent::config::dump::redact_proxy_config(&config.proxy.raw),
-        node = %config.node_id(),
-        "effective proxy config (credentials redacted)"
-    );
+    agent::raise_open_file_limit();
+    let config = agent::load_config(node_type, flags, env, base_dir)?;
     let code = rt.block_on(run_proxy(config, signals));
     // A blocking task (a DNS lookup, a file read) must not hold the exit.
     rt.shutdown_timeout(std::time::Duration::from_secs(1));

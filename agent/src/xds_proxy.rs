@@ -55,8 +55,8 @@ mod backoff;
 mod coalesce;
 mod codec;
 mod connect;
-#[cfg(any(test, feature = "testing"))]
-pub mod fake;
+#[cfg(test)]
+mod fake;
 mod hpack;
 mod relay;
 mod sieve;
@@ -81,7 +81,6 @@ use proto::istio::nds::NameTable;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-pub use codec::RawResponse;
 pub use connect::{ConnectError, upstream};
 pub use warm::Prefetch;
 

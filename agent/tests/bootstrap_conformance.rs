@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use agent::bootstrap::{self, Ports};
-use agent::config::{Config, Inputs, NodeType, ProxyFlags};
+use agent::testing::{Inputs, Platform};
+use agent::{Config, NodeType, ProxyFlags};
 use serde_json::{Map, Value, json};
 
 const CASES: usize = 29;
@@ -90,7 +90,7 @@ struct Generated {
 }
 
 /// The README's "How to run a case", through the agent's own entry points (`Config::load`
-/// with the case's environment, then `bootstrap::write`).
+/// with the case's environment, then `app::write_bootstrap`, as `pilot-agent bootstrap`).
 fn generate(corpus: &Path, name: &str, case: &Path, way: Way) -> Result<Generated, String> {
     let template = corpus.join("envoy_bootstrap.json");
     generate_with(corpus, &template, name, case, way, &|_, _| {})
@@ -146,20 +146,13 @@ fn generate_with(
         cgroup_memory_limit: None,
     })
     .map_err(|e| format!("config: {e}"))?;
-    let written = bootstrap::write(
-        &config,
-        Ports {
-            status: config.proxy.status_port,
-        },
-        &agent::platform::Platform::none(),
-        None,
-    )
-    .map_err(|e| format!("bootstrap: {e:?}"))?;
+    let written = agent::write_bootstrap(&config, &Platform::none(), None)
+        .map_err(|e| format!("bootstrap: {e:?}"))?;
     let expected = config_dir.join("envoy-rev.json");
-    if written.path != expected {
+    if written != expected {
         return Err(format!(
             "bootstrap written to {}, expected {}",
-            written.path.display(),
+            written.display(),
             expected.display()
         ));
     }
@@ -167,7 +160,7 @@ fn generate_with(
         _scratch: scratch,
         scratch: s,
         config_dir,
-        bootstrap: written.path,
+        bootstrap: written,
     })
 }
 
@@ -391,7 +384,7 @@ fn run_goldens(way: Way, label: &str, dir: &Path, template: &Path, goldens: Vec<
         if !extra.is_empty() {
             reported.push(format!("{name}: {}", extra.join(",")));
         }
-        let token = g.config_dir.join(bootstrap::LIGHTSTEP_TOKEN_FILE);
+        let token = g.config_dir.join("lightstep_access_token.txt");
         match (name == "tracing_lightstep", std::fs::read_to_string(&token)) {
             (true, Ok(t)) if t == LIGHTSTEP_TOKEN => {}
             (true, got) => diffs.push(format!(
@@ -808,15 +801,9 @@ fn extras(envoy: &Path, way: Way) {
         cgroup_memory_limit: None,
     })
     .expect("config");
-    let written = bootstrap::write(
-        &config,
-        Ports { status: 15020 },
-        &agent::platform::Platform::none(),
-        None,
-    )
-    .expect("bootstrap");
+    let written = agent::write_bootstrap(&config, &Platform::none(), None).expect("bootstrap");
     let b: Value =
-        serde_json::from_str(&std::fs::read_to_string(&written.path).expect("read")).expect("json");
+        serde_json::from_str(&std::fs::read_to_string(&written).expect("read")).expect("json");
     if way == Way::IstioTemplate && !env["ISTIO_BOOTSTRAP"].ends_with(".json") {
         return; // corpus absent (reported by corpus()).
     }
@@ -875,7 +862,7 @@ fn extras(envoy: &Path, way: Way) {
             "error",
             "-c",
         ])
-        .arg(&written.path)
+        .arg(&written)
         .current_dir(&s)
         .output()
         .expect("run envoy");

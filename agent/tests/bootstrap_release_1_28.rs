@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use agent::bootstrap::{self, Ports};
-use agent::config::{Config, Inputs, NodeType, ProxyFlags};
+use agent::testing::{Inputs, Platform};
+use agent::{Config, NodeType, ProxyFlags};
 use serde_json::{Value, json};
 
 fn template_1_28() -> PathBuf {
@@ -60,18 +60,12 @@ fn render(template: &Path, annotations: &str, env: &[(&str, &str)], outlier: &st
         cgroup_memory_limit: None,
     })
     .expect("config");
-    let written = bootstrap::write(
-        &config,
-        Ports { status: 15020 },
-        &agent::platform::Platform::none(),
-        None,
-    )
-    .expect("bootstrap");
-    let text = std::fs::read_to_string(&written.path).expect("read bootstrap");
+    let written = agent::write_bootstrap(&config, &Platform::none(), None).expect("bootstrap");
+    let text = std::fs::read_to_string(&written).expect("read bootstrap");
     let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
     Render {
         _scratch: scratch,
-        path: written.path,
+        path: written,
         json,
     }
 }

@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
-    if let Ok(probers) = agent::config::probe::parse_probers(&text) {
+    if let Ok(probers) = agent::fuzzing::parse_probers(&text) {
         for path in probers.keys() {
             let parts: Vec<&str> = path.split('/').collect();
             assert!(
@@ -20,5 +20,5 @@ fuzz_target!(|data: &[u8]| {
             );
         }
     }
-    let _ = agent::config::probe::parse_prometheus_annotations(&text, 15020);
+    let _ = agent::fuzzing::parse_prometheus_annotations(&text, 15020);
 });

@@ -6,12 +6,17 @@ use serde_json::json;
 
 use super::{Error, metadata};
 use crate::config::Config;
+use crate::identity::Sockets;
 use crate::platform::Platform;
 
 /// Writes the gRPC xDS bootstrap (`GRPC_XDS_BOOTSTRAP`) for proxyless clients: the node's id,
 /// metadata and locality (a pod label's, else `platform`'s), as Envoy's bootstrap has them.
-pub fn write_grpc_bootstrap(config: &Config, platform: &Platform) -> Result<PathBuf, Error> {
-    let node = metadata::node(config, platform)?;
+pub fn write_grpc_bootstrap(
+    config: &Config,
+    sockets: Sockets,
+    platform: &Platform,
+) -> Result<PathBuf, Error> {
+    let node = metadata::node(config, sockets, platform)?;
     let mut meta = node.metadata;
     meta.insert("GENERATOR".into(), json!("grpc"));
     let xds = config.xds_socket();

@@ -10,6 +10,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Error, ISTIO_RELEASE};
 use crate::config::{AuthPolicy, Config, split_host_port};
+use crate::identity::Sockets;
 use crate::platform::Platform;
 
 /// The label Istio keeps the sanitised locality under.
@@ -52,12 +53,13 @@ pub struct Node {
     pub metadata_discovery: bool,
 }
 
-/// Builds the node metadata, cluster and locality on `platform`.
-pub fn node(config: &Config, platform: &Platform) -> Result<Node, Error> {
+/// Builds the node metadata, cluster and locality on `platform`, with who serves the workload
+/// identity sockets (settled at bind).
+pub fn node(config: &Config, sockets: Sockets, platform: &Platform) -> Result<Node, Error> {
     let (mut meta, static_labels) = env_metadata(config);
     let (labels, static_labels, locality) = labels_and_locality(config, static_labels, platform);
     let metadata_discovery = insert_agent_fields(config, &mut meta);
-    insert_workload_fields(config, &mut meta);
+    insert_workload_fields(config, sockets, &mut meta);
     for (key, v) in [
         ("NAME", &config.node.pod_name),
         ("NAMESPACE", &config.node.pod_namespace),
@@ -261,17 +263,17 @@ fn insert_agent_fields(config: &Config, meta: &mut Map<String, Value>) -> bool {
     metadata_discovery
 }
 
-/// The workload socket's keys (Istio's CredentialSocketExists / ServeOnlyFiles) and the
-/// ProxyConfig echo.
-fn insert_workload_fields(config: &Config, meta: &mut Map<String, Value>) {
+/// The workload socket's keys (Istio's CredentialSocketExists / ServeOnlyFiles, as settled at
+/// bind) and the ProxyConfig echo.
+fn insert_workload_fields(config: &Config, sockets: Sockets, meta: &mut Map<String, Value>) {
     meta.insert(
         "WORKLOAD_IDENTITY_SOCKET_FILE".into(),
         json!(config.workload_socket.file),
     );
-    if config.workload_socket.credential_socket {
+    if sockets.credential {
         meta.insert("credential".into(), json!("true"));
     }
-    if config.workload_socket.external {
+    if sockets.external {
         meta.insert("file-credential".into(), json!("true"));
     }
     meta.insert(

@@ -8,7 +8,7 @@ use serde_json::{Map, Value, json};
 use super::metadata::{self, Locality};
 use super::stats::{self, Stats};
 use super::telemetry::{self, Telemetry, Tracer};
-use super::{Error, Ports};
+use super::{Bound, Error};
 use crate::config::Config;
 use crate::platform::Platform;
 
@@ -224,8 +224,8 @@ fn string_list(raw: &Value, field: &str) -> Result<Vec<String>, Error> {
 
 impl Options {
     /// Computes the options; errors name the ProxyConfig field or variable at fault.
-    pub fn new(config: &Config, ports: Ports, platform: &Platform) -> Result<Options, Error> {
-        let node = metadata::node(config, platform)?;
+    pub fn new(config: &Config, bound: Bound, platform: &Platform) -> Result<Options, Error> {
+        let node = metadata::node(config, bound.sockets, platform)?;
         let raw = &config.proxy.raw;
         let node_id = config.node_id();
         let waypoint = node_id.starts_with("waypoint~");
@@ -274,7 +274,7 @@ impl Options {
             telemetry,
             config_path: config.proxy.config_path.clone(),
             admin_port: config.proxy.proxy_admin_port,
-            status_port: ports.status,
+            status_port: bound.status,
             envoy_status_port: config.envoy.status_port,
             envoy_prometheus_port: config.envoy.prometheus_port,
             secure_metrics_port: config.bootstrap.secure_metrics_port,
@@ -289,8 +289,8 @@ impl Options {
                 .and_then(|v| go_syntax::parse_bool(v).ok())
                 .unwrap_or(false),
             workload_identity_socket_file: config.workload_socket.file.clone(),
-            custom_file_path: config
-                .workload_socket
+            custom_file_path: bound
+                .sockets
                 .external
                 .then(|| format!("./{}", sds::paths::FILE_CREDENTIAL_SOCKET)),
             node_id,

@@ -117,7 +117,5 @@ mod funcs;
 mod lex;
 mod parse;
 
-pub use funcs::truth;
-
 #[cfg(test)]
 mod tests;

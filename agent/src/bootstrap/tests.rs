@@ -26,26 +26,27 @@ fn config(dir: &Path, pairs: &[(&str, &str)]) -> Config {
     .unwrap()
 }
 
-/// Istio's CredentialSocketExists / ServeOnlyFiles keys, from the workload socket the
-/// configuration found (`config::tests::external_workload_socket_switches_to_files_only`).
+/// Istio's CredentialSocketExists / ServeOnlyFiles keys, from who serves the workload sockets
+/// as settled at bind (`identity::tests::a_live_workload_socket_is_an_external_server`).
 #[test]
 fn workload_socket_keys() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), &[]);
-    let node = metadata::node(&c, &Platform::none()).unwrap();
+    let mut sockets = Sockets::default();
+    let node = metadata::node(&c, sockets, &Platform::none()).unwrap();
     assert_eq!(node.metadata["WORKLOAD_IDENTITY_SOCKET_FILE"], "socket");
     assert!(!node.metadata.contains_key("credential"));
     assert!(!node.metadata.contains_key("file-credential"));
 
     c.workload_socket.file = "spire.sock".into();
-    c.workload_socket.external = true;
-    let node = metadata::node(&c, &Platform::none()).unwrap();
+    sockets.external = true;
+    let node = metadata::node(&c, sockets, &Platform::none()).unwrap();
     assert_eq!(node.metadata["file-credential"], "true");
     assert_eq!(node.metadata["WORKLOAD_IDENTITY_SOCKET_FILE"], "spire.sock");
     assert!(!node.metadata.contains_key("credential"));
 
-    c.workload_socket.credential_socket = true;
-    let node = metadata::node(&c, &Platform::none()).unwrap();
+    sockets.credential = true;
+    let node = metadata::node(&c, sockets, &Platform::none()).unwrap();
     assert_eq!(node.metadata["credential"], "true");
     assert_eq!(node.metadata["file-credential"], "true");
 }
@@ -58,8 +59,15 @@ fn write_pod_info(dir: &Path, name: &str, text: &str) {
 }
 
 fn patterns(c: &Config) -> Vec<String> {
-    render(c, Ports { status: 15020 }, &Platform::none()).unwrap()["stats_config"]["stats_matcher"]
-        ["inclusion_list"]["patterns"]
+    render(
+        c,
+        Bound {
+            status: 15020,
+            ..Bound::default()
+        },
+        &Platform::none(),
+    )
+    .unwrap()["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"]
         .as_array()
         .unwrap()
         .iter()
@@ -159,7 +167,15 @@ fn bootstrap_has_istio_shape() {
             ("SERVICE_ACCOUNT", "sa"),
         ],
     );
-    let b = render(&c, Ports { status: 15020 }, &Platform::none()).unwrap();
+    let b = render(
+        &c,
+        Bound {
+            status: 15020,
+            ..Bound::default()
+        },
+        &Platform::none(),
+    )
+    .unwrap();
     assert_eq!(
         b["node"]["id"],
         "sidecar~198.18.0.2~p.ns1~ns1.svc.cluster.local"
@@ -195,8 +211,15 @@ fn bootstrap_has_istio_shape() {
 
     let sotw = config(dir.path(), &[("ISTIO_DELTA_XDS", "false")]);
     assert_eq!(
-        render(&sotw, Ports { status: 1 }, &Platform::none()).unwrap()["dynamic_resources"]["ads_config"]
-            ["api_type"],
+        render(
+            &sotw,
+            Bound {
+                status: 1,
+                ..Bound::default()
+            },
+            &Platform::none()
+        )
+        .unwrap()["dynamic_resources"]["ads_config"]["api_type"],
         "GRPC"
     );
 }
@@ -214,7 +237,15 @@ fn bad_metajson_is_skipped() {
             ("ISTIO_METAJSON_GOOD", r#"{"k":"v"}"#),
         ],
     );
-    let b = render(&c, Ports { status: 1 }, &Platform::none()).expect("renders");
+    let b = render(
+        &c,
+        Bound {
+            status: 1,
+            ..Bound::default()
+        },
+        &Platform::none(),
+    )
+    .expect("renders");
     let meta = &b["node"]["metadata"];
     assert_eq!(meta["k"], "v");
     assert!(
@@ -235,7 +266,16 @@ fn template_and_custom_config() {
         dir.path(),
         &[("ISTIO_BOOTSTRAP", "t.json"), ("POD_NAMESPACE", "n")],
     );
-    let w = write(&c, Ports { status: 123 }, &Platform::none(), None).unwrap();
+    let w = write(
+        &c,
+        Bound {
+            status: 123,
+            ..Bound::default()
+        },
+        &Platform::none(),
+        None,
+    )
+    .unwrap();
     assert!(w.generated);
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&w.path).unwrap()).unwrap();
     assert_eq!(v["p"], 123);
@@ -247,7 +287,16 @@ fn template_and_custom_config() {
         dir.path(),
         &[("PROXY_CONFIG", "customConfigFile: /x/custom.json")],
     );
-    let w = write(&c, Ports { status: 1 }, &Platform::none(), None).unwrap();
+    let w = write(
+        &c,
+        Bound {
+            status: 1,
+            ..Bound::default()
+        },
+        &Platform::none(),
+        None,
+    )
+    .unwrap();
     assert_eq!(w.path, PathBuf::from("/x/custom.json"));
     assert!(!w.generated);
 }
@@ -277,7 +326,16 @@ fn lockdown_moves_admin_to_the_proxys_socket() {
         );
     };
     let c = config(dir.path(), &[("PROXY_LIFECYCLE_LOCKDOWN", "true")]);
-    let w = write(&c, Ports { status: 15020 }, &Platform::none(), None).unwrap();
+    let w = write(
+        &c,
+        Bound {
+            status: 15020,
+            ..Bound::default()
+        },
+        &Platform::none(),
+        None,
+    )
+    .unwrap();
     check(&serde_json::from_str(&std::fs::read_to_string(&w.path).unwrap()).unwrap());
 
     // A YAML template with Istio's admin and cluster shape.
@@ -295,7 +353,16 @@ fn lockdown_moves_admin_to_the_proxys_socket() {
             ("PROXY_LIFECYCLE_LOCKDOWN", "true"),
         ],
     );
-    let w = write(&c, Ports { status: 15020 }, &Platform::none(), None).unwrap();
+    let w = write(
+        &c,
+        Bound {
+            status: 15020,
+            ..Bound::default()
+        },
+        &Platform::none(),
+        None,
+    )
+    .unwrap();
     assert!(w.path.ends_with("envoy-rev.json"), "{}", w.path.display());
     check(&serde_json::from_str(&std::fs::read_to_string(&w.path).unwrap()).unwrap());
 
@@ -308,9 +375,17 @@ fn lockdown_moves_admin_to_the_proxys_socket() {
             ("PROXY_LIFECYCLE_LOCKDOWN", "true"),
         ],
     );
-    let e = write(&c, Ports { status: 15020 }, &Platform::none(), None)
-        .unwrap_err()
-        .to_string();
+    let e = write(
+        &c,
+        Bound {
+            status: 15020,
+            ..Bound::default()
+        },
+        &Platform::none(),
+        None,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         e.contains("PROXY_LIFECYCLE_LOCKDOWN") && e.contains("admin"),
         "{e}"
@@ -336,7 +411,15 @@ fn template_data_has_istio_keys() {
             ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
         ],
     );
-    let d = template_data(&c, Ports { status: 15020 }, &Platform::none()).unwrap();
+    let d = template_data(
+        &c,
+        Bound {
+            status: 15020,
+            ..Bound::default()
+        },
+        &Platform::none(),
+    )
+    .unwrap();
     assert_eq!(d["nodeType"], "sidecar");
     assert_eq!(
         d["nodeID"],
@@ -403,7 +486,15 @@ fn istio_style_template_renders_json() {
             ("PROXY_CONFIG", pc),
         ],
     );
-    let data = template_data(&c, Ports { status: 15020 }, &Platform::none()).unwrap();
+    let data = template_data(
+        &c,
+        Bound {
+            status: 15020,
+            ..Bound::default()
+        },
+        &Platform::none(),
+    )
+    .unwrap();
     let out = template::render(text, &data).unwrap();
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
     assert_eq!(v["node"]["id"], data["nodeID"]);
@@ -436,7 +527,7 @@ fn istio_style_template_renders_json() {
 fn grpc_bootstrap_written() {
     let dir = tempfile::tempdir().unwrap();
     let c = config(dir.path(), &[("OUTPUT_CERTS", "./out")]);
-    let p = write_grpc_bootstrap(&c, &Platform::none()).unwrap();
+    let p = write_grpc_bootstrap(&c, Sockets::default(), &Platform::none()).unwrap();
     let v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
     assert_eq!(v["node"]["metadata"]["GENERATOR"], "grpc");
     assert!(v["certificate_providers"]["default"].is_object());
@@ -449,21 +540,40 @@ fn istio_version_and_cluster_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let b = render(
         &config(dir.path(), &[]),
-        Ports { status: 1 },
+        Bound {
+            status: 1,
+            ..Bound::default()
+        },
         &Platform::none(),
     )
     .unwrap();
     assert_eq!(b["node"]["metadata"]["ISTIO_VERSION"], ISTIO_RELEASE);
     assert_eq!(b["node"]["cluster"], "istio-proxy");
     let c = config(dir.path(), &[("ISTIO_META_ISTIO_VERSION", "1.29.2")]);
-    let b = render(&c, Ports { status: 1 }, &Platform::none()).unwrap();
+    let b = render(
+        &c,
+        Bound {
+            status: 1,
+            ..Bound::default()
+        },
+        &Platform::none(),
+    )
+    .unwrap();
     assert_eq!(b["node"]["metadata"]["ISTIO_VERSION"], "1.29.2");
     // Istio's proxyv2 image sets ISTIO_META_ISTIO_PROXY_SHA; istioctl reads it back from the
     // node (`proxy-config`'s version line). Absent unless set, as in Istio.
     assert!(b["node"]["metadata"].get("ISTIO_PROXY_SHA").is_none());
     let sha = "istio-proxy:436f365a8007cd8a13a9f1321e7cce94bcc8883e";
     let c = config(dir.path(), &[("ISTIO_META_ISTIO_PROXY_SHA", sha)]);
-    let b = render(&c, Ports { status: 1 }, &Platform::none()).unwrap();
+    let b = render(
+        &c,
+        Bound {
+            status: 1,
+            ..Bound::default()
+        },
+        &Platform::none(),
+    )
+    .unwrap();
     assert_eq!(b["node"]["metadata"]["ISTIO_PROXY_SHA"], sha);
 }
 
@@ -475,7 +585,10 @@ fn metadata_discovery_resolution() {
     let on = |pairs: &[(&str, &str)]| {
         let b = render(
             &config(dir.path(), pairs),
-            Ports { status: 1 },
+            Bound {
+                status: 1,
+                ..Bound::default()
+            },
             &Platform::none(),
         )
         .unwrap();
@@ -528,9 +641,16 @@ fn bad_telemetry_settings_are_named() {
         (r#"{"extraStatTags":"a"}"#, "extraStatTags"),
     ] {
         let c = config(dir.path(), &[("PROXY_CONFIG", pc)]);
-        let err = render(&c, Ports { status: 1 }, &Platform::none())
-            .unwrap_err()
-            .to_string();
+        let err = render(
+            &c,
+            Bound {
+                status: 1,
+                ..Bound::default()
+            },
+            &Platform::none(),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains(field), "{pc}: {err}");
     }
 }
@@ -549,7 +669,15 @@ fn runtime_flags_follow_policy_and_values() {
             ("PROXY_CONFIG", pc),
         ],
     );
-    let b = render(&c, Ports { status: 1 }, &Platform::none()).unwrap();
+    let b = render(
+        &c,
+        Bound {
+            status: 1,
+            ..Bound::default()
+        },
+        &Platform::none(),
+    )
+    .unwrap();
     let layer = &b["layered_runtime"]["layers"][0]["static_layer"];
     assert_eq!(
         layer["envoy.reloadable_features.google_grpc_disable_tls_13"],
@@ -583,10 +711,26 @@ fn stats_durations_are_protobuf_durations() {
             ),
         );
         let c = config(dir.path(), &[]);
-        let d = template_data(&c, Ports { status: 15020 }, &Platform::none()).unwrap();
+        let d = template_data(
+            &c,
+            Bound {
+                status: 15020,
+                ..Bound::default()
+            },
+            &Platform::none(),
+        )
+        .unwrap();
         assert_eq!(d["stats_flush_interval"], want_flush, "{flush}");
         assert_eq!(d["stats_eviction_interval"], want_eviction, "{eviction}");
-        let b = render(&c, Ports { status: 15020 }, &Platform::none()).unwrap();
+        let b = render(
+            &c,
+            Bound {
+                status: 15020,
+                ..Bound::default()
+            },
+            &Platform::none(),
+        )
+        .unwrap();
         assert_eq!(b["stats_flush_interval"], want_flush, "{flush}");
         assert_eq!(b["stats_eviction_interval"], want_eviction, "{eviction}");
     }

@@ -2,8 +2,8 @@
 //! at start. `Citadel` (the default) is Istio's CA protocol to `CA_ADDR`; `GkeWorkloadCertificate`
 //! reads GKE's mounted workload certificate files and calls no CA; a `CA_ADDR` under
 //! `googleapis.com` selects `GoogleCA`. Open-source Istio's agent registers only `Citadel`, so
-//! any other provider is an error at start, but only when a CA client is needed (no mounted
-//! certificates and no external SDS server).
+//! any other provider is an error when the agent binds, but only when a CA client is needed (no
+//! mounted certificates and no external SDS server; settled in the agent's `identity` module).
 
 use std::path::Path;
 
@@ -25,7 +25,7 @@ const GKE_KEY: &str = "private_key.pem";
 const GKE_ROOT: &str = "ca_certificates.pem";
 
 /// The settled provider.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub enum CaProvider {
     /// Istio's CA protocol (`CA_ADDR`).
     Citadel,
@@ -99,11 +99,11 @@ impl CaProvider {
         }
     }
 
-    /// Checked when the agent needs a CA client: only `Citadel` has one.
-    pub fn require_client(&self) -> Result<(), Error> {
+    /// The provider's name when it has no CA client (only `Citadel` has one).
+    pub fn unregistered(&self) -> Option<&str> {
         match self {
-            CaProvider::Unregistered(name) => Err(Error::CaProviderNotRegistered(name.clone())),
-            _ => Ok(()),
+            CaProvider::Unregistered(name) => Some(name),
+            _ => None,
         }
     }
 }

@@ -26,8 +26,8 @@ pub struct Inputs<'a> {
     /// `ISTIOD_SAN`: the CA's ServerName when `CA_ADDR` is unset (the CA is then the
     /// discovery address).
     pub istiod_san: Option<&'a str>,
-    /// Where the agent's SDS server listens, and whether an external server owns the
-    /// workload socket ([`workload_socket`]).
+    /// The configured workload socket: the SDS server's until an external server is found
+    /// there at bind.
     pub socket: &'a WorkloadSocket,
     /// `FILE_MOUNTED_CERTS`: no CA; certificates from `./etc/certs`.
     pub file_mounted_certs: bool,
@@ -39,7 +39,9 @@ pub struct Inputs<'a> {
     pub grpc_keepalive: (Duration, Duration),
 }
 
-/// The workload identity socket as Istio's agent settles it at start.
+/// The workload identity sockets as configured. Which one the agent's SDS server listens on
+/// depends on who already serves them, a runtime fact settled when the agent binds
+/// (the top-level `identity` module), never while the configuration loads.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct WorkloadSocket {
     /// `./var/run/secrets/workload-spiffe-uds/<WORKLOAD_IDENTITY_SOCKET_FILE>`: the socket
@@ -47,55 +49,32 @@ pub struct WorkloadSocket {
     pub configured: PathBuf,
     /// `WORKLOAD_IDENTITY_SOCKET_FILE` (`socket`): `configured`'s file name.
     pub file: String,
-    /// Where the agent's own SDS server listens: `configured`, or
-    /// `./var/run/secrets/credential-uds/files-socket` when `external` is set.
-    pub listen: PathBuf,
-    /// A live SDS server (SPIRE's agent, say) already answers on `configured`: the agent
-    /// serves file certificates only, on `listen`, and never calls the CA.
-    pub external: bool,
-    /// A live server answers on `./var/run/secrets/credential-uds/socket` (node metadata
-    /// `credential`, for `sds://` credential names).
-    pub credential_socket: bool,
+    /// `./var/run/secrets/credential-uds/files-socket`: where the agent's SDS server listens,
+    /// serving file certificates only, when an external server owns `configured`.
+    pub files: PathBuf,
+    /// `./var/run/secrets/credential-uds/socket`: a live server there serves `sds://`
+    /// credential names (node metadata `credential`).
+    pub credential: PathBuf,
 }
 
-/// Settles the workload identity socket as Istio's agent does at start: a live server on the
-/// configured socket is left alone and the agent serves files only; a socket file nobody
-/// answers on is removed; a non-default `WORKLOAD_IDENTITY_SOCKET_FILE` with no live server
-/// there is an error (nobody would serve the workload certificate).
-pub fn workload_socket(base_dir: &Path, socket_file: &str) -> Result<WorkloadSocket, Error> {
-    use sds::{CHECK_TIMEOUT, SocketCheck, check_socket};
-    let dir = resolve(base_dir, &format!("./{}", paths::WORKLOAD_SPIFFE_UDS));
-    let configured = dir.join(socket_file);
-    let is_default = socket_file == sds::DEFAULT_SOCKET_FILE;
-    let external = match check_socket(&configured, CHECK_TIMEOUT).map_err(Error::Socket)? {
-        SocketCheck::Healthy => true,
-        SocketCheck::RemovedStale => {
-            tracing::debug!(path = %configured.display(), "removed an SDS socket nobody answers on");
-            false
-        }
-        SocketCheck::Absent => false,
-    };
-    if !external && !is_default {
-        return Err(Error::NoExternalSocket {
-            path: configured,
+impl WorkloadSocket {
+    /// The sockets under `WORKLOAD_IDENTITY_SOCKET_FILE` (a bare file name), resolved against
+    /// `base_dir`; nothing on disk is looked at.
+    pub fn new(base_dir: &Path, socket_file: &str) -> WorkloadSocket {
+        let dir = resolve(base_dir, &format!("./{}", paths::WORKLOAD_SPIFFE_UDS));
+        WorkloadSocket {
+            configured: dir.join(socket_file),
             file: socket_file.to_string(),
-        });
+            files: resolve(base_dir, &format!("./{}", paths::FILE_CREDENTIAL_SOCKET)),
+            credential: resolve(base_dir, &format!("./{}", paths::CREDENTIAL_SOCKET)),
+        }
     }
-    let credential = resolve(base_dir, &format!("./{}", paths::CREDENTIAL_SOCKET));
-    let credential_socket =
-        check_socket(&credential, CHECK_TIMEOUT).map_err(Error::Socket)? == SocketCheck::Healthy;
-    let listen = if external {
-        resolve(base_dir, &format!("./{}", paths::FILE_CREDENTIAL_SOCKET))
-    } else {
-        configured.clone()
-    };
-    Ok(WorkloadSocket {
-        configured,
-        file: socket_file.to_string(),
-        listen,
-        external,
-        credential_socket,
-    })
+
+    /// Istio's default file name: the agent's own SDS server may serve it. Another name must be
+    /// served by an external server.
+    pub fn is_default(&self) -> bool {
+        self.file == sds::DEFAULT_SOCKET_FILE
+    }
 }
 
 /// Istio's TLS ServerName for istiod (CA and xDS alike): `ISTIOD_SAN` when set, else the host of
@@ -160,11 +139,6 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
     let key_algorithm = key_algorithm(&env, &d)?;
     let file_mounted_certs = file_mounted_certs(&i, &d);
 
-    // A CA client is made only without mounted certificates or an external SDS server.
-    if file_mounted_certs.is_none() && !i.socket.external {
-        i.ca_provider.require_client()?;
-    }
-
     let crl_enabled = env.bool("PILOT_ENABLE_CA_CRL", d.crl_path.is_some())?;
     Ok(sds::Config {
         trust_domain: env.str("TRUST_DOMAIN", &d.trust_domain),
@@ -185,8 +159,7 @@ pub fn load(i: Inputs<'_>) -> Result<sds::Config, Error> {
         pkcs8_key: env.bool("PKCS8_KEY", d.pkcs8_key)?,
         output_certs: env.get("OUTPUT_CERTS").map(|p| resolve(i.base_dir, p)),
         output_certs_mode: sds::output_certs_mode(env.is_set("KUBERNETES_SERVICE_HOST")),
-        socket_path: i.socket.listen.clone(),
-        serve_only_files: i.socket.external,
+        socket_path: i.socket.configured.clone(),
         file_mounted_certs,
         file_debounce: env.duration("FILE_DEBOUNCE_DURATION", d.file_debounce, Duration::ZERO)?,
         crl_path: d.crl_path.clone().filter(|_| crl_enabled),

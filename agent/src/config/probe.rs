@@ -9,9 +9,7 @@
 mod gojson;
 mod parse;
 
-pub use parse::{
-    Error, RESERVED_PORTS, parse_probers, parse_prometheus_annotations, parse_readiness_probe,
-};
+pub use parse::{Error, parse_probers, parse_prometheus_annotations, parse_readiness_probe};
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

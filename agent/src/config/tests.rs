@@ -45,7 +45,7 @@ fn injected_env_defaults() {
     );
     assert_eq!(c.xds_socket(), dir.path().join("etc/istio/proxy/XDS"));
     assert_eq!(
-        c.sds_socket(),
+        c.workload_socket.configured,
         dir.path()
             .join("var/run/secrets/workload-spiffe-uds/socket")
     );
@@ -948,78 +948,49 @@ fn a_list_of_discovery_addresses_is_kept_for_the_upstream_and_the_ca() {
     assert_eq!(c.identity.ca_server_name, "istiod-a.istio-system.svc");
 }
 
-/// An HTTP/2 server on `path` as SPIRE's agent would be: our SDS server on its own runtime.
-fn external_sds(path: &Path) -> (tokio::runtime::Runtime, tokio_util::sync::CancellationToken) {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let base = path.parent().unwrap();
-    let manager = sds::SecretManager::new(
-        std::sync::Arc::new(sds::Config::defaults(base)),
-        std::sync::Arc::new(sds::Metrics::new(&mut Default::default())),
-    )
-    .unwrap();
-    let server = rt.block_on(sds::SdsServer::bind(path, manager)).unwrap();
-    let stop = tokio_util::sync::CancellationToken::new();
-    rt.spawn(server.run(stop.clone()));
-    (rt, stop)
-}
-
-/// Istio's SPIRE contract: a live server on the configured workload socket is left alone, the
-/// agent's SDS server moves to the file-only socket and never calls the CA. A non-default socket file with nobody there is an error naming the path; a leftover
-/// socket file at the default path is removed and the agent serves as usual.
+/// Loading is parse and validate only: the workload socket is recorded as configured, and a
+/// leftover socket file (an earlier agent's) is not touched, nor is a non-default
+/// `WORKLOAD_IDENTITY_SOCKET_FILE` with nobody there refused yet. Who serves the sockets is
+/// settled at bind (`identity::tests`).
 #[test]
-fn external_workload_socket_switches_to_files_only() {
+fn loading_leaves_the_workload_socket_alone() {
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("var/run/secrets/workload-spiffe-uds");
-    let e = env(&[("WORKLOAD_IDENTITY_SOCKET_FILE", "spire.sock")]);
+    let socket = uds.join("socket");
+    std::fs::create_dir_all(&uds).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let c = load(dir.path(), &env(&[])).unwrap();
+    assert!(socket.exists(), "loading removed the leftover socket file");
+    assert_eq!(c.workload_socket.configured, socket);
+    assert_eq!(c.workload_socket.file, "socket");
+    assert_eq!(c.identity.socket_path, socket);
+    assert!(!c.identity.serve_only_files);
 
-    let err = load(dir.path(), &e).unwrap_err().to_string();
-    assert!(
-        err.contains("non-default SDS socket path")
-            && err.contains(&uds.join("spire.sock").display().to_string())
-            && err.contains("WORKLOAD_IDENTITY_SOCKET_FILE=\"spire.sock\""),
-        "{err}"
-    );
-
-    let (_rt, stop) = external_sds(&uds.join("spire.sock"));
-    let c = load(dir.path(), &e).unwrap();
-    assert!(c.workload_socket.external);
-    assert!(c.identity.serve_only_files);
+    let c = load(
+        dir.path(),
+        &env(&[("WORKLOAD_IDENTITY_SOCKET_FILE", "spire.sock")]),
+    )
+    .unwrap();
     assert_eq!(c.workload_socket.configured, uds.join("spire.sock"));
+    assert_eq!(c.workload_socket.file, "spire.sock");
     assert_eq!(
-        c.sds_socket(),
+        c.workload_socket.files,
         dir.path()
             .join("var/run/secrets/credential-uds/files-socket")
     );
-    assert!(
-        uds.join("spire.sock").exists(),
-        "the external socket was touched"
+    assert_eq!(
+        c.workload_socket.credential,
+        dir.path().join("var/run/secrets/credential-uds/socket")
     );
-    // The node metadata these give: bootstrap::tests::workload_socket_keys.
-    assert!(c.workload_socket.external && !c.workload_socket.credential_socket);
-    assert_eq!(c.workload_socket.file, "spire.sock");
-    stop.cancel();
+    assert!(!uds.join("spire.sock").exists());
 
-    // The same at the default path; and a credential socket adds `credential`.
-    let dir = tempfile::tempdir().unwrap();
-    let uds = dir.path().join("var/run/secrets/workload-spiffe-uds");
-    let (_rt1, stop1) = external_sds(&uds.join("socket"));
-    let (_rt2, stop2) = external_sds(&dir.path().join("var/run/secrets/credential-uds/socket"));
-    let c = load(dir.path(), &env(&[])).unwrap();
-    assert!(c.workload_socket.external && c.workload_socket.credential_socket);
-    stop1.cancel();
-    stop2.cancel();
-
-    // A leftover socket file (an earlier agent's) at the default path: removed, own server.
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir
-        .path()
-        .join("var/run/secrets/workload-spiffe-uds/socket");
-    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let c = load(dir.path(), &env(&[])).unwrap();
-    assert!(!c.workload_socket.external && !c.identity.serve_only_files);
-    assert_eq!(c.sds_socket(), socket);
-    assert!(!socket.exists(), "the leftover socket file was not removed");
+    let err = load(
+        dir.path(),
+        &env(&[("WORKLOAD_IDENTITY_SOCKET_FILE", "a/b")]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("WORKLOAD_IDENTITY_SOCKET_FILE"), "{err}");
 }
 
 /// Probes go to `INSTANCE_IP`, or to the name `localhost` with
@@ -1306,32 +1277,22 @@ fn xds_prefetch_is_on_and_the_switch_turns_it_off() {
 const PLAINTEXT_ISTIOD: &str = r#"{"discoveryAddress":"istiod.istio-system.svc:15010"}"#;
 
 /// `CA_PROVIDER` as Istio's agent settles it: `Citadel` by default; another name, or a `CA_ADDR`
-/// under googleapis.com (`GoogleCA`), has no CA client and stops the start, unless no CA client
-/// is needed (mounted certificates); `PROV_CERT` and `FILE_MOUNTED_CERTS` exclude each other.
+/// under googleapis.com (`GoogleCA`), has no CA client (whether one is needed is known at bind:
+/// `identity::tests`); `PROV_CERT` and `FILE_MOUNTED_CERTS` exclude each other.
 #[test]
-fn ca_provider_is_checked_as_istio_checks_it() {
+fn ca_provider_is_settled_as_istio_settles_it() {
+    use ca_provider::CaProvider;
     let dir = tempfile::tempdir().unwrap();
-    assert!(load(dir.path(), &env(&[("CA_PROVIDER", "Citadel")])).is_ok());
+    let c = load(dir.path(), &env(&[("CA_PROVIDER", "Citadel")])).unwrap();
+    assert_eq!(c.ca_provider, CaProvider::Citadel);
     for (k, v, name) in [
-        ("CA_PROVIDER", "Vault", "\"Vault\""),
-        ("CA_PROVIDER", "citadel", "\"citadel\""),
-        ("CA_ADDR", "meshca.googleapis.com:443", "\"GoogleCA\""),
+        ("CA_PROVIDER", "Vault", "Vault"),
+        ("CA_PROVIDER", "citadel", "citadel"),
+        ("CA_ADDR", "meshca.googleapis.com:443", "GoogleCA"),
     ] {
-        let err = load(dir.path(), &env(&[(k, v)])).unwrap_err().to_string();
-        assert!(
-            err.contains(&format!("CA provider {name} not registered")),
-            "{k}={v}: {err}"
-        );
+        let c = load(dir.path(), &env(&[(k, v)])).unwrap();
+        assert_eq!(c.ca_provider.unregistered(), Some(name), "{k}={v}");
     }
-    // With mounted certificates no CA client is made, so the name is not checked (Istio).
-    // (istiod in plain text: the xDS connection then needs no mounted root of its own.)
-    let e = env(&[
-        ("CA_PROVIDER", "Vault"),
-        ("FILE_MOUNTED_CERTS", "true"),
-        ("PROXY_CONFIG", PLAINTEXT_ISTIOD),
-    ]);
-    let c = load(dir.path(), &e).unwrap();
-    assert!(c.identity.file_mounted_certs.is_some());
     let e = env(&[("PROV_CERT", "./etc/prov"), ("FILE_MOUNTED_CERTS", "true")]);
     let err = load(dir.path(), &e).unwrap_err().to_string();
     assert!(

@@ -43,6 +43,7 @@ impl RawResponse {
     }
 
     /// The encoded response, exactly as received.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn bytes(&self) -> &Bytes {
         &self.bytes
     }

@@ -137,11 +137,6 @@ impl FakeAds {
             })
         })
     }
-
-    /// Stops the server (open streams end).
-    pub fn stop(&self) {
-        self.stop.cancel();
-    }
 }
 
 impl Drop for FakeAds {

@@ -20,8 +20,12 @@ mod metrics;
 mod oci;
 mod unpack;
 
-pub use cache::{Cache, PullPolicy, Request};
-pub use convert::{ALLOW_PREFIX, ConvertError, DENY_PREFIX, convert_delta, convert_sotw};
+pub use cache::Cache;
+#[cfg(test)]
+pub use cache::{PullPolicy, Request};
+#[cfg(test)]
+pub use convert::{ALLOW_PREFIX, DENY_PREFIX};
+pub use convert::{ConvertError, convert_delta, convert_sotw};
 pub use metrics::Metrics;
 
 /// The cache and fetch settings (Istio's `WASM_*` variables).

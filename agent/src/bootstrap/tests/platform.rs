@@ -11,7 +11,16 @@ use crate::platform::{BOUND, Platform, discover};
 
 /// The bootstrap's node on `platform`.
 fn node(c: &Config, platform: &Platform) -> Value {
-    render(c, Ports { status: 15020 }, platform).unwrap()["node"].clone()
+    render(
+        c,
+        Bound {
+            status: 15020,
+            ..Bound::default()
+        },
+        platform,
+    )
+    .unwrap()["node"]
+        .clone()
 }
 
 /// AWS: Istio's keys, the locality from the region and availability zone, in Envoy's
@@ -41,7 +50,7 @@ async fn aws_metadata_and_locality_in_the_node() {
         n["locality"],
         json!({"region": "us-west-2", "zone": "us-west-2b"})
     );
-    let path = write_grpc_bootstrap(&c, &p).unwrap();
+    let path = write_grpc_bootstrap(&c, Sockets::default(), &p).unwrap();
     let grpc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     assert_eq!(grpc["node"]["locality"], n["locality"]);
     assert_eq!(
@@ -85,7 +94,15 @@ async fn gcp_metadata_and_locality_in_the_node() {
     );
     assert!(n["metadata"].get("STATIC_LABELS").is_none());
     assert!(!gcp.requests().iter().any(|r| r.contains("token")));
-    let d = template_data(&c, Ports { status: 15020 }, &p).unwrap();
+    let d = template_data(
+        &c,
+        Bound {
+            status: 15020,
+            ..Bound::default()
+        },
+        &p,
+    )
+    .unwrap();
     assert_eq!(d["gcp_project_number"], "123456789");
 }
 
@@ -142,11 +159,27 @@ async fn the_gcp_project_comes_from_the_platform() {
     c.flags.sts_port = 15463;
     let p = discover(&c.platform, BOUND).await;
     c.proxy.raw["tracing"] = json!({"stackdriver": {}});
-    let d = template_data(&c, Ports { status: 1 }, &p).unwrap();
+    let d = template_data(
+        &c,
+        Bound {
+            status: 1,
+            ..Bound::default()
+        },
+        &p,
+    )
+    .unwrap();
     assert_eq!(d["stackdriverProjectID"], "pid");
     assert_eq!(d["gcp_project_id"], "pid");
     assert_eq!(d["gcp_project_number"], "77");
-    let e = render(&c, Ports { status: 1 }, &Platform::none()).unwrap_err();
+    let e = render(
+        &c,
+        Bound {
+            status: 1,
+            ..Bound::default()
+        },
+        &Platform::none(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("gcp_project"), "{e}");
 }
 

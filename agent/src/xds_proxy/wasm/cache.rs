@@ -129,10 +129,6 @@ impl Cache {
         cache
     }
 
-    pub fn options(&self) -> &Options {
-        &self.opts
-    }
-
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -168,10 +164,12 @@ impl Cache {
     }
 
     /// How many modules the cache holds.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.lock().modules.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -201,11 +201,36 @@ struct TypeState {
     requested: bool,
     wildcard: bool,
     names: BTreeSet<String>,
-    /// What the proxy was last sent (name → hash).
+    /// Delta: what the proxy has (name → hash), from what was sent and its initial versions.
     sent: BTreeMap<String, u64>,
+    /// SotW: a digest of the names and hashes of the last response (a SotW response is
+    /// complete, so equal digests mean nothing changed); kept instead of a map of names so
+    /// that a stream holds no copy of what it sent.
+    sent_digest: Option<u64>,
     last_nonce: String,
     pending: Option<Pending>,
     dirty: bool,
+}
+
+/// Every type's state, by [`XdsType::index`], in one allocation (a map's node holds eleven).
+#[derive(Default)]
+struct Types(Box<[TypeState; XdsType::ALL.len()]>);
+
+impl Types {
+    fn state(&mut self, ty: XdsType) -> &mut TypeState {
+        &mut self.0[ty.index()]
+    }
+}
+
+/// A digest of a SotW response's resources (names and content hashes, in order).
+fn digest<'a>(resources: impl Iterator<Item = &'a super::Resource>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for r in resources {
+        r.name.hash(&mut h);
+        r.hash.hash(&mut h);
+    }
+    h.finish()
 }
 
 type ReqStream = Pin<Box<dyn Stream<Item = Result<Req, Status>> + Send>>;
@@ -222,7 +247,7 @@ struct Conn {
     identity: Option<Box<Identity>>,
     proxy: Option<Proxy>,
     snap: Arc<CachedSnapshot>,
-    types: BTreeMap<XdsType, TypeState>,
+    types: Types,
 }
 
 fn parse_hash(v: &str) -> u64 {
@@ -291,9 +316,7 @@ impl Conn {
             .await
             .map_err(|_| ())?;
         for ty in XdsType::ALL {
-            let Some(st) = self.types.get_mut(&ty) else {
-                continue;
-            };
+            let st = self.types.state(ty);
             if !st.requested {
                 continue;
             }
@@ -341,9 +364,7 @@ impl Conn {
     fn on_response(&mut self, ty: XdsType, nonce: &str, error: Option<String>) -> bool {
         let conn_id = self.conn_id.clone();
         let version = self.snap.snapshot().version.clone();
-        let Some(st) = self.types.get_mut(&ty) else {
-            return false;
-        };
+        let st = self.types.state(ty);
         if nonce != st.last_nonce {
             return false;
         }
@@ -391,7 +412,7 @@ impl Conn {
         let names: BTreeSet<String> = req.names.into_iter().collect();
         if req.nonce.is_empty() {
             // First request for the type on this stream (or Envoy re-subscribing).
-            let st = self.types.entry(ty).or_default();
+            let st = self.types.state(ty);
             st.requested = true;
             st.wildcard = ty.is_wildcard() || names.contains("*");
             st.names = names;
@@ -401,7 +422,7 @@ impl Conn {
             tracing::debug!(conn = %self.conn_id, r#type = ty.short(), nonce = %req.nonce, "stale nonce ignored");
             return Ok(());
         }
-        let st = self.types.entry(ty).or_default();
+        let st = self.types.state(ty);
         let names_changed = !st.wildcard && st.names != names;
         if names_changed {
             st.names = names;
@@ -414,7 +435,7 @@ impl Conn {
     }
 
     async fn on_delta_request(&mut self, ty: XdsType, req: Req) -> Result<(), ()> {
-        let st = self.types.entry(ty).or_default();
+        let st = self.types.state(ty);
         let first = !st.requested;
         let mut added = false;
         if first {
@@ -448,7 +469,7 @@ impl Conn {
         if !req.nonce.is_empty() && !self.on_response(ty, &req.nonce, req.error) {
             tracing::debug!(conn = %self.conn_id, r#type = ty.short(), nonce = %req.nonce, "stale nonce");
         }
-        let st = self.types.entry(ty).or_default();
+        let st = self.types.state(ty);
         if st.pending.is_some() {
             st.dirty |= added;
             return Ok(());
@@ -467,9 +488,7 @@ impl Conn {
         };
         let start = Instant::now();
         let all = self.snap.encoded(&proxy.view, ty);
-        let Some(st) = self.types.get_mut(&ty) else {
-            return Ok(());
-        };
+        let st = self.types.state(ty);
         let empty = if ty == XdsType::Eds && !st.wildcard {
             empty_assignments(&all, st)
         } else {
@@ -490,7 +509,6 @@ impl Conn {
                     .map(|i| &empty.as_ref().expect("picked").resources[*i]),
             )
         };
-        let new_map: BTreeMap<String, u64> = selected().map(|r| (r.name.clone(), r.hash)).collect();
         let nonce = format!(
             "{:x}",
             self.inner.next_nonce.fetch_add(1, Ordering::Relaxed)
@@ -508,7 +526,9 @@ impl Conn {
                 _ => a,
             }
         };
-        let (frame, count) = if self.delta {
+        let (frame, count, sent) = if self.delta {
+            let new_map: BTreeMap<String, u64> =
+                selected().map(|r| (r.name.clone(), r.hash)).collect();
             let changed = |r: &super::Resource| st.sent.get(&r.name) != Some(&r.hash);
             let changed_all: Vec<usize> = picked
                 .iter()
@@ -537,24 +557,28 @@ impl Conn {
                 &removed,
                 body(true, &changed_all, &changed_empty),
             );
-            (frame, count)
+            (frame, count, Some(new_map))
         } else {
-            if !force && new_map == st.sent {
+            let new_digest = digest(selected());
+            if !force && st.sent_digest == Some(new_digest) {
                 return Ok(());
             }
+            st.sent_digest = Some(new_digest);
             let frame = encoded::sotw_response(
                 &version,
                 ty.type_url(),
                 &nonce,
                 body(false, &picked, &picked_empty),
             );
-            (frame, picked.len() + picked_empty.len())
+            (frame, picked.len() + picked_empty.len(), None)
         };
         self.out
             .send(Wire::Message(Box::new(frame)))
             .await
             .map_err(|_| ())?;
-        st.sent = new_map;
+        if let Some(sent) = sent {
+            st.sent = sent;
+        }
         st.last_nonce = nonce.clone();
         st.pending = Some(Pending { trigger });
         self.pushed(ty, start, nonce, version, count);
@@ -641,7 +665,7 @@ impl AdsServer {
                 .inner
                 .cache
                 .for_snapshot(&self.inner.snapshots.borrow()),
-            types: BTreeMap::new(),
+            types: Types::default(),
         }
     }
 
@@ -684,7 +708,7 @@ mod tests {
             conn_id: String::new(),
             proxy: None,
             snap: ads.inner.cache.for_snapshot(&snap),
-            types: BTreeMap::new(),
+            types: Types::default(),
         };
         let task = conn.run(Box::pin(futures::stream::empty()));
         // Every connected proxy holds one such task: request handling and pushes are boxed

@@ -201,8 +201,9 @@ struct TypeState {
     requested: bool,
     wildcard: bool,
     names: BTreeSet<String>,
-    /// Delta: what the proxy has (name → hash), from what was sent and its initial versions.
-    sent: BTreeMap<String, u64>,
+    /// Delta: what the proxy has (name → hash), from what was sent and its initial versions;
+    /// the names of what was sent are the generation's own ([`Encoded::names`]).
+    sent: BTreeMap<Arc<str>, u64>,
     /// SotW: a digest of the names and hashes of the last response (a SotW response is
     /// complete, so equal digests mean nothing changed); kept instead of a map of names so
     /// that a stream holds no copy of what it sent.
@@ -445,7 +446,7 @@ impl Conn {
             st.sent = req
                 .initial_versions
                 .iter()
-                .map(|(k, v)| (k.clone(), parse_hash(v)))
+                .map(|(k, v)| (Arc::from(k.as_str()), parse_hash(v)))
                 .collect();
         }
         for n in req.subscribe {
@@ -461,7 +462,7 @@ impl Conn {
                 st.wildcard = false;
             }
             st.names.remove(&n);
-            st.sent.remove(&n);
+            st.sent.remove(n.as_str());
         }
         if first {
             return self.push(ty, true, None).await;
@@ -527,9 +528,17 @@ impl Conn {
             }
         };
         let (frame, count, sent) = if self.delta {
-            let new_map: BTreeMap<String, u64> =
-                selected().map(|r| (r.name.clone(), r.hash)).collect();
-            let changed = |r: &super::Resource| st.sent.get(&r.name) != Some(&r.hash);
+            let named = |e: &Encoded, i: usize| (e.names[i].clone(), e.resources[i].hash);
+            let new_map: BTreeMap<Arc<str>, u64> = picked
+                .iter()
+                .map(|i| named(&all, *i))
+                .chain(
+                    picked_empty
+                        .iter()
+                        .map(|i| named(empty.as_ref().expect("picked"), *i)),
+                )
+                .collect();
+            let changed = |r: &super::Resource| st.sent.get(r.name.as_str()) != Some(&r.hash);
             let changed_all: Vec<usize> = picked
                 .iter()
                 .copied()
@@ -543,8 +552,8 @@ impl Conn {
             let removed: Vec<String> = st
                 .sent
                 .keys()
-                .filter(|k| !new_map.contains_key(*k))
-                .cloned()
+                .filter(|k| !new_map.contains_key(k.as_ref()))
+                .map(|k| k.to_string())
                 .collect();
             if !force && changed_all.is_empty() && changed_empty.is_empty() && removed.is_empty() {
                 return Ok(());

@@ -203,7 +203,7 @@ struct TypeState {
     names: BTreeSet<String>,
     /// Delta: what the proxy has (name → hash), from what was sent and its initial versions;
     /// the names of what was sent are the generation's own ([`Encoded::names`]).
-    sent: BTreeMap<Arc<str>, u64>,
+    sent: Sent,
     /// SotW: a digest of the names and hashes of the last response (a SotW response is
     /// complete, so equal digests mean nothing changed); kept instead of a map of names so
     /// that a stream holds no copy of what it sent.
@@ -211,6 +211,34 @@ struct TypeState {
     last_nonce: String,
     pending: Option<Pending>,
     dirty: bool,
+}
+
+/// What a Delta stream's proxy has: (name, hash) sorted by name, in one allocation of the exact
+/// size (a map would hold a node of eleven entries for every few names).
+#[derive(Default)]
+struct Sent(Vec<(Arc<str>, u64)>);
+
+impl Sent {
+    fn new(mut entries: Vec<(Arc<str>, u64)>) -> Sent {
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        entries.dedup_by(|a, b| a.0 == b.0);
+        entries.shrink_to_fit();
+        Sent(entries)
+    }
+
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(n, _)| (**n).cmp(name))
+    }
+
+    fn get(&self, name: &str) -> Option<u64> {
+        self.find(name).ok().map(|i| self.0[i].1)
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Ok(i) = self.find(name) {
+            self.0.remove(i);
+        }
+    }
 }
 
 /// Every type's state, by [`XdsType::index`], in one allocation (a map's node holds eleven).
@@ -443,11 +471,12 @@ impl Conn {
             st.requested = true;
             st.wildcard = ty.is_wildcard()
                 && (req.subscribe.is_empty() || req.subscribe.iter().any(|n| n == "*"));
-            st.sent = req
-                .initial_versions
-                .iter()
-                .map(|(k, v)| (Arc::from(k.as_str()), parse_hash(v)))
-                .collect();
+            st.sent = Sent::new(
+                req.initial_versions
+                    .iter()
+                    .map(|(k, v)| (Arc::from(k.as_str()), parse_hash(v)))
+                    .collect(),
+            );
         }
         for n in req.subscribe {
             if n == "*" {
@@ -462,7 +491,7 @@ impl Conn {
                 st.wildcard = false;
             }
             st.names.remove(&n);
-            st.sent.remove(n.as_str());
+            st.sent.remove(&n);
         }
         if first {
             return self.push(ty, true, None).await;
@@ -529,16 +558,18 @@ impl Conn {
         };
         let (frame, count, sent) = if self.delta {
             let named = |e: &Encoded, i: usize| (e.names[i].clone(), e.resources[i].hash);
-            let new_map: BTreeMap<Arc<str>, u64> = picked
-                .iter()
-                .map(|i| named(&all, *i))
-                .chain(
-                    picked_empty
-                        .iter()
-                        .map(|i| named(empty.as_ref().expect("picked"), *i)),
-                )
-                .collect();
-            let changed = |r: &super::Resource| st.sent.get(r.name.as_str()) != Some(&r.hash);
+            let new_map = Sent::new(
+                picked
+                    .iter()
+                    .map(|i| named(&all, *i))
+                    .chain(
+                        picked_empty
+                            .iter()
+                            .map(|i| named(empty.as_ref().expect("picked"), *i)),
+                    )
+                    .collect(),
+            );
+            let changed = |r: &super::Resource| st.sent.get(&r.name) != Some(r.hash);
             let changed_all: Vec<usize> = picked
                 .iter()
                 .copied()
@@ -551,9 +582,10 @@ impl Conn {
                 .collect();
             let removed: Vec<String> = st
                 .sent
-                .keys()
-                .filter(|k| !new_map.contains_key(k.as_ref()))
-                .map(|k| k.to_string())
+                .0
+                .iter()
+                .filter(|(k, _)| new_map.find(k).is_err())
+                .map(|(k, _)| k.to_string())
                 .collect();
             if !force && changed_all.is_empty() && changed_empty.is_empty() && removed.is_empty() {
                 return Ok(());

@@ -200,7 +200,7 @@ struct Pending {
 struct TypeState {
     requested: bool,
     wildcard: bool,
-    names: BTreeSet<String>,
+    names: Names,
     /// Delta: what the proxy has (name → hash), from what was sent and its initial versions;
     /// the names of what was sent are the generation's own ([`Encoded::names`]).
     sent: Sent,
@@ -234,10 +234,52 @@ impl Sent {
         self.find(name).ok().map(|i| self.0[i].1)
     }
 
-    fn remove(&mut self, name: &str) {
-        if let Ok(i) = self.find(name) {
-            self.0.remove(i);
+    /// Removes every name in `gone` (one pass, however many).
+    fn remove_all(&mut self, gone: &BTreeSet<&str>) {
+        if !gone.is_empty() {
+            self.0.retain(|(n, _)| !gone.contains(&**n));
         }
+    }
+}
+
+/// The names a proxy subscribed to, sorted, in one allocation of the exact size (a set would
+/// hold a node of eleven entries for every few names, each name with spare capacity).
+#[derive(Default, PartialEq)]
+struct Names(Vec<Box<str>>);
+
+impl Names {
+    fn new(names: Vec<String>) -> Names {
+        let mut n = Names::default();
+        n.extend(names);
+        n
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.0.binary_search_by(|n| (**n).cmp(name)).is_ok()
+    }
+
+    /// Adds `names` (one sort, however many); true if any was new.
+    fn extend(&mut self, names: Vec<String>) -> bool {
+        if names.is_empty() {
+            return false;
+        }
+        let before = self.0.len();
+        self.0.extend(names.into_iter().map(String::into_boxed_str));
+        self.0.sort_unstable();
+        self.0.dedup();
+        self.0.shrink_to_fit();
+        self.0.len() > before
+    }
+
+    /// Removes every name in `gone` (one pass, however many).
+    fn remove_all(&mut self, gone: &BTreeSet<&str>) {
+        if !gone.is_empty() {
+            self.0.retain(|n| !gone.contains(&**n));
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|n| &**n)
     }
 }
 
@@ -438,7 +480,7 @@ impl Conn {
     }
 
     async fn on_sotw_request(&mut self, ty: XdsType, req: Req) -> Result<(), ()> {
-        let names: BTreeSet<String> = req.names.into_iter().collect();
+        let names = Names::new(req.names);
         if req.nonce.is_empty() {
             // First request for the type on this stream (or Envoy re-subscribing).
             let st = self.types.state(ty);
@@ -478,21 +520,19 @@ impl Conn {
                     .collect(),
             );
         }
-        for n in req.subscribe {
-            if n == "*" {
-                added |= !st.wildcard;
-                st.wildcard = true;
-            } else {
-                added |= st.names.insert(n);
-            }
+        let mut subscribe = req.subscribe;
+        if subscribe.iter().any(|n| n == "*") {
+            subscribe.retain(|n| n != "*");
+            added |= !st.wildcard;
+            st.wildcard = true;
         }
-        for n in req.unsubscribe {
-            if n == "*" {
-                st.wildcard = false;
-            }
-            st.names.remove(&n);
-            st.sent.remove(&n);
+        added |= st.names.extend(subscribe);
+        let gone: BTreeSet<&str> = req.unsubscribe.iter().map(String::as_str).collect();
+        if gone.contains("*") {
+            st.wildcard = false;
         }
+        st.names.remove_all(&gone);
+        st.sent.remove_all(&gone);
         if first {
             return self.push(ty, true, None).await;
         }
@@ -652,13 +692,13 @@ fn empty_assignments(all: &Encoded, st: &TypeState) -> Option<Encoded> {
     let missing: Vec<super::Resource> = st
         .names
         .iter()
-        .filter(|n| !have.contains(n.as_str()))
+        .filter(|n| !have.contains(n))
         .map(|n| {
             let cla = ClusterLoadAssignment {
-                cluster_name: n.clone(),
+                cluster_name: n.to_string(),
                 ..Default::default()
             };
-            super::resource(n.clone(), &cla)
+            super::resource(n.to_string(), &cla)
         })
         .collect();
     (!missing.is_empty()).then(|| Encoded::new(Arc::new(missing)))

@@ -342,7 +342,8 @@ impl Conn {
                         // connected proxy holds one); the request's future lives only while it runs.
                         if let Err(status) = Box::pin(self.on_request(req)).await {
                             tracing::warn!(conn = %self.conn_id, error = %status.message(), "closing xDS stream");
-                            self.send_error(status).await;
+                            // Boxed too: the status and the send would sit in every idle task.
+                            Box::pin(self.send_error(status)).await;
                             break;
                         }
                     }
@@ -351,7 +352,7 @@ impl Conn {
                         // A request that could not be taken (over the size limit, undecodable)
                         // is answered with why; a peer that went away is not.
                         if matches!(e.code(), tonic::Code::OutOfRange | tonic::Code::Internal) {
-                            self.send_error(e).await;
+                            Box::pin(self.send_error(e)).await;
                         }
                         break;
                     }

@@ -307,6 +307,21 @@ pub async fn serve_sources(
     })
 }
 
+/// The HTTP/2 settings of both gRPC ports.
+///
+/// Receive windows bound what a peer may send before istiod-lite reads it (a stream's task
+/// stops reading while it waits to push): 64 KiB per stream and per connection at first,
+/// grown by bandwidth-delay estimation (adaptive window) only while requests flow faster, as
+/// Go's gRPC server does by default. hyper's default is a fixed 1 MiB of each. Requests are
+/// small (a Delta request with 10,000 initial versions is under 1 MiB); responses are not
+/// limited by these windows but by the proxy's (Envoy's are 256 MiB), so a CDS of several MB
+/// still goes out at once.
+fn grpc_server() -> Server {
+    Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_adaptive_window(Some(true))
+}
+
 /// The plaintext gRPC port: xDS only (no CA: `IstioCertificateService` answers UNIMPLEMENTED
 /// here).
 fn spawn_plaintext(
@@ -315,9 +330,7 @@ fn spawn_plaintext(
     grpc: TcpListener,
     conn_caps: proto::listen::ConnCaps,
 ) {
-    let plain = Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .add_service(Counted::new(ads.service(MAX_REQUEST_SIZE)));
+    let plain = grpc_server().add_service(Counted::new(ads.service(MAX_REQUEST_SIZE)));
     let incoming = futures::StreamExt::map(
         Acceptor::new(grpc, "grpc", conn_caps).into_stream(),
         |conn| conn.map(|c| Watched::new(c, listen::GRPC_STREAM_LIMITS)),
@@ -348,8 +361,7 @@ fn spawn_secure(components: &mut Components, ads: &AdsServer, s: SecureGrpc) {
         authn,
         tls_config,
     } = s;
-    let secure_router = Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+    let secure_router = grpc_server()
         .add_service(Counted::new(IstioCertificateServiceServer::new(ca)))
         .add_service(Counted::new(
             ads.service(MAX_REQUEST_SIZE).authenticated(authn),

@@ -57,6 +57,11 @@ impl XdsType {
         XdsType::Nds,
     ];
 
+    /// The type's position in [`XdsType::ALL`].
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn from_type_url(url: &str) -> Option<XdsType> {
         match url {
             proto::type_url::CLUSTER => Some(XdsType::Cds),

@@ -46,8 +46,6 @@ pub struct Proxy {
     pub cluster_id: String,
     pub istio_version: String,
     pub view: ProxyView,
-    /// Every string-valued metadata key, for debugging.
-    pub raw: BTreeMap<String, String>,
 }
 
 fn string_of(v: &Value) -> Option<String> {
@@ -109,7 +107,6 @@ impl Proxy {
                 capture: raw.get("INTERCEPTION_MODE").is_none_or(|m| m != "NONE"),
                 grpc: raw.get("GENERATOR").is_some_and(|g| g == "grpc"),
             },
-            raw,
         })
     }
 }

@@ -202,12 +202,108 @@ struct Pending {
 struct TypeState {
     requested: bool,
     wildcard: bool,
-    names: BTreeSet<String>,
-    /// What the proxy was last sent (name → hash).
-    sent: BTreeMap<String, u64>,
+    names: Names,
+    /// Delta: what the proxy has (name → hash), from what was sent and its initial versions;
+    /// the names of what was sent are the generation's own ([`Encoded::names`]).
+    sent: Sent,
+    /// SotW: a digest of the names and hashes of the last response (a SotW response is
+    /// complete, so equal digests mean nothing changed); kept instead of a map of names so
+    /// that a stream holds no copy of what it sent.
+    sent_digest: Option<u64>,
     last_nonce: String,
     pending: Option<Pending>,
     dirty: bool,
+}
+
+/// What a Delta stream's proxy has: (name, hash) sorted by name, in one allocation of the exact
+/// size (a map would hold a node of eleven entries for every few names).
+#[derive(Default)]
+struct Sent(Vec<(Arc<str>, u64)>);
+
+impl Sent {
+    fn new(mut entries: Vec<(Arc<str>, u64)>) -> Sent {
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        entries.dedup_by(|a, b| a.0 == b.0);
+        entries.shrink_to_fit();
+        Sent(entries)
+    }
+
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(n, _)| (**n).cmp(name))
+    }
+
+    fn get(&self, name: &str) -> Option<u64> {
+        self.find(name).ok().map(|i| self.0[i].1)
+    }
+
+    /// Removes every name in `gone` (one pass, however many).
+    fn remove_all(&mut self, gone: &BTreeSet<&str>) {
+        if !gone.is_empty() {
+            self.0.retain(|(n, _)| !gone.contains(&**n));
+        }
+    }
+}
+
+/// The names a proxy subscribed to, sorted, in one allocation of the exact size (a set would
+/// hold a node of eleven entries for every few names, each name with spare capacity).
+#[derive(Default, PartialEq)]
+struct Names(Vec<Box<str>>);
+
+impl Names {
+    fn new(names: Vec<String>) -> Names {
+        let mut n = Names::default();
+        n.extend(names);
+        n
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.0.binary_search_by(|n| (**n).cmp(name)).is_ok()
+    }
+
+    /// Adds `names` (one sort, however many); true if any was new.
+    fn extend(&mut self, names: Vec<String>) -> bool {
+        if names.is_empty() {
+            return false;
+        }
+        let before = self.0.len();
+        self.0.extend(names.into_iter().map(String::into_boxed_str));
+        self.0.sort_unstable();
+        self.0.dedup();
+        self.0.shrink_to_fit();
+        self.0.len() > before
+    }
+
+    /// Removes every name in `gone` (one pass, however many).
+    fn remove_all(&mut self, gone: &BTreeSet<&str>) {
+        if !gone.is_empty() {
+            self.0.retain(|n| !gone.contains(&**n));
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|n| &**n)
+    }
+}
+
+/// Every type's state, by [`XdsType::index`], in one allocation (a map's node holds eleven).
+#[derive(Default)]
+struct Types(Box<[TypeState; XdsType::ALL.len()]>);
+
+impl Types {
+    fn state(&mut self, ty: XdsType) -> &mut TypeState {
+        &mut self.0[ty.index()]
+    }
+}
+
+/// A digest of a SotW response's resources (names and content hashes, in order).
+fn digest<'a>(resources: impl Iterator<Item = &'a super::Resource>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for r in resources {
+        r.name.hash(&mut h);
+        r.hash.hash(&mut h);
+    }
+    h.finish()
 }
 
 type ReqStream = Pin<Box<dyn Stream<Item = Result<Req, Status>> + Send>>;
@@ -224,7 +320,7 @@ struct Conn {
     identity: Option<Box<Identity>>,
     proxy: Option<Proxy>,
     snap: Arc<CachedSnapshot>,
-    types: BTreeMap<XdsType, TypeState>,
+    types: Types,
 }
 
 fn parse_hash(v: &str) -> u64 {
@@ -248,7 +344,8 @@ impl Conn {
                         // connected proxy holds one); the request's future lives only while it runs.
                         if let Err(status) = Box::pin(self.on_request(req)).await {
                             tracing::warn!(conn = %self.conn_id, error = %status.message(), "closing xDS stream");
-                            self.send_error(status).await;
+                            // Boxed too: the status and the send would sit in every idle task.
+                            Box::pin(self.send_error(status)).await;
                             break;
                         }
                     }
@@ -257,7 +354,7 @@ impl Conn {
                         // A request that could not be taken (over the size limit, undecodable)
                         // is answered with why; a peer that went away is not.
                         if matches!(e.code(), tonic::Code::OutOfRange | tonic::Code::Internal) {
-                            self.send_error(e).await;
+                            Box::pin(self.send_error(e)).await;
                         }
                         break;
                     }
@@ -293,9 +390,7 @@ impl Conn {
             .await
             .map_err(|_| ())?;
         for ty in XdsType::ALL {
-            let Some(st) = self.types.get_mut(&ty) else {
-                continue;
-            };
+            let st = self.types.state(ty);
             if !st.requested {
                 continue;
             }
@@ -343,9 +438,7 @@ impl Conn {
     fn on_response(&mut self, ty: XdsType, nonce: &str, error: Option<String>) -> bool {
         let conn_id = self.conn_id.clone();
         let version = self.snap.snapshot().version.clone();
-        let Some(st) = self.types.get_mut(&ty) else {
-            return false;
-        };
+        let st = self.types.state(ty);
         if nonce != st.last_nonce {
             return false;
         }
@@ -390,10 +483,10 @@ impl Conn {
     }
 
     async fn on_sotw_request(&mut self, ty: XdsType, req: Req) -> Result<(), ()> {
-        let names: BTreeSet<String> = req.names.into_iter().collect();
+        let names = Names::new(req.names);
         if req.nonce.is_empty() {
             // First request for the type on this stream (or Envoy re-subscribing).
-            let st = self.types.entry(ty).or_default();
+            let st = self.types.state(ty);
             st.requested = true;
             st.wildcard = ty.is_wildcard() || names.contains("*");
             st.names = names;
@@ -403,7 +496,7 @@ impl Conn {
             tracing::debug!(conn = %self.conn_id, r#type = ty.short(), nonce = %req.nonce, "stale nonce ignored");
             return Ok(());
         }
-        let st = self.types.entry(ty).or_default();
+        let st = self.types.state(ty);
         let names_changed = !st.wildcard && st.names != names;
         if names_changed {
             st.names = names;
@@ -416,41 +509,40 @@ impl Conn {
     }
 
     async fn on_delta_request(&mut self, ty: XdsType, req: Req) -> Result<(), ()> {
-        let st = self.types.entry(ty).or_default();
+        let st = self.types.state(ty);
         let first = !st.requested;
         let mut added = false;
         if first {
             st.requested = true;
             st.wildcard = ty.is_wildcard()
                 && (req.subscribe.is_empty() || req.subscribe.iter().any(|n| n == "*"));
-            st.sent = req
-                .initial_versions
-                .iter()
-                .map(|(k, v)| (k.clone(), parse_hash(v)))
-                .collect();
+            st.sent = Sent::new(
+                req.initial_versions
+                    .iter()
+                    .map(|(k, v)| (Arc::from(k.as_str()), parse_hash(v)))
+                    .collect(),
+            );
         }
-        for n in req.subscribe {
-            if n == "*" {
-                added |= !st.wildcard;
-                st.wildcard = true;
-            } else {
-                added |= st.names.insert(n);
-            }
+        let mut subscribe = req.subscribe;
+        if subscribe.iter().any(|n| n == "*") {
+            subscribe.retain(|n| n != "*");
+            added |= !st.wildcard;
+            st.wildcard = true;
         }
-        for n in req.unsubscribe {
-            if n == "*" {
-                st.wildcard = false;
-            }
-            st.names.remove(&n);
-            st.sent.remove(&n);
+        added |= st.names.extend(subscribe);
+        let gone: BTreeSet<&str> = req.unsubscribe.iter().map(String::as_str).collect();
+        if gone.contains("*") {
+            st.wildcard = false;
         }
+        st.names.remove_all(&gone);
+        st.sent.remove_all(&gone);
         if first {
             return self.push(ty, true, None).await;
         }
         if !req.nonce.is_empty() && !self.on_response(ty, &req.nonce, req.error) {
             tracing::debug!(conn = %self.conn_id, r#type = ty.short(), nonce = %req.nonce, "stale nonce");
         }
-        let st = self.types.entry(ty).or_default();
+        let st = self.types.state(ty);
         if st.pending.is_some() {
             st.dirty |= added;
             return Ok(());
@@ -469,9 +561,7 @@ impl Conn {
         };
         let start = Instant::now();
         let all = self.snap.encoded(&proxy.view, ty);
-        let Some(st) = self.types.get_mut(&ty) else {
-            return Ok(());
-        };
+        let st = self.types.state(ty);
         let empty = if ty == XdsType::Eds && !st.wildcard {
             empty_assignments(&all, st)
         } else {
@@ -492,7 +582,6 @@ impl Conn {
                     .map(|i| &empty.as_ref().expect("picked").resources[*i]),
             )
         };
-        let new_map: BTreeMap<String, u64> = selected().map(|r| (r.name.clone(), r.hash)).collect();
         let nonce = format!(
             "{:x}",
             self.inner.next_nonce.fetch_add(1, Ordering::Relaxed)
@@ -510,8 +599,20 @@ impl Conn {
                 _ => a,
             }
         };
-        let (frame, count) = if self.delta {
-            let changed = |r: &super::Resource| st.sent.get(&r.name) != Some(&r.hash);
+        let (frame, count, sent) = if self.delta {
+            let named = |e: &Encoded, i: usize| (e.names[i].clone(), e.resources[i].hash);
+            let new_map = Sent::new(
+                picked
+                    .iter()
+                    .map(|i| named(&all, *i))
+                    .chain(
+                        picked_empty
+                            .iter()
+                            .map(|i| named(empty.as_ref().expect("picked"), *i)),
+                    )
+                    .collect(),
+            );
+            let changed = |r: &super::Resource| st.sent.get(&r.name) != Some(r.hash);
             let changed_all: Vec<usize> = picked
                 .iter()
                 .copied()
@@ -524,9 +625,10 @@ impl Conn {
                 .collect();
             let removed: Vec<String> = st
                 .sent
-                .keys()
-                .filter(|k| !new_map.contains_key(*k))
-                .cloned()
+                .0
+                .iter()
+                .filter(|(k, _)| new_map.find(k).is_err())
+                .map(|(k, _)| k.to_string())
                 .collect();
             if !force && changed_all.is_empty() && changed_empty.is_empty() && removed.is_empty() {
                 return Ok(());
@@ -539,21 +641,28 @@ impl Conn {
                 &removed,
                 body(true, &changed_all, &changed_empty),
             );
-            (frame, count)
+            (frame, count, Some(new_map))
         } else {
-            if !force && new_map == st.sent {
+            let new_digest = digest(selected());
+            if !force && st.sent_digest == Some(new_digest) {
                 return Ok(());
             }
+            st.sent_digest = Some(new_digest);
             let frame = encoded::sotw_response(
                 &version,
                 ty.type_url(),
                 &nonce,
                 body(false, &picked, &picked_empty),
             );
-            (frame, picked.len() + picked_empty.len())
+            (frame, picked.len() + picked_empty.len(), None)
         };
-        self.out.send(Wire::Message(frame)).await.map_err(|_| ())?;
-        st.sent = new_map;
+        self.out
+            .send(Wire::Message(Box::new(frame)))
+            .await
+            .map_err(|_| ())?;
+        if let Some(sent) = sent {
+            st.sent = sent;
+        }
         st.last_nonce = nonce.clone();
         st.pending = Some(Pending { trigger });
         self.pushed(ty, start, nonce, version, count);
@@ -586,13 +695,13 @@ fn empty_assignments(all: &Encoded, st: &TypeState) -> Option<Encoded> {
     let missing: Vec<super::Resource> = st
         .names
         .iter()
-        .filter(|n| !have.contains(n.as_str()))
+        .filter(|n| !have.contains(n))
         .map(|n| {
             let cla = ClusterLoadAssignment {
-                cluster_name: n.clone(),
+                cluster_name: n.to_string(),
                 ..Default::default()
             };
-            super::resource(n.clone(), &cla)
+            super::resource(n.to_string(), &cla)
         })
         .collect();
     (!missing.is_empty()).then(|| Encoded::new(Arc::new(missing)))
@@ -640,7 +749,7 @@ impl AdsServer {
                 .inner
                 .cache
                 .for_snapshot(&self.inner.snapshots.borrow()),
-            types: BTreeMap::new(),
+            types: Types::default(),
         }
     }
 
@@ -683,13 +792,13 @@ mod tests {
             conn_id: String::new(),
             proxy: None,
             snap: ads.inner.cache.for_snapshot(&snap),
-            types: BTreeMap::new(),
+            types: Types::default(),
         };
         let task = conn.run(Box::pin(futures::stream::empty()));
         // Every connected proxy holds one such task: request handling and pushes are boxed
         // while they run, so the idle task stays small (debug build: 2.1 KB; 4.7 KB unboxed).
         let size = size_of_val(&task);
         assert!(size < 3072, "stream task future is {size} bytes");
-        assert!(size_of::<Wire>() <= 64, "channel items stay small");
+        assert!(size_of::<Wire>() <= 16, "channel items stay small");
     }
 }

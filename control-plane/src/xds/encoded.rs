@@ -23,6 +23,9 @@ const RESOURCES: u32 = 2;
 /// One generation of resources of one type for one view, with their response entries.
 pub struct Encoded {
     pub resources: Arc<Resources>,
+    /// Each resource's name, shared: a Delta stream keys what it sent by these, so that it
+    /// holds no copy of the names.
+    pub names: Vec<Arc<str>>,
     /// Every SotW entry (field 2: the `Any`), concatenated in resource order.
     sotw: Bytes,
     /// End offset of each resource's entry in `sotw`.
@@ -52,7 +55,8 @@ impl Encoded {
     /// Bytes it holds, counting the resources' own encoding (the `Any`s it was built from) once
     /// more: about what the cache keeps alive for it.
     pub fn size(&self) -> usize {
-        2 * self.sotw.len() + self.delta.len() + 16 * self.sotw_ends.len()
+        let names: usize = self.names.iter().map(|n| n.len() + 16).sum();
+        2 * self.sotw.len() + self.delta.len() + 16 * self.sotw_ends.len() + names
     }
 
     /// Encodes every resource's SotW and Delta entry once.
@@ -74,6 +78,10 @@ impl Encoded {
             delta_ends.push(delta.len());
         }
         Encoded {
+            names: resources
+                .iter()
+                .map(|r| Arc::from(r.name.as_str()))
+                .collect(),
             resources,
             sotw: sotw.freeze(),
             sotw_ends,

@@ -341,7 +341,7 @@ fn plot(outcomes: &[Outcome], path: &Path) -> Result<(), String> {
             .iter()
             .map(|m| series(*m, "", false, &|o| o.per_proxy_kib()))
             .collect(),
-        goal: Some(("goal 40 KiB".into(), 40.0)),
+        goal: Some(("goal 32 KiB".into(), 32.0)),
         legend: plotters::chart::SeriesLabelPosition::LowerRight,
     };
     let connect = plot::Panel {

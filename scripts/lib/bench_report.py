@@ -19,8 +19,9 @@ Data: docs/benchmarks/<area>.jsonl, one JSON object a line, one line a figure:
   headline    optional: the short label under which the README's headline table shows it
 docs/benchmarks/<area>.notes: Markdown printed under the area's table (what the figures are
 made of: product facts). docs/benchmarks/runs.jsonl: one line per report run (id, date,
-commit, dirty, machine, benches run, benches without an adapter, benches that failed); the
-newest line is the newest run, and a row whose `run` is not its id renders as stale.
+commit, dirty, machine, report, benches run, benches without an adapter, benches that failed).
+A report is one run, or several joined by `run --continue` (the cluster's areas while it is up,
+the rest after it is down); a row whose `run` is not a run of the newest report renders as stale.
 docs/benchmarks/cluster-<services>.json: the per-pod values of the newest cluster run (the
 charts).
 """
@@ -85,8 +86,20 @@ def cell(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
-def dated(r: dict, newest: str | None) -> str:
-    if newest and r["run"] == newest:
+def report_of(run: dict) -> str:
+    return run.get("report") or run["id"]
+
+
+def newest_report(all_runs: list[dict]) -> "tuple[str | None, list[dict]]":
+    """The newest report's id and its runs (oldest first)."""
+    if not all_runs:
+        return None, []
+    rep = report_of(all_runs[-1])
+    return rep, [r for r in all_runs if report_of(r) == rep]
+
+
+def dated(r: dict, current: "set[str]") -> str:
+    if r["run"] in current:
         return r["date"]
     return f"stale: {r['date']}"
 
@@ -102,8 +115,8 @@ def goal(r: dict) -> str:
 
 
 def render_report() -> str:
-    all_runs = runs()
-    newest = all_runs[-1]["id"] if all_runs else None
+    rep, rep_runs = newest_report(runs())
+    current = {r["id"] for r in rep_runs}
     out = [
         "# Benchmarks",
         "",
@@ -114,11 +127,12 @@ def render_report() -> str:
         "line per figure, the format in `scripts/lib/bench_report.py`); `scripts/bench-report.sh run",
         "[area…]` measures again and records the rows under a new run id, `render` rewrites this",
         "file and the README's headline table. Ratios are ours over the anchor, measured in the same",
-        "run. A row the newest report run did not produce is marked stale with its date; its command,",
+        "run. A row the newest report did not produce is marked stale with its date; its command,",
         "run on the current build, is the authority.",
         "",
-        f"Newest report run: {newest or 'none (every row recorded by hand)'}"
-        + (f" ({all_runs[-1]['machine']})" if all_runs else "") + ".",
+        f"Newest report: {rep or 'none (every row recorded by hand)'}"
+        + (": " + "; ".join(f"{r['id']} ({', '.join(r['benches'])}; {r['machine']})" for r in rep_runs)
+           if rep_runs else "") + ".",
         "",
     ]
     for area in AREAS:
@@ -130,7 +144,7 @@ def render_report() -> str:
                 "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             out.append("| " + " | ".join(cell(x) for x in [
-                r["what"], r["ours"], vs(r), r["ratio"], goal(r), dated(r, newest), r["commit"],
+                r["what"], r["ours"], vs(r), r["ratio"], goal(r), dated(r, current), r["commit"],
                 r["machine"], f"`{r['command']}`" if r["command"] else ""]) + " |")
         out.append("")
         notes = DATA / f"{area}.notes"
@@ -142,14 +156,13 @@ def render_report() -> str:
 
 
 def render_headline() -> str:
-    all_runs = runs()
-    newest = all_runs[-1]["id"] if all_runs else None
+    current = {r["id"] for r in newest_report(runs())[1]}
     out = ["| what | ours | anchor | ratio | goal | date |", "|---|---|---|---|---|---|"]
     for area in AREAS:
         for r in load(area):
             if r.get("headline"):
                 out.append("| " + " | ".join(cell(x) for x in [
-                    r["headline"], r["ours"], vs(r), r["ratio"], goal(r), dated(r, newest)]) + " |")
+                    r["headline"], r["ours"], vs(r), r["ratio"], goal(r), dated(r, current)]) + " |")
     if len(out) > 12:
         sys.exit(f"the README's headline table has {len(out) - 2} rows; at most 10")
     return "\n".join(out) + "\n"

@@ -540,12 +540,16 @@ def merge(area: str, new: list[dict], meta: dict, command: str) -> None:
 
 
 def run(areas: list[str]) -> int:
+    joining = "--continue" in areas
+    areas = [a for a in areas if a != "--continue"]
     names = [b.name for b in BENCHES]
     unknown = [a for a in areas if a not in br.AREAS and a not in names]
     if unknown:
         sys.exit(f"bench-report: unknown area(s) or bench(es) {unknown}; areas: {' '.join(br.AREAS)}; "
                  f"benches: {' '.join(names)}")
     meta = run_id()
+    earlier = br.runs()
+    meta["report"] = br.report_of(earlier[-1]) if joining and earlier else meta["id"]
     chosen = [b for b in BENCHES if not areas or b.area in areas or b.name in areas]
     done, failed, no_adapter = [], [], []
     print(f"bench-report: run {meta['id']}" + (" (uncommitted changes)" if meta["dirty"] else ""))

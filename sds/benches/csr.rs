@@ -35,6 +35,10 @@ fn full_fetch(c: &mut Criterion) {
     let root = dir.path().join("var/run/secrets/istio/root-cert.pem");
     std::fs::create_dir_all(root.parent().expect("parent")).expect("mkdir");
     std::fs::write(&root, &ca.tls_root_pem).expect("root");
+    // The CA client needs a credential: the pod's token, as in a pod.
+    let token = dir.path().join("var/run/secrets/tokens/istio-token");
+    std::fs::create_dir_all(token.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&token, "bench-token").expect("token");
     let cfg = Arc::new(Config {
         ca_addr: ca.ca_addr(),
         ca_server_name: "istiod.istio-system.svc".into(),

@@ -66,6 +66,9 @@ if [ -z "${SIDE_BY_SIDE_NS:-}" ]; then
   exec unshare --net --mount --propagation private env SIDE_BY_SIDE_NS=1 bash "$0" "$@"
 fi
 ip link set lo up
+# The fixed ports below (37000-37021) out of this namespace's ephemeral range: a poll of a port
+# nobody listens on yet must not connect to itself and hold the port Envoy is about to bind.
+sysctl -qw net.ipv4.ip_local_port_range="40000 60999"
 ours="$(realpath "$ours")" peer="$(realpath "$peer")" istiod="$(realpath "$istiod")"
 envoy="$(realpath "$envoy")" template="$(realpath "$template")"
 work="$(mktemp -d)"

@@ -32,7 +32,7 @@ kube_api_start() {
     --initial-cluster="bench=http://127.0.0.1:$((port + 2))" >"$dir/etcd.log" 2>&1 &
   groups+=("$!")
   setsid "$KUBERNETES_BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$((port + 1))" \
-    --bind-address=127.0.0.1 --secure-port="$port" --cert-dir="$dir/certs" --token-auth-file="$dir/tokens.csv" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$port" --cert-dir="$dir/certs" --token-auth-file="$dir/tokens.csv" \
     --service-account-key-file="$dir/sa.key" --service-account-signing-key-file="$dir/sa.key" \
     --service-account-issuer="$issuer" --api-audiences="$issuer,istio-ca" --authorization-mode=RBAC \
     --service-cluster-ip-range=198.19.0.0/16 --endpoint-reconciler-type=none \

@@ -29,10 +29,15 @@ def get(hostport, path):
     host, port = hostport.rsplit(":", 1)
     c = http.client.HTTPConnection(host, int(port), timeout=1)
     try:
+        c.connect()
+        # A connect to a port nobody listens on can meet itself (TCP simultaneous open): what
+        # it reads back is its own request, not a server's answer.
+        if c.sock.getsockname() == c.sock.getpeername():
+            return None, b""
         c.request("GET", path)
         r = c.getresponse()
         return r.status, r.read()
-    except OSError:
+    except (OSError, http.client.HTTPException):
         return None, b""
     finally:
         c.close()

@@ -149,6 +149,8 @@ fn start_apiserver(bin: &Path, dir: &Path, addr: SocketAddr, etcd: &str) -> Chil
     let mut cmd = Command::new(bin.join("kube-apiserver"));
     cmd.arg(format!("--etcd-servers={etcd}"))
         .arg(format!("--bind-address={}", addr.ip()))
+        // In a namespace with no default route it cannot pick an address of its own.
+        .arg(format!("--advertise-address={}", addr.ip()))
         .arg(format!("--secure-port={}", addr.port()))
         .arg(format!("--cert-dir={}", dir.join("certs").display()))
         .arg(format!(

@@ -21,10 +21,10 @@ use crate::config::{Config, NodeType};
 use crate::envoy::readiness::EnvoyReadiness;
 use crate::envoy::{self, admin::Admin};
 use crate::identity::{self, Sockets};
-use crate::lifecycle::{Components, Readiness, Shutdown};
 use crate::platform::Pending;
 use crate::status::{self, StatusServer, probe::Prober};
 use crate::xds_proxy::{self, XdsProxy};
+use proto::lifecycle::{Components, Readiness, Shutdown};
 
 /// What [`App::bind`] needs.
 pub struct Inputs {

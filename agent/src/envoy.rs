@@ -21,8 +21,8 @@ use tokio::process::Command;
 use crate::bootstrap::{self, ADMIN_SOCKET, Written, local_address_ip_version};
 use crate::config::{Config, NodeType};
 use crate::http1::Target;
-use crate::lifecycle::{DrainMode, Shutdown};
 use admin::Admin;
+use proto::lifecycle::{DrainMode, Shutdown};
 
 /// Envoy process errors.
 #[derive(Debug, thiserror::Error)]

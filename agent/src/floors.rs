@@ -12,7 +12,6 @@ mod scan {
 /// Top-level modules, lowest first.
 const FLOORS: &[&str] = &[
     "log_capture",
-    "lifecycle",
     "log_scopes",
     "log_format",
     "runtime",

@@ -17,7 +17,8 @@
 //! - `envoy`: Envoy's argv, process and drain sequence.
 //! - `status`: the status server on 15020; `health`: the workload health check.
 //! - `xds_proxy`: Envoy's ADS relayed to istiod.
-//! - `lifecycle`: the one shutdown signal and readiness guards.
+//! - The one shutdown signal, the readiness guards and the components' supervisor are
+//!   `proto::lifecycle`, shared with istiod-lite.
 //! - `runtime`: the one-thread runtime and the malloc tuning that keep the agent small.
 //! - `log_scopes`, `log_format`: Istio's log scopes and line layout.
 //! - `sock_diag`: the uid owning a loopback peer's socket (netlink inet_diag).
@@ -41,7 +42,6 @@ mod floors;
 mod health;
 mod http1;
 mod identity;
-mod lifecycle;
 #[cfg(test)]
 mod log_capture;
 mod log_format;
@@ -58,9 +58,9 @@ pub use cli::{
 };
 pub use client::{request, wait};
 pub use config::{Config, NodeType, ProxyFlags};
-pub use lifecycle::Shutdown;
 pub use log_format::istio_format;
 pub use log_scopes::filter as log_filter;
+pub use proto::lifecycle::Shutdown;
 pub use runtime::{build as build_runtime, raise_open_file_limit, tune_malloc};
 
 /// What `agent/tests` builds a configuration from ([`Config::load`]) and renders a bootstrap

@@ -69,7 +69,8 @@ pub fn trim() {
 static RELEASE_CODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Asks the idle trimmer ([`trim_while_idle`]) to release the code pages at its next tick, as
-/// after startup: for work that ran code the idle agent does not (a CPU profile).
+/// after startup: for work that ran code the idle agent does not (a CPU profile, an xDS response
+/// too long to hold).
 pub fn release_code_later() {
     RELEASE_CODE.store(true, std::sync::atomic::Ordering::Relaxed);
 }

@@ -41,8 +41,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::NodeType;
 use crate::envoy::admin::Admin;
 use crate::envoy::readiness::EnvoyReadiness;
-use crate::lifecycle::{Readiness, Shutdown};
 use probe::{AppProbers, Prober, PrometheusAnnotations};
+use proto::lifecycle::{Readiness, Shutdown};
 use route::Route;
 
 /// Body type of every status response.

@@ -12,6 +12,7 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::registry::Registry;
+use proto::lifecycle::Readiness;
 use proto::listen::activity::{Activity, Timeouts, Watched};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -28,7 +29,7 @@ pub struct MonitoringInputs {
     pub config_status: watch::Receiver<Arc<ConfigStatus>>,
     pub snapshots: watch::Receiver<Arc<Snapshot>>,
     /// Ready once every listener is serving, not ready once a component stopped.
-    pub ready: watch::Receiver<bool>,
+    pub readiness: Readiness,
     /// The settings tree ([`crate::settings::Settings::dump`]).
     pub config_dump: serde_json::Value,
     /// Header and idle timeouts of each connection ([`crate::listen::MONITORING_TIMEOUTS`]).
@@ -77,13 +78,14 @@ async fn handle(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let resp = match req.uri().path() {
         "/ready" => {
-            if *inputs.ready.borrow() {
+            let not_ready = inputs.readiness.not_ready();
+            if not_ready.is_empty() {
                 reply(StatusCode::OK, "text/plain", "ready\n".into())
             } else {
                 reply(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "text/plain",
-                    "not ready: listeners starting, or a component stopped\n".into(),
+                    format!("not ready: {}\n", not_ready.join("; ")),
                 )
             }
         }
@@ -192,7 +194,7 @@ mod tests {
             sync: SyncTable::default(),
             config_status: watch::channel(Arc::new(ConfigStatus::default())).1,
             snapshots: watch::channel(snap).1,
-            ready: watch::channel(true).1,
+            readiness: Readiness::default(),
             config_dump: serde_json::json!({"tunables": {"push_throttle": 7}}),
             timeouts: TIMEOUTS,
         };

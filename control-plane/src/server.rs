@@ -3,12 +3,14 @@
 //! on the TLS gRPC port (15012) and the monitoring endpoints. As in Istio, the CA is never offered
 //! in plaintext: a bearer token sent there would cross the network in clear.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use proto::istio::ca::istio_certificate_service_server::IstioCertificateServiceServer;
+use proto::lifecycle::{Components, Readiness, Shutdown};
 use proto::listen::idle::{Counted, Watched};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -25,10 +27,7 @@ use crate::model::{Follower, Snapshot};
 use crate::settings::{ServerSettings, Settings, Source};
 use crate::xds::{AdsInputs, AdsServer, FixedResources, SyncTable, XdsMetrics};
 
-mod components;
 pub mod tls;
-
-pub use components::{Components, Failure, Stopped};
 
 /// Largest ADS request accepted: 4 MiB, istiod's default (`ISTIO_GPRC_MAXRECVMSGSIZE`), as the
 /// agent's xDS proxy takes from Envoy. A Delta request naming 10,000 resources with their
@@ -55,24 +54,55 @@ pub enum Error {
     Tls(#[from] tls::Error),
 }
 
-/// A running server: its bound addresses and its components.
+/// How long each component gets to stop once shutdown began; one still running after it is
+/// abandoned. istiod-lite has no drain: its components stop with the shutdown token.
+const STOP_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The components that stopped on their own (an error, an end before shutdown, a panic), each
+/// as `name: reason`.
+#[derive(Debug, thiserror::Error)]
+#[error("{}; istiod-lite stops", .0.join("; "))]
+pub struct Failure(pub Vec<String>);
+
+/// A running server: its bound addresses and its components, supervised by the lifecycle types
+/// the agent uses (`proto::lifecycle`).
 pub struct Running {
     pub grpc_addr: SocketAddr,
     pub secure_grpc_addr: SocketAddr,
     pub monitoring_addr: SocketAddr,
+    shutdown: Shutdown,
+    readiness: Readiness,
     components: Components,
 }
 
 impl Running {
     /// Readiness as `/ready` reports it.
-    pub fn readiness(&self) -> watch::Receiver<bool> {
-        self.components.readiness()
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.clone()
     }
 
-    /// Waits until every component has stopped: after the cancellation token fired (`Ok`),
-    /// or after one of them stopped on its own, which stops the rest (`Err`, its reason).
+    /// Waits for the shutdown (the cancellation token fired, or a component stopped on its own
+    /// and started it), then stops every component within [`STOP_DEADLINE`]. `Err` names the
+    /// components that failed: the binary exits non-zero.
     pub async fn wait(self) -> Result<(), Failure> {
-        self.components.wait().await
+        self.shutdown.token().cancelled().await;
+        let failures = self.components.stop().await;
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(Failure(failures))
+        }
+    }
+
+    /// Runs `component` under the supervisor until the shutdown token it is given fires.
+    fn spawn<F, Fut, E>(&mut self, name: &'static str, component: F)
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: std::fmt::Display,
+    {
+        let run = component(self.shutdown.token().clone());
+        self.components.spawn(name, STOP_DEADLINE, run);
     }
 }
 
@@ -205,13 +235,13 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> Result<Runn
         fixed: None,
     };
     let mut running = serve_sources(&settings, sources, cancel).await?;
-    running.components.spawn("config-watch", |c| async move {
+    running.spawn("config-watch", |c| async move {
         watch_loop.run(c).await;
-        Ok(())
+        Ok::<(), Infallible>(())
     });
-    running.components.spawn("snapshots", |c| async move {
+    running.spawn("snapshots", |c| async move {
         follower.run(c).await;
-        Ok(())
+        Ok::<(), Infallible>(())
     });
     Ok(running)
 }
@@ -262,8 +292,18 @@ pub async fn serve_sources(
         sync: sync.clone(),
         cancel: cancel.clone(),
     });
-    let mut components = Components::new(cancel.clone());
-    spawn_plaintext(&mut components, &ads, grpc, conn_caps.clone());
+    let shutdown = Shutdown::new(cancel);
+    let readiness = Readiness::default();
+    let starting = readiness.register("listeners", "listeners starting");
+    let mut running = Running {
+        grpc_addr,
+        secure_grpc_addr,
+        monitoring_addr,
+        components: Components::new(shutdown.clone(), readiness.clone()),
+        shutdown,
+        readiness,
+    };
+    spawn_plaintext(&mut running, &ads, grpc, conn_caps.clone());
     // One authenticator for the CA and ADS on the secure port: istiod accepts the same
     // credentials (a mesh certificate or the `istio-ca` token) for both.
     let authn = Authenticator::new(tokens, &inputs.trust_domain, "istio-ca");
@@ -274,37 +314,32 @@ pub async fn serve_sources(
         authn,
         tls_config: serving.server_config(),
     };
-    spawn_secure(&mut components, &ads, secure_grpc);
+    spawn_secure(&mut running, &ads, secure_grpc);
     // New cacerts: the secure port's certificate and client roots follow the new CA.
     let reloader = Reloader::new(ca).on_replace(move |ca| match serving.update(ca) {
         Ok(()) => tracing::info!("secure gRPC port: serving certificate re-issued by the new CA"),
         Err(e) => tracing::error!(error = %e, "secure gRPC port keeps its previous certificate"),
     });
-    components.spawn("ca-reloader", |c| async move {
+    running.spawn("ca-reloader", |c| async move {
         reloader.run(c).await;
-        Ok(())
+        Ok::<(), Infallible>(())
     });
     let monitoring_inputs = crate::monitoring::MonitoringInputs {
         registry: Arc::new(registry),
         sync,
         config_status: sources.config_status,
         snapshots: sources.snapshots,
-        ready: components.readiness(),
+        readiness: running.readiness(),
         config_dump: settings.dump(),
         timeouts: listen::MONITORING_TIMEOUTS,
     };
-    components.spawn("monitoring", |c| async move {
+    running.spawn("monitoring", |c| async move {
         crate::monitoring::serve(monitoring, monitoring_inputs, c).await;
-        Ok(())
+        Ok::<(), Infallible>(())
     });
     // The listeners are bound and their servers running: connections queue until served.
-    components.started();
-    Ok(Running {
-        grpc_addr,
-        secure_grpc_addr,
-        monitoring_addr,
-        components,
-    })
+    starting.ready();
+    Ok(running)
 }
 
 /// The HTTP/2 settings of both gRPC ports.
@@ -325,7 +360,7 @@ fn grpc_server() -> Server {
 /// The plaintext gRPC port: xDS only (no CA: `IstioCertificateService` answers UNIMPLEMENTED
 /// here).
 fn spawn_plaintext(
-    components: &mut Components,
+    running: &mut Running,
     ads: &AdsServer,
     grpc: TcpListener,
     conn_caps: proto::listen::ConnCaps,
@@ -335,11 +370,10 @@ fn spawn_plaintext(
         Acceptor::new(grpc, "grpc", conn_caps).into_stream(),
         |conn| conn.map(|c| Watched::new(c, listen::GRPC_STREAM_LIMITS)),
     );
-    components.spawn("grpc", |c| async move {
+    running.spawn("grpc", |c| async move {
         plain
             .serve_with_incoming_shutdown(incoming, c.cancelled_owned())
             .await
-            .map_err(Stopped::Failed)
     });
 }
 
@@ -353,7 +387,7 @@ struct SecureGrpc {
 }
 
 /// The secure gRPC port: the CA and authenticated ADS over TLS.
-fn spawn_secure(components: &mut Components, ads: &AdsServer, s: SecureGrpc) {
+fn spawn_secure(running: &mut Running, ads: &AdsServer, s: SecureGrpc) {
     let SecureGrpc {
         listener,
         conn_caps,
@@ -366,7 +400,7 @@ fn spawn_secure(components: &mut Components, ads: &AdsServer, s: SecureGrpc) {
         .add_service(Counted::new(
             ads.service(MAX_REQUEST_SIZE).authenticated(authn),
         ));
-    components.spawn("secure-grpc", |c| async move {
+    running.spawn("secure-grpc", |c| async move {
         let incoming = tls::incoming(
             Acceptor::new(listener, "secure-grpc", conn_caps),
             tls_config,
@@ -375,6 +409,89 @@ fn spawn_secure(components: &mut Components, ads: &AdsServer, s: SecureGrpc) {
         secure_router
             .serve_with_incoming_shutdown(incoming, c.cancelled_owned())
             .await
-            .map_err(Stopped::Failed)
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(cancel: &CancellationToken) -> (Running, proto::lifecycle::ReadyGuard) {
+        let shutdown = Shutdown::new(cancel.clone());
+        let readiness = Readiness::default();
+        let starting = readiness.register("listeners", "listeners starting");
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        let running = Running {
+            grpc_addr: addr,
+            secure_grpc_addr: addr,
+            monitoring_addr: addr,
+            components: Components::new(shutdown.clone(), readiness.clone()),
+            shutdown,
+            readiness,
+        };
+        (running, starting)
+    }
+
+    /// A listener's server that dies: not ready, the others stopped, the reason returned.
+    #[tokio::test]
+    async fn a_dead_component_makes_the_server_not_ready_and_stops_the_rest() {
+        let cancel = CancellationToken::new();
+        let (mut r, starting) = running(&cancel);
+        let readiness = r.readiness();
+        assert_eq!(readiness.not_ready(), ["listeners starting"]);
+        let (die_tx, die_rx) = tokio::sync::oneshot::channel::<()>();
+        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+        r.spawn("monitoring", |cancel| async move {
+            cancel.cancelled().await;
+            let _ = stopped_tx.send(());
+            Ok::<(), Infallible>(())
+        });
+        r.spawn("grpc", |_| async move {
+            let _ = die_rx.await;
+            Err("listener closed")
+        });
+        starting.ready();
+        assert!(readiness.not_ready().is_empty());
+        let waited = tokio::spawn(r.wait());
+        die_tx.send(()).expect("send");
+        let failure = waited.await.expect("join").expect_err("must fail");
+        assert_eq!(failure.0, ["grpc: listener closed"]);
+        assert_eq!(readiness.not_ready(), ["grpc failed: listener closed"]);
+        assert!(cancel.is_cancelled(), "the shutdown was not started");
+        stopped_rx.await.expect("the other components were stopped");
+        assert!(failure.to_string().contains("grpc"), "{failure}");
+    }
+
+    #[tokio::test]
+    async fn a_component_ending_before_shutdown_is_a_failure_and_one_after_is_not() {
+        let cancel = CancellationToken::new();
+        let (mut r, _) = running(&cancel);
+        r.spawn("secure-grpc", |_| async { Ok::<(), Infallible>(()) });
+        let failure = r.wait().await.expect_err("must fail");
+        assert_eq!(failure.0, ["secure-grpc: stopped on its own"]);
+
+        let cancel = CancellationToken::new();
+        let (mut r, _) = running(&cancel);
+        for name in ["grpc", "monitoring"] {
+            r.spawn(name, |cancel| async move {
+                cancel.cancelled().await;
+                Ok::<(), Infallible>(())
+            });
+        }
+        cancel.cancel();
+        assert!(r.wait().await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_panicking_component_is_named() {
+        let cancel = CancellationToken::new();
+        let (mut r, _) = running(&cancel);
+        r.spawn("ca-reloader", |_| async { reload() });
+        let failure = r.wait().await.expect_err("must fail");
+        assert_eq!(failure.0, ["ca-reloader: panicked: boom"]);
+    }
+
+    fn reload() -> Result<(), Infallible> {
+        panic!("boom")
+    }
 }

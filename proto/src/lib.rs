@@ -6,14 +6,20 @@
 //! - [`perftools::profiles`]: pprof's profile format (the agent's `/debug/pprof/profile`).
 //! - [`type_url`]: the type URLs the agent and control plane dispatch on.
 //!
+//! And the plumbing both binaries share: [`listen`] (the accept loop), [`uds`] (Unix sockets)
+//! and [`lifecycle`] (shutdown, readiness and the supervisor of long-running components).
+//!
 //! Well-known protobuf types (`Any`, `Struct`, `Duration`) are envoy-types' own; the Istio
 //! protos are compiled against them, so no conversion is needed anywhere.
 
 // unsafe only where a function allows it: the open-file rlimit (listen.rs).
 #![deny(unsafe_code)]
 
+pub mod lifecycle;
 pub mod listen;
 pub mod uds;
+
+pub use lifecycle::{Components, DrainMode, Readiness, ReadyGuard, Shutdown};
 
 pub use envoy_types as envoy_types_crate;
 pub use envoy_types::pb::envoy;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::lifecycle::ReadyGuard;
+use proto::lifecycle::ReadyGuard;
 
 /// The provider files a `file_watcher` plugin reads.
 const PROVIDER_FILES: [&str; 3] = [
@@ -89,7 +89,7 @@ pub async fn wait(bootstrap: PathBuf, guard: ReadyGuard, token: CancellationToke
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lifecycle::Readiness;
+    use proto::lifecycle::Readiness;
 
     fn bootstrap(dir: &Path, with_certs: bool) -> PathBuf {
         let mut doc = serde_json::json!({ "xds_servers": [] });

@@ -12,8 +12,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::lifecycle::{DrainMode, Readiness, Shutdown};
 use crate::status::probe::{AppProbe, ProbeAction};
+use proto::lifecycle::{DrainMode, Readiness, Shutdown};
 
 mod pprof;
 

@@ -20,8 +20,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
 use crate::config::NodeType;
-use crate::lifecycle::{Readiness, Shutdown};
 use crate::status::{Inputs, Metrics, StatusServer};
+use proto::lifecycle::{Readiness, Shutdown};
 
 // ---------------------------------------------------------------------------------------------
 // Parsing (TestNewServer, plus Go's case-insensitive decoding).

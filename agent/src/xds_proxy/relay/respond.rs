@@ -206,6 +206,10 @@ async fn on_piece<F: Flavor>(
         }
         Ok(Some(Piece::Last(bytes, resp))) => {
             g.mid_message = false;
+            // A long response ran code the idle agent does not run again (and the first push
+            // after startup comes after the startup code is released): its pages go at the
+            // next idle tick.
+            crate::runtime::release_code_later();
             inputs.metrics.responses.inc();
             backoff.reset();
             if let Some(subs) = lock(link).subs.as_mut() {

@@ -1,18 +1,23 @@
-//! The supervisor of the agent's long-running components (DNS proxy, SDS server, xDS proxy,
-//! health checker, status server).
+//! The supervisor of a process's long-running components (the agent's DNS proxy, SDS server,
+//! xDS proxy, health checker and status server; istiod-lite's gRPC, secure gRPC and monitoring
+//! servers, config watcher and CA reloader).
 //!
 //! A component is a future that runs until it is told to stop. It stops for one of two reasons:
-//! the agent is stopping (its token, or the agent's shutdown, is cancelled), which is fine; or
-//! on its own (an error, or an end nobody asked for), which is a failure. A failure is logged
-//! with its reason, marks the agent not ready ([`Readiness::fail`]) and starts the agent's
-//! shutdown, so Envoy drains and exits instead of running on without DNS, certificates or
-//! config. The agent then exits non-zero ([`Components::stop`] returns the failures).
+//! the process is stopping (its token, or the shutdown, is cancelled), which is fine; or on its
+//! own (an error, a panic, or an end nobody asked for), which is a failure. A failure is logged
+//! with its reason, marks the process not ready ([`Readiness::fail`]) and starts the shutdown,
+//! so nothing runs on without the part that died (the agent's Envoy drains and exits instead of
+//! running without DNS, certificates or config). The process then exits non-zero
+//! ([`Components::stop`] returns the failures).
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::FutureExt;
 
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -42,14 +47,15 @@ impl Components {
         }
     }
 
-    /// The token that stops the components: cancelled by [`Components::stop`], after Envoy is
-    /// gone (the application keeps DNS, and Envoy its config and certificates, while it drains).
+    /// The token that stops the components: cancelled by [`Components::stop`]. It is not the
+    /// shutdown's: the agent's components serve on while Envoy drains (the application keeps
+    /// DNS, and Envoy its config and certificates), and are stopped once Envoy is gone.
     pub fn token(&self) -> CancellationToken {
         self.token.clone()
     }
 
     /// Runs `component` until it ends; `deadline` is how long [`Components::stop`] waits for
-    /// it once told to stop.
+    /// it once told to stop. A panic is a failure under its name.
     pub fn spawn<F, E>(&mut self, name: &'static str, deadline: Duration, component: F)
     where
         F: Future<Output = Result<(), E>> + Send + 'static,
@@ -63,18 +69,19 @@ impl Components {
         );
         self.deadlines.insert(name, deadline);
         self.tasks.spawn(async move {
-            let result = component.await;
+            let result = AssertUnwindSafe(component).catch_unwind().await;
             let stopping = token.is_cancelled() || shutdown.is_shutting_down();
             let reason = match result {
-                Err(e) => Some(e.to_string()),
-                Ok(()) if !stopping => Some("stopped on its own".to_string()),
-                Ok(()) => None,
+                Err(panic) => Some(format!("panicked: {}", panic_message(&*panic))),
+                Ok(Err(e)) => Some(e.to_string()),
+                Ok(Ok(())) if !stopping => Some("stopped on its own".to_string()),
+                Ok(Ok(())) => None,
             };
             if let Some(reason) = reason {
                 tracing::error!(
                     component = name,
                     reason = %reason,
-                    "component failed: the agent is not ready and shuts down"
+                    "component failed: not ready, shutting down"
                 );
                 readiness.fail(name, &reason);
                 if let Ok(mut f) = failures.lock() {
@@ -115,7 +122,8 @@ impl Components {
                         if let Ok(mut f) = self.failures.lock() {
                             f.push(format!("a component panicked: {e}"));
                         }
-                        // Its name is lost with the panic: the deadlines decide the rest.
+                        // Caught in `spawn`; this one escaped it, its name lost: the deadlines
+                        // decide the rest.
                     }
                     None => break,
                 },
@@ -136,6 +144,15 @@ impl Components {
     }
 }
 
+/// The message a panic was raised with, when it is a string.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a non-string payload")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,7 +169,7 @@ mod tests {
     /// The finding of the hostile-peer review: a DNS listener that failed left SDS and the
     /// xDS proxy stopped while Envoy ran on. Now the failure shuts the agent down.
     #[tokio::test(start_paused = true)]
-    async fn a_failed_component_stops_the_agent_and_says_why() {
+    async fn a_failed_component_starts_the_shutdown_and_says_why() {
         let (mut c, shutdown, readiness) = supervisor();
         let token = c.token();
         c.spawn("sds", Duration::from_secs(1), async move {
@@ -207,5 +224,24 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_component_is_a_failure_under_its_name() {
+        let (mut c, shutdown, readiness) = supervisor();
+        c.spawn("ca-reloader", Duration::from_secs(1), async { boom() });
+        tokio::time::timeout(Duration::from_secs(1), c.failed())
+            .await
+            .expect("the panic is seen");
+        assert!(shutdown.is_shutting_down());
+        assert_eq!(
+            readiness.not_ready(),
+            ["ca-reloader failed: panicked: boom"]
+        );
+        assert_eq!(c.stop().await, ["ca-reloader: panicked: boom"]);
+    }
+
+    fn boom() -> Result<(), &'static str> {
+        panic!("boom")
     }
 }

@@ -1,13 +1,17 @@
-//! The agent's one shutdown signal and its readiness guards.
+//! One process's shutdown signal, readiness guards and long-running components, the same in
+//! both binaries (the agent and istiod-lite):
 //!
-//! - [`Shutdown`]: SIGTERM, SIGINT and `/quitquitquit` all cancel the same token; the mode says
-//!   whether Envoy is drained first ([`DrainMode::Graceful`]) or stopped at once
-//!   ([`DrainMode::Immediate`], after `/quitquitquit` or once `/drain` already drained it).
-//! - [`Readiness`]: named guards, each with the reason it gives while pending; `/healthz/ready`
-//!   lists the reasons of the ones still pending and of the components that failed.
-//! - [`Components`]: the agent's long-running parts under one supervisor. One that fails (or
-//!   ends before shutdown) marks the agent not ready and shuts the whole agent down, Envoy
-//!   included, with the reason logged; at the end each is stopped within its own deadline.
+//! - [`Shutdown`]: every way of stopping (SIGTERM, SIGINT, the agent's `/quitquitquit`) cancels
+//!   the same token; the mode says whether the served traffic is drained first
+//!   ([`DrainMode::Graceful`]: the agent drains Envoy) or stopped at once
+//!   ([`DrainMode::Immediate`]).
+//! - [`Readiness`]: named guards, each with the reason it gives while pending; the readiness
+//!   endpoint (the agent's `/healthz/ready`, istiod-lite's `/ready`) lists the reasons of the
+//!   ones still pending and of the components that failed.
+//! - [`Components`]: the long-running parts under one supervisor. One that fails (or ends
+//!   before shutdown, or panics) marks the process not ready and starts its shutdown, with the
+//!   reason logged; at the end each is stopped within its own deadline, and the failures are
+//!   returned so that the process exits non-zero.
 
 mod components;
 
@@ -19,12 +23,12 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-/// How Envoy is stopped once shutdown begins.
+/// How the served traffic (the agent's Envoy) is stopped once shutdown begins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrainMode {
     /// Drain inbound listeners and wait (SIGTERM/SIGINT).
     Graceful,
-    /// Stop Envoy now (`/quitquitquit`, or `/drain` already ran).
+    /// Stop now (the agent's `/quitquitquit`, or its `/drain` already ran).
     Immediate,
 }
 
@@ -59,7 +63,7 @@ impl Shutdown {
         self.token.cancel();
     }
 
-    /// Marks the drain as done or unwanted: a later shutdown stops Envoy immediately.
+    /// Marks the drain as done or unwanted: a later shutdown stops immediately.
     pub fn skip_drain(&self) {
         self.mode.store(1, Ordering::SeqCst);
     }
@@ -83,8 +87,8 @@ impl Shutdown {
     }
 }
 
-/// Named readiness guards. Each guard carries the reason `/healthz/ready` gives while it is
-/// pending, so the status server lists reasons without knowing the components.
+/// Named readiness guards. Each guard carries the reason the readiness endpoint gives while it
+/// is pending, so the endpoint lists reasons without knowing the components.
 #[derive(Debug, Clone, Default)]
 pub struct Readiness {
     states: Arc<Mutex<BTreeMap<String, Check>>>,
@@ -105,7 +109,7 @@ pub struct ReadyGuard {
 }
 
 impl Readiness {
-    /// A guard named `name`; until it is ready, `/healthz/ready` says `pending_reason`.
+    /// A guard named `name`; until it is ready, the readiness endpoint says `pending_reason`.
     pub fn register(&self, name: &str, pending_reason: &str) -> ReadyGuard {
         self.set(name, Check::Pending(pending_reason.to_string()));
         ReadyGuard {
@@ -114,12 +118,12 @@ impl Readiness {
         }
     }
 
-    /// Marks `name` failed for good (a component that stopped): the agent is not ready.
+    /// Marks `name` failed for good (a component that stopped): the process is not ready.
     pub fn fail(&self, name: &str, reason: &str) {
         self.set(name, Check::Failed(format!("{name} failed: {reason}")));
     }
 
-    /// Why the agent is not ready: failed components first, then pending guards, each sorted
+    /// Why the process is not ready: failed components first, then pending guards, each sorted
     /// by name.
     pub fn not_ready(&self) -> Vec<String> {
         let Ok(states) = self.states.lock() else {
@@ -137,7 +141,6 @@ impl Readiness {
     }
 
     /// Names of the guards not ready yet (pending or failed), sorted.
-    #[cfg(test)]
     pub fn pending(&self) -> Vec<String> {
         self.states
             .lock()

@@ -6,6 +6,14 @@ use std::collections::HashMap;
 
 mod platform;
 
+/// What binding gave: the status port, no identity sockets found.
+fn status_only(status: u16) -> Bound {
+    Bound {
+        status,
+        ..Bound::default()
+    }
+}
+
 fn config(dir: &Path, pairs: &[(&str, &str)]) -> Config {
     let env: HashMap<String, String> = pairs
         .iter()
@@ -61,10 +69,7 @@ fn write_pod_info(dir: &Path, name: &str, text: &str) {
 fn patterns(c: &Config) -> Vec<String> {
     render(
         c,
-        Bound {
-            status: 15020,
-            ..Bound::default()
-        },
+        status_only(15020),
         &Platform::none(),
     )
     .unwrap()["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"]
@@ -167,15 +172,7 @@ fn bootstrap_has_istio_shape() {
             ("SERVICE_ACCOUNT", "sa"),
         ],
     );
-    let b = render(
-        &c,
-        Bound {
-            status: 15020,
-            ..Bound::default()
-        },
-        &Platform::none(),
-    )
-    .unwrap();
+    let b = render(&c, status_only(15020), &Platform::none()).unwrap();
     assert_eq!(
         b["node"]["id"],
         "sidecar~198.18.0.2~p.ns1~ns1.svc.cluster.local"
@@ -211,15 +208,8 @@ fn bootstrap_has_istio_shape() {
 
     let sotw = config(dir.path(), &[("ISTIO_DELTA_XDS", "false")]);
     assert_eq!(
-        render(
-            &sotw,
-            Bound {
-                status: 1,
-                ..Bound::default()
-            },
-            &Platform::none()
-        )
-        .unwrap()["dynamic_resources"]["ads_config"]["api_type"],
+        render(&sotw, status_only(1), &Platform::none()).unwrap()["dynamic_resources"]["ads_config"]
+            ["api_type"],
         "GRPC"
     );
 }
@@ -237,15 +227,7 @@ fn bad_metajson_is_skipped() {
             ("ISTIO_METAJSON_GOOD", r#"{"k":"v"}"#),
         ],
     );
-    let b = render(
-        &c,
-        Bound {
-            status: 1,
-            ..Bound::default()
-        },
-        &Platform::none(),
-    )
-    .expect("renders");
+    let b = render(&c, status_only(1), &Platform::none()).expect("renders");
     let meta = &b["node"]["metadata"];
     assert_eq!(meta["k"], "v");
     assert!(
@@ -266,16 +248,7 @@ fn template_and_custom_config() {
         dir.path(),
         &[("ISTIO_BOOTSTRAP", "t.json"), ("POD_NAMESPACE", "n")],
     );
-    let w = write(
-        &c,
-        Bound {
-            status: 123,
-            ..Bound::default()
-        },
-        &Platform::none(),
-        None,
-    )
-    .unwrap();
+    let w = write(&c, status_only(123), &Platform::none(), None).unwrap();
     assert!(w.generated);
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&w.path).unwrap()).unwrap();
     assert_eq!(v["p"], 123);
@@ -287,16 +260,7 @@ fn template_and_custom_config() {
         dir.path(),
         &[("PROXY_CONFIG", "customConfigFile: /x/custom.json")],
     );
-    let w = write(
-        &c,
-        Bound {
-            status: 1,
-            ..Bound::default()
-        },
-        &Platform::none(),
-        None,
-    )
-    .unwrap();
+    let w = write(&c, status_only(1), &Platform::none(), None).unwrap();
     assert_eq!(w.path, PathBuf::from("/x/custom.json"));
     assert!(!w.generated);
 }
@@ -326,16 +290,7 @@ fn lockdown_moves_admin_to_the_proxys_socket() {
         );
     };
     let c = config(dir.path(), &[("PROXY_LIFECYCLE_LOCKDOWN", "true")]);
-    let w = write(
-        &c,
-        Bound {
-            status: 15020,
-            ..Bound::default()
-        },
-        &Platform::none(),
-        None,
-    )
-    .unwrap();
+    let w = write(&c, status_only(15020), &Platform::none(), None).unwrap();
     check(&serde_json::from_str(&std::fs::read_to_string(&w.path).unwrap()).unwrap());
 
     // A YAML template with Istio's admin and cluster shape.
@@ -353,16 +308,7 @@ fn lockdown_moves_admin_to_the_proxys_socket() {
             ("PROXY_LIFECYCLE_LOCKDOWN", "true"),
         ],
     );
-    let w = write(
-        &c,
-        Bound {
-            status: 15020,
-            ..Bound::default()
-        },
-        &Platform::none(),
-        None,
-    )
-    .unwrap();
+    let w = write(&c, status_only(15020), &Platform::none(), None).unwrap();
     assert!(w.path.ends_with("envoy-rev.json"), "{}", w.path.display());
     check(&serde_json::from_str(&std::fs::read_to_string(&w.path).unwrap()).unwrap());
 
@@ -375,17 +321,9 @@ fn lockdown_moves_admin_to_the_proxys_socket() {
             ("PROXY_LIFECYCLE_LOCKDOWN", "true"),
         ],
     );
-    let e = write(
-        &c,
-        Bound {
-            status: 15020,
-            ..Bound::default()
-        },
-        &Platform::none(),
-        None,
-    )
-    .unwrap_err()
-    .to_string();
+    let e = write(&c, status_only(15020), &Platform::none(), None)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("PROXY_LIFECYCLE_LOCKDOWN") && e.contains("admin"),
         "{e}"
@@ -411,15 +349,7 @@ fn template_data_has_istio_keys() {
             ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
         ],
     );
-    let d = template_data(
-        &c,
-        Bound {
-            status: 15020,
-            ..Bound::default()
-        },
-        &Platform::none(),
-    )
-    .unwrap();
+    let d = template_data(&c, status_only(15020), &Platform::none()).unwrap();
     assert_eq!(d["nodeType"], "sidecar");
     assert_eq!(
         d["nodeID"],
@@ -486,15 +416,7 @@ fn istio_style_template_renders_json() {
             ("PROXY_CONFIG", pc),
         ],
     );
-    let data = template_data(
-        &c,
-        Bound {
-            status: 15020,
-            ..Bound::default()
-        },
-        &Platform::none(),
-    )
-    .unwrap();
+    let data = template_data(&c, status_only(15020), &Platform::none()).unwrap();
     let out = template::render(text, &data).unwrap();
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}:\n{out}"));
     assert_eq!(v["node"]["id"], data["nodeID"]);
@@ -538,42 +460,18 @@ fn grpc_bootstrap_written() {
 #[test]
 fn istio_version_and_cluster_defaults() {
     let dir = tempfile::tempdir().unwrap();
-    let b = render(
-        &config(dir.path(), &[]),
-        Bound {
-            status: 1,
-            ..Bound::default()
-        },
-        &Platform::none(),
-    )
-    .unwrap();
+    let b = render(&config(dir.path(), &[]), status_only(1), &Platform::none()).unwrap();
     assert_eq!(b["node"]["metadata"]["ISTIO_VERSION"], ISTIO_RELEASE);
     assert_eq!(b["node"]["cluster"], "istio-proxy");
     let c = config(dir.path(), &[("ISTIO_META_ISTIO_VERSION", "1.29.2")]);
-    let b = render(
-        &c,
-        Bound {
-            status: 1,
-            ..Bound::default()
-        },
-        &Platform::none(),
-    )
-    .unwrap();
+    let b = render(&c, status_only(1), &Platform::none()).unwrap();
     assert_eq!(b["node"]["metadata"]["ISTIO_VERSION"], "1.29.2");
     // Istio's proxyv2 image sets ISTIO_META_ISTIO_PROXY_SHA; istioctl reads it back from the
     // node (`proxy-config`'s version line). Absent unless set, as in Istio.
     assert!(b["node"]["metadata"].get("ISTIO_PROXY_SHA").is_none());
     let sha = "istio-proxy:436f365a8007cd8a13a9f1321e7cce94bcc8883e";
     let c = config(dir.path(), &[("ISTIO_META_ISTIO_PROXY_SHA", sha)]);
-    let b = render(
-        &c,
-        Bound {
-            status: 1,
-            ..Bound::default()
-        },
-        &Platform::none(),
-    )
-    .unwrap();
+    let b = render(&c, status_only(1), &Platform::none()).unwrap();
     assert_eq!(b["node"]["metadata"]["ISTIO_PROXY_SHA"], sha);
 }
 
@@ -585,10 +483,7 @@ fn metadata_discovery_resolution() {
     let on = |pairs: &[(&str, &str)]| {
         let b = render(
             &config(dir.path(), pairs),
-            Bound {
-                status: 1,
-                ..Bound::default()
-            },
+            status_only(1),
             &Platform::none(),
         )
         .unwrap();
@@ -641,16 +536,9 @@ fn bad_telemetry_settings_are_named() {
         (r#"{"extraStatTags":"a"}"#, "extraStatTags"),
     ] {
         let c = config(dir.path(), &[("PROXY_CONFIG", pc)]);
-        let err = render(
-            &c,
-            Bound {
-                status: 1,
-                ..Bound::default()
-            },
-            &Platform::none(),
-        )
-        .unwrap_err()
-        .to_string();
+        let err = render(&c, status_only(1), &Platform::none())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(field), "{pc}: {err}");
     }
 }
@@ -669,15 +557,7 @@ fn runtime_flags_follow_policy_and_values() {
             ("PROXY_CONFIG", pc),
         ],
     );
-    let b = render(
-        &c,
-        Bound {
-            status: 1,
-            ..Bound::default()
-        },
-        &Platform::none(),
-    )
-    .unwrap();
+    let b = render(&c, status_only(1), &Platform::none()).unwrap();
     let layer = &b["layered_runtime"]["layers"][0]["static_layer"];
     assert_eq!(
         layer["envoy.reloadable_features.google_grpc_disable_tls_13"],
@@ -711,26 +591,10 @@ fn stats_durations_are_protobuf_durations() {
             ),
         );
         let c = config(dir.path(), &[]);
-        let d = template_data(
-            &c,
-            Bound {
-                status: 15020,
-                ..Bound::default()
-            },
-            &Platform::none(),
-        )
-        .unwrap();
+        let d = template_data(&c, status_only(15020), &Platform::none()).unwrap();
         assert_eq!(d["stats_flush_interval"], want_flush, "{flush}");
         assert_eq!(d["stats_eviction_interval"], want_eviction, "{eviction}");
-        let b = render(
-            &c,
-            Bound {
-                status: 15020,
-                ..Bound::default()
-            },
-            &Platform::none(),
-        )
-        .unwrap();
+        let b = render(&c, status_only(15020), &Platform::none()).unwrap();
         assert_eq!(b["stats_flush_interval"], want_flush, "{flush}");
         assert_eq!(b["stats_eviction_interval"], want_eviction, "{eviction}");
     }

@@ -11,16 +11,7 @@ use crate::platform::{BOUND, Platform, discover};
 
 /// The bootstrap's node on `platform`.
 fn node(c: &Config, platform: &Platform) -> Value {
-    render(
-        c,
-        Bound {
-            status: 15020,
-            ..Bound::default()
-        },
-        platform,
-    )
-    .unwrap()["node"]
-        .clone()
+    render(c, status_only(15020), platform).unwrap()["node"].clone()
 }
 
 /// AWS: Istio's keys, the locality from the region and availability zone, in Envoy's
@@ -94,15 +85,7 @@ async fn gcp_metadata_and_locality_in_the_node() {
     );
     assert!(n["metadata"].get("STATIC_LABELS").is_none());
     assert!(!gcp.requests().iter().any(|r| r.contains("token")));
-    let d = template_data(
-        &c,
-        Bound {
-            status: 15020,
-            ..Bound::default()
-        },
-        &p,
-    )
-    .unwrap();
+    let d = template_data(&c, status_only(15020), &p).unwrap();
     assert_eq!(d["gcp_project_number"], "123456789");
 }
 
@@ -159,27 +142,11 @@ async fn the_gcp_project_comes_from_the_platform() {
     c.flags.sts_port = 15463;
     let p = discover(&c.platform, BOUND).await;
     c.proxy.raw["tracing"] = json!({"stackdriver": {}});
-    let d = template_data(
-        &c,
-        Bound {
-            status: 1,
-            ..Bound::default()
-        },
-        &p,
-    )
-    .unwrap();
+    let d = template_data(&c, status_only(1), &p).unwrap();
     assert_eq!(d["stackdriverProjectID"], "pid");
     assert_eq!(d["gcp_project_id"], "pid");
     assert_eq!(d["gcp_project_number"], "77");
-    let e = render(
-        &c,
-        Bound {
-            status: 1,
-            ..Bound::default()
-        },
-        &Platform::none(),
-    )
-    .unwrap_err();
+    let e = render(&c, status_only(1), &Platform::none()).unwrap_err();
     assert!(e.to_string().contains("gcp_project"), "{e}");
 }
 

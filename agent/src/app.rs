@@ -887,11 +887,7 @@ mod tests {
         let external_envoy = [("ISTIO_AGENT_EXTERNAL_ENVOY", "true")];
         let istiod = r#"{"discoveryAddress":"127.0.0.1:1"}"#;
         let dir = tempfile::tempdir().unwrap();
-        let socket = dir
-            .path()
-            .join("var/run/secrets/workload-spiffe-uds/socket");
-        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-        drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+        let socket = identity::tests::stale_workload_socket(dir.path());
         let config = sidecar_config(dir.path(), &external_envoy, istiod);
         assert!(
             socket.exists(),

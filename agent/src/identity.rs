@@ -100,4 +100,4 @@ pub fn settle(config: &Config) -> Result<Settled, Error> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

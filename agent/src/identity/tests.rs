@@ -3,6 +3,15 @@ use std::path::Path;
 
 use super::*;
 
+/// A socket file nobody answers on at the default workload socket path under `dir`, as an
+/// earlier agent leaves it.
+pub(crate) fn stale_workload_socket(dir: &Path) -> PathBuf {
+    let socket = dir.join("var/run/secrets/workload-spiffe-uds/socket");
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    socket
+}
+
 fn config(dir: &Path, pairs: &[(&str, &str)]) -> Config {
     let env: HashMap<String, String> = pairs
         .iter()
@@ -90,11 +99,7 @@ fn a_live_workload_socket_is_an_external_server() {
 #[test]
 fn a_stale_workload_socket_is_removed() {
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir
-        .path()
-        .join("var/run/secrets/workload-spiffe-uds/socket");
-    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let socket = stale_workload_socket(dir.path());
     let c = config(dir.path(), &[]);
     assert!(socket.exists(), "loading the configuration touched it");
     let s = settle(&c).unwrap();
